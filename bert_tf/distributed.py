@@ -1,0 +1,122 @@
+"""Horovod glue: start-up, thread and device pinning, broadcast, gradient allreduce, cross-rank metrics.
+
+The rest of bert_tf talks to Horovod only through this module. Collectives run in plain
+tf.functions (never XLA-compiled): on a CPU build Horovod's ops have no XLA kernels.
+"""
+from __future__ import annotations
+
+import os
+
+import tensorflow as tf
+
+# bert_tf flag -> Horovod environment variable. Values set by horovodrun (or the user's
+# environment) win over flags; `configure` reports which value is in force.
+_KNOBS = {
+    "fusion_threshold_mb": ("HOROVOD_FUSION_THRESHOLD", lambda mb: str(int(mb * 1024 * 1024))),
+    "cycle_time_ms": ("HOROVOD_CYCLE_TIME", lambda ms: str(ms)),
+}
+
+
+def configure(fusion_threshold_mb=None, cycle_time_ms=None, timeline=None, autotune=False):
+    """Set Horovod's environment before `hvd.init()`; returns {variable: (value, source)}."""
+    wanted = {"fusion_threshold_mb": fusion_threshold_mb, "cycle_time_ms": cycle_time_ms}
+    effective = {}
+    for flag, value in wanted.items():
+        var, to_env = _KNOBS[flag]
+        if var in os.environ:
+            effective[var] = (os.environ[var], "environment")
+        elif value is not None:
+            os.environ[var] = to_env(value)
+            effective[var] = (os.environ[var], f"--{flag}")
+        else:
+            effective[var] = ("horovod default", "default")
+    if timeline:
+        os.environ.setdefault("HOROVOD_TIMELINE", timeline)
+    if autotune:
+        os.environ.setdefault("HOROVOD_AUTOTUNE", "1")
+    return effective
+
+
+def init():
+    """hvd.init(), then one GPU per local rank, or a fair share of CPU threads per rank."""
+    import horovod.tensorflow as hvd
+
+    hvd.init()
+    gpus = tf.config.list_physical_devices("GPU")
+    if gpus:
+        gpu = gpus[hvd.local_rank() % len(gpus)]
+        tf.config.experimental.set_memory_growth(gpu, True)
+        tf.config.set_visible_devices(gpu, "GPU")
+    else:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        tf.config.threading.set_intra_op_parallelism_threads(max(1, cores // hvd.local_size()))
+        tf.config.threading.set_inter_op_parallelism_threads(2)
+    return hvd
+
+
+def rank():
+    import horovod.tensorflow as hvd
+    return hvd.rank()
+
+
+def size():
+    import horovod.tensorflow as hvd
+    return hvd.size()
+
+
+def broadcast_variables(variables, root_rank=0):
+    """Make every rank's variables equal root_rank's (call once all variables exist)."""
+    import horovod.tensorflow as hvd
+    if hvd.size() > 1:
+        hvd.broadcast_variables(variables, root_rank=root_rank)
+
+
+def make_gradient_allreduce(fp16_compression=False):
+    """Returns allreduce(grads) -> grads averaged over ranks, sent as float16 when asked.
+
+    One allreduce op per tensor: Horovod's background thread fuses those that are ready in
+    the same cycle into buffers of HOROVOD_FUSION_THRESHOLD bytes (tensor fusion).
+    """
+    import horovod.tensorflow as hvd
+    compression = hvd.Compression.fp16 if fp16_compression else hvd.Compression.none
+
+    def allreduce(grads):
+        if hvd.size() == 1:
+            return list(grads)
+        return [hvd.allreduce(g, op=hvd.Average, compression=compression, name=f"grad_{i}")
+                for i, g in enumerate(grads)]
+
+    return allreduce
+
+
+def sum_across_ranks(values: dict) -> dict:
+    """Sums a dict of float scalars over ranks (exact counts for accuracies; callers divide)."""
+    import horovod.tensorflow as hvd
+    keys = sorted(values)
+    stacked = tf.stack([tf.cast(values[k], tf.float64) for k in keys])
+    if hvd.size() > 1:
+        stacked = hvd.allreduce(stacked, op=hvd.Sum, name="metrics_sum")
+    return dict(zip(keys, stacked.numpy().tolist()))
+
+
+def timeline_allreduce_dtypes(path) -> dict:
+    """{tensor name: sorted dtypes} for every allreduce in a Horovod timeline file.
+
+    The timeline is what the collective itself saw: Horovod writes the dtype of each
+    allreduced tensor when its ALLREDUCE activity ends. The file stays open (no closing
+    bracket) while the job runs, so it is parsed leniently.
+    """
+    import json
+    with open(path) as f:
+        text = f.read().strip().rstrip(",")
+    if not text.endswith("]"):
+        text += "]"
+    events = json.loads(text)
+    names = {e["pid"]: e["args"]["name"] for e in events
+             if e.get("ph") == "M" and e.get("name") == "process_name" and "name" in e.get("args", {})}
+    found = {}
+    for e in events:
+        dtype = e.get("args", {}).get("dtype") if e.get("ph") == "E" else None
+        if dtype and "allreduce" in names.get(e["pid"], "").lower():
+            found.setdefault(names[e["pid"]], set()).add(dtype)
+    return {k: sorted(v) for k, v in found.items()}

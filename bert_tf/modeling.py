@@ -1,0 +1,327 @@
+"""The BERT model, top to bottom: config, layers, encoder, pre-training heads.
+
+Written on plain `tf.Module`s and `tf.Variable`s (no Keras), so that Horovod 0.28.1's
+`horovod.tensorflow` collectives, `tf.train.Checkpoint` and SavedModel see ordinary
+variables (Keras 3 variables are not `tf.Variable`s; see README, "Why no Keras").
+
+Shapes in docstrings: B batch, S sequence length, H hidden size, N attention heads,
+D = H / N head size, I intermediate size, P max predictions per sequence, V vocab size.
+
+Precision: variables are float32 ("master weights") and are cast to the compute dtype
+(float32, bfloat16 or float16) where they are used. Softmax, LayerNorm and the losses
+run in float32 whatever the compute dtype.
+
+Dropout is stateless and seeded per call (`seed`, an int32 [2] tensor), so a step is
+reproducible from (run seed, step, rank, micro-batch) and compiles under XLA.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import tensorflow as tf
+
+# (layers, hidden) of the standard sizes: google-research/bert and Turc et al. 2019.
+# heads = hidden / 64, intermediate = 4 * hidden.
+PRESETS = {
+    "tiny": (2, 128),
+    "mini": (4, 256),
+    "small": (4, 512),
+    "medium": (8, 512),
+    "base": (12, 768),
+    "large": (24, 1024),
+}
+
+
+@dataclasses.dataclass
+class BertConfig:
+    """Hyper-parameters of a BERT model; reads and writes google's `bert_config.json`."""
+
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    intermediate_size: int = 3072
+    hidden_act: str = "gelu"
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    initializer_range: float = 0.02
+
+    def __post_init__(self):
+        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                     "intermediate_size", "max_position_embeddings", "type_vocab_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"BertConfig.{name} must be a positive integer, got {value!r}")
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"BertConfig.hidden_size ({self.hidden_size}) is not divisible by "
+                f"num_attention_heads ({self.num_attention_heads})")
+        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"BertConfig.{name} must be in [0, 1), got {getattr(self, name)!r}")
+        if self.hidden_act not in ACTIVATIONS:
+            raise ValueError(f"BertConfig.hidden_act {self.hidden_act!r} is not one of {sorted(ACTIVATIONS)}")
+        if self.initializer_range <= 0:
+            raise ValueError(f"BertConfig.initializer_range must be positive, got {self.initializer_range!r}")
+
+    @classmethod
+    def preset(cls, name: str, **overrides) -> "BertConfig":
+        if name not in PRESETS:
+            raise ValueError(f"unknown model preset {name!r}; valid presets: {', '.join(PRESETS)}")
+        layers, hidden = PRESETS[name]
+        values = dict(num_hidden_layers=layers, hidden_size=hidden,
+                      num_attention_heads=hidden // 64, intermediate_size=4 * hidden)
+        values.update(overrides)
+        return cls(**values)
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "BertConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown BertConfig fields {unknown}; known: {sorted(known)}")
+        return cls(**values)
+
+    @classmethod
+    def from_json_file(cls, path: str) -> "BertConfig":
+        try:
+            with tf.io.gfile.GFile(path) as f:
+                values = json.load(f)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path} is not valid JSON: {e}") from None
+        try:
+            return cls.from_dict(values)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{path}: {e}") from None
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def to_json_file(self, path: str) -> None:
+        with tf.io.gfile.GFile(path, "w") as f:
+            f.write(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
+
+
+ACTIVATIONS = {
+    # google-research/bert's "gelu" is the tanh approximation.
+    "gelu": lambda x: tf.nn.gelu(x, approximate=True),
+    "gelu_exact": lambda x: tf.nn.gelu(x, approximate=False),
+    "relu": tf.nn.relu,
+    "tanh": tf.tanh,
+}
+
+
+def _init(shape, stddev):
+    return tf.random.truncated_normal(shape, stddev=stddev)
+
+
+def dropout(x, rate, seed, training):
+    """Stateless inverted dropout; `seed` is an int32 [2] tensor."""
+    if not training or rate == 0.0:
+        return x
+    keep = tf.random.stateless_uniform(tf.shape(x), seed=seed, dtype=tf.float32) >= rate
+    return tf.where(keep, x / tf.cast(1.0 - rate, x.dtype), tf.zeros_like(x))
+
+
+class Dense(tf.Module):
+    """y = x @ kernel + bias over the last axis; kernel [in, out]."""
+
+    def __init__(self, in_dim, out_dim, stddev, name=None):
+        super().__init__(name=name)
+        self.kernel = tf.Variable(_init([in_dim, out_dim], stddev), name="kernel")
+        self.bias = tf.Variable(tf.zeros([out_dim]), name="bias")
+
+    def __call__(self, x):
+        y = tf.matmul(x, tf.cast(self.kernel, x.dtype)) if x.shape.rank == 2 else \
+            tf.einsum("...i,io->...o", x, tf.cast(self.kernel, x.dtype))
+        return y + tf.cast(self.bias, x.dtype)
+
+
+class LayerNorm(tf.Module):
+    """LayerNorm over the last axis, computed in float32, returned in the input dtype."""
+
+    def __init__(self, dim, name=None):
+        super().__init__(name=name)
+        self.gamma = tf.Variable(tf.ones([dim]), name="gamma")
+        self.beta = tf.Variable(tf.zeros([dim]), name="beta")
+
+    def __call__(self, x):
+        x32 = tf.cast(x, tf.float32)
+        mean, var = tf.nn.moments(x32, axes=[-1], keepdims=True)
+        y = (x32 - mean) * tf.math.rsqrt(var + 1e-12) * self.gamma + self.beta
+        return tf.cast(y, x.dtype)
+
+
+class Embeddings(tf.Module):
+    """Word + position + token-type embeddings, LayerNorm, dropout: ids [B, S] -> [B, S, H]."""
+
+    def __init__(self, config: BertConfig, name=None):
+        super().__init__(name=name)
+        c = config
+        self.word_embeddings = tf.Variable(_init([c.vocab_size, c.hidden_size], c.initializer_range),
+                                           name="word_embeddings")
+        self.position_embeddings = tf.Variable(
+            _init([c.max_position_embeddings, c.hidden_size], c.initializer_range), name="position_embeddings")
+        self.token_type_embeddings = tf.Variable(
+            _init([c.type_vocab_size, c.hidden_size], c.initializer_range), name="token_type_embeddings")
+        self.layer_norm = LayerNorm(c.hidden_size)
+        self.dropout_rate = c.hidden_dropout_prob
+
+    def __call__(self, input_ids, segment_ids, dtype, seed, training):
+        seq_len = tf.shape(input_ids)[1]
+        x = (tf.gather(self.word_embeddings, input_ids)
+             + tf.gather(self.token_type_embeddings, segment_ids)
+             + self.position_embeddings[tf.newaxis, :seq_len])
+        x = self.layer_norm(x)  # float32 here: the sum of embeddings is cheap
+        return dropout(tf.cast(x, dtype), self.dropout_rate, seed, training)
+
+
+class SelfAttention(tf.Module):
+    """Multi-head self-attention with a padding mask: x [B, S, H] -> [B, S, H]."""
+
+    def __init__(self, config: BertConfig, name=None):
+        super().__init__(name=name)
+        c = config
+        self.num_heads = c.num_attention_heads
+        self.head_size = c.hidden_size // c.num_attention_heads
+        self.query = Dense(c.hidden_size, c.hidden_size, c.initializer_range)
+        self.key = Dense(c.hidden_size, c.hidden_size, c.initializer_range)
+        self.value = Dense(c.hidden_size, c.hidden_size, c.initializer_range)
+        self.output = Dense(c.hidden_size, c.hidden_size, c.initializer_range)
+        self.dropout_rate = c.attention_probs_dropout_prob
+
+    def __call__(self, x, mask_bias, seed, training):
+        """mask_bias [B, 1, 1, S] float32: 0 for real tokens, -10000 for padding."""
+        batch, seq = tf.shape(x)[0], tf.shape(x)[1]
+
+        def heads(t):  # [B, S, H] -> [B, S, N, D]
+            return tf.reshape(t, [batch, seq, self.num_heads, self.head_size])
+
+        q, k, v = heads(self.query(x)), heads(self.key(x)), heads(self.value(x))
+        scores = tf.einsum("bsnd,btnd->bnst", q, k)                            # [B, N, S, S]
+        scores = tf.cast(scores, tf.float32) * (1.0 / math.sqrt(self.head_size)) + mask_bias
+        probs = tf.cast(tf.nn.softmax(scores, axis=-1), x.dtype)
+        probs = dropout(probs, self.dropout_rate, seed, training)
+        context = tf.einsum("bnst,btnd->bsnd", probs, v)                       # [B, S, N, D]
+        return self.output(tf.reshape(context, [batch, seq, self.num_heads * self.head_size]))
+
+
+class TransformerLayer(tf.Module):
+    """Post-LN transformer layer: LN(x + attn(x)), then LN(h + FFN(h))."""
+
+    def __init__(self, config: BertConfig, name=None):
+        super().__init__(name=name)
+        c = config
+        self.attention = SelfAttention(c)
+        self.attention_layer_norm = LayerNorm(c.hidden_size)
+        self.intermediate = Dense(c.hidden_size, c.intermediate_size, c.initializer_range)
+        self.output = Dense(c.intermediate_size, c.hidden_size, c.initializer_range)
+        self.output_layer_norm = LayerNorm(c.hidden_size)
+        self.activation = ACTIVATIONS[c.hidden_act]
+        self.dropout_rate = c.hidden_dropout_prob
+
+    def __call__(self, x, mask_bias, seed, training):
+        seeds = tf.random.experimental.stateless_split(seed, 3)
+        h = self.attention(x, mask_bias, seeds[0], training)
+        x = self.attention_layer_norm(x + dropout(h, self.dropout_rate, seeds[1], training))
+        h = self.output(self.activation(self.intermediate(x)))
+        return self.output_layer_norm(x + dropout(h, self.dropout_rate, seeds[2], training))
+
+
+class BertEncoder(tf.Module):
+    """Embeddings, transformer stack and pooler.
+
+    Returns sequence_output [B, S, H] and pooled_output [B, H] (tanh dense on [CLS]),
+    both in the compute dtype.
+    """
+
+    def __init__(self, config: BertConfig, name=None):
+        super().__init__(name=name)
+        self.config = config
+        self.embeddings = Embeddings(config)
+        self.layers = [TransformerLayer(config, name=f"layer_{i}") for i in range(config.num_hidden_layers)]
+        self.pooler = Dense(config.hidden_size, config.hidden_size, config.initializer_range)
+
+    def __call__(self, input_ids, input_mask, segment_ids, *, dtype=tf.float32, seed=None, training=False):
+        if seed is None:
+            seed = tf.zeros([2], tf.int32)
+        seeds = tf.random.experimental.stateless_split(seed, len(self.layers) + 1)
+        x = self.embeddings(input_ids, segment_ids, dtype, seeds[0], training)
+        mask_bias = (1.0 - tf.cast(input_mask, tf.float32))[:, tf.newaxis, tf.newaxis, :] * -10000.0
+        for i, layer in enumerate(self.layers):
+            x = layer(x, mask_bias, seeds[i + 1], training)
+        pooled = tf.tanh(self.pooler(x[:, 0]))
+        return x, pooled
+
+
+class BertPretrainer(tf.Module):
+    """The encoder plus the masked-LM and next-sentence heads, and their losses.
+
+    The masked-LM head runs only at the P masked positions: the sequence output is
+    gathered to [B, P, H] before the dense transform and the [H, V] output projection,
+    which is tied to the word embeddings.
+    """
+
+    def __init__(self, config: BertConfig, use_nsp: bool = True, name=None):
+        super().__init__(name=name)
+        c = config
+        self.config = config
+        self.use_nsp = use_nsp
+        self.encoder = BertEncoder(config)
+        self.mlm_transform = Dense(c.hidden_size, c.hidden_size, c.initializer_range)
+        self.mlm_layer_norm = LayerNorm(c.hidden_size)
+        self.mlm_output_bias = tf.Variable(tf.zeros([c.vocab_size]), name="mlm_output_bias")
+        self.activation = ACTIVATIONS[c.hidden_act]
+        if use_nsp:
+            self.nsp = Dense(c.hidden_size, 2, c.initializer_range)
+
+    def mlm_logits(self, sequence_output, positions):
+        """sequence_output [B, S, H], positions [B, P] -> logits [B, P, V] (float32)."""
+        x = tf.gather(sequence_output, positions, batch_dims=1)               # [B, P, H]
+        x = self.mlm_layer_norm(self.activation(self.mlm_transform(x)))
+        logits = tf.einsum("bph,vh->bpv", x, tf.cast(self.encoder.embeddings.word_embeddings, x.dtype))
+        return tf.cast(logits, tf.float32) + self.mlm_output_bias
+
+    def __call__(self, features, *, dtype=tf.float32, seed=None, training=False):
+        """features: google's pre-training feature dict. Returns a dict of float32 scalars:
+        loss, mlm_loss, nsp_loss, and sums for exact cross-batch accuracies
+        (mlm_correct, mlm_weight, nsp_correct, nsp_count)."""
+        sequence_output, pooled = self.encoder(
+            features["input_ids"], features["input_mask"], features["segment_ids"],
+            dtype=dtype, seed=seed, training=training)
+        logits = self.mlm_logits(sequence_output, features["masked_lm_positions"])
+        labels = features["masked_lm_ids"]
+        weights = tf.cast(features["masked_lm_weights"], tf.float32)
+        token_loss = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
+        mlm_weight = tf.reduce_sum(weights)
+        mlm_loss = tf.reduce_sum(token_loss * weights) / (mlm_weight + 1e-5)
+        mlm_hits = tf.cast(tf.equal(tf.argmax(logits, -1, output_type=labels.dtype), labels), tf.float32)
+        out = {"mlm_loss": mlm_loss, "mlm_correct": tf.reduce_sum(mlm_hits * weights), "mlm_weight": mlm_weight}
+        if self.use_nsp:
+            nsp_logits = tf.cast(self.nsp(pooled), tf.float32)
+            nsp_labels = tf.reshape(features["next_sentence_labels"], [-1])
+            out["nsp_loss"] = tf.reduce_mean(
+                tf.nn.sparse_softmax_cross_entropy_with_logits(labels=nsp_labels, logits=nsp_logits))
+            nsp_pred = tf.argmax(nsp_logits, -1, output_type=nsp_labels.dtype)
+            out["nsp_correct"] = tf.reduce_sum(tf.cast(tf.equal(nsp_pred, nsp_labels), tf.float32))
+            out["nsp_count"] = tf.cast(tf.size(nsp_labels), tf.float32)
+            out["loss"] = mlm_loss + out["nsp_loss"]
+        else:
+            out["loss"] = mlm_loss
+        return out
+
+
+def check_features_fit(config: BertConfig, max_seq_length: int, vocab_size: int | None = None) -> None:
+    """Fail before training when the data cannot fit the model."""
+    if max_seq_length > config.max_position_embeddings:
+        raise ValueError(
+            f"--max_seq_length={max_seq_length} exceeds the model's max_position_embeddings "
+            f"({config.max_position_embeddings})")
+    if vocab_size is not None and vocab_size > config.vocab_size:
+        raise ValueError(
+            f"the vocabulary has {vocab_size} tokens but the model's vocab_size is {config.vocab_size}: "
+            f"token ids >= {config.vocab_size} would not have embeddings")

@@ -1,0 +1,67 @@
+"""Optimizers (LAMB, AdamW) with decoupled weight decay, and the learning-rate schedule.
+
+Both keep float32 slots `m`, `v` beside each variable and a step counter; all are
+`tf.Variable`s tracked by `tf.train.Checkpoint`. Weight decay (and, for LAMB, the
+layer-wise trust ratio) skips LayerNorm parameters and biases, as google-research/bert does.
+
+Update for step t (g: gradient, w: weight, lr: learning rate):
+    m = b1 m + (1 - b1) g            v = b2 v + (1 - b2) g^2
+    u = m_hat / (sqrt(v_hat) + eps) + wd * w       (m_hat, v_hat bias-corrected)
+    AdamW: w -= lr * u
+    LAMB:  w -= lr * r * u,  r = ||w|| / ||u|| when both norms are > 0, else 1
+"""
+from __future__ import annotations
+
+import re
+
+import tensorflow as tf
+
+OPTIMIZERS = ("lamb", "adamw")
+# Variable names (not module paths) carry the role: LayerNorm has gamma/beta, every Dense a bias.
+NO_DECAY = re.compile(r"(gamma|beta|bias)")
+
+
+def learning_rate(step, peak, warmup_steps, total_steps, power=1.0, end=0.0):
+    """Linear warmup to `peak`, then polynomial decay to `end` at `total_steps`."""
+    step = tf.cast(step, tf.float32)
+    warmup = tf.cast(max(warmup_steps, 1), tf.float32)
+    decay_steps = tf.cast(max(total_steps - warmup_steps, 1), tf.float32)
+    progress = tf.clip_by_value((step - warmup_steps) / decay_steps, 0.0, 1.0)
+    decayed = (peak - end) * (1.0 - progress) ** power + end
+    return tf.where(step < warmup_steps, peak * step / warmup, decayed)
+
+
+class Optimizer(tf.Module):
+    """LAMB or AdamW over a fixed list of variables (built eagerly, before any tf.function)."""
+
+    def __init__(self, variables, kind="lamb", weight_decay=0.01, beta_1=0.9, beta_2=0.999,
+                 epsilon=1e-6, name=None):
+        super().__init__(name=name)
+        if kind not in OPTIMIZERS:
+            raise ValueError(f"unknown optimizer {kind!r}; valid: {', '.join(OPTIMIZERS)}")
+        self.kind = kind
+        self.weight_decay = weight_decay
+        self.beta_1, self.beta_2, self.epsilon = beta_1, beta_2, epsilon
+        self.iterations = tf.Variable(0, dtype=tf.int64, trainable=False, name="iterations")
+        self.m = [tf.Variable(tf.zeros_like(v), trainable=False, name="m") for v in variables]
+        self.v = [tf.Variable(tf.zeros_like(v), trainable=False, name="v") for v in variables]
+        self.decay = [NO_DECAY.search(v.name) is None for v in variables]
+
+    def apply(self, grads, variables, lr):
+        """One update; `grads` already averaged over ranks and clipped."""
+        t = tf.cast(self.iterations + 1, tf.float32)
+        correction_1 = 1.0 - tf.pow(self.beta_1, t)
+        correction_2 = 1.0 - tf.pow(self.beta_2, t)
+        for g, w, m, v, decay in zip(grads, variables, self.m, self.v, self.decay):
+            m.assign(self.beta_1 * m + (1.0 - self.beta_1) * g)
+            v.assign(self.beta_2 * v + (1.0 - self.beta_2) * tf.square(g))
+            update = (m / correction_1) / (tf.sqrt(v / correction_2) + self.epsilon)
+            if decay and self.weight_decay:
+                update += self.weight_decay * w
+            if self.kind == "lamb" and decay:
+                w_norm, u_norm = tf.norm(w), tf.norm(update)
+                ratio = tf.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, 1.0)
+                update *= ratio
+            w.assign_sub(lr * update)
+        self.iterations.assign_add(1)
+

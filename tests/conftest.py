@@ -1,0 +1,74 @@
+"""Shared helpers: launching workers under mpirun/horovodrun, small fixed features."""
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+WORKERS = REPO / "tests" / "workers"
+CORPUS = REPO / "data" / "corpus"
+
+
+def mpi_env(extra=None):
+    env = dict(os.environ)
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    if os.geteuid() == 0:
+        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    env.update(extra or {})
+    return env
+
+
+def mpirun(np_, args, env=None, timeout=600, check=True):
+    """`mpirun -np N python args...` on this machine; returns the CompletedProcess."""
+    cmd = ["mpirun", "-np", str(np_), "--oversubscribe", "--bind-to", "none"]
+    if os.geteuid() == 0:
+        cmd.append("--allow-run-as-root")
+    cmd += [sys.executable, *map(str, args)]
+    return _run(cmd, env, timeout, check)
+
+
+def horovodrun(np_, args, env=None, timeout=600, check=True):
+    """`horovodrun -np N -H localhost:N python args...`."""
+    hvdrun = shutil.which("horovodrun", path=os.path.dirname(sys.executable)) or "horovodrun"
+    cmd = [hvdrun, "-np", str(np_), "-H", f"localhost:{np_}", sys.executable, *map(str, args)]
+    return _run(cmd, env, timeout, check)
+
+
+def _run(cmd, env, timeout, check):
+    proc = subprocess.run(cmd, env=mpi_env(env), capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}"
+                             f"\n--- stderr\n{proc.stderr[-6000:]}")
+    return proc
+
+
+def read_rank_results(out_dir, n):
+    return [json.loads((pathlib.Path(out_dir) / f"rank{r}.json").read_text()) for r in range(n)]
+
+
+def random_features(batch=4, seq=16, preds=3, vocab=100, seed=0):
+    """google-format pre-training features with random content (numpy)."""
+    r = np.random.RandomState(seed)
+    positions = np.stack([np.sort(r.choice(np.arange(1, seq), preds, replace=False)) for _ in range(batch)])
+    return {
+        "input_ids": r.randint(5, vocab, (batch, seq)).astype(np.int32),
+        "input_mask": np.ones((batch, seq), np.int32),
+        "segment_ids": np.concatenate([np.zeros((batch, seq // 2)), np.ones((batch, seq - seq // 2))], 1).astype(np.int32),
+        "masked_lm_positions": positions.astype(np.int32),
+        "masked_lm_ids": r.randint(5, vocab, (batch, preds)).astype(np.int32),
+        "masked_lm_weights": np.ones((batch, preds), np.float32),
+        "next_sentence_labels": r.randint(0, 2, (batch, 1)).astype(np.int32),
+    }
+
+
+@pytest.fixture(scope="session")
+def corpus_dir():
+    if not (CORPUS / "lee_background.cor").exists():
+        pytest.fail(f"bundled corpus missing in {CORPUS}: run scripts/setup.sh")
+    return CORPUS
