@@ -33,10 +33,11 @@ def mpirun(np_, args, env=None, timeout=600, check=True):
     return _run(cmd, env, timeout, check)
 
 
-def horovodrun(np_, args, env=None, timeout=600, check=True):
-    """`horovodrun -np N -H localhost:N python args...`."""
+def horovodrun(np_, args, env=None, timeout=600, check=True, gloo=False):
+    """`horovodrun -np N -H localhost:N [--gloo] python args...`."""
     hvdrun = shutil.which("horovodrun", path=os.path.dirname(sys.executable)) or "horovodrun"
-    cmd = [hvdrun, "-np", str(np_), "-H", f"localhost:{np_}", sys.executable, *map(str, args)]
+    cmd = [hvdrun, "-np", str(np_), "-H", f"localhost:{np_}", *(["--gloo"] if gloo else []),
+           sys.executable, *map(str, args)]
     return _run(cmd, env, timeout, check)
 
 
