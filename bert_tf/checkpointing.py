@@ -1,0 +1,87 @@
+"""Checkpoints: rank 0 writes, every rank reads; shapes are checked before anything is restored.
+
+A checkpoint holds what `Trainer.checkpoint_items()` lists (model, optimizer slots, step,
+loss scale). `tf.train.CheckpointManager` writes the data files first and the `checkpoint`
+index last, so an interrupted save leaves the previous checkpoint as the latest one.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import tensorflow as tf
+
+
+class Checkpoints:
+    def __init__(self, directory, items: dict, keep_last=3, is_writer=True):
+        self.directory = directory
+        self.is_writer = is_writer
+        self.checkpoint = tf.train.Checkpoint(**items)
+        self.items = items
+        if is_writer:
+            os.makedirs(directory, exist_ok=True)
+        self.manager = tf.train.CheckpointManager(self.checkpoint, directory, max_to_keep=keep_last) \
+            if is_writer else None
+
+    def latest(self):
+        return tf.train.latest_checkpoint(self.directory) if os.path.isdir(self.directory) else None
+
+    def save(self, step, extra: dict | None = None):
+        """Rank 0 only; other ranks return None. `extra` goes to a JSON file beside it."""
+        if not self.is_writer:
+            return None
+        path = self.manager.save(checkpoint_number=int(step))
+        if extra is not None:
+            tmp = path + ".json.tmp"
+            with open(tmp, "w") as f:
+                json.dump(extra, f, indent=1)
+            os.replace(tmp, path + ".json")
+        return path
+
+    def restore(self, path):
+        check_compatible(path, self.items.get("model"))
+        self.checkpoint.restore(path).assert_existing_objects_matched()
+        return read_extra(path)
+
+
+def read_extra(path):
+    try:
+        with open(path + ".json") as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return {}
+
+
+def model_variable_shapes(model, prefix="model"):
+    """{checkpoint key: shape} for the model's variables (tf.Module attribute paths)."""
+    flat = model._flatten(predicate=lambda v: isinstance(v, tf.Variable), with_path=True)
+    return {"/".join([prefix, *map(str, path)]) + "/.ATTRIBUTES/VARIABLE_VALUE": var.shape.as_list()
+            for path, var in flat}
+
+
+def check_compatible(path, model, prefix="model"):
+    """Raises ValueError naming both shapes when the checkpoint's model differs from `model`."""
+    if model is None:
+        return
+    stored = dict(tf.train.list_variables(path))
+    expected = model_variable_shapes(model, prefix)
+    mismatches = [f"{name.split('/.ATTRIBUTES')[0]}: checkpoint {list(stored[name])} vs model {shape}"
+                  for name, shape in expected.items() if name in stored and list(stored[name]) != shape]
+    missing = [name.split("/.ATTRIBUTES")[0] for name in expected if name not in stored]
+    extra = [name.split("/.ATTRIBUTES")[0] for name in stored
+             if name.startswith(prefix + "/") and name.endswith("VARIABLE_VALUE") and name not in expected]
+    if mismatches or missing or extra:
+        parts = mismatches[:4]
+        if missing:
+            parts.append(f"{len(missing)} model variables not in the checkpoint, e.g. {missing[0]}")
+        if extra:
+            parts.append(f"{len(extra)} checkpoint variables not in the model, e.g. {extra[0]}")
+        raise ValueError(
+            f"checkpoint {path} does not fit this model: {'; '.join(parts)}. Use the model preset, "
+            f"bert_config.json and vocab of the run that wrote it, or another --checkpoint_dir.")
+
+
+def restore_model(path, model):
+    """Loads only the model (encoder and heads) from a pre-training checkpoint (--init_checkpoint)."""
+    check_compatible(path, model)
+    tf.train.Checkpoint(model=model).read(path).expect_partial().assert_existing_objects_matched()

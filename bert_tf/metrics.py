@@ -1,0 +1,85 @@
+"""Run metrics: a JSON-lines file, TensorBoard summaries and progress lines (rank 0 only).
+
+Each record is one dict with a `kind` ("train", "eval", "probe", "run") and a `step`.
+Data-dependent values arrive already summed over ranks (see distributed.sum_across_ranks).
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import tensorflow as tf
+from tensorflow.core.framework import summary_pb2
+
+
+def accuracies(sums: dict) -> dict:
+    """Turns summed counts into rates: mlm_accuracy, nsp_accuracy."""
+    out = {}
+    if sums.get("mlm_weight"):
+        out["mlm_accuracy"] = sums["mlm_correct"] / sums["mlm_weight"]
+    if sums.get("nsp_count"):
+        out["nsp_accuracy"] = sums["nsp_correct"] / sums["nsp_count"]
+    return out
+
+
+# The low-level summary op with the "scalars" plugin tag: TensorBoard shows these as scalar
+# curves, and the nodes need no tensorboard package (tf.summary.scalar would import it).
+_SCALAR_METADATA = summary_pb2.SummaryMetadata(
+    plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars")).SerializeToString()
+
+
+class MetricsWriter:
+    """Writes only when `active` (rank 0); every rank may call it."""
+
+    def __init__(self, directory, active=True):
+        self.active = active
+        self.path = os.path.join(directory, "metrics.jsonl")
+        self.start = time.time()
+        if active:
+            os.makedirs(directory, exist_ok=True)
+            self.summary = tf.summary.create_file_writer(os.path.join(directory, "tensorboard"))
+
+    def write(self, record: dict):
+        if not self.active:
+            return
+        record = {k: (float(v) if hasattr(v, "__float__") and not isinstance(v, (int, bool)) else v)
+                  for k, v in record.items()}
+        record.setdefault("time", time.time())
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        with self.summary.as_default(step=int(record.get("step", 0))):
+            for key, value in record.items():
+                if key not in ("step", "time", "kind") and isinstance(value, (int, float)) \
+                        and not isinstance(value, bool):
+                    tf.summary.write(f"{record.get('kind', 'train')}/{key}", tf.constant(value, tf.float32),
+                                     metadata=_SCALAR_METADATA)
+        self.summary.flush()
+
+    def progress(self, step, total_steps, record: dict, start_step=0):
+        """One human line: step, loss, accuracies, lr, loss scale, throughput, elapsed, ETA."""
+        if not self.active:
+            return
+        elapsed = time.time() - self.start
+        done = max(step - start_step, 1)
+        eta = elapsed / done * (total_steps - step)
+        parts = [f"step {step}/{total_steps}", f"loss {record['loss']:.4f}"]
+        for key, label in (("mlm_accuracy", "mlm_acc"), ("nsp_accuracy", "nsp_acc")):
+            if key in record:
+                parts.append(f"{label} {record[key]:.4f}")
+        parts.append(f"lr {record['learning_rate']:.3g}")
+        if "loss_scale" in record:
+            parts.append(f"loss_scale {record['loss_scale']:.0f}")
+        parts += [f"{record['sequences_per_second']:.1f} seq/s", f"{record['tokens_per_second']:.0f} tok/s",
+                  f"elapsed {_hms(elapsed)}", f"ETA {_hms(eta)}"]
+        print("  ".join(parts), flush=True)
+
+
+def _hms(seconds):
+    seconds = int(seconds)
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def read_metrics(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]

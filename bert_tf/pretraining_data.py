@@ -1,0 +1,356 @@
+"""Pre-training instances with google-research/bert semantics, written as TFRecords.
+
+Per document, sentences are packed into segments A and B up to `max_seq_length - 3`
+tokens (sometimes shorter, `short_seq_prob`); half the time B is the real continuation
+(label 0), half the time it comes from another document (label 1) and the unused
+sentences go back to be used later. Unlike google's script, a chunk of a single long
+sentence is not forced to be a random pair (that skews labels to ~55% random): its
+actual next sentence is used when the document has one. The pair is truncated from a random end, then
+`[CLS] A [SEP] B [SEP]` is masked: 15% of tokens (`masked_lm_prob`, at most
+`max_predictions_per_seq`; whole words with `whole_word_masking`), of which 80% become
+[MASK], 10% a random token, 10% stay. `dupe_factor` repeats this with fresh randomness.
+
+Feature names, dtypes and shapes are exactly google's (`feature_spec`), so files made by
+either tool are interchangeable. Randomness is per document (seed, pass, document index),
+with separate streams for segment structure, partner documents and masking, so the
+instances of a document do not depend on which process handles it: N ranks, each taking
+every N-th document, together write the same instances as one process.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import os
+import random
+
+import numpy as np
+import tensorflow as tf
+
+
+def feature_spec(max_seq_length, max_predictions_per_seq):
+    """google-research/bert's parse spec for pre-training TFRecords."""
+    L, P = max_seq_length, max_predictions_per_seq
+    return {
+        "input_ids": tf.io.FixedLenFeature([L], tf.int64),
+        "input_mask": tf.io.FixedLenFeature([L], tf.int64),
+        "segment_ids": tf.io.FixedLenFeature([L], tf.int64),
+        "masked_lm_positions": tf.io.FixedLenFeature([P], tf.int64),
+        "masked_lm_ids": tf.io.FixedLenFeature([P], tf.int64),
+        "masked_lm_weights": tf.io.FixedLenFeature([P], tf.float32),
+        "next_sentence_labels": tf.io.FixedLenFeature([1], tf.int64),
+    }
+
+
+@dataclasses.dataclass
+class InstanceConfig:
+    max_seq_length: int = 128
+    max_predictions_per_seq: int = 20
+    masked_lm_prob: float = 0.15
+    short_seq_prob: float = 0.1
+    dupe_factor: int = 10
+    whole_word_masking: bool = False
+    random_seed: int = 12345
+    mask: bool = True            # False: unmasked sequences for dynamic masking in tf.data
+
+    def __post_init__(self):
+        if self.max_seq_length < 5:
+            raise ValueError(f"--max_seq_length={self.max_seq_length} is too small for "
+                             f"[CLS] A [SEP] B [SEP] (needs at least 5: 3 special tokens and 1 token each for A and B)")
+        if self.mask and self.max_predictions_per_seq < 1:
+            raise ValueError(f"--max_predictions_per_seq must be >= 1, got {self.max_predictions_per_seq}")
+        if not 0.0 < self.masked_lm_prob < 1.0:
+            raise ValueError(f"--masked_lm_prob must be in (0, 1), got {self.masked_lm_prob}")
+        if not 0.0 <= self.short_seq_prob <= 1.0:
+            raise ValueError(f"--short_seq_prob must be in [0, 1], got {self.short_seq_prob}")
+        if self.dupe_factor < 1:
+            raise ValueError(f"--dupe_factor must be >= 1, got {self.dupe_factor}")
+
+
+@dataclasses.dataclass
+class Counts:
+    instances: int = 0
+    tokens: int = 0                # non-padding tokens in instances (with [CLS]/[SEP])
+    masked: int = 0
+    maskable: int = 0              # tokens other than [CLS]/[SEP]
+    replaced_mask: int = 0
+    replaced_random: int = 0
+    kept: int = 0
+    random_next: int = 0
+    clamped: int = 0               # instances whose 15% exceeded max_predictions_per_seq
+
+    def add(self, other: "Counts"):
+        for f in dataclasses.fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+
+Instance = collections.namedtuple("Instance", "tokens segment_ids is_random_next positions labels")
+
+
+_STREAMS = {"structure": 0, "partner": 1, "mask": 2}
+
+
+def _rng(seed, dupe, doc_id, stream):
+    """A random.Random determined by (seed, pass, document, stream) only: same in every process."""
+    state = np.random.SeedSequence([seed, dupe, doc_id, _STREAMS[stream]]).generate_state(2)
+    return random.Random(int(state[0]) << 32 | int(state[1]))
+
+
+def create_instances(doc_index, documents, config: InstanceConfig, special, vocab_size, word_starts=None,
+                     dupe=0, doc_id=None, counts: Counts | None = None):
+    """Instances from documents[doc_index] (a list of token-id lists) for one dupe pass.
+
+    `documents` is the pool partner segments are drawn from; `doc_id` (default doc_index)
+    is the document's corpus-wide number, which seeds its randomness; `special` maps
+    CLS/SEP/MASK to ids; `word_starts[id]` is False for "##" pieces (whole-word masking).
+    """
+    counts = counts if counts is not None else Counts()
+    doc_id = doc_index if doc_id is None else doc_id
+    rng = _rng(config.random_seed, dupe, doc_id, "structure")
+    rng_partner = _rng(config.random_seed, dupe, doc_id, "partner")
+    rng_mask = _rng(config.random_seed, dupe, doc_id, "mask")
+    document = documents[doc_index]
+    max_num_tokens = config.max_seq_length - 3
+    target_seq_length = max_num_tokens
+    if rng.random() < config.short_seq_prob:
+        target_seq_length = rng.randint(2, max_num_tokens)
+
+    instances = []
+    chunk, chunk_len, i = [], 0, 0
+    while i < len(document):
+        chunk.append(document[i])
+        chunk_len += len(document[i])
+        if i == len(document) - 1 or chunk_len >= target_seq_length:
+            if chunk:
+                a_end = rng.randint(1, len(chunk) - 1) if len(chunk) >= 2 else 1
+                tokens_a = [t for seg in chunk[:a_end] for t in seg]
+                is_random_next = rng.random() < 0.5 and len(documents) > 1
+                if not is_random_next and len(chunk) == 1:
+                    # google makes every one-sentence chunk a random pair, which skews the
+                    # labels above 50%; take the actual next sentence when there is one.
+                    if i + 1 < len(document):
+                        i += 1
+                        chunk.append(document[i])
+                    else:
+                        is_random_next = len(documents) > 1
+                if is_random_next:
+                    target_b_length = target_seq_length - len(tokens_a)
+                    other = doc_index
+                    for _ in range(10):
+                        other = rng_partner.randrange(len(documents))
+                        if other != doc_index:
+                            break
+                    other_doc = documents[other]
+                    start = rng_partner.randrange(len(other_doc)) if other_doc else 0
+                    tokens_b = []
+                    for seg in other_doc[start:]:
+                        tokens_b.extend(seg)
+                        if len(tokens_b) >= target_b_length:
+                            break
+                    i -= len(chunk) - a_end           # put the unused sentences back
+                else:
+                    tokens_b = [t for seg in chunk[a_end:] for t in seg]
+                _truncate_pair(tokens_a, tokens_b, max_num_tokens, rng_mask)
+                if tokens_a and tokens_b:
+                    tokens = [special["CLS"]] + tokens_a + [special["SEP"]] + tokens_b + [special["SEP"]]
+                    segment_ids = [0] * (len(tokens_a) + 2) + [1] * (len(tokens_b) + 1)
+                    positions, labels = ([], [])
+                    if config.mask:
+                        positions, labels = mask_tokens(tokens, config, special, vocab_size, rng_mask,
+                                                        word_starts, counts)
+                    counts.instances += 1
+                    counts.tokens += len(tokens)
+                    counts.random_next += int(is_random_next)
+                    instances.append(Instance(tokens, segment_ids, is_random_next, positions, labels))
+            chunk, chunk_len = [], 0
+        i += 1
+    return instances
+
+
+def _truncate_pair(tokens_a, tokens_b, max_num_tokens, rng):
+    while len(tokens_a) + len(tokens_b) > max_num_tokens:
+        longer = tokens_a if len(tokens_a) > len(tokens_b) else tokens_b
+        if rng.random() < 0.5:
+            del longer[0]
+        else:
+            longer.pop()
+
+
+def mask_tokens(tokens, config, special, vocab_size, rng, word_starts=None, counts: Counts | None = None):
+    """Masks `tokens` in place. Returns (positions, original ids), sorted by position."""
+    counts = counts if counts is not None else Counts()
+    skip = (special["CLS"], special["SEP"])
+    groups = []
+    for i, t in enumerate(tokens):
+        if t in skip:
+            continue
+        if config.whole_word_masking and groups and word_starts is not None and not word_starts[t] \
+                and groups[-1][-1] == i - 1:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    maskable = sum(len(g) for g in groups)
+    counts.maskable += maskable
+    wanted = max(1, int(round(maskable * config.masked_lm_prob)))
+    num_to_predict = min(config.max_predictions_per_seq, wanted)
+    counts.clamped += int(wanted > config.max_predictions_per_seq)
+    rng.shuffle(groups)
+    chosen = []
+    for group in groups:
+        if len(chosen) >= num_to_predict:
+            break
+        if len(chosen) + len(group) > num_to_predict:
+            continue
+        chosen.extend(group)
+    labels = {}
+    for pos in chosen:
+        labels[pos] = tokens[pos]
+        r = rng.random()
+        if r < 0.8:
+            tokens[pos] = special["MASK"]
+            counts.replaced_mask += 1
+        elif r < 0.9:
+            counts.kept += 1
+        else:
+            tokens[pos] = rng.randrange(vocab_size)
+            counts.replaced_random += 1
+    counts.masked += len(chosen)
+    positions = sorted(labels)
+    return positions, [labels[p] for p in positions]
+
+
+def _int64(values):
+    return tf.train.Feature(int64_list=tf.train.Int64List(value=values))
+
+
+def serialize(instance: Instance, config: InstanceConfig) -> bytes:
+    """One tf.train.Example in google's layout (padded to max lengths)."""
+    L, P = config.max_seq_length, config.max_predictions_per_seq
+    n = len(instance.tokens)
+    features = {
+        "input_ids": _int64(instance.tokens + [0] * (L - n)),
+        "input_mask": _int64([1] * n + [0] * (L - n)),
+        "segment_ids": _int64(instance.segment_ids + [0] * (L - n)),
+        "next_sentence_labels": _int64([int(instance.is_random_next)]),
+    }
+    if config.mask:
+        k = len(instance.positions)
+        features["masked_lm_positions"] = _int64(instance.positions + [0] * (P - k))
+        features["masked_lm_ids"] = _int64(instance.labels + [0] * (P - k))
+        features["masked_lm_weights"] = tf.train.Feature(float_list=tf.train.FloatList(value=[1.0] * k + [0.0] * (P - k)))
+    return tf.train.Example(features=tf.train.Features(feature=features)).SerializeToString()
+
+
+class ShardWriter:
+    """Writes records round-robin into shards named `<prefix>-<rank>-<i>-of-<n>.tfrecord`.
+
+    Files are written as `.tmp` and renamed only by `close()` after a successful run:
+    a failed creation never leaves a half-written shard under a final name.
+    """
+
+    def __init__(self, output_dir, prefix, rank, num_shards):
+        os.makedirs(output_dir, exist_ok=True)
+        self.paths = [os.path.join(output_dir, f"{prefix}-r{rank:03d}-{i:04d}-of-{num_shards:04d}.tfrecord")
+                      for i in range(num_shards)]
+        self.writers = [tf.io.TFRecordWriter(p + ".tmp") for p in self.paths]
+        self.count = 0
+
+    def write(self, record: bytes):
+        self.writers[self.count % len(self.writers)].write(record)
+        self.count += 1
+
+    def close(self):
+        for w in self.writers:
+            w.close()
+        for p in self.paths:
+            os.replace(p + ".tmp", p)
+        return self.paths
+
+    def abort(self):
+        for w in self.writers:
+            w.close()
+        for p in self.paths:
+            if os.path.exists(p + ".tmp"):
+                os.remove(p + ".tmp")
+
+
+def split_heldout(num_documents, heldout_fraction, seed):
+    """Deterministic document-level split: returns a boolean mask, True = held out."""
+    rng = np.random.RandomState(seed)
+    return rng.random_sample(num_documents) < heldout_fraction
+
+
+def create_pretraining_data(input_files, input_format, tokenizer, output_dir, config: InstanceConfig,
+                            rank=0, size=1, num_shards=1, heldout_fraction=0.0, log=print):
+    """Reads, tokenises and writes this rank's share of the corpus.
+
+    Rank r of `size` takes documents r, r+size, ... (corpus order), so ranks are disjoint
+    and their union is the one-process output. Held-out documents (by document, seeded)
+    go to `eval-*` shards, the rest to `train-*`. Returns this rank's summary dict.
+    """
+    import time
+    from bert_tf import corpus
+
+    start = time.time()
+    stats = corpus.ReadStats()
+    special = {"CLS": tokenizer.cls_id, "SEP": tokenizer.sep_id, "MASK": tokenizer.mask_id}
+    word_starts = [not t.startswith("##") for t in tokenizer.vocab]
+    docs, doc_ids = [], []
+    for doc_id, doc in enumerate(corpus.read_documents(input_files, input_format, stats)):
+        if doc_id % size == rank:
+            docs.append(doc)
+            doc_ids.append(doc_id)
+    if stats.documents == 0:
+        raise ValueError(f"no text found in {', '.join(input_files)} (empty corpus?)")
+    # tokenise all sentences of this rank in large batches, then regroup by document
+    flat = tokenizer.tokenize([s for d in docs for s in d])
+    tokenized, k = [], 0
+    for d in docs:
+        tokenized.append([t for t in flat[k:k + len(d)] if t])
+        k += len(d)
+    n_tokens = sum(len(s) for d in tokenized for s in d)
+    n_unk = sum(s.count(tokenizer.unk_id) for d in tokenized for s in d)
+
+    heldout = split_heldout(stats.documents, heldout_fraction, config.random_seed)
+    pools = {"train": [i for i, g in enumerate(doc_ids) if not heldout[g]],
+             "eval": [i for i, g in enumerate(doc_ids) if heldout[g]]}
+    summary = {"rank": rank, "documents": len(docs), "sentences": sum(len(d) for d in docs),
+               "tokens": n_tokens, "unk_rate": n_unk / max(n_tokens, 1),
+               "bad_bytes_lines": stats.bad_bytes_lines, "files": {}}
+    for split, members in pools.items():
+        if not members:
+            continue
+        pool = [tokenized[i] for i in members]
+        counts = Counts()
+        writer = ShardWriter(output_dir, split, rank, num_shards if split == "train" else 1)
+        try:
+            for dupe in range(config.dupe_factor):
+                for j, i in enumerate(members):
+                    for inst in create_instances(j, pool, config, special, len(tokenizer), word_starts,
+                                                 dupe=dupe, doc_id=doc_ids[i], counts=counts):
+                        writer.write(serialize(inst, config))
+        except BaseException:
+            writer.abort()
+            raise
+        summary["files"][split] = writer.close()
+        summary[split] = dataclasses.asdict(counts)
+    summary["seconds"] = time.time() - start
+    return summary
+
+
+def summarize(summaries):
+    """Totals over ranks and the derived rates printed at the end of creation."""
+    total = {k: sum(s[k] for s in summaries) for k in ("documents", "sentences", "tokens", "bad_bytes_lines")}
+    total["unk_rate"] = sum(s["unk_rate"] * s["tokens"] for s in summaries) / max(total["tokens"], 1)
+    total["seconds"] = max(s["seconds"] for s in summaries)
+    for split in ("train", "eval"):
+        parts = [s[split] for s in summaries if split in s]
+        if not parts:
+            continue
+        c = {k: sum(p[k] for p in parts) for k in parts[0]}
+        c["mean_masked_fraction"] = c["masked"] / max(c["maskable"], 1)
+        c["nsp_random_fraction"] = c["random_next"] / max(c["instances"], 1)
+        c["instances_per_second"] = c["instances"] / max(total["seconds"], 1e-9)
+        total[split] = c
+    total["per_rank_instances_per_second"] = [
+        sum(s[k]["instances"] for k in ("train", "eval") if k in s) / max(s["seconds"], 1e-9) for s in summaries]
+    return total

@@ -1,0 +1,73 @@
+"""Corpus -> google-format pre-training TFRecords, in parallel over MPI ranks.
+
+    python run/create_pretraining_data.py --input_files='data/corpus/*.bz2' --vocab_file=vocab.txt \
+        --output_dir=data/tfrecords/seq128
+    mpirun -np 4 python run/create_pretraining_data.py ...     # each rank writes its own shards
+"""
+import json
+import os
+
+from absl import app, flags
+
+flags.DEFINE_list("input_files", None, "Corpus files or globs (comma-separated); .gz/.bz2 read transparently. "
+                  "PATH@FORMAT gives one file its own format, e.g. news.txt@documents.")
+flags.DEFINE_enum("input_format", "auto", ["auto", "sentences", "documents", "mediawiki"],
+                  "sentences: one per line, blank line between documents (google); documents: one per line; "
+                  "mediawiki: XML dump; auto: mediawiki if the file starts with <mediawiki>, else sentences.")
+flags.DEFINE_string("vocab_file", None, "WordPiece vocab.txt (google layout).")
+flags.DEFINE_bool("do_lower_case", True, "Lower-case and strip accents.")
+flags.DEFINE_string("output_dir", None, "Where train-*.tfrecord, eval-*.tfrecord and summary.json go.")
+flags.DEFINE_integer("max_seq_length", 128, "Tokens per instance, with [CLS] and [SEP]s.")
+flags.DEFINE_integer("max_predictions_per_seq", 20, "Masked positions per instance (padded).")
+flags.DEFINE_float("masked_lm_prob", 0.15, "Fraction of tokens to mask.")
+flags.DEFINE_float("short_seq_prob", 0.1, "Probability of a shorter target length.")
+flags.DEFINE_integer("dupe_factor", 10, "Passes over the corpus with different masks.")
+flags.DEFINE_bool("whole_word_masking", False, "Mask all pieces of a word together.")
+flags.DEFINE_bool("dynamic_masking", False, "Write unmasked sequences; mask in tf.data each epoch (RoBERTa-style).")
+flags.DEFINE_integer("random_seed", 12345, "Seed for instance creation and the held-out split.")
+flags.DEFINE_integer("shards_per_rank", 1, "Training shards each rank writes.")
+flags.DEFINE_float("heldout_fraction", 0.05, "Fraction of documents held out for evaluation.")
+flags.mark_flags_as_required(["input_files", "vocab_file", "output_dir"])
+FLAGS = flags.FLAGS
+
+
+def main(_):
+    from mpi4py import MPI
+
+    from bert_tf import corpus, pretraining_data, tokenization
+
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    files = corpus.expand_inputs(FLAGS.input_files)
+    config = pretraining_data.InstanceConfig(
+        max_seq_length=FLAGS.max_seq_length, max_predictions_per_seq=FLAGS.max_predictions_per_seq,
+        masked_lm_prob=FLAGS.masked_lm_prob, short_seq_prob=FLAGS.short_seq_prob,
+        dupe_factor=FLAGS.dupe_factor, whole_word_masking=FLAGS.whole_word_masking,
+        random_seed=FLAGS.random_seed, mask=not FLAGS.dynamic_masking)
+    tokenizer = tokenization.Tokenizer.from_file(FLAGS.vocab_file, FLAGS.do_lower_case)
+    summary = pretraining_data.create_pretraining_data(
+        files, FLAGS.input_format, tokenizer, FLAGS.output_dir, config, rank=rank, size=size,
+        num_shards=FLAGS.shards_per_rank, heldout_fraction=FLAGS.heldout_fraction)
+    summaries = comm.gather(summary, root=0)
+    if rank == 0:
+        total = pretraining_data.summarize(summaries)
+        total.update(config=vars(config) if hasattr(config, "__dict__") else {}, ranks=size, input_files=files)
+        path = os.path.join(FLAGS.output_dir, "summary.json")
+        with open(path + ".tmp", "w") as f:
+            json.dump({"total": total, "per_rank": summaries}, f, indent=1)
+        os.replace(path + ".tmp", path)
+        print(f"documents {total['documents']}  sentences {total['sentences']}  tokens {total['tokens']}  "
+              f"UNK rate {total['unk_rate']:.4%}  lines with bad bytes {total['bad_bytes_lines']}")
+        for split in ("train", "eval"):
+            c = total.get(split)
+            if c:
+                print(f"{split}: instances {c['instances']}  masked fraction {c['mean_masked_fraction']:.4f}  "
+                      f"NSP random-next {c['nsp_random_fraction']:.4f}  clamped {c['clamped']}  "
+                      f"{c['instances_per_second']:.0f} instances/s")
+        print(f"wall {total['seconds']:.1f} s on {size} rank(s); per rank instances/s: "
+              + ", ".join(f"{x:.0f}" for x in total["per_rank_instances_per_second"]))
+        print(f"summary: {path}")
+
+
+if __name__ == "__main__":
+    app.run(main)

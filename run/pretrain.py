@@ -1,0 +1,75 @@
+"""Pre-trains BERT on one or many machines.
+
+    horovodrun -np 16 -hostfile hostfiles/hosts python run/pretrain.py --flagfile=configs/base_phase1.flags
+    mpirun -np 2 python run/pretrain.py --flagfile=configs/demo.flags
+    python run/pretrain.py --flagfile=configs/demo.flags          # one process
+
+Global batch = --batch_size x --accumulation_steps x ranks. Learning-rate scaling rule: the
+learning rate is NOT scaled with the number of ranks; it belongs to the global batch. When you
+change the global batch by a factor k, scale --learning_rate by sqrt(k) for LAMB (You et al. 2019)
+or by k for AdamW (linear rule), and keep warmup as a fraction of --total_steps.
+"""
+import dataclasses
+import sys
+
+from absl import app, flags
+
+from bert_tf import modeling, optimization, pretraining, training
+
+D = pretraining.PretrainConfig()
+flags.DEFINE_enum("model_preset", D.model_preset, list(modeling.PRESETS), "Standard model size.")
+flags.DEFINE_string("bert_config_file", D.bert_config_file, "google-format bert_config.json (instead of a preset).")
+flags.DEFINE_string("vocab_file", D.vocab_file, "WordPiece vocab.txt; its size sets the model's vocab_size for presets.")
+flags.DEFINE_bool("do_lower_case", D.do_lower_case, "Tokeniser lower-cases (must match the data).")
+flags.DEFINE_string("train_files", D.train_files, "Comma-separated globs of training TFRecords.")
+flags.DEFINE_string("eval_files", D.eval_files, "Comma-separated globs of held-out TFRecords.")
+flags.DEFINE_integer("max_seq_length", D.max_seq_length, "Sequence length of the records.")
+flags.DEFINE_integer("max_predictions_per_seq", D.max_predictions_per_seq, "Masked positions per record.")
+flags.DEFINE_bool("dynamic_masking", D.dynamic_masking, "Records are unmasked; mask in tf.data each epoch.")
+flags.DEFINE_float("masked_lm_prob", D.masked_lm_prob, "Masking rate for --dynamic_masking.")
+flags.DEFINE_bool("mlm_only", D.mlm_only, "Train the masked-LM objective only (no next-sentence head).")
+flags.DEFINE_integer("batch_size", D.batch_size, "Micro-batch per rank, in sequences.")
+flags.DEFINE_integer("accumulation_steps", D.accumulation_steps, "Micro-batches per optimizer update (and per allreduce).")
+flags.DEFINE_enum("optimizer", D.optimizer, list(optimization.OPTIMIZERS), "Optimizer.")
+flags.DEFINE_float("learning_rate", D.learning_rate, "Peak learning rate (for the global batch; see the module doc).")
+flags.DEFINE_integer("warmup_steps", D.warmup_steps, "Linear warmup updates.")
+flags.DEFINE_integer("total_steps", D.total_steps, "Optimizer updates in all.")
+flags.DEFINE_float("decay_power", D.decay_power, "Polynomial decay power after warmup (1 = linear).")
+flags.DEFINE_float("weight_decay", D.weight_decay, "Decoupled weight decay (not on LayerNorm or biases).")
+flags.DEFINE_float("clip_norm", D.clip_norm, "Global-norm gradient clipping.")
+flags.DEFINE_enum("precision", D.precision, list(training.POLICIES), "Compute precision policy.")
+flags.DEFINE_bool("xla", D.xla, "Compile the forward/backward pass and the update with XLA.")
+flags.DEFINE_integer("seed", D.seed, "Seed for initialisation, data order and dropout.")
+flags.DEFINE_bool("fp16_allreduce", D.fp16_allreduce, "Send gradients as float16 (Horovod compression).")
+flags.DEFINE_float("fusion_threshold_mb", None, "Horovod tensor-fusion buffer (HOROVOD_FUSION_THRESHOLD); "
+                   "a value already in the environment (horovodrun --fusion-threshold-mb) wins.")
+flags.DEFINE_float("cycle_time_ms", None, "Horovod cycle time (HOROVOD_CYCLE_TIME); the environment wins.")
+flags.DEFINE_string("horovod_timeline", D.horovod_timeline, "Write Horovod's timeline JSON here.")
+flags.DEFINE_bool("horovod_autotune", D.horovod_autotune, "Let Horovod tune fusion threshold and cycle time.")
+flags.DEFINE_string("checkpoint_dir", D.checkpoint_dir, "Checkpoints, metrics.jsonl, TensorBoard; resumes from here.")
+flags.DEFINE_string("init_checkpoint", D.init_checkpoint, "Start the model from this checkpoint (phase 2); "
+                    "fresh optimizer and schedule. Ignored when --checkpoint_dir has a checkpoint.")
+flags.DEFINE_integer("save_interval", D.save_interval, "Save every N updates (and at the end and on SIGTERM/SIGINT).")
+flags.DEFINE_integer("keep_last", D.keep_last, "Checkpoints to keep.")
+flags.DEFINE_integer("log_interval", D.log_interval, "Progress line every N updates.")
+flags.DEFINE_integer("eval_interval", D.eval_interval, "Held-out evaluation every N updates (0: only at the end).")
+flags.DEFINE_integer("eval_batches", D.eval_batches, "Limit evaluation to N batches per rank (0: all).")
+FLAGS = flags.FLAGS
+
+
+def main(argv):
+    if len(argv) > 1:
+        sys.exit(f"error: unexpected arguments {argv[1:]}")
+    cfg = pretraining.PretrainConfig(**{f.name: FLAGS[f.name].value for f in dataclasses.fields(pretraining.PretrainConfig)})
+    try:
+        _, last = pretraining.run(cfg)
+    except (ValueError, FileNotFoundError) as e:
+        sys.exit(f"error: {e}")
+    if "eval_mlm_accuracy" in last:
+        print(f"held-out MLM accuracy {last['eval_mlm_accuracy']:.4f}  vs  always the most frequent masked token "
+              f"{last.get('eval_most_frequent_token_accuracy', float('nan')):.4f}  "
+              f"(NSP accuracy {last.get('eval_nsp_accuracy', float('nan')):.4f})", flush=True)
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,101 @@
+"""BertConfig, the model's heads and parameter count."""
+import json
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from bert_tf import modeling
+from conftest import random_features
+
+
+def test_config_json_round_trip(tmp_path):
+    config = modeling.BertConfig.preset("mini", vocab_size=1234)
+    path = str(tmp_path / "bert_config.json")
+    config.to_json_file(path)
+    assert json.loads(open(path).read())["num_hidden_layers"] == 4
+    assert modeling.BertConfig.from_json_file(path) == config
+
+
+@pytest.mark.parametrize("name,layers,hidden", [("tiny", 2, 128), ("mini", 4, 256), ("small", 4, 512),
+                                                ("medium", 8, 512), ("base", 12, 768), ("large", 24, 1024)])
+def test_presets(name, layers, hidden):
+    c = modeling.BertConfig.preset(name)
+    assert (c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.intermediate_size) == \
+        (layers, hidden, hidden // 64, 4 * hidden)
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (dict(hidden_size=100, num_attention_heads=3), "not divisible by num_attention_heads"),
+    (dict(num_hidden_layers=0), "num_hidden_layers must be a positive integer"),
+    (dict(vocab_size=-5), "vocab_size must be a positive integer"),
+    (dict(hidden_act="swish2"), "hidden_act"),
+])
+def test_invalid_config_fails_clearly(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        modeling.BertConfig(**overrides)
+
+
+def test_unknown_fields_and_preset_are_named(tmp_path):
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"hidden_size": 64, "num_attention_heads": 2, "hiden_layers": 3}))
+    with pytest.raises(ValueError, match="hiden_layers"):
+        modeling.BertConfig.from_json_file(str(path))
+    with pytest.raises(ValueError, match="valid presets: tiny"):
+        modeling.BertConfig.preset("huge")
+
+
+def test_base_parameter_count_matches_google_bert_base():
+    model = modeling.BertPretrainer(modeling.BertConfig.preset("base"))
+    encoder = sum(int(np.prod(v.shape)) for v in model.encoder.trainable_variables)
+    total = sum(int(np.prod(v.shape)) for v in model.trainable_variables)
+    # google's BERT-base: 110M; the encoder (embeddings, 12 layers, pooler) is 109.48M
+    assert 109.4e6 < encoder < 109.6e6
+    assert 110.0e6 < total < 110.2e6
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    tf.random.set_seed(1)
+    return modeling.BertPretrainer(modeling.BertConfig.preset("tiny", vocab_size=100))
+
+
+def test_output_shapes_of_each_head(tiny):
+    f = {k: tf.constant(v) for k, v in random_features(batch=3, seq=16, preds=4).items()}
+    seq, pooled = tiny.encoder(f["input_ids"], f["input_mask"], f["segment_ids"])
+    assert seq.shape == (3, 16, 128) and pooled.shape == (3, 128)
+    assert tiny.mlm_logits(seq, f["masked_lm_positions"]).shape == (3, 4, 100)
+    assert tiny.nsp(pooled).shape == (3, 2)
+    out = tiny(f)
+    for key in ("loss", "mlm_loss", "nsp_loss", "mlm_correct", "mlm_weight", "nsp_correct", "nsp_count"):
+        assert out[key].shape == () and out[key].dtype == tf.float32
+    assert float(out["mlm_weight"]) == 12 and float(out["nsp_count"]) == 3
+
+
+def test_only_masked_positions_feed_the_mlm_loss(tiny):
+    f = {k: tf.constant(v) for k, v in random_features(batch=2, seq=16, preds=3).items()}
+    seq, _ = tiny.encoder(f["input_ids"], f["input_mask"], f["segment_ids"])
+    with tf.GradientTape() as tape:
+        tape.watch(seq)
+        loss = tf.reduce_sum(tiny.mlm_logits(seq, f["masked_lm_positions"]))
+    grad_norm_per_position = tf.norm(tf.convert_to_tensor(tape.gradient(loss, seq)), axis=-1).numpy()
+    masked = np.zeros([2, 16], bool)
+    for b, positions in enumerate(f["masked_lm_positions"].numpy()):
+        masked[b, positions] = True
+    assert (grad_norm_per_position[masked] > 0).all()
+    assert (grad_norm_per_position[~masked] == 0).all()
+
+
+def test_mlm_only_model_has_no_nsp_head():
+    model = modeling.BertPretrainer(modeling.BertConfig.preset("tiny", vocab_size=100), use_nsp=False)
+    out = model({k: tf.constant(v) for k, v in random_features().items()})
+    assert "nsp_loss" not in out and not hasattr(model, "nsp")
+    assert float(out["loss"]) == float(out["mlm_loss"])
+
+
+def test_features_that_do_not_fit_fail_before_training():
+    config = modeling.BertConfig.preset("tiny", vocab_size=100, max_position_embeddings=64)
+    with pytest.raises(ValueError, match="--max_seq_length=128 exceeds the model's max_position_embeddings"):
+        modeling.check_features_fit(config, 128)
+    with pytest.raises(ValueError, match="vocabulary has 120 tokens but the model's vocab_size is 100"):
+        modeling.check_features_fit(config, 64, vocab_size=120)

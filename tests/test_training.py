@@ -1,0 +1,165 @@
+"""The single-device update: optimizers, precision policies, XLA, loss scaling, accumulation, checkpoints."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from bert_tf import checkpointing, modeling, optimization, training
+from conftest import random_features
+
+NO_DROPOUT = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+
+
+def tiny_model(seed=3, vocab=100):
+    tf.random.set_seed(seed)
+    return modeling.BertPretrainer(modeling.BertConfig.preset("tiny", vocab_size=vocab, **NO_DROPOUT))
+
+
+def features(**kw):
+    return {k: tf.constant(v) for k, v in random_features(**kw).items()}
+
+
+def weights(model):
+    return [v.numpy().copy() for v in model.trainable_variables]
+
+
+def test_lamb_update_matches_numpy_reference():
+    rng = np.random.RandomState(0)
+    w0 = rng.randn(4, 3).astype(np.float32)
+    b0 = rng.randn(3).astype(np.float32)
+    grads = [rng.randn(4, 3).astype(np.float32), rng.randn(3).astype(np.float32)]
+    kernel, bias = tf.Variable(w0, name="kernel"), tf.Variable(b0, name="bias")
+    opt = optimization.Optimizer([kernel, bias], "lamb", weight_decay=0.1, beta_1=0.9, beta_2=0.99, epsilon=1e-6)
+    lr = 0.05
+    opt.apply([tf.constant(g) for g in grads], [kernel, bias], lr)
+
+    def reference(w, g, decay):
+        m = 0.1 * g
+        v = 0.01 * g * g
+        update = (m / 0.1) / (np.sqrt(v / 0.01) + 1e-6)
+        if decay:
+            update = update + 0.1 * w
+            ratio = np.linalg.norm(w) / np.linalg.norm(update)
+        else:
+            ratio = 1.0        # biases and LayerNorm: no decay, no trust ratio
+        return w - lr * ratio * update
+
+    np.testing.assert_allclose(kernel.numpy(), reference(w0, grads[0], True), rtol=1e-5)
+    np.testing.assert_allclose(bias.numpy(), reference(b0, grads[1], False), rtol=1e-5)
+    assert opt.decay == [True, False]
+
+
+def test_adamw_decouples_weight_decay():
+    w = tf.Variable([1.0, -2.0], name="kernel")
+    opt = optimization.Optimizer([w], "adamw", weight_decay=0.5)
+    opt.apply([tf.zeros([2])], [w], 0.1)          # zero gradient: only the decay acts
+    np.testing.assert_allclose(w.numpy(), [1.0 - 0.1 * 0.5 * 1.0, -2.0 + 0.1 * 0.5 * 2.0], rtol=1e-6)
+
+
+def test_learning_rate_warmup_then_polynomial_decay():
+    lr = [float(optimization.learning_rate(s, 1.0, 10, 110, power=1.0)) for s in (0, 5, 10, 60, 110, 200)]
+    np.testing.assert_allclose(lr, [0.0, 0.5, 1.0, 0.5, 0.0, 0.0], atol=1e-6)
+    assert float(optimization.learning_rate(60, 1.0, 10, 110, power=0.5)) == pytest.approx(0.5 ** 0.5)
+
+
+def test_unknown_names_list_the_valid_ones():
+    with pytest.raises(ValueError, match="valid: float32, mixed_bfloat16, mixed_float16"):
+        training.TrainConfig(precision="fp8")
+    with pytest.raises(ValueError, match="valid: lamb, adamw"):
+        training.TrainConfig(optimizer="sgd")
+
+
+@pytest.mark.parametrize("precision", ["float32", "mixed_bfloat16", "mixed_float16"])
+def test_loss_decreases_when_overfitting_a_fixed_batch(precision):
+    model = tiny_model()
+    trainer = training.Trainer(model, training.TrainConfig(precision=precision, learning_rate=1e-2,
+                                                           warmup_steps=5, total_steps=50, weight_decay=0.0))
+    batch = features(batch=8, seq=16, preds=3)
+    losses = [float(trainer.train_step([batch])["loss"]) for _ in range(50)]
+    assert losses[-1] < 0.5 * losses[0], (precision, losses[0], losses[-1])
+    assert int(trainer.skipped_steps.numpy()) <= 1
+
+
+def test_xla_and_plain_function_agree():
+    batch = features(batch=4, seq=16, preds=3)
+    results = []
+    for xla in (False, True):
+        trainer = training.Trainer(tiny_model(), training.TrainConfig(xla=xla, learning_rate=1e-3))
+        results.append([float(trainer.train_step([batch])["loss"]) for _ in range(3)])
+    np.testing.assert_allclose(results[0], results[1], rtol=1e-4)
+
+
+def test_loss_scaling_skips_a_non_finite_gradient_without_touching_weights():
+    model = tiny_model()
+    trainer = training.Trainer(model, training.TrainConfig(precision="mixed_float16", learning_rate=1e-3))
+    trainer.train_step([features()])               # one good step: slots are non-zero
+    before, slots = weights(model), [m.numpy().copy() for m in trainer.optimizer.m]
+    scale = float(trainer.loss_scale.scale.numpy())
+    grads = [tf.zeros_like(v) for v in trainer.variables]
+    grads[3] = tf.fill(tf.shape(grads[3]), np.inf)
+    info = trainer._apply(grads)
+    assert not bool(info["finite"])
+    for a, b in zip(before, weights(model)):
+        np.testing.assert_array_equal(a, b)
+    for a, m in zip(slots, trainer.optimizer.m):
+        np.testing.assert_array_equal(a, m.numpy())
+    assert int(trainer.skipped_steps.numpy()) == 1
+    assert float(trainer.loss_scale.scale.numpy()) == scale / 2
+    assert int(trainer.loss_scale.good_steps.numpy()) == 0
+
+
+def test_loss_scale_grows_after_a_run_of_good_steps():
+    scale = training.LossScale(initial=8.0, growth_interval=3)
+    for _ in range(3):
+        scale.update(tf.constant(True))
+    assert float(scale.scale.numpy()) == 16.0 and int(scale.good_steps.numpy()) == 0
+
+
+def test_accumulating_n_micro_batches_equals_one_large_batch():
+    big = random_features(batch=8, seq=16, preds=3, seed=7)
+    micro = [{k: tf.constant(v[i * 2:(i + 1) * 2]) for k, v in big.items()} for i in range(4)]
+    m1, m4 = tiny_model(), tiny_model()
+    t1 = training.Trainer(m1, training.TrainConfig(accumulation_steps=1))
+    t4 = training.Trainer(m4, training.TrainConfig(accumulation_steps=4))
+    seed = tf.zeros([2], tf.int32)
+    # the averaged gradient that goes to the allreduce and the optimizer
+    full, _ = t1._finish({k: tf.constant(v) for k, v in big.items()}, seed)
+    for mb in micro[:-1]:
+        t4._accumulate(mb, seed)
+    accumulated, _ = t4._finish(micro[-1], seed)
+    scale = max(float(tf.reduce_max(tf.abs(g))) for g in full)
+    for a, b in zip(full, accumulated):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-5 * scale)
+    assert all(float(tf.reduce_max(tf.abs(acc))) == 0.0 for acc in t4.accumulators)  # reset after use
+    # and the whole update through train_step gives the same weights
+    m1, m4 = tiny_model(), tiny_model()
+    t1 = training.Trainer(m1, training.TrainConfig(accumulation_steps=1, learning_rate=1e-3))
+    t4 = training.Trainer(m4, training.TrainConfig(accumulation_steps=4, learning_rate=1e-3))
+    t1.train_step([{k: tf.constant(v) for k, v in big.items()}])
+    t4.train_step(micro)
+    for a, b in zip(weights(m1), weights(m4)):
+        # LAMB's first step is ~lr * sign(g): gradients within 1e-5 give weights within ~lr
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=2e-3)
+
+
+def test_checkpoint_round_trip_reproduces_the_next_step(tmp_path):
+    batch_a, batch_b = features(seed=1), features(seed=2)
+    config = training.TrainConfig(precision="mixed_float16", learning_rate=1e-3, accumulation_steps=2)
+    model = modeling.BertPretrainer(modeling.BertConfig.preset("tiny", vocab_size=100))  # with dropout
+    trainer = training.Trainer(model, config)
+    trainer.train_step([batch_a, batch_b])
+    ckpt = checkpointing.Checkpoints(str(tmp_path), trainer.checkpoint_items())
+    path = ckpt.save(1)
+    expected = float(trainer.train_step([batch_b, batch_a])["loss"])
+    tf.random.set_seed(99)                         # different initial weights, restored over
+    other = training.Trainer(modeling.BertPretrainer(modeling.BertConfig.preset("tiny", vocab_size=100)), config)
+    checkpointing.Checkpoints(str(tmp_path), other.checkpoint_items()).restore(path)
+    assert int(other.step.numpy()) == 1
+    assert float(other.train_step([batch_b, batch_a])["loss"]) == expected
+
+
+def test_restoring_a_different_model_shape_names_both_shapes(tmp_path):
+    trainer = training.Trainer(tiny_model(), training.TrainConfig())
+    path = checkpointing.Checkpoints(str(tmp_path), trainer.checkpoint_items()).save(0)
+    other = training.Trainer(tiny_model(vocab=120), training.TrainConfig())
+    with pytest.raises(ValueError, match=r"word_embeddings: checkpoint \[100, 128\] vs model \[120, 128\]"):
+        checkpointing.Checkpoints(str(tmp_path), other.checkpoint_items()).restore(path)
