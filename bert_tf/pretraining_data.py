@@ -3,9 +3,9 @@
 Per document, sentences are packed into segments A and B up to `max_seq_length - 3`
 tokens (sometimes shorter, `short_seq_prob`); half the time B is the real continuation
 (label 0), half the time it comes from another document (label 1) and the unused
-sentences go back to be used later. Unlike google's script, a chunk of a single long
-sentence is not forced to be a random pair (that skews labels to ~55% random): its
-actual next sentence is used when the document has one. The pair is truncated from a random end, then
+sentences go back to be used later. Unlike google's script, a chunk of a single sentence
+is not forced to be a random pair (that skews labels to ~55% random): its actual next
+sentence is used, or at the end of a document the sentence is cut into A and B. The pair is truncated from a random end, then
 `[CLS] A [SEP] B [SEP]` is masked: 15% of tokens (`masked_lm_prob`, at most
 `max_predictions_per_seq`; whole words with `whole_word_masking`), of which 80% become
 [MASK], 10% a random token, 10% stay. `dupe_factor` repeats this with fresh randomness.
@@ -122,16 +122,20 @@ def create_instances(doc_index, documents, config: InstanceConfig, special, voca
         if i == len(document) - 1 or chunk_len >= target_seq_length:
             if chunk:
                 a_end = rng.randint(1, len(chunk) - 1) if len(chunk) >= 2 else 1
-                tokens_a = [t for seg in chunk[:a_end] for t in seg]
                 is_random_next = rng.random() < 0.5 and len(documents) > 1
                 if not is_random_next and len(chunk) == 1:
                     # google makes every one-sentence chunk a random pair, which skews the
-                    # labels above 50%; take the actual next sentence when there is one.
+                    # labels above 50%: continue with the actual next sentence, or at the end
+                    # of the document cut the sentence itself into A and its continuation B.
                     if i + 1 < len(document):
                         i += 1
                         chunk.append(document[i])
+                    elif len(chunk[0]) >= 2:
+                        cut = rng.randint(1, len(chunk[0]) - 1)
+                        chunk = [chunk[0][:cut], chunk[0][cut:]]
                     else:
                         is_random_next = len(documents) > 1
+                tokens_a = [t for seg in chunk[:a_end] for t in seg]
                 if is_random_next:
                     target_b_length = target_seq_length - len(tokens_a)
                     other = doc_index
@@ -179,6 +183,7 @@ def mask_tokens(tokens, config, special, vocab_size, rng, word_starts=None, coun
     """Masks `tokens` in place. Returns (positions, original ids), sorted by position."""
     counts = counts if counts is not None else Counts()
     skip = (special["CLS"], special["SEP"])
+    reserved = set(special.values()) | {0}
     groups = []
     for i, t in enumerate(tokens):
         if t in skip:
@@ -211,7 +216,10 @@ def mask_tokens(tokens, config, special, vocab_size, rng, word_starts=None, coun
         elif r < 0.9:
             counts.kept += 1
         else:
-            tokens[pos] = rng.randrange(vocab_size)
+            token = rng.randrange(vocab_size)
+            while token in reserved:              # a random *word*: never [CLS], [SEP], [MASK], [PAD]
+                token = rng.randrange(vocab_size)
+            tokens[pos] = token
             counts.replaced_random += 1
     counts.masked += len(chosen)
     positions = sorted(labels)

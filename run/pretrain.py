@@ -65,7 +65,8 @@ def main(argv):
         _, last = pretraining.run(cfg)
     except (ValueError, FileNotFoundError) as e:
         sys.exit(f"error: {e}")
-    if "eval_mlm_accuracy" in last:
+    from bert_tf import distributed
+    if distributed.rank() == 0 and "eval_mlm_accuracy" in last:
         print(f"held-out MLM accuracy {last['eval_mlm_accuracy']:.4f}  vs  always the most frequent masked token "
               f"{last.get('eval_most_frequent_token_accuracy', float('nan')):.4f}  "
               f"(NSP accuracy {last.get('eval_nsp_accuracy', float('nan')):.4f})", flush=True)

@@ -1,0 +1,37 @@
+"""Learns a WordPiece vocab.txt (google layout) from a corpus and reports its held-out UNK rate.
+
+    python run/learn_vocab.py --input_files='data/corpus/*.bz2' --vocab_size=30522 --output_file=vocab.txt
+"""
+import os
+
+from absl import app, flags
+
+flags.DEFINE_list("input_files", None, "Corpus files or globs; PATH@FORMAT as in create_pretraining_data.")
+flags.DEFINE_enum("input_format", "auto", ["auto", "sentences", "documents", "mediawiki"], "Corpus format.")
+flags.DEFINE_integer("vocab_size", 30522, "Largest vocabulary to learn (reserved tokens included).")
+flags.DEFINE_bool("do_lower_case", True, "Lower-case and strip accents.")
+flags.DEFINE_float("heldout_fraction", 0.05, "Documents kept out of learning to measure the UNK rate.")
+flags.DEFINE_integer("random_seed", 12345, "Seed of the held-out split.")
+flags.DEFINE_string("output_file", None, "Where to write vocab.txt.")
+flags.mark_flags_as_required(["input_files", "output_file"])
+FLAGS = flags.FLAGS
+
+
+def main(_):
+    from bert_tf import corpus, pretraining_data, tokenization
+
+    docs = list(corpus.read_documents(corpus.expand_inputs(FLAGS.input_files), FLAGS.input_format))
+    if not docs:
+        raise SystemExit(f"error: no text in {FLAGS.input_files}")
+    heldout = pretraining_data.split_heldout(len(docs), FLAGS.heldout_fraction, FLAGS.random_seed)
+    train = [s for d, h in zip(docs, heldout) if not h for s in d]
+    test = [s for d, h in zip(docs, heldout) if h for s in d]
+    vocab, report = tokenization.learn_and_report(train, test, FLAGS.vocab_size, FLAGS.do_lower_case)
+    os.makedirs(os.path.dirname(os.path.abspath(FLAGS.output_file)), exist_ok=True)
+    tokenization.write_vocab(vocab, FLAGS.output_file)
+    print(f"vocab {report['vocab_size']} tokens -> {FLAGS.output_file}  learned in {report['learn_seconds']:.1f} s "
+          f"from {len(train)} sentences; held-out UNK rate {report['heldout_unk_rate']:.4%} on {len(test)} sentences")
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,324 @@
+"""Corpus readers, vocabulary, tokenisation, instance creation, TFRecords and the input pipeline."""
+import bz2
+import glob
+import gzip
+import json
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from bert_tf import corpus, input_pipeline, pretraining_data as pd, tokenization
+from conftest import REPO, mpirun
+
+WIKI = "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
+
+
+# ----------------------------------------------------------------------------- readers
+def test_mediawiki_reader_strips_markup(corpus_dir):
+    stats = corpus.ReadStats()
+    docs = list(corpus.read_documents([str(corpus_dir / WIKI)], "auto", stats))
+    text = "\n".join(s for d in docs for s in d)
+    assert stats.documents == len(docs) > 100
+    assert stats.skipped_pages > 0                       # redirects
+    for markup in ("{{", "}}", "[[", "]]", "<ref", "&lt;ref", "File:", "Category:"):
+        assert markup not in text, markup
+    assert not any(s.lstrip().startswith(("|", "!", "{|")) for d in docs for s in d)
+    assert any(s == "Early life" for d in docs for s in d)  # headings kept as their own sentence
+
+
+def test_wiki_markup_cases():
+    wikitext = ("'''Anarchism''' is a [[political philosophy]]<ref>cite</ref> that [[State (polity)|states]] "
+                "{{cite|x={{nested}}}} are harmful.\n{| class=wikitable\n|-\n| cell\n|}\n"
+                "[[File:A.jpg|thumb|A [[caption]] here]]\n== History ==\nIt began in [http://x.org France].")
+    assert corpus.wiki_to_sentences(wikitext) == [
+        "Anarchism is a political philosophy that states are harmful.", "History", "It began in France."]
+
+
+def test_sentence_splitter_rules():
+    text = ("Mr. Smith paid $3.50 at 5 p.m. on Monday. J. R. Tolkien wrote it! "
+            "\"Is it?\" she asked. The U.S. Army won.\n\nA new paragraph")
+    assert corpus.split_sentences(text) == [
+        "Mr. Smith paid $3.50 at 5 p.m. on Monday.", "J. R. Tolkien wrote it!", "\"Is it?\" she asked.",
+        "The U.S. Army won.", "A new paragraph"]
+
+
+def test_google_format_gzip_and_bad_bytes(tmp_path):
+    path = tmp_path / "c.txt.gz"
+    with gzip.open(path, "wb") as f:
+        f.write(b"First sentence.\nSecond \xff\xfe one.\n\nOther document.\n")
+    stats = corpus.ReadStats()
+    docs = list(corpus.read_documents([str(path)], "sentences", stats))
+    assert docs == [["First sentence.", "Second \ufffd\ufffd one."], ["Other document."]]
+    assert stats.bad_bytes_lines == 1
+
+
+def test_document_per_line_and_per_file_format(tmp_path):
+    path = tmp_path / "docs.bz2"
+    path.write_bytes(bz2.compress(b"One doc. Two sentences.\nAnother doc here.\n"))
+    docs = list(corpus.read_documents([str(path) + "@documents"]))
+    assert docs == [["One doc.", "Two sentences."], ["Another doc here."]]
+
+
+def test_missing_and_empty_corpus(tmp_path):
+    with pytest.raises(FileNotFoundError, match="input file not found: .*nope.txt"):
+        list(corpus.read_documents([str(tmp_path / "nope.txt")]))
+    with pytest.raises(FileNotFoundError, match="nope"):
+        corpus.expand_inputs([str(tmp_path / "nope*.txt")])
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n\n")
+    tok = tokenization.Tokenizer(tokenization.google_reserved_tokens() + ["a"])
+    with pytest.raises(ValueError, match="no text found in .*empty.txt"):
+        pd.create_pretraining_data([str(empty)], "auto", tok, str(tmp_path / "out"), pd.InstanceConfig())
+
+
+# ----------------------------------------------------------------------------- vocabulary
+@pytest.fixture(scope="module")
+def vocab_file(tmp_path_factory, corpus_dir):
+    docs = list(corpus.read_documents([str(corpus_dir / "lee_background.cor") + "@documents"]))
+    vocab = tokenization.learn_vocab([s for d in docs for s in d], vocab_size=3000)
+    path = str(tmp_path_factory.mktemp("vocab") / "vocab.txt")
+    tokenization.write_vocab(vocab, path)
+    return path
+
+
+def test_learned_vocab_has_google_layout(vocab_file):
+    vocab = tokenization.load_vocab(vocab_file)
+    assert vocab[0] == "[PAD]" and vocab[1] == "[unused0]"
+    assert vocab[100:104] == ["[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    assert len(vocab) > 1500 and any(t.startswith("##") for t in vocab)
+
+
+def test_vocab_missing_special_token_is_named(tmp_path):
+    path = tmp_path / "vocab.txt"
+    path.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\nthe\n")
+    with pytest.raises(ValueError, match=r"vocab.txt lacks the special token\(s\) \[MASK\]"):
+        tokenization.load_vocab(str(path))
+    with pytest.raises(FileNotFoundError, match="vocab file not found"):
+        tokenization.load_vocab(str(tmp_path / "none.txt"))
+
+
+def test_tokenizer_matches_google_basic_and_wordpiece_behaviour():
+    vocab = tokenization.google_reserved_tokens() + [
+        "hello", "world", ",", "!", ".", "'", "cafe", "nai", "##ve", "un", "##believ", "##able", "你", "s", "jose"]
+    tok = tokenization.Tokenizer(vocab)
+    assert tok.tokens("Hello, World!") == ["hello", ",", "world", "!"]
+    assert tok.tokens("Café naïve José") == ["cafe", "nai", "##ve", "jose"]       # accents stripped
+    assert tok.tokens("Unbelievable.") == ["un", "##believ", "##able", "."]
+    assert tok.tokens("你好 world's") == ["你", "[UNK]", "world", "'", "s"]         # CJK split per character
+    assert tok.tokens("xyzzy") == ["[UNK]"]
+
+
+def test_unk_rate_on_heldout_text(vocab_file, corpus_dir):
+    tok = tokenization.Tokenizer.from_file(vocab_file)
+    docs = list(corpus.read_documents([str(corpus_dir / WIKI)]))[:5]
+    rate = tokenization.unk_rate(tok, [s for d in docs for s in d])
+    assert 0.0 <= rate < 0.02
+
+
+# ----------------------------------------------------------------------------- instances
+@pytest.fixture(scope="module")
+def created(tmp_path_factory, vocab_file, corpus_dir):
+    """Static instances from the news corpus, written twice with the same seed."""
+    tok = tokenization.Tokenizer.from_file(vocab_file)
+    config = pd.InstanceConfig(max_seq_length=64, max_predictions_per_seq=10, dupe_factor=3, random_seed=7)
+    inputs = [str(corpus_dir / "lee_background.cor") + "@documents"]
+    outs = []
+    for i in range(2):
+        out = str(tmp_path_factory.mktemp(f"created{i}"))
+        summary = pd.create_pretraining_data(inputs, "auto", tok, out, config, num_shards=2, heldout_fraction=0.1)
+        outs.append((out, summary))
+    return tok, config, outs
+
+
+def read_records(files, config):
+    spec = pd.feature_spec(config.max_seq_length, config.max_predictions_per_seq)
+    return [{k: v.numpy() for k, v in tf.io.parse_single_example(r, spec).items()}
+            for r in tf.data.TFRecordDataset(sorted(files))]
+
+
+def test_masking_statistics(created):
+    tok, config, ((out, summary), _) = created
+    records = read_records(glob.glob(os.path.join(out, "train-*.tfrecord")), config)
+    assert len(records) == summary["train"]["instances"] > 3000
+    masked = maskable = same = mask = 0
+    for r in records:
+        n = int(r["input_mask"].sum())
+        k = int(r["masked_lm_weights"].sum())
+        positions = r["masked_lm_positions"][:k]
+        assert len(set(positions)) == k                              # never twice
+        ids = r["input_ids"]
+        special = {i for i in range(n) if ids[i] in (tok.cls_id, tok.sep_id)}
+        assert ids[0] == tok.cls_id and len(special) == 3            # [CLS] and two [SEP] survive
+        assert not special & set(positions.tolist())                 # and are never masked
+        labels = r["masked_lm_ids"][:k]
+        mask += int((ids[positions] == tok.mask_id).sum())
+        same += int((ids[positions] == labels).sum())
+        masked += k
+        maskable += n - 3
+    assert abs(masked / maskable - 0.15) < 0.01
+    assert abs(mask / masked - 0.8) < 0.03
+    assert abs(same / masked - 0.1) < 0.03                           # random ids rarely hit the label
+    assert abs((masked - mask - same) / masked - 0.1) < 0.03
+    nsp = np.mean([r["next_sentence_labels"][0] for r in records])
+    assert abs(nsp - 0.5) < 0.03
+
+
+def test_same_seed_gives_byte_identical_shards(created):
+    _, _, ((a, _), (b, _)) = created
+    names = sorted(os.listdir(a))
+    assert [n for n in names if n.endswith(".tfrecord")] and names == sorted(os.listdir(b))
+    for name in names:
+        if name.endswith(".tfrecord"):
+            assert open(os.path.join(a, name), "rb").read() == open(os.path.join(b, name), "rb").read()
+
+
+def test_google_parse_spec_reads_our_files(created):
+    _, _, ((out, _), _) = created
+    # name_to_features as in google-research/bert run_pretraining.py, at seq 64 / 10 predictions
+    google = {
+        "input_ids": tf.io.FixedLenFeature([64], tf.int64),
+        "input_mask": tf.io.FixedLenFeature([64], tf.int64),
+        "segment_ids": tf.io.FixedLenFeature([64], tf.int64),
+        "masked_lm_positions": tf.io.FixedLenFeature([10], tf.int64),
+        "masked_lm_ids": tf.io.FixedLenFeature([10], tf.int64),
+        "masked_lm_weights": tf.io.FixedLenFeature([10], tf.float32),
+        "next_sentence_labels": tf.io.FixedLenFeature([1], tf.int64),
+    }
+    record = next(iter(tf.data.TFRecordDataset(glob.glob(os.path.join(out, "eval-*")))))
+    example = tf.train.Example.FromString(record.numpy())
+    assert set(example.features.feature) == set(google)
+    parsed = tf.io.parse_single_example(record, google)
+    assert parsed["input_ids"].shape == (64,)
+
+
+def test_heldout_split_is_by_document(created):
+    _, _, ((_, summary), _) = created
+    assert summary["train"]["instances"] > 0 and summary["eval"]["instances"] > 0
+
+
+def test_max_seq_length_too_small():
+    with pytest.raises(ValueError, match="--max_seq_length=4 is too small for \\[CLS\\] A \\[SEP\\] B \\[SEP\\]"):
+        pd.InstanceConfig(max_seq_length=4)
+
+
+def test_too_few_predictions_are_clamped_and_counted():
+    config = pd.InstanceConfig(max_seq_length=64, max_predictions_per_seq=2)
+    counts = pd.Counts()
+    tokens = [101] + list(range(200, 260)) + [102]
+    positions, labels = pd.mask_tokens(tokens, config, {"CLS": 101, "SEP": 102, "MASK": 103}, 300,
+                                       __import__("random").Random(0), counts=counts)
+    assert len(positions) == 2 and counts.clamped == 1
+
+
+def test_whole_word_masking_masks_all_pieces():
+    config = pd.InstanceConfig(max_seq_length=64, max_predictions_per_seq=20, whole_word_masking=True)
+    vocab = ["a", "##b", "##c", "d", "[CLS]", "[SEP]", "[MASK]"]
+    starts = [not t.startswith("##") for t in vocab]
+    rng = __import__("random").Random(3)
+    for _ in range(50):
+        tokens = [4] + [0, 1, 2, 3] * 5 + [5]
+        positions, _ = pd.mask_tokens(tokens, config, {"CLS": 4, "SEP": 5, "MASK": 6}, 4, rng, starts)
+        for p in positions:                 # a masked word start implies its pieces are masked too
+            if (p - 1) % 4 == 0:
+                assert p + 1 in positions and p + 2 in positions
+
+
+def test_failed_creation_leaves_no_half_written_shard(tmp_path, vocab_file, corpus_dir, monkeypatch):
+    tok = tokenization.Tokenizer.from_file(vocab_file)
+    calls = {"n": 0}
+    real = pd.serialize
+
+    def failing(instance, config):
+        calls["n"] += 1
+        if calls["n"] == 500:
+            raise RuntimeError("disk full")
+        return real(instance, config)
+
+    monkeypatch.setattr(pd, "serialize", failing)
+    with pytest.raises(RuntimeError, match="disk full"):
+        pd.create_pretraining_data([str(corpus_dir / "lee_background.cor") + "@documents"], "auto", tok,
+                                   str(tmp_path), pd.InstanceConfig(max_seq_length=64, dupe_factor=2))
+    assert os.listdir(tmp_path) == []
+
+
+# ----------------------------------------------------------------------------- reading
+def test_corrupt_tfrecord_is_named(created, tmp_path):
+    _, config, ((out, _), _) = created
+    source = sorted(glob.glob(os.path.join(out, "train-*")))[0]
+    broken = tmp_path / "train-broken.tfrecord"
+    data = open(source, "rb").read()
+    broken.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match="train-broken.tfrecord is truncated or corrupt"):
+        input_pipeline.check_files([str(broken)], 64, 10)
+    assert input_pipeline.find_corrupt_file([source, str(broken)]) == str(broken)
+
+
+def test_shape_mismatch_names_file_feature_and_flag(created):
+    _, _, ((out, _), _) = created
+    files = sorted(glob.glob(os.path.join(out, "train-*")))
+    with pytest.raises(ValueError, match=r"train-.*feature 'input_ids' has length 64 but the run expects 128 "
+                                         r"\(--max_seq_length\)"):
+        input_pipeline.check_files(files, 128, 10)
+    with pytest.raises(ValueError, match=r"'masked_lm_positions' has length 10 .* \(--max_predictions_per_seq\)"):
+        input_pipeline.check_files(files, 64, 20)
+
+
+@pytest.mark.parametrize("level", ["file", "record"])
+def test_pipeline_gives_ranks_disjoint_records(created, level):
+    _, config, ((out, _), _) = created
+    files = sorted(glob.glob(os.path.join(out, "train-*")))      # 2 shards
+    size = 2 if level == "file" else 3                           # 3 ranks > 2 files: record-level
+    seen = []
+    for rank in range(size):
+        ds = input_pipeline.make_dataset(files, 8, 64, 10, rank, size, seed=5, training=False)
+        seen.append({tuple(ids) for b in ds for ids in b["input_ids"].numpy().tolist()})
+    total = len(read_records(files, config))
+    assert sum(len(s) for s in seen) == len(set().union(*seen)) and len(set().union(*seen)) > 0.99 * total
+    ds = input_pipeline.make_dataset(files, 8, 64, 10, 0, size, seed=5, training=True)
+    first = [b["input_ids"].numpy() for b, _ in zip(ds, range(3))]
+    again = [b["input_ids"].numpy() for b, _ in zip(input_pipeline.make_dataset(
+        files, 8, 64, 10, 0, size, seed=5, training=True, skip_batches=1), range(2))]
+    np.testing.assert_array_equal(first[1], again[0])            # seeded: resume by skipping
+
+
+# ----------------------------------------------------------------------------- dynamic masking
+def test_dynamic_masking_gives_static_features_with_a_fresh_mask_each_epoch(tmp_path, vocab_file, corpus_dir):
+    tok = tokenization.Tokenizer.from_file(vocab_file)
+    config = pd.InstanceConfig(max_seq_length=64, max_predictions_per_seq=10, dupe_factor=1, mask=False)
+    pd.create_pretraining_data([str(corpus_dir / "lee_background.cor") + "@documents"], "auto", tok,
+                               str(tmp_path), config)
+    files = glob.glob(str(tmp_path / "train-*"))
+    input_pipeline.check_files(files, 64, 10, dynamic_masking=True)
+    masker = input_pipeline.dynamic_masker(len(tok), [tok.cls_id, tok.sep_id, tok.pad_id], 10, 0.15, tok.mask_id)
+    epochs = [list(input_pipeline.make_dataset(files, 16, 64, 10, training=False, masker=masker)) for _ in range(2)]
+    batch = epochs[0][0]
+    assert {k: tuple(v.shape) for k, v in batch.items()} == {
+        "input_ids": (16, 64), "input_mask": (16, 64), "segment_ids": (16, 64), "next_sentence_labels": (16, 1),
+        "masked_lm_positions": (16, 10), "masked_lm_ids": (16, 10), "masked_lm_weights": (16, 10)}
+    masked = sum(float(b["masked_lm_weights"].numpy().sum()) for b in epochs[0])
+    maskable = sum(float(b["input_mask"].numpy().sum()) - 3 * b["input_mask"].shape[0] for b in epochs[0])
+    assert abs(masked / maskable - 0.15) < 0.02
+    assert not np.array_equal(epochs[0][0]["masked_lm_positions"], epochs[1][0]["masked_lm_positions"])
+    labels, weights = batch["masked_lm_ids"].numpy(), batch["masked_lm_weights"].numpy()
+    for row in range(16):
+        k = int(weights[row].sum())
+        assert not {tok.cls_id, tok.sep_id, tok.pad_id} & set(labels[row][:k].tolist())
+
+
+# ----------------------------------------------------------------------------- parallel creation
+def test_two_ranks_write_disjoint_shards_whose_union_matches_one_process(tmp_path, vocab_file, corpus_dir):
+    args = [REPO / "run" / "create_pretraining_data.py",
+            f"--input_files={corpus_dir / 'lee_background.cor'}@documents", f"--vocab_file={vocab_file}",
+            "--max_seq_length=64", "--max_predictions_per_seq=10", "--dupe_factor=2", "--heldout_fraction=0"]
+    mpirun(2, args + [f"--output_dir={tmp_path / 'two'}"])
+    mpirun(1, args + [f"--output_dir={tmp_path / 'one'}"])
+    config = pd.InstanceConfig(max_seq_length=64, max_predictions_per_seq=10)
+    per_rank = [read_records(glob.glob(str(tmp_path / "two" / f"train-r00{r}-*")), config) for r in (0, 1)]
+    one = read_records(glob.glob(str(tmp_path / "one" / "train-*")), config)
+    assert per_rank[0] and per_rank[1]
+    assert len(per_rank[0]) + len(per_rank[1]) == len(one)
+    assert len(one) > 1000
+    summary = json.load(open(tmp_path / "two" / "summary.json"))
+    assert [s["documents"] for s in summary["per_rank"]] == [150, 150]     # every other document
