@@ -71,7 +71,7 @@ def broadcast_variables(variables, root_rank=0):
         hvd.broadcast_variables(variables, root_rank=root_rank)
 
 
-def make_gradient_allreduce(fp16_compression=False):
+def make_gradient_allreduce(fp16_compression=False, name="grad"):
     """Returns allreduce(grads) -> grads averaged over ranks, sent as float16 when asked.
 
     One allreduce op per tensor: Horovod's background thread fuses those that are ready in
@@ -83,7 +83,7 @@ def make_gradient_allreduce(fp16_compression=False):
     def allreduce(grads):
         if hvd.size() == 1:
             return list(grads)
-        return [hvd.allreduce(g, op=hvd.Average, compression=compression, name=f"grad_{i}")
+        return [hvd.allreduce(g, op=hvd.Average, compression=compression, name=f"{name}_{i}")
                 for i, g in enumerate(grads)]
 
     return allreduce
@@ -114,9 +114,10 @@ def timeline_allreduce_dtypes(path) -> dict:
     events = json.loads(text)
     names = {e["pid"]: e["args"]["name"] for e in events
              if e.get("ph") == "M" and e.get("name") == "process_name" and "name" in e.get("args", {})}
+    allreduce_rows = {e["pid"] for e in events if e.get("ph") == "B" and e.get("name") == "ALLREDUCE"}
     found = {}
     for e in events:
         dtype = e.get("args", {}).get("dtype") if e.get("ph") == "E" else None
-        if dtype and "allreduce" in names.get(e["pid"], "").lower():
-            found.setdefault(names[e["pid"]], set()).add(dtype)
+        if dtype and e["pid"] in allreduce_rows:
+            found.setdefault(names.get(e["pid"], str(e["pid"])), set()).add(dtype)
     return {k: sorted(v) for k, v in found.items()}

@@ -1,0 +1,154 @@
+"""Distributed pre-training under mpirun/horovodrun: agreement, equivalence, compression,
+disjoint input, SIGTERM + resume, shape errors, and a killed rank."""
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import psutil
+import pytest
+import tensorflow as tf
+
+from bert_tf import modeling
+from bert_tf.distributed import timeline_allreduce_dtypes
+from conftest import REPO, WORKERS, horovodrun, mpi_env, mpirun, read_rank_results
+
+PRETRAIN = REPO / "run" / "pretrain.py"
+TINY_VARIABLES = len(modeling.BertPretrainer(modeling.BertConfig.preset("tiny", vocab_size=100)).trainable_variables)
+
+
+@pytest.fixture(scope="module")
+def checks(tmp_path_factory, tiny_data):
+    out = tmp_path_factory.mktemp("distributed_checks")
+    timeline = out / "timeline.json"
+    mpirun(2, [WORKERS / "distributed_checks.py", out, tiny_data["train"]], env={"HOROVOD_TIMELINE": str(timeline)})
+    results = read_rank_results(out, 2)
+    arrays = [np.load(out / f"rank{r}.npz") for r in range(2)]
+    return results, arrays, timeline
+
+
+def test_broadcast_then_steps_keep_weights_bit_identical(checks):
+    results, _, _ = checks
+    for tag in ("fp32", "fp16"):
+        assert results[0][f"initial_digest_{tag}"] == results[1][f"initial_digest_{tag}"]
+        assert results[0][f"digest_after_4_steps_{tag}"] == results[1][f"digest_after_4_steps_{tag}"]
+        assert results[0][f"digest_after_4_steps_{tag}"] != results[0][f"initial_digest_{tag}"]
+
+
+def test_two_ranks_of_b_equal_one_rank_of_2b(checks):
+    _, arrays, _ = checks
+    for a in arrays:
+        dist, ref = a["equiv_dist_fp32"], a["equiv_ref_fp32"]
+        np.testing.assert_allclose(dist, ref, rtol=1e-5, atol=1e-7)
+        # with fp16 gradients: each LAMB step moves a weight by ~lr = 1e-4; rounding may flip tiny ones
+        dist16, ref16 = a["equiv_dist_fp16"], a["equiv_ref_fp16"]
+        assert np.abs(dist16 - ref16).max() <= 2.5e-4
+        assert np.mean(np.abs(dist16 - ref16) < 1e-6) > 0.99
+
+
+def test_every_gradient_allreduce_carries_float16_when_compressed(checks):
+    _, _, timeline = checks
+    dtypes = timeline_allreduce_dtypes(timeline)
+    fp16 = {k: v for k, v in dtypes.items() if "fp16grad" in k or "eqfp16" in k}
+    fp32 = {k: v for k, v in dtypes.items() if "fp32grad" in k or "eqfp32" in k}
+    n_vars = TINY_VARIABLES   # one allreduce per trainable variable
+    assert len(fp16) >= n_vars and len(fp32) >= n_vars, sorted(dtypes)[:5]
+    assert all(v == ["float16"] for v in fp16.values())
+    assert all(v == ["float32"] for v in fp32.values())
+
+
+def test_ranks_consume_disjoint_records(checks):
+    results, _, _ = checks
+    a, b = (set(r["record_hashes"]) for r in results)
+    assert a and b and not a & b
+
+
+def _ranks_of(marker):
+    """PIDs of the python ranks whose command line mentions `marker` (not mpirun itself)."""
+    pids = []
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        cmd = p.info["cmdline"] or []
+        if cmd and "python" in os.path.basename(cmd[0]) and any(marker in c for c in cmd):
+            pids.append(p.info["pid"])
+    return pids
+
+
+def _wait_for_step(metrics_file, step, proc, timeout=300):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"job ended early: {proc.returncode}\n{proc.stdout.read()[-3000:]}")
+        if os.path.exists(metrics_file):
+            steps = [json.loads(l).get("step", 0) for l in open(metrics_file) if '"train"' in l]
+            if steps and max(steps) >= step:
+                return
+        time.sleep(0.2)
+    raise AssertionError(f"step {step} not reached in {timeout} s")
+
+
+def _launch_background(args, ckpt_dir):
+    cmd = ["mpirun", "-np", "2", "--oversubscribe", "--bind-to", "none"]
+    if os.geteuid() == 0:
+        cmd.append("--allow-run-as-root")
+    cmd += [sys.executable, str(PRETRAIN), *args, f"--checkpoint_dir={ckpt_dir}"]
+    return subprocess.Popen(cmd, env=mpi_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _weights(ckpt):
+    reader = tf.train.load_checkpoint(ckpt)
+    return {k: reader.get_tensor(k) for k in reader.get_variable_to_shape_map()
+            if k.startswith("model/") and k.endswith("VARIABLE_VALUE")}
+
+
+def test_sigterm_then_resume_matches_an_uninterrupted_run_and_horovodrun_end_to_end(tmp_path, tiny_data):
+    flags = tiny_data["flags"] + ["--total_steps=8", "--save_interval=100"]
+    # uninterrupted, through horovodrun
+    straight = tmp_path / "straight"
+    proc = horovodrun(2, [PRETRAIN, *flags, f"--checkpoint_dir={straight}"])
+    assert "held-out MLM accuracy" in proc.stdout
+    assert os.path.exists(straight / "ckpt-8.index")
+    # interrupted at step >= 4 by SIGTERM to the ranks (what a scheduler sends), then resumed
+    resumed = tmp_path / "resumed"
+    job = _launch_background(flags + ["--total_steps=8"], resumed)
+    _wait_for_step(resumed / "metrics.jsonl", 4, job)
+    for pid in _ranks_of(str(resumed)):
+        os.kill(pid, signal.SIGTERM)
+    output = job.communicate(timeout=120)[0]
+    assert job.returncode == 0, output[-3000:]
+    stopped = tf.train.latest_checkpoint(str(resumed))
+    stop_step = int(stopped.rsplit("-", 1)[1])
+    assert 4 <= stop_step < 8, output[-2000:]
+    assert "stopping at step" in output
+    mpirun(2, [PRETRAIN, *flags, f"--checkpoint_dir={resumed}"])
+    a, b = _weights(str(straight / "ckpt-8")), _weights(str(resumed / "ckpt-8"))
+    assert a.keys() == b.keys() and len(a) == TINY_VARIABLES
+    for k in a:
+        np.testing.assert_allclose(a[k], b[k], rtol=1e-5, atol=1e-6, err_msg=k)
+    # resuming with another model shape fails at start-up, naming both shapes
+    bad = subprocess.run([sys.executable, str(PRETRAIN), *[f for f in flags if "model_preset" not in f],
+                          "--model_preset=mini", f"--checkpoint_dir={resumed}"],
+                         env=mpi_env(), capture_output=True, text=True, timeout=300)
+    assert bad.returncode != 0
+    assert "does not fit this model" in bad.stderr and "checkpoint [" in bad.stderr and "vs model [" in bad.stderr
+
+
+def test_a_killed_rank_ends_the_job_and_keeps_the_checkpoint(tmp_path, tiny_data):
+    ckpt = tmp_path / "killed"
+    job = _launch_background(tiny_data["flags"] + ["--total_steps=100000", "--save_interval=2"], ckpt)
+    _wait_for_step(ckpt / "metrics.jsonl", 3, job)
+    ranks = _ranks_of(str(ckpt))
+    assert len(ranks) == 2
+    os.kill(max(ranks), signal.SIGKILL)
+    start = time.time()
+    try:
+        job.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        job.kill()
+        raise AssertionError("job still running 60 s after a rank was killed")
+    assert job.returncode != 0 and time.time() - start < 60
+    latest = tf.train.latest_checkpoint(str(ckpt))
+    assert latest and len(_weights(latest)) == TINY_VARIABLES
