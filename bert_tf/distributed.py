@@ -49,8 +49,11 @@ def init():
         tf.config.set_visible_devices(gpu, "GPU")
     else:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-        tf.config.threading.set_intra_op_parallelism_threads(max(1, cores // hvd.local_size()))
-        tf.config.threading.set_inter_op_parallelism_threads(2)
+        try:
+            tf.config.threading.set_intra_op_parallelism_threads(max(1, cores // hvd.local_size()))
+            tf.config.threading.set_inter_op_parallelism_threads(2)
+        except RuntimeError:
+            pass  # TensorFlow already ran ops in this process (library use): keep its thread pools
     return hvd
 
 

@@ -49,6 +49,9 @@ def check_file(path, max_seq_length, max_predictions_per_seq, dynamic_masking=Fa
         for raw in tf.data.TFRecordDataset(path):
             if count == 0:
                 example = tf.train.Example.FromString(raw.numpy())
+                if dynamic_masking and "masked_lm_positions" in example.features.feature:
+                    raise ValueError(f"{path}: records are already masked; train without --dynamic_masking "
+                                     f"or create the data with --dynamic_masking")
                 for name, length in expected.items():
                     feature = example.features.feature.get(name)
                     if feature is None:

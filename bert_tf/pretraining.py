@@ -34,7 +34,7 @@ class PretrainConfig:
     dynamic_masking: bool = False
     masked_lm_prob: float = 0.15
     mlm_only: bool = False
-    # optimisation
+    # optimisation (the fields shared with training.TrainConfig are passed on by name)
     batch_size: int = 32
     accumulation_steps: int = 1
     optimizer: str = "lamb"
@@ -142,11 +142,7 @@ def run(cfg: PretrainConfig, log=print):
     model = modeling.BertPretrainer(model_config, use_nsp=not cfg.mlm_only)
     trainer = training.Trainer(
         model,
-        training.TrainConfig(precision=cfg.precision, xla=cfg.xla, accumulation_steps=cfg.accumulation_steps,
-                             optimizer=cfg.optimizer, learning_rate=cfg.learning_rate,
-                             warmup_steps=cfg.warmup_steps, total_steps=cfg.total_steps,
-                             decay_power=cfg.decay_power, weight_decay=cfg.weight_decay,
-                             clip_norm=cfg.clip_norm, seed=cfg.seed),
+        training.TrainConfig(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(training.TrainConfig)}),
         allreduce=distributed.make_gradient_allreduce(cfg.fp16_allreduce), seed_offset=rank)
     n_params = sum(int(tf.size(v)) for v in trainer.variables)
     say(f"model: {model_config.num_hidden_layers} layers, hidden {model_config.hidden_size}, "

@@ -1,0 +1,55 @@
+"""FLOPs of the model bert_tf actually runs, and a measured dense-matmul peak.
+
+Forward FLOPs of one sequence (a multiply-add counts 2), S sequence length, H hidden,
+I intermediate, L layers, P masked positions, V vocab:
+
+    per layer:  Q, K, V, output projections   4 * 2*S*H*H
+                attention scores  Q K^T        2*S*S*H
+                attention-weighted values      2*S*S*H
+                feed-forward                   2 * 2*S*H*I
+    pooler                                     2*H*H          (the [CLS] token only)
+    masked-LM head at P positions              2*P*H*H + 2*P*H*V
+    next-sentence head                         2*H*2
+
+Training = forward + backward = 3 x forward (the backward pass costs two matmuls for every
+forward one). Embedding look-ups, softmax, LayerNorm and GELU are not counted (memory-bound,
+a few percent). Model FLOP utilisation (MFU) = achieved model FLOP/s / measured matmul peak.
+"""
+from __future__ import annotations
+
+import time
+
+import tensorflow as tf
+
+from bert_tf.modeling import BertConfig
+
+
+def forward_flops_per_sequence(config: BertConfig, seq_length: int, predictions: int, nsp: bool = True) -> float:
+    S, H, I, P, V = seq_length, config.hidden_size, config.intermediate_size, predictions, config.vocab_size
+    layer = 4 * 2 * S * H * H + 2 * 2 * S * S * H + 2 * 2 * S * H * I
+    heads = 2 * H * H + 2 * P * H * H + 2 * P * H * V + (2 * H * 2 if nsp else 0)
+    return float(config.num_hidden_layers * layer + heads)
+
+
+def training_flops_per_sequence(config, seq_length, predictions, nsp=True) -> float:
+    return 3.0 * forward_flops_per_sequence(config, seq_length, predictions, nsp)
+
+
+def matmul_peak(dtype=tf.float32, n=2048, seconds=3.0, jit=True) -> float:
+    """Sustained FLOP/s of an n x n x n tf.matmul in `dtype` on this machine (XLA-compiled)."""
+    a = tf.random.normal([n, n], dtype=tf.float32)
+    b = tf.random.normal([n, n], dtype=tf.float32)
+    a, b = tf.cast(a, dtype), tf.cast(b, dtype)
+
+    @tf.function(jit_compile=jit)
+    def chain(x, y):
+        for _ in range(8):          # 8 matmuls per call: amortise the call overhead
+            x = tf.matmul(x, y) * tf.cast(1e-3, dtype)
+        return x
+
+    chain(a, b).numpy()
+    calls, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        chain(a, b).numpy()
+        calls += 1
+    return calls * 8 * 2.0 * n ** 3 / (time.perf_counter() - start)

@@ -1,0 +1,69 @@
+"""run/pretrain.py fails at start-up, naming the flag, when its inputs cannot work."""
+import dataclasses
+import json
+import subprocess
+import sys
+
+import pytest
+
+from bert_tf import pretraining
+from conftest import REPO, mpi_env
+
+
+def config(tiny_data, tmp_path, **overrides):
+    values = dict(model_preset="tiny", vocab_file=tiny_data["vocab_file"], train_files=tiny_data["train"],
+                  eval_files=tiny_data["eval"], max_seq_length=64, max_predictions_per_seq=10,
+                  checkpoint_dir=str(tmp_path / "ckpt"), total_steps=2)
+    values.update(overrides)
+    return pretraining.PretrainConfig(**values)
+
+
+@pytest.mark.parametrize("overrides,error", [
+    (dict(max_seq_length=128), r"feature 'input_ids' has length 64 but the run expects 128 \(--max_seq_length\)"),
+    (dict(max_predictions_per_seq=20), r"'masked_lm_positions' has length 10 .*--max_predictions_per_seq"),
+    (dict(train_files="/nonexistent/train-*"), "no input files match '/nonexistent/train-\\*'"),
+    (dict(vocab_file="/nonexistent/vocab.txt"), "vocab file not found: /nonexistent/vocab.txt"),
+    (dict(batch_size=0), "--batch_size must be >= 1, got 0"),
+    (dict(precision="fp8"), "valid: float32, mixed_bfloat16, mixed_float16"),
+    (dict(init_checkpoint="/nonexistent/ckpt-1"), "--init_checkpoint=/nonexistent/ckpt-1: no such checkpoint"),
+    (dict(eval_interval=10, eval_files=""), "--eval_interval needs --eval_files"),
+    (dict(dynamic_masking=True), "records are already masked"),
+])
+def test_bad_configuration_fails_before_training(tiny_data, tmp_path, overrides, error):
+    with pytest.raises((ValueError, FileNotFoundError), match=error):
+        pretraining.run(config(tiny_data, tmp_path, **overrides))
+    assert not (tmp_path / "ckpt").exists() or not any((tmp_path / "ckpt").glob("ckpt-*"))
+
+
+def test_model_too_small_for_data(tiny_data, tmp_path):
+    bert_config = tmp_path / "bert_config.json"
+    bert_config.write_text(json.dumps({"vocab_size": 500, "hidden_size": 64, "num_hidden_layers": 1,
+                                       "num_attention_heads": 2, "intermediate_size": 128,
+                                       "max_position_embeddings": 512}))
+    with pytest.raises(ValueError, match="the model's vocab_size is 500"):
+        pretraining.run(config(tiny_data, tmp_path, model_preset="", bert_config_file=str(bert_config)))
+    with pytest.raises(ValueError, match="give --bert_config_file or --model_preset, not both"):
+        pretraining.run(config(tiny_data, tmp_path, model_preset="mini", bert_config_file=str(bert_config)))
+
+
+def test_unknown_flag_fails_at_start_up():
+    proc = subprocess.run([sys.executable, str(REPO / "run" / "pretrain.py"), "--batch_sise=4"],
+                          env=mpi_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and "batch_sise" in proc.stderr
+
+
+def test_recipes_give_their_stated_global_batch():
+    def read(name):
+        values = {}
+        for line in (REPO / "configs" / name).read_text().splitlines():
+            if line.startswith("--"):
+                key, _, value = line[2:].partition("=")
+                values[key] = value
+        return values
+    known = {f.name for f in dataclasses.fields(pretraining.PretrainConfig)}
+    for model in ("base", "large"):
+        for phase, batch in (("phase1", 61440), ("phase2", 30720)):
+            flags = read(f"{model}_{phase}.flags")
+            assert set(flags) <= known | {"xla", "fp16_allreduce"}
+            assert int(flags["batch_size"]) * int(flags["accumulation_steps"]) * 16 == batch
+    assert read("demo.flags")["model_preset"] == "tiny"
