@@ -129,12 +129,12 @@ def test_sigterm_then_resume_matches_an_uninterrupted_run_and_horovodrun_end_to_
     for k in a:
         np.testing.assert_allclose(a[k], b[k], rtol=1e-5, atol=1e-6, err_msg=k)
     # phase 2: a new run initialised from the checkpoint's model, with a fresh optimizer and schedule
-    phase2 = subprocess.run([sys.executable, str(PRETRAIN), *flags, "--total_steps=1",
+    phase2 = subprocess.run([sys.executable, str(PRETRAIN), *flags, "--total_steps=2",
                              f"--init_checkpoint={straight / 'ckpt-8'}", f"--checkpoint_dir={tmp_path / 'phase2'}"],
                             env=mpi_env(), capture_output=True, text=True, timeout=300)
     assert phase2.returncode == 0, phase2.stderr[-2000:]
     assert f"initialised encoder and heads from {straight / 'ckpt-8'}" in phase2.stdout
-    assert os.path.exists(tmp_path / "phase2" / "ckpt-1.index")          # the step count started again
+    assert os.path.exists(tmp_path / "phase2" / "ckpt-2.index")          # the step count started again
     # resuming with another model shape fails at start-up, naming both shapes
     bad = subprocess.run([sys.executable, str(PRETRAIN), *[f for f in flags if "model_preset" not in f],
                           "--model_preset=mini", f"--checkpoint_dir={resumed}"],
