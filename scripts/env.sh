@@ -10,6 +10,8 @@ GENSIM_VERSION=4.4.0
 # Horovod with Gloo too (horovodrun --gloo: no mpirun needed; elastic mode). Costs about 3 minutes
 # more, once, in the cached build (see README); BERT_TF_HOROVOD_GLOO=0 builds MPI only.
 BERT_TF_HOROVOD_GLOO="${BERT_TF_HOROVOD_GLOO:-1}"
+# GPU nodes (the GPU Docker image): Horovod with NCCL for GPU collectives. Needs CUDA and NCCL headers.
+BERT_TF_HOROVOD_GPU="${BERT_TF_HOROVOD_GPU:-0}"
 
 export PATH="$BERT_TF_VENV/bin:$PATH"
 # OpenMPI refuses root without these; containers and CI run as root.

@@ -15,6 +15,14 @@ t_start=$SECONDS
 say() { printf '[setup %4ds] %s\n' "$((SECONDS - t_start))" "$*"; }
 die() { printf '[setup] ERROR: %s\n' "$*" >&2; exit 1; }
 
+# The Horovod wheel this machine needs; when it is already cached, no compiler is needed.
+TF_VERSION=$(sed -n 's/^tensorflow==\([^ ]*\).*/\1/p' requirements.txt)
+variant="mpi"; [ "$BERT_TF_HOROVOD_GLOO" = 1 ] && variant="mpi-gloo"
+[ "$BERT_TF_HOROVOD_GPU" = 1 ] && variant="$variant-nccl"
+wheel_key="horovod-${HOROVOD_VERSION}-tf${TF_VERSION}-py311-${variant}"
+wheel_dir="$BERT_TF_CACHE/wheels/$wheel_key"
+wheel_cached=0; ls "$wheel_dir"/horovod-*.whl >/dev/null 2>&1 && wheel_cached=1
+
 # ---------------------------------------------------------------- 1. Debian packages
 missing=()
 need() {  # need <package> <test command...>
@@ -23,20 +31,24 @@ need() {  # need <package> <test command...>
 }
 need openmpi-bin      command -v mpirun
 need libopenmpi-dev   command -v mpicxx
-need g++              command -v g++
-need make             command -v make
-need cmake            test -x /usr/bin/cmake
 need iproute2         command -v tc
 need bzip2            command -v bzip2
 need "python3.11"     command -v "$BERT_TF_PYTHON"
 if command -v "$BERT_TF_PYTHON" >/dev/null 2>&1; then
   need python3.11-venv  "$BERT_TF_PYTHON" -c 'import ensurepip, venv'
-  need python3.11-dev   "$BERT_TF_PYTHON" -c 'import sysconfig, os, sys; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))'
+fi
+if [ "$wheel_cached" = 0 ]; then   # only to build Horovod
+  need g++              command -v g++
+  need make             command -v make
+  need cmake            test -x /usr/bin/cmake
+  if command -v "$BERT_TF_PYTHON" >/dev/null 2>&1; then
+    need python3.11-dev "$BERT_TF_PYTHON" -c 'import sysconfig, os, sys; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))'
+  fi
 fi
 if ((${#missing[@]})); then
   say "missing Debian packages: ${missing[*]}"
   if ! command -v apt-get >/dev/null 2>&1; then
-    die "no apt-get on this machine. Install by hand: ${missing[*]} (OpenMPI with headers, a C++ compiler, make, CMake 3.x, Python 3.11 with venv and headers, iproute2), then run this again."
+    die "no apt-get on this machine. Install by hand: ${missing[*]} (OpenMPI with headers, Python 3.11 with venv, iproute2, bzip2; to build Horovod also a C++ compiler, make, CMake 3.x and Python headers), then run this again."
   fi
   sudo=""
   if [ "$(id -u)" != 0 ]; then
@@ -49,11 +61,13 @@ if ((${#missing[@]})); then
     || die "apt-get install failed. Install by hand: apt-get install -y ${missing[*]}"
   say "installed ${missing[*]}"
 fi
-cmake_version=$(/usr/bin/cmake --version | head -n 1 | awk '{print $3}')
-case "$cmake_version" in
-  3.*) ;;
-  *) die "/usr/bin/cmake is $cmake_version; Horovod 0.28.1's bundled gloo needs CMake 3.x (Debian's cmake package)." ;;
-esac
+if [ "$wheel_cached" = 0 ]; then
+  cmake_version=$(/usr/bin/cmake --version | head -n 1 | awk '{print $3}')
+  case "$cmake_version" in
+    3.*) ;;
+    *) die "/usr/bin/cmake is $cmake_version; Horovod 0.28.1's bundled gloo needs CMake 3.x (Debian's cmake package)." ;;
+  esac
+fi
 
 # ---------------------------------------------------------------- 2. virtual environment
 "$BERT_TF_PYTHON" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' \
@@ -72,12 +86,8 @@ if [ "$(cat "$req_stamp" 2>/dev/null)" != "$req_sum" ]; then
     || die "pip install -r requirements.txt failed (see above); is PyPI reachable?"
   echo "$req_sum" > "$req_stamp"
 fi
-TF_VERSION=$("$PY" -c 'import importlib.metadata as m; print(m.version("tensorflow"))')
 
 # ---------------------------------------------------------------- 3. Horovod wheel (built once)
-variant="mpi"; [ "$BERT_TF_HOROVOD_GLOO" = 1 ] && variant="mpi-gloo"
-wheel_key="horovod-${HOROVOD_VERSION}-tf${TF_VERSION}-py311-${variant}"
-wheel_dir="$BERT_TF_CACHE/wheels/$wheel_key"
 
 wheel_ok() {  # the cached wheel exists, matches the checksum written when it was built, and unzips
   local whl
@@ -93,7 +103,8 @@ if ! wheel_ok; then
   build_dir=$(mktemp -d "${TMPDIR:-/tmp}/bert_tf-horovod-build.XXXXXX")
   say "building Horovod $HOROVOD_VERSION against TensorFlow $TF_VERSION ($variant); this takes tens of minutes on 2 cores, once"
   tf_include="$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/tensorflow/include"
-  gloo_flag=HOROVOD_WITHOUT_GLOO=1; [ "$variant" = mpi-gloo ] && gloo_flag=HOROVOD_WITH_GLOO=1
+  gloo_flag=HOROVOD_WITHOUT_GLOO=1; [ "$BERT_TF_HOROVOD_GLOO" = 1 ] && gloo_flag=HOROVOD_WITH_GLOO=1
+  gpu_env=(); [ "$BERT_TF_HOROVOD_GPU" = 1 ] && gpu_env=(HOROVOD_GPU_OPERATIONS=NCCL)
   t_build=$SECONDS
   # CMAKE_POLICY_VERSION_MINIMUM: gloo's CMakeLists declare a minimum below 3.5.
   # --no-cache-dir: pip would otherwise hand back a wheel it built earlier with other HOROVOD_* flags.
@@ -101,7 +112,7 @@ if ! wheel_ok; then
   # CPLUS_INCLUDE_PATH: a forwarding header for the XLA builder's old include path (see the header),
   # and two header-only libraries that TensorFlow's wheel ships under include/external/ but that
   # its XLA headers include by their short names.
-  if ! env HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_MPI=1 "$gloo_flag" \
+  if ! env HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_MPI=1 "$gloo_flag" "${gpu_env[@]}" \
         HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 \
         CMAKE_POLICY_VERSION_MINIMUM=3.5 HOROVOD_CMAKE=/usr/bin/cmake \
         MAKEFLAGS="-j$(nproc)" \
