@@ -21,7 +21,12 @@ from bert_tf import checkpointing, distributed, input_pipeline, metrics, modelin
 
 
 @dataclasses.dataclass
-class PretrainConfig:
+class PretrainConfig(training.TrainConfig):
+    """Everything a run needs: training.TrainConfig's update settings (precision, xla,
+    accumulation_steps, optimizer, learning_rate, warmup_steps, total_steps, decay_power,
+    weight_decay, clip_norm, seed) plus model, data, communication and output settings."""
+
+    seed: int = 12345
     # model and data
     model_preset: str = "base"
     bert_config_file: str = ""
@@ -34,19 +39,7 @@ class PretrainConfig:
     dynamic_masking: bool = False
     masked_lm_prob: float = 0.15
     mlm_only: bool = False
-    # optimisation (the fields shared with training.TrainConfig are passed on by name)
     batch_size: int = 32
-    accumulation_steps: int = 1
-    optimizer: str = "lamb"
-    learning_rate: float = 1e-4
-    warmup_steps: int = 0
-    total_steps: int = 1000
-    decay_power: float = 1.0
-    weight_decay: float = 0.01
-    clip_norm: float = 1.0
-    precision: str = "float32"
-    xla: bool = False
-    seed: int = 12345
     # communication
     fp16_allreduce: bool = False
     fusion_threshold_mb: float | None = None
@@ -142,7 +135,7 @@ def run(cfg: PretrainConfig, log=print):
     model = modeling.BertPretrainer(model_config, use_nsp=not cfg.mlm_only)
     trainer = training.Trainer(
         model,
-        training.TrainConfig(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(training.TrainConfig)}),
+        cfg,
         allreduce=distributed.make_gradient_allreduce(cfg.fp16_allreduce), seed_offset=rank)
     n_params = sum(int(tf.size(v)) for v in trainer.variables)
     say(f"model: {model_config.num_hidden_layers} layers, hidden {model_config.hidden_size}, "

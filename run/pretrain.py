@@ -60,8 +60,9 @@ FLAGS = flags.FLAGS
 def main(argv):
     if len(argv) > 1:
         sys.exit(f"error: unexpected arguments {argv[1:]}")
-    cfg = pretraining.PretrainConfig(**{f.name: FLAGS[f.name].value for f in dataclasses.fields(pretraining.PretrainConfig)})
     try:
+        cfg = pretraining.PretrainConfig(**{f.name: FLAGS[f.name].value
+                                            for f in dataclasses.fields(pretraining.PretrainConfig)})
         _, last = pretraining.run(cfg)
     except (ValueError, FileNotFoundError) as e:
         sys.exit(f"error: {e}")
