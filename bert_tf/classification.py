@@ -1,0 +1,215 @@
+"""Fine-tuning: labelled text in, a classifier on the pre-trained encoder's pooled output.
+
+Input files (one example per line):
+    label<TAB>text                 sentence classification (TSV; .csv with commas)
+    label<TAB>text_a<TAB>text_b    sentence-pair classification
+    __label__X text                fastText style
+Empty or unlabelled lines are skipped and counted; a file with nothing left is an error.
+
+The classifier is `BertClassifier`: the encoder of `modeling.py` (loaded from a pre-training
+checkpoint or an encoder-only export, heads dropped) + dropout + a dense layer. It returns the
+same kind of dict as the pre-training model, so `training.Trainer` (AdamW, warmup, precision,
+allreduce) trains it unchanged.
+"""
+from __future__ import annotations
+
+import csv
+import dataclasses
+import os
+
+import numpy as np
+import tensorflow as tf
+
+from bert_tf import modeling
+
+
+@dataclasses.dataclass
+class Examples:
+    labels: list
+    texts_a: list
+    texts_b: list            # None entries for single sentences
+    skipped: int = 0
+
+
+def read_examples(path) -> Examples:
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"input file not found: {path}")
+    out = Examples([], [], [])
+    delimiter = "," if path.endswith(".csv") else "\t"
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            line = line.rstrip("\r\n")
+            if line.startswith("__label__"):
+                label, _, text = line.partition(" ")
+                fields = [label[len("__label__"):], text]
+            else:
+                fields = next(csv.reader([line], delimiter=delimiter)) if line.strip() else []
+            fields = [x.strip() for x in fields]
+            if len(fields) < 2 or not fields[0] or not fields[1]:
+                out.skipped += 1
+                continue
+            out.labels.append(fields[0])
+            out.texts_a.append(fields[1])
+            out.texts_b.append(fields[2] if len(fields) > 2 and fields[2] else None)
+    if not out.labels:
+        raise ValueError(f"{path}: no labelled examples ({out.skipped} lines skipped as empty or unlabelled)")
+    return out
+
+
+def encode(examples: Examples, tokenizer, max_seq_length, label_names):
+    """-> (features dict of int32 arrays, labels int32 [N], number of truncated examples)."""
+    unknown = sorted(set(examples.labels) - set(label_names))
+    if unknown:
+        raise ValueError(f"labels {unknown} are not among the training labels {label_names}")
+    a = tokenizer.tokenize(examples.texts_a)
+    b = tokenizer.tokenize([t or "" for t in examples.texts_b])
+    n = len(a)
+    ids = np.zeros([n, max_seq_length], np.int32)
+    mask = np.zeros_like(ids)
+    segments = np.zeros_like(ids)
+    truncated = 0
+    for i in range(n):
+        tokens_a, tokens_b = list(a[i]), list(b[i]) if examples.texts_b[i] else []
+        budget = max_seq_length - (3 if tokens_b else 2)
+        if len(tokens_a) + len(tokens_b) > budget:
+            truncated += 1
+            while len(tokens_a) + len(tokens_b) > budget:
+                (tokens_a if len(tokens_a) >= len(tokens_b) else tokens_b).pop()
+        row = [tokenizer.cls_id] + tokens_a + [tokenizer.sep_id]
+        seg = [0] * len(row)
+        if tokens_b:
+            row += tokens_b + [tokenizer.sep_id]
+            seg += [1] * (len(tokens_b) + 1)
+        ids[i, :len(row)], mask[i, :len(row)], segments[i, :len(row)] = row, 1, seg
+    labels = np.array([label_names.index(x) for x in examples.labels], np.int32)
+    return {"input_ids": ids, "input_mask": mask, "segment_ids": segments}, labels, truncated
+
+
+class BertClassifier(tf.Module):
+    """Encoder -> pooled [B, H] -> dropout -> dense [B, num_labels]; loss, correct and count."""
+
+    def __init__(self, config: modeling.BertConfig, num_labels: int, name=None):
+        super().__init__(name=name)
+        self.config = config
+        self.encoder = modeling.BertEncoder(config)
+        self.classifier = modeling.Dense(config.hidden_size, num_labels, config.initializer_range)
+        self.dropout_rate = config.hidden_dropout_prob
+
+    def logits(self, features, dtype=tf.float32, seed=None, training=False):
+        seed = tf.zeros([2], tf.int32) if seed is None else seed
+        _, pooled = self.encoder(features["input_ids"], features["input_mask"], features["segment_ids"],
+                                 dtype=dtype, seed=seed, training=training)
+        pooled = modeling.dropout(pooled, self.dropout_rate, tf.random.experimental.stateless_fold_in(seed, 7),
+                                  training)
+        return tf.cast(self.classifier(pooled), tf.float32)
+
+    def __call__(self, features, *, dtype=tf.float32, seed=None, training=False):
+        logits = self.logits(features, dtype, seed, training)
+        labels = features["label"]
+        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits))
+        correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, -1, output_type=labels.dtype), labels), tf.float32))
+        return {"loss": loss, "correct": correct, "count": tf.cast(tf.size(labels), tf.float32)}
+
+
+class _Holder(tf.Module):
+    """Gives the encoder the checkpoint path it has inside a pre-training model: model/encoder/..."""
+
+    def __init__(self, encoder):
+        super().__init__()
+        self.encoder = encoder
+
+
+def load_encoder(encoder: modeling.BertEncoder, checkpoint: str, vocab_size: int | None = None):
+    """Loads encoder weights from a pre-training checkpoint or an export (heads ignored)."""
+    stored = dict(tf.train.list_variables(checkpoint))
+    key = "model/encoder/embeddings/word_embeddings/.ATTRIBUTES/VARIABLE_VALUE"
+    if key not in stored:
+        raise ValueError(f"{checkpoint} holds no BERT encoder (no {key.split('/.ATTR')[0]})")
+    if vocab_size is not None and stored[key][0] != vocab_size:
+        raise ValueError(f"the checkpoint's vocabulary has {stored[key][0]} tokens but the vocab file has "
+                         f"{vocab_size}: use the vocab.txt the model was pre-trained with")
+    from bert_tf.checkpointing import model_variable_shapes
+    expected = model_variable_shapes(_Holder(encoder))
+    wrong = [f"{k.split('/.ATTR')[0]}: checkpoint {list(stored.get(k, []))} vs model {v}"
+             for k, v in expected.items() if list(stored.get(k, [])) != v]
+    if wrong:
+        raise ValueError(f"{checkpoint} does not fit this encoder: {'; '.join(wrong[:3])}")
+    tf.train.Checkpoint(model=_Holder(encoder)).read(checkpoint).expect_partial()
+
+
+def save_encoder(encoder: modeling.BertEncoder, path: str) -> str:
+    """Encoder-only checkpoint with the same variable paths as a pre-training one."""
+    return tf.train.Checkpoint(model=_Holder(encoder)).write(path)
+
+
+def kfold_splits(n, k, seed):
+    """k (train, test) index arrays: test folds are disjoint and cover range(n)."""
+    order = np.random.RandomState(seed).permutation(n)
+    folds = np.array_split(order, k)
+    return [(np.sort(np.concatenate([f for j, f in enumerate(folds) if j != i])), np.sort(folds[i]))
+            for i in range(k)]
+
+
+def binary_f1(labels, predictions, positive=1):
+    tp = int(np.sum((predictions == positive) & (labels == positive)))
+    fp = int(np.sum((predictions == positive) & (labels != positive)))
+    fn = int(np.sum((predictions != positive) & (labels == positive)))
+    return 2 * tp / max(2 * tp + fp + fn, 1)
+
+
+def train_and_evaluate(model_config, label_names, train, evaluation, init_checkpoint=None, vocab_size=None,
+                       epochs=10, batch_size=16, learning_rate=1e-3, warmup_fraction=0.1, seed=0,
+                       precision="float32", allreduce=None, broadcast=None, rank=0, size=1):
+    """Fine-tunes a fresh classifier (encoder from `init_checkpoint`, else random) and evaluates it.
+
+    train / evaluation: (features dict of numpy arrays, labels). Each rank trains on its share
+    (rows rank::size of a permutation shared by all ranks) of every epoch. Returns (metrics, model).
+    """
+    from bert_tf import training
+
+    tf.random.set_seed(seed)
+    model = BertClassifier(model_config, len(label_names))
+    if init_checkpoint:
+        load_encoder(model.encoder, init_checkpoint, vocab_size)
+    (x, y), (ex, ey) = train, evaluation
+    steps_per_epoch = len(y) // (batch_size * size)
+    if steps_per_epoch < 1:
+        raise ValueError(f"{len(y)} training examples are fewer than one global batch of {batch_size * size}")
+    total = epochs * steps_per_epoch
+    config = training.TrainConfig(optimizer="adamw", learning_rate=learning_rate, precision=precision,
+                                  warmup_steps=int(total * warmup_fraction), total_steps=total,
+                                  weight_decay=0.01, seed=seed)
+    trainer = training.Trainer(model, config, allreduce or training.identity_allreduce, seed_offset=rank)
+    if broadcast:
+        broadcast(trainer.variables)
+    rng = np.random.RandomState(seed)
+    for _ in range(epochs):
+        mine = rng.permutation(len(y))[rank::size]
+        for s in range(steps_per_epoch):
+            rows = mine[s * batch_size:(s + 1) * batch_size]
+            batch = {k: tf.constant(v[rows]) for k, v in x.items()}
+            batch["label"] = tf.constant(y[rows])
+            out = trainer.train_step([batch])
+    predictions = np.concatenate([
+        np.argmax(model.logits({k: tf.constant(v[i:i + 64]) for k, v in ex.items()}).numpy(), -1)
+        for i in range(0, len(ey), 64)])
+    metrics = {"accuracy": float(np.mean(predictions == ey)), "eval_examples": int(len(ey)),
+               "train_steps": total, "final_train_loss": float(out["loss"])}
+    if len(label_names) == 2:
+        metrics["f1"] = binary_f1(ey, predictions)
+    return metrics, model
+
+
+class ServingEncoder(tf.Module):
+    """SavedModel signature: token ids [B, S] (int32) -> sequence_output [B, S, H], pooled_output [B, H]."""
+
+    def __init__(self, encoder):
+        super().__init__()
+        self.encoder = encoder
+
+    @tf.function(input_signature=[tf.TensorSpec([None, None], tf.int32, name="input_ids"),
+                                  tf.TensorSpec([None, None], tf.int32, name="input_mask"),
+                                  tf.TensorSpec([None, None], tf.int32, name="segment_ids")])
+    def serve(self, input_ids, input_mask, segment_ids):
+        sequence, pooled = self.encoder(input_ids, input_mask, segment_ids)
+        return {"sequence_output": sequence, "pooled_output": pooled}

@@ -1,0 +1,119 @@
+"""Fine-tunes a sentence(-pair) classifier from a pre-trained encoder; k-fold cross-validation;
+a probe over a pre-training run's checkpoints.
+
+    python run/finetune.py --train_file=data/corpus/pang_lee_polarity.cor --kfold=5 \
+        --init_checkpoint=runs/demo --vocab_file=data/demo/vocab.txt --output_json=runs/finetune.json
+    python run/finetune.py ... --random_init --bert_config_file=runs/demo/bert_config.json   # baseline
+    python run/finetune.py ... --probe_checkpoint_dir=runs/demo    # every checkpoint -> metrics.jsonl
+    mpirun -np 2 python run/finetune.py ...                         # ranks share every batch
+"""
+import json
+import os
+
+import numpy as np
+from absl import app, flags
+
+flags.DEFINE_string("train_file", None, "Labelled examples (label<TAB>text[<TAB>text_b], CSV, or __label__X text).")
+flags.DEFINE_string("eval_file", "", "Held-out examples; without it, --kfold cross-validates on --train_file.")
+flags.DEFINE_integer("kfold", 5, "Folds for cross-validation when there is no --eval_file.")
+flags.DEFINE_string("init_checkpoint", "", "Pre-training checkpoint (path, or a folder: its latest) or an export.")
+flags.DEFINE_bool("random_init", False, "Randomly initialised encoder (the baseline); needs --bert_config_file.")
+flags.DEFINE_string("bert_config_file", "", "Model config; default: bert_config.json beside the checkpoint.")
+flags.DEFINE_string("vocab_file", None, "The vocab.txt the encoder was pre-trained with.")
+flags.DEFINE_bool("do_lower_case", True, "Tokeniser lower-cases.")
+flags.DEFINE_integer("max_seq_length", 64, "Longer examples are truncated (and counted).")
+flags.DEFINE_integer("epochs", 10, "Passes over the training examples.")
+flags.DEFINE_integer("batch_size", 16, "Examples per rank per step.")
+flags.DEFINE_float("learning_rate", 1e-3, "AdamW peak learning rate (10% linear warmup, then linear decay).")
+flags.DEFINE_integer("seed", 0, "Seed for folds, initialisation and order.")
+flags.DEFINE_string("output_json", "", "Write the metrics here.")
+flags.DEFINE_string("probe_checkpoint_dir", "", "Run the probe on every checkpoint of this pre-training run and "
+                    "append kind=probe records to its metrics.jsonl.")
+flags.mark_flags_as_required(["train_file", "vocab_file"])
+FLAGS = flags.FLAGS
+
+
+def resolve_checkpoint(path):
+    import tensorflow as tf
+    if os.path.isdir(path):
+        latest = tf.train.latest_checkpoint(path)
+        if not latest:
+            raise FileNotFoundError(f"--init_checkpoint={path}: no checkpoint in that folder")
+        return latest
+    if not tf.io.gfile.exists(path + ".index"):
+        raise FileNotFoundError(f"--init_checkpoint={path}: no such checkpoint ({path}.index not found)")
+    return path
+
+
+def cross_validate(model_config, tokenizer, examples, checkpoint, hvd, label_names):
+    from bert_tf import classification, distributed
+    x, y, truncated = classification.encode(examples, tokenizer, FLAGS.max_seq_length, label_names)
+    if FLAGS.eval_file:
+        ev = classification.read_examples(FLAGS.eval_file)
+        ex, ey, t2 = classification.encode(ev, tokenizer, FLAGS.max_seq_length, label_names)
+        splits, data = [(None, None)], [((x, y), (ex, ey))]
+        truncated += t2
+    else:
+        splits = classification.kfold_splits(len(y), FLAGS.kfold, FLAGS.seed)
+        data = [(({k: v[tr] for k, v in x.items()}, y[tr]), ({k: v[te] for k, v in x.items()}, y[te]))
+                for tr, te in splits]
+    folds = []
+    for train, evaluation in data:
+        metrics, model = classification.train_and_evaluate(
+            model_config, label_names, train, evaluation, init_checkpoint=checkpoint, vocab_size=len(tokenizer),
+            epochs=FLAGS.epochs, batch_size=FLAGS.batch_size, learning_rate=FLAGS.learning_rate, seed=FLAGS.seed,
+            allreduce=distributed.make_gradient_allreduce(False, name="ft"),
+            broadcast=distributed.broadcast_variables, rank=hvd.rank(), size=hvd.size())
+        folds.append(metrics)
+    accuracies = [f["accuracy"] for f in folds]
+    return {"folds": folds, "accuracy_mean": float(np.mean(accuracies)), "accuracy_std": float(np.std(accuracies)),
+            "truncated": truncated, "skipped_lines": examples.skipped, "labels": label_names,
+            "init": checkpoint or "random"}, model
+
+
+def main(_):
+    from bert_tf import distributed, modeling, tokenization
+    from bert_tf import classification
+    hvd = distributed.init()
+    tokenizer = tokenization.Tokenizer.from_file(FLAGS.vocab_file, FLAGS.do_lower_case)
+    examples = classification.read_examples(FLAGS.train_file)
+    label_names = sorted(set(examples.labels))
+    if FLAGS.probe_checkpoint_dir:
+        import tensorflow as tf
+        state = tf.train.get_checkpoint_state(FLAGS.probe_checkpoint_dir)
+        if not state:
+            raise SystemExit(f"error: no checkpoints in {FLAGS.probe_checkpoint_dir}")
+        config = modeling.BertConfig.from_json_file(os.path.join(FLAGS.probe_checkpoint_dir, "bert_config.json"))
+        for ckpt in state.all_model_checkpoint_paths:
+            result, _ = cross_validate(config, tokenizer, examples, ckpt, hvd, label_names)
+            step = int(ckpt.rsplit("-", 1)[1])
+            record = {"kind": "probe", "step": step, "probe_accuracy": result["accuracy_mean"],
+                      "probe_accuracy_std": result["accuracy_std"], "probe_task": os.path.basename(FLAGS.train_file)}
+            if hvd.rank() == 0:
+                with open(os.path.join(FLAGS.probe_checkpoint_dir, "metrics.jsonl"), "a") as f:
+                    f.write(json.dumps(record) + "\n")
+                print(f"probe step {step}: accuracy {result['accuracy_mean']:.4f} ± {result['accuracy_std']:.4f}")
+        return
+    checkpoint = "" if FLAGS.random_init else resolve_checkpoint(FLAGS.init_checkpoint) if FLAGS.init_checkpoint else ""
+    if not checkpoint and not FLAGS.random_init:
+        raise SystemExit("error: give --init_checkpoint, or --random_init for the baseline")
+    config_file = FLAGS.bert_config_file or (os.path.join(os.path.dirname(checkpoint), "bert_config.json")
+                                             if checkpoint else "")
+    if not config_file:
+        raise SystemExit("error: --random_init needs --bert_config_file")
+    config = modeling.BertConfig.from_json_file(config_file)
+    try:
+        result, _ = cross_validate(config, tokenizer, examples, checkpoint, hvd, label_names)
+    except (ValueError, FileNotFoundError) as e:
+        raise SystemExit(f"error: {e}")
+    if hvd.rank() == 0:
+        print(f"{'random init' if not checkpoint else checkpoint}: accuracy {result['accuracy_mean']:.4f} ± "
+              f"{result['accuracy_std']:.4f} over {len(result['folds'])} fold(s); "
+              f"{result['truncated']} truncated, {result['skipped_lines']} lines skipped")
+        if FLAGS.output_json:
+            with open(FLAGS.output_json, "w") as f:
+                json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,127 @@
+"""Fine-tuning, export and the transfer probe."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from bert_tf import checkpointing, classification, modeling, tokenization, training
+from conftest import REPO, WORKERS, mpi_env, mpirun, read_rank_results
+
+VOCAB = tokenization.google_reserved_tokens() + ["good", "bad", "great", "awful", "movie", "plot", "the", "was"]
+
+
+def toy_examples(n=48):
+    rng = np.random.RandomState(0)
+    labels, texts = [], []
+    for i in range(n):
+        positive = i % 2 == 0
+        word = ["good", "great"][rng.randint(2)] if positive else ["bad", "awful"][rng.randint(2)]
+        texts.append(" ".join(rng.permutation(["the", "movie", "was", word])))
+        labels.append("pos" if positive else "neg")
+    return classification.Examples(labels, texts, [None] * n)
+
+
+def test_classifier_head_reaches_100_percent_on_a_separable_set():
+    tok = tokenization.Tokenizer(VOCAB)
+    x, y, _ = classification.encode(toy_examples(), tok, 8, ["neg", "pos"])
+    config = modeling.BertConfig.preset("tiny", vocab_size=len(VOCAB))
+    metrics, _ = classification.train_and_evaluate(config, ["neg", "pos"], (x, y), (x, y), epochs=15,
+                                                   batch_size=8, learning_rate=2e-3)
+    assert metrics["accuracy"] == 1.0 and metrics["f1"] == 1.0
+
+
+def test_reading_skips_and_counts_bad_rows_and_names_problems(tmp_path):
+    path = tmp_path / "train.tsv"
+    path.write_text("pos\tgood movie\n\n\tno label\nneg\n__label__neg awful plot\npos\tgreat\tsecond part\n")
+    examples = classification.read_examples(str(path))
+    assert examples.labels == ["pos", "neg", "pos"] and examples.skipped == 3
+    assert examples.texts_b == [None, None, "second part"]
+    empty = tmp_path / "empty.tsv"
+    empty.write_text("\n\t\n")
+    with pytest.raises(ValueError, match="empty.tsv: no labelled examples \\(2 lines skipped"):
+        classification.read_examples(str(empty))
+    tok = tokenization.Tokenizer(VOCAB)
+    with pytest.raises(ValueError, match=r"labels \['neutral'\] are not among the training labels"):
+        classification.encode(classification.Examples(["neutral"], ["the movie"], [None]), tok, 8, ["neg", "pos"])
+    long = classification.Examples(["pos"], [" ".join(["good"] * 20)], ["bad bad"])
+    x, _, truncated = classification.encode(long, tok, 8, ["neg", "pos"])
+    assert truncated == 1 and x["input_mask"].sum() == 8 and x["segment_ids"][0, -2] == 1
+
+
+def test_kfold_splits_are_disjoint_and_cover_the_data():
+    splits = classification.kfold_splits(200, 5, seed=3)
+    tests = [set(te.tolist()) for _, te in splits]
+    assert set().union(*tests) == set(range(200)) and sum(map(len, tests)) == 200
+    for tr, te in splits:
+        assert not set(tr.tolist()) & set(te.tolist()) and len(tr) + len(te) == 200
+    assert [t.tolist() for _, t in splits] == [t.tolist() for _, t in classification.kfold_splits(200, 5, seed=3)]
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory):
+    """A tiny pre-training checkpoint folder, as run/pretrain.py leaves it."""
+    folder = tmp_path_factory.mktemp("pretrained")
+    config = modeling.BertConfig.preset("tiny", vocab_size=len(VOCAB))
+    tf.random.set_seed(4)
+    trainer = training.Trainer(modeling.BertPretrainer(config), training.TrainConfig())
+    ckpts = checkpointing.Checkpoints(str(folder), trainer.checkpoint_items())
+    ckpts.save(1)
+    ckpts.save(2)
+    config.to_json_file(str(folder / "bert_config.json"))
+    (folder / "vocab.txt").write_text("".join(t + "\n" for t in VOCAB))
+    return folder, trainer.model
+
+
+def test_export_round_trip_reproduces_the_encoder(pretrained, tmp_path):
+    folder, model = pretrained
+    proc = subprocess.run([sys.executable, str(REPO / "run" / "export.py"), f"--checkpoint={folder}",
+                           f"--vocab_file={folder / 'vocab.txt'}", f"--output_dir={tmp_path}"],
+                          env=mpi_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert sorted(os.listdir(tmp_path)) == ["bert_config.json", "bert_model.ckpt.data-00000-of-00001",
+                                            "bert_model.ckpt.index", "saved_model", "vocab.txt"]
+    ids = tf.constant([[101, 104, 105, 106, 102, 0]], tf.int32)
+    mask = tf.constant([[1, 1, 1, 1, 1, 0]], tf.int32)
+    seg = tf.zeros_like(ids)
+    expected_seq, expected_pooled = model.encoder(ids, mask, seg)
+    loaded = tf.saved_model.load(str(tmp_path / "saved_model"))      # keep a reference: it owns the variables
+    served = loaded.serve(ids, mask, seg)
+    np.testing.assert_allclose(served["sequence_output"], expected_seq, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(served["pooled_output"], expected_pooled, rtol=1e-5, atol=1e-6)
+    config = modeling.BertConfig.from_json_file(str(tmp_path / "bert_config.json"))
+    encoder = modeling.BertEncoder(config)
+    classification.load_encoder(encoder, str(tmp_path / "bert_model.ckpt"), len(VOCAB))
+    np.testing.assert_allclose(encoder(ids, mask, seg)[1], expected_pooled, rtol=1e-6)
+    with pytest.raises(ValueError, match="vocabulary has 112 tokens but the vocab file has 120"):
+        classification.load_encoder(modeling.BertEncoder(config), str(tmp_path / "bert_model.ckpt"), 120)
+
+
+def test_probe_over_checkpoints_writes_metrics_and_plots(pretrained, tmp_path):
+    folder, _ = pretrained
+    data = tmp_path / "toy.tsv"
+    ex = toy_examples(32)
+    data.write_text("".join(f"{l}\t{t}\n" for l, t in zip(ex.labels, ex.texts_a)))
+    (folder / "metrics.jsonl").write_text(json.dumps({"kind": "train", "step": 2, "loss": 9.0, "mlm_loss": 8.0,
+                                                      "mlm_accuracy": 0.1, "sequences_per_second": 5.0}) + "\n")
+    proc = subprocess.run([sys.executable, str(REPO / "run" / "finetune.py"), f"--train_file={data}",
+                           f"--vocab_file={folder / 'vocab.txt'}", f"--probe_checkpoint_dir={folder}", "--kfold=2",
+                           "--epochs=2", "--batch_size=8", "--max_seq_length=8"],
+                          env=mpi_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    probes = [json.loads(l) for l in open(folder / "metrics.jsonl") if '"probe"' in l]
+    assert [p["step"] for p in probes] == [1, 2] and all(0 <= p["probe_accuracy"] <= 1 for p in probes)
+    png = tmp_path / "m.png"
+    plot = subprocess.run([sys.executable, str(REPO / "run" / "plot_metrics.py"), f"--metrics={folder / 'metrics.jsonl'}",
+                           f"--output={png}"], env=mpi_env(), capture_output=True, text=True, timeout=120)
+    assert plot.returncode == 0, plot.stderr[-1000:]
+    assert png.stat().st_size > 10000
+
+
+def test_finetuning_on_two_ranks_keeps_identical_weights(tmp_path):
+    mpirun(2, [WORKERS / "finetune_checks.py", tmp_path])
+    a, b = read_rank_results(tmp_path, 2)
+    assert a["digest"] == b["digest"]
