@@ -21,7 +21,8 @@ variant="mpi"; [ "$BERT_TF_HOROVOD_GLOO" = 1 ] && variant="mpi-gloo"
 [ "$BERT_TF_HOROVOD_GPU" = 1 ] && variant="$variant-nccl"
 wheel_key="horovod-${HOROVOD_VERSION}-tf${TF_VERSION}-py311-${variant}"
 wheel_dir="$BERT_TF_CACHE/wheels/$wheel_key"
-wheel_cached=0; ls "$wheel_dir"/horovod-*.whl >/dev/null 2>&1 && wheel_cached=1
+wheel_cached=0
+(cd "$wheel_dir" 2>/dev/null && sha256sum --quiet -c SHA256SUMS) >/dev/null 2>&1 && wheel_cached=1
 
 # ---------------------------------------------------------------- 1. Debian packages
 missing=()
