@@ -1,0 +1,146 @@
+"""Cost-to-train planner: time and price of a two-phase BERT pre-training on a given cluster.
+
+Model (per optimizer update, per phase):
+
+    N = nodes x devices_per_node ranks, global batch B = micro_batch x accumulation x N
+    compute   T_c = B / (N x r)              r: sequences/s of one device at this sequence length
+    gradient  G = parameters x (2 bytes with fp16 compression, else 4)
+    allreduces per update  a = 1 when gradients are allreduced after accumulation, else accumulation
+    messages  m = ceil(G / fusion_buffer)   (Horovod tensor fusion; each message pays latency)
+
+    flat ring (devices_per_node = 1):
+        T_ar = 2 (N-1)/N x G / bw_inter + 2 (N-1) x lat_inter x m
+    hierarchical (devices_per_node = d > 1, n nodes): reduce-scatter inside the node, allreduce
+    of each device's G/d shard across nodes (the node's d shards share its NIC), all-gather inside:
+        T_ar = 2 (d-1)/d x G / bw_intra + 2 (n-1)/n x G / bw_inter
+               + (2 (d-1) x lat_intra + 2 (n-1) x lat_inter) x m
+
+    update time  T = T_c + a x T_ar           (no overlap of communication with computation:
+                                               with allreduce after accumulation the gradients
+                                               are complete only at the end of the last backward)
+    throughput   B / T sequences/s;  scaling efficiency = T_c / T (1 = no communication cost)
+    phase time   total sequences / throughput;  cost = time x N x price per device-hour
+
+Bandwidths are in Gbit/s on input and converted to bytes/s; latencies in microseconds.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from bert_tf.modeling import BertConfig
+
+
+def parameter_count(config: BertConfig, nsp: bool = True) -> int:
+    """Trainable parameters of modeling.BertPretrainer (tested against the model)."""
+    H, I, L, V = config.hidden_size, config.intermediate_size, config.num_hidden_layers, config.vocab_size
+    embeddings = (V + config.max_position_embeddings + config.type_vocab_size) * H + 2 * H
+    layer = 4 * (H * H + H) + 2 * H + (H * I + I) + (I * H + H) + 2 * H
+    pooler = H * H + H
+    mlm_head = H * H + H + 2 * H + V
+    nsp_head = (H * 2 + 2) if nsp else 0
+    return embeddings + L * layer + pooler + mlm_head + nsp_head
+
+
+@dataclasses.dataclass
+class Cluster:
+    nodes: int
+    devices_per_node: int
+    inter_gbps: float                 # per node NIC bandwidth
+    inter_latency_us: float = 50.0
+    intra_gbps: float = 800.0         # device-to-device inside a node (NVLink ~ 800+, PCIe 3 x16 ~ 100)
+    intra_latency_us: float = 5.0
+    price_per_device_hour: float = 0.0
+
+    def __post_init__(self):
+        for name in ("nodes", "devices_per_node"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("inter_gbps", "intra_gbps"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"--{name} must be > 0 (a link with no bandwidth), got {getattr(self, name)}")
+        for name in ("inter_latency_us", "intra_latency_us", "price_per_device_hour"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"--{name} must be >= 0, got {getattr(self, name)}")
+
+    @property
+    def devices(self):
+        return self.nodes * self.devices_per_node
+
+
+@dataclasses.dataclass
+class Phase:
+    name: str
+    seq_length: int
+    total_sequences: float
+    global_batch: int
+    device_sequences_per_second: float
+
+    def __post_init__(self):
+        if self.device_sequences_per_second <= 0:
+            raise ValueError(f"{self.name}: per-device throughput must be > 0, got {self.device_sequences_per_second}")
+        if self.global_batch < 1 or self.total_sequences <= 0:
+            raise ValueError(f"{self.name}: global batch and total sequences must be positive")
+
+
+@dataclasses.dataclass
+class Comm:
+    fp16_compression: bool = True
+    allreduce_after_accumulation: bool = True
+    fusion_buffer_mb: float = 128.0
+
+
+def allreduce_seconds(gradient_bytes, cluster: Cluster, fusion_buffer_mb):
+    n, d = cluster.nodes, cluster.devices_per_node
+    messages = max(1, math.ceil(gradient_bytes / (fusion_buffer_mb * 2 ** 20))) if fusion_buffer_mb > 0 else 1
+    inter_bw = cluster.inter_gbps * 1e9 / 8
+    intra_bw = cluster.intra_gbps * 1e9 / 8
+    lat_inter, lat_intra = cluster.inter_latency_us * 1e-6, cluster.intra_latency_us * 1e-6
+    if cluster.devices == 1:
+        return 0.0
+    if d == 1:
+        N = n
+        return 2 * (N - 1) / N * gradient_bytes / inter_bw + 2 * (N - 1) * lat_inter * messages
+    intra = 2 * (d - 1) / d * gradient_bytes / intra_bw
+    inter = 2 * (n - 1) / n * gradient_bytes / inter_bw if n > 1 else 0.0
+    return intra + inter + (2 * (d - 1) * lat_intra + 2 * (n - 1) * lat_inter) * messages
+
+
+def plan_phase(parameters, phase: Phase, cluster: Cluster, comm: Comm, accumulation: int):
+    N = cluster.devices
+    if phase.global_batch % N:
+        raise ValueError(f"{phase.name}: global batch {phase.global_batch} is not divisible by {N} devices")
+    if (phase.global_batch // N) % accumulation:
+        raise ValueError(f"{phase.name}: per-device batch {phase.global_batch // N} is not divisible by "
+                         f"--accumulation_steps={accumulation}")
+    gradient_bytes = parameters * (2 if comm.fp16_compression else 4)
+    compute = phase.global_batch / (N * phase.device_sequences_per_second)
+    allreduces = 1 if comm.allreduce_after_accumulation else accumulation
+    comm_time = allreduces * allreduce_seconds(gradient_bytes, cluster, comm.fusion_buffer_mb)
+    step = compute + comm_time
+    throughput = phase.global_batch / step
+    seconds = phase.total_sequences / throughput
+    return {"phase": phase.name, "compute_seconds": compute, "allreduce_seconds": comm_time, "update_seconds": step,
+            "gradient_bytes": gradient_bytes, "sequences_per_second": throughput, "scaling_efficiency": compute / step,
+            "updates": phase.total_sequences / phase.global_batch, "days": seconds / 86400,
+            "cost": seconds / 3600 * N * cluster.price_per_device_hour}
+
+
+def plan(parameters, phases, cluster, comm, accumulation):
+    rows = [plan_phase(parameters, p, cluster, comm, acc) for p, acc in zip(phases, accumulation)]
+    return {"phases": rows, "days": sum(r["days"] for r in rows), "cost": sum(r["cost"] for r in rows)}
+
+
+def best_knob(parameters, phases, cluster, comm, accumulation):
+    """Total days under each single change, best first: which knob helps most."""
+    base = plan(parameters, phases, cluster, comm, accumulation)["days"]
+    options = {
+        "fp16 gradient compression": dataclasses.replace(comm, fp16_compression=True),
+        "allreduce after accumulation": dataclasses.replace(comm, allreduce_after_accumulation=True),
+        "fusion buffer 512 MB": dataclasses.replace(comm, fusion_buffer_mb=512),
+    }
+    results = {name: plan(parameters, phases, cluster, c, accumulation)["days"] for name, c in options.items()}
+    faster = dataclasses.replace(cluster, inter_gbps=cluster.inter_gbps * 2.5)
+    results[f"network {cluster.inter_gbps:g} -> {cluster.inter_gbps * 2.5:g} Gbit/s"] = \
+        plan(parameters, phases, faster, comm, accumulation)["days"]
+    return base, sorted(((days, name) for name, days in results.items()), key=lambda x: x[0])

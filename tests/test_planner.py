@@ -1,0 +1,57 @@
+"""The cost-to-train planner: arithmetic on hand-computed cases, bad input, and the parameter count."""
+import pytest
+
+from bert_tf import modeling, planner
+
+
+def test_parameter_count_matches_the_model():
+    for preset in ("tiny", "base"):
+        config = modeling.BertConfig.preset(preset, vocab_size=1000 if preset == "tiny" else 30522)
+        model = modeling.BertPretrainer(config)
+        assert planner.parameter_count(config) == sum(int(v.shape.num_elements()) for v in model.trainable_variables)
+
+
+def test_flat_ring_allreduce_by_hand():
+    # 4 nodes x 1 device, 8 Gbit/s = 1e9 B/s, 100 us latency, 1 GB in one 2 GB fusion buffer:
+    # 2*3/4 * 1e9 / 1e9 = 1.5 s, plus 2*3 hops * 100 us = 0.6 ms
+    cluster = planner.Cluster(nodes=4, devices_per_node=1, inter_gbps=8, inter_latency_us=100)
+    assert planner.allreduce_seconds(1e9, cluster, fusion_buffer_mb=2048) == pytest.approx(1.5006)
+    # a 256 MB buffer splits 1e9 bytes into 4 messages: 4 x the latency
+    assert planner.allreduce_seconds(1e9, cluster, fusion_buffer_mb=256) == pytest.approx(1.5024)
+
+
+def test_hierarchical_allreduce_by_hand():
+    # 2 nodes x 4 devices: intra 2*3/4 * 1e9 / 1e10 = 0.15 s; inter 2*1/2 * 1e9 / 1e9 = 1.0 s; no latency
+    cluster = planner.Cluster(nodes=2, devices_per_node=4, inter_gbps=8, inter_latency_us=0,
+                              intra_gbps=80, intra_latency_us=0)
+    assert planner.allreduce_seconds(1e9, cluster, 2048) == pytest.approx(1.15)
+
+
+def test_phase_plan_by_hand():
+    # 2 nodes x 1 device at 100 seq/s, global batch 400 (accumulation 2): compute 400 / 200 = 2 s.
+    # 250M parameters in fp16 = 5e8 bytes: allreduce 2*1/2 * 5e8 / 1e9 = 0.5 s (8 Gbit/s, no latency).
+    cluster = planner.Cluster(nodes=2, devices_per_node=1, inter_gbps=8, inter_latency_us=0, price_per_device_hour=3)
+    phase = planner.Phase("p", 128, total_sequences=400 * 86400 / 2.5, global_batch=400, device_sequences_per_second=100)
+    once = planner.plan_phase(250e6, phase, cluster, planner.Comm(True, True, 1024), accumulation=2)
+    assert once["update_seconds"] == pytest.approx(2.5) and once["scaling_efficiency"] == pytest.approx(0.8)
+    assert once["days"] == pytest.approx(1.0) and once["cost"] == pytest.approx(24 * 2 * 3)
+    every = planner.plan_phase(250e6, phase, cluster, planner.Comm(False, False, 1024), accumulation=2)
+    assert every["update_seconds"] == pytest.approx(2 + 2 * 1.0)     # fp32 and one allreduce per micro-batch
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(inter_gbps=0), "--inter_gbps must be > 0"),
+    (dict(nodes=0), "--nodes must be >= 1"),
+])
+def test_impossible_cluster_names_the_flag(kwargs, message):
+    values = dict(nodes=2, devices_per_node=1, inter_gbps=10)
+    values.update(kwargs)
+    with pytest.raises(ValueError, match=message):
+        planner.Cluster(**values)
+
+
+def test_batch_not_divisible_names_the_problem():
+    cluster = planner.Cluster(nodes=3, devices_per_node=1, inter_gbps=10)
+    phase = planner.Phase("phase1", 128, 1e6, 1000, 100)
+    with pytest.raises(ValueError, match="global batch 1000 is not divisible by 3 devices"):
+        planner.plan_phase(1e8, phase, cluster, planner.Comm(), 1)
