@@ -1,0 +1,175 @@
+"""An emulated multi-node cluster on one machine: Linux network namespaces joined by shaped links.
+
+    launcher ns (198.18.0.254) ─┐
+    host ns h0 (198.18.0.1) ────┼── bridge ns (br0)     each host's eth0: tc tbf at rate R
+    host ns h1 (198.18.0.2) ────┘
+
+Rate is shaped with a token bucket (tc tbf) on each node's sending side. Delay needs tc netem,
+which this project's machines lack (`Specified qdisc kind is unknown`): asking for delay there
+fails with that message; veth links add only microseconds.
+
+Addresses come only from the benchmarking range 198.18.0.0/15; the namespaces have no route
+anywhere else. mpirun runs inside the launcher namespace with an OpenMPI launch agent
+(`plm_rsh_agent`) that starts each host's daemon inside that host's namespace, so ranks on
+different emulated nodes talk over TCP through the shaped links (OpenMPI's TCP transport is
+pinned to 198.18.0.0/24; shared memory is off). Needs root and iproute2.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+
+PREFIX = "btc"
+SUBNET = "198.18.0"
+LAUNCHER_ADDRESS = f"{SUBNET}.254"
+
+
+class ClusterError(RuntimeError):
+    pass
+
+
+def _ip(*args, ns=None, check=True):
+    cmd = (["ip", "netns", "exec", ns] if ns else []) + list(args)
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if check and proc.returncode != 0:
+        raise ClusterError(f"{' '.join(cmd)} failed: {proc.stderr.strip()}")
+    return proc.stdout
+
+
+def preflight():
+    """Says what is missing for an emulated cluster, or returns None when all is there."""
+    if os.geteuid() != 0:
+        return "the emulated cluster needs root (network namespaces)"
+    for tool in ("ip", "tc"):
+        if not shutil.which(tool):
+            return f"the emulated cluster needs '{tool}' (Debian package iproute2)"
+    probe = f"{PREFIX}-probe"
+    proc = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
+    if proc.returncode != 0:
+        return f"network namespaces are not permitted here: {proc.stderr.strip()}"
+    subprocess.run(["ip", "netns", "delete", probe], capture_output=True)
+    return None
+
+
+def existing_namespaces():
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    return [line.split()[0] for line in out.splitlines() if line.startswith(PREFIX + "-")]
+
+
+def down():
+    """Deletes every namespace of ours (their veths and qdiscs go with them). Safe to repeat."""
+    for ns in existing_namespaces():
+        subprocess.run(["ip", "netns", "delete", ns], capture_output=True)
+    return existing_namespaces() == []
+
+
+class EmulatedCluster:
+    """`with EmulatedCluster(2, rate_gbit=1, delay_ms=0.1) as c:` ... c.mpirun_prefix(np) ..."""
+
+    def __init__(self, nodes, rate_gbit=10.0, delay_ms=0.0, slots=1):
+        if nodes < 1 or nodes > 200:
+            raise ValueError(f"nodes must be in [1, 200], got {nodes}")
+        if rate_gbit <= 0:
+            raise ValueError(f"rate_gbit must be > 0, got {rate_gbit}")
+        self.nodes, self.rate_gbit, self.delay_ms, self.slots = nodes, rate_gbit, delay_ms, slots
+        self.hosts = [f"{SUBNET}.{i + 1}" for i in range(nodes)]
+        self.namespaces = [f"{PREFIX}-h{i}" for i in range(nodes)]
+        self.workdir = None
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def up(self):
+        problem = preflight()
+        if problem:
+            raise ClusterError(problem)
+        down()                                             # a stale cluster from a crashed run
+        try:
+            bridge = f"{PREFIX}-br"
+            _ip("ip", "netns", "add", bridge)
+            _ip("ip", "link", "add", "br0", "type", "bridge", ns=bridge)
+            _ip("ip", "link", "set", "br0", "up", ns=bridge)
+            members = list(zip(self.namespaces, self.hosts)) + [(f"{PREFIX}-launch", LAUNCHER_ADDRESS)]
+            for i, (ns, address) in enumerate(members):
+                _ip("ip", "netns", "add", ns)
+                _ip("ip", "link", "set", "lo", "up", ns=ns)
+                _ip("ip", "link", "add", "eth0", "netns", ns, "type", "veth", "peer", "name", f"p{i}",
+                    "netns", bridge)
+                _ip("ip", "addr", "add", f"{address}/24", "dev", "eth0", ns=ns)
+                _ip("ip", "link", "set", "eth0", "up", ns=ns)
+                _ip("ip", "link", "set", f"p{i}", "master", "br0", "up", ns=bridge)
+                if ns != f"{PREFIX}-launch":            # the launcher's control traffic is not shaped
+                    self._shape(ns)
+            self.workdir = tempfile.mkdtemp(prefix="bert_tf_cluster_")
+            self.hostfile = os.path.join(self.workdir, "hosts")
+            with open(self.hostfile, "w") as f:
+                f.write("".join(f"{h} slots={self.slots}\n" for h in self.hosts))
+            self.agent = os.path.join(self.workdir, "netns_agent.sh")
+            with open(self.agent, "w") as f:
+                f.write(AGENT.format(mapping=" ".join(f"{h}={ns}" for h, ns in zip(self.hosts, self.namespaces))))
+            os.chmod(self.agent, 0o755)
+        except BaseException:
+            self.down()
+            raise
+        return self
+
+    def _shape(self, ns):
+        """Token bucket at the link rate on the node's sending side (+ netem delay when asked)."""
+        burst = max(64 * 1024, int(self.rate_gbit * 1e9 / 8 * 1e-3))        # 1 ms of traffic
+        tbf = ["tbf", "rate", f"{self.rate_gbit}gbit", "burst", str(burst), "latency", "50ms"]
+        if self.delay_ms > 0:
+            proc = subprocess.run(["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "eth0", "root", "handle",
+                                   "1:", "netem", "delay", f"{self.delay_ms}ms"], capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise ClusterError(f"cannot emulate {self.delay_ms} ms of delay: tc netem failed "
+                                   f"({proc.stderr.strip()}); the kernel lacks sch_netem. Use delay_ms=0.")
+            _ip("tc", "qdisc", "add", "dev", "eth0", "parent", "1:1", "handle", "10:", *tbf, ns=ns)
+        else:
+            _ip("tc", "qdisc", "add", "dev", "eth0", "root", *tbf, ns=ns)
+
+    def down(self):
+        ok = down()
+        if self.workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+            self.workdir = None
+        return ok
+
+    def __enter__(self):
+        return self.up()
+
+    def __exit__(self, *exc):
+        self.down()
+        return False
+
+    # -- use ------------------------------------------------------------------------------
+    def mpirun_prefix(self, np_, extra_env=()):
+        """The command prefix that runs `np_` ranks over the emulated nodes."""
+        cmd = ["ip", "netns", "exec", f"{PREFIX}-launch", "mpirun", "-np", str(np_), "--hostfile", self.hostfile,
+               "--map-by", "node", "--bind-to", "none", "--oversubscribe",
+               "-mca", "plm_rsh_agent", self.agent, "-mca", "btl", "tcp,self",
+               "-mca", "btl_tcp_if_include", f"{SUBNET}.0/24", "-mca", "oob_tcp_if_include", f"{SUBNET}.0/24",
+               "-x", "PATH", "-x", "HOROVOD_GLOO_IFACE=eth0"]
+        for var in ("PYTHONPATH", "TF_CPP_MIN_LOG_LEVEL"):
+            if var in os.environ:
+                cmd += ["-x", var]
+        for var in extra_env:
+            cmd += ["-x", var]
+        if os.geteuid() == 0:
+            cmd.append("--allow-run-as-root")
+        return cmd
+
+    def tx_bytes(self):
+        """Bytes each emulated node has sent on its link so far (interface counters)."""
+        return [int(_ip("cat", "/sys/class/net/eth0/statistics/tx_bytes", ns=ns)) for ns in self.namespaces]
+
+
+# OpenMPI calls the agent like ssh: AGENT [options] HOST COMMAND...; run COMMAND in HOST's namespace.
+AGENT = """#!/usr/bin/env bash
+declare -A ns_of=()
+for pair in {mapping}; do ns_of[${{pair%%=*}}]=${{pair#*=}}; done
+while [[ "$1" == -* ]]; do shift; done
+host=$1; shift
+ns=${{ns_of[$host]:-}}
+[ -n "$ns" ] || {{ echo "netns agent: unknown host $host" >&2; exit 1; }}
+exec ip netns exec "$ns" bash -c "$*"
+"""
