@@ -59,9 +59,13 @@ def existing_namespaces():
 
 
 def down():
-    """Deletes every namespace of ours (their veths and qdiscs go with them). Safe to repeat."""
+    """Deletes every namespace of ours (their veths and qdiscs go with them) and the hostfile/agent
+    folders. Safe to repeat."""
+    import glob
     for ns in existing_namespaces():
         subprocess.run(["ip", "netns", "delete", ns], capture_output=True)
+    for folder in glob.glob(os.path.join(tempfile.gettempdir(), "bert_tf_cluster_*")):
+        shutil.rmtree(folder, ignore_errors=True)
     return existing_namespaces() == []
 
 

@@ -4,6 +4,7 @@
         --output_dir=data/tfrecords/seq128
     mpirun -np 4 python run/create_pretraining_data.py ...     # each rank writes its own shards
 """
+import dataclasses
 import json
 import os
 
@@ -51,7 +52,7 @@ def main(_):
     summaries = comm.gather(summary, root=0)
     if rank == 0:
         total = pretraining_data.summarize(summaries)
-        total.update(config=vars(config) if hasattr(config, "__dict__") else {}, ranks=size, input_files=files)
+        total.update(config=dataclasses.asdict(config), ranks=size, input_files=files)
         path = os.path.join(FLAGS.output_dir, "summary.json")
         with open(path + ".tmp", "w") as f:
             json.dump({"total": total, "per_rank": summaries}, f, indent=1)

@@ -39,3 +39,30 @@ def test_missing_packages_without_apt_get_are_listed_and_fail(tmp_path):
     assert proc.returncode != 0
     assert "no apt-get on this machine" in proc.stderr
     assert "openmpi-bin" in proc.stderr and "libopenmpi-dev" in proc.stderr
+
+
+def test_a_corrupt_cached_wheel_is_never_installed_and_no_network_is_reported(tmp_path):
+    """A copy of the wheel cache with one byte appended: setup must refuse it and rebuild. The
+    rebuild then meets a package index that does not answer (a dead loopback port), as on a
+    machine without network, and must stop with a message instead of installing anything."""
+    import glob
+    import shutil
+    source = os.path.expanduser(os.environ.get("BERT_TF_CACHE", "~/.cache/bert_tf"))
+    wheels = glob.glob(os.path.join(source, "wheels", "horovod-*"))
+    assert wheels, "no cached Horovod wheel: run scripts/setup.sh first"
+    cache = tmp_path / "cache"
+    shutil.copytree(os.path.join(source, "wheels"), cache / "wheels")
+    for whl in glob.glob(str(cache / "wheels" / "*" / "horovod-*.whl")):
+        with open(whl, "ab") as f:
+            f.write(b"x")
+    venv = os.path.dirname(os.path.dirname(sys.executable))
+    before = subprocess.run([sys.executable, "-m", "pip", "show", "horovod"], capture_output=True, text=True).stdout
+    proc = run_setup({"BERT_TF_CACHE": str(cache), "BERT_TF_VENV": venv, "PIP_CONFIG_FILE": os.devnull,
+                      "PIP_INDEX_URL": "http://127.0.0.1:9/simple", "PIP_FIND_LINKS": "",
+                      "PIP_RETRIES": "0", "PIP_DEFAULT_TIMEOUT": "5", "TMPDIR": str(tmp_path)})
+    assert "is missing or corrupt: rebuilding" in proc.stdout
+    assert proc.returncode != 0 and "Horovod build failed; full log:" in proc.stderr
+    rebuilt = proc.stdout.split("cached Horovod wheel in ")[1].split(" is missing")[0]
+    assert rebuilt.startswith(str(cache)) and not glob.glob(os.path.join(rebuilt, "*.whl"))  # corrupt one gone
+    after = subprocess.run([sys.executable, "-m", "pip", "show", "horovod"], capture_output=True, text=True).stdout
+    assert after == before                                                # nothing was installed
