@@ -152,6 +152,10 @@ class EmulatedCluster:
                "--map-by", "node", "--bind-to", "none", "--oversubscribe",
                "-mca", "plm_rsh_agent", self.agent, "-mca", "btl", "tcp,self",
                "-mca", "btl_tcp_if_include", f"{SUBNET}.0/24", "-mca", "oob_tcp_if_include", f"{SUBNET}.0/24",
+               # OpenMPI 4.1's daemons share the hwloc topology through shared memory mapped at a
+               # "hole" in their address space; that segfaulted one daemon in ~10 launches here
+               # (hwloc_shmem_topology_write). Without a hole they read the topology themselves.
+               "-mca", "rtc_hwloc_vmhole", "none",
                "-x", "PATH", "-x", "HOROVOD_GLOO_IFACE=eth0"]
         for var in ("PYTHONPATH", "TF_CPP_MIN_LOG_LEVEL"):
             if var in os.environ:

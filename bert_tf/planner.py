@@ -3,17 +3,21 @@
 Model (per optimizer update, per phase):
 
     N = nodes x devices_per_node ranks, global batch B = micro_batch x accumulation x N
-    compute   T_c = B / (N x r)              r: sequences/s of one device at this sequence length
-    gradient  G = parameters x (2 bytes with fp16 compression, else 4)
+    compute   T_c = B / (N x r)              r: sequences/s of one device running whole updates
+                                             (forward, backward, optimizer) at this sequence length
+    gradient  G = sum of the gradient tensors' bytes (2 per value with fp16 compression, else 4)
     allreduces per update  a = 1 when gradients are allreduced after accumulation, else accumulation
-    messages  m = ceil(G / fusion_buffer)   (Horovod tensor fusion; each message pays latency)
+    messages  m = Horovod tensor fusion: the tensors packed in order into buffers of at most the
+              fusion threshold (a larger tensor goes alone; threshold 0 = one message per tensor)
+    waiting   W = cycle_time / 2 (tensors wait half a Horovod cycle on average before they are sent)
+              + m x o            o: software cost per message (negotiation, copies, MPI call)
 
     flat ring (devices_per_node = 1):
-        T_ar = 2 (N-1)/N x G / bw_inter + 2 (N-1) x lat_inter x m
+        T_ar = 2 (N-1)/N x G / bw_inter + 2 (N-1) x lat_inter x m + W
     hierarchical (devices_per_node = d > 1, n nodes): reduce-scatter inside the node, allreduce
     of each device's G/d shard across nodes (the node's d shards share its NIC), all-gather inside:
         T_ar = 2 (d-1)/d x G / bw_intra + 2 (n-1)/n x G / bw_inter
-               + (2 (d-1) x lat_intra + 2 (n-1) x lat_inter) x m
+               + (2 (d-1) x lat_intra + 2 (n-1) x lat_inter) x m + W
 
     update time  T = T_c + a x T_ar           (no overlap of communication with computation:
                                                with allreduce after accumulation the gradients
@@ -21,25 +25,48 @@ Model (per optimizer update, per phase):
     throughput   B / T sequences/s;  scaling efficiency = T_c / T (1 = no communication cost)
     phase time   total sequences / throughput;  cost = time x N x price per device-hour
 
-Bandwidths are in Gbit/s on input and converted to bytes/s; latencies in microseconds.
+Bandwidths are in Gbit/s on input and converted to bytes/s; latencies and o in microseconds.
+Not modelled: stragglers, input stalls, and fixed per-update costs beyond those inside r
+(they matter when an update has few micro-batches; docs/planner_validation.md measures the miss).
 """
 from __future__ import annotations
 
 import dataclasses
-import math
 
 from bert_tf.modeling import BertConfig
 
 
+def gradient_tensor_sizes(config: BertConfig, nsp: bool = True) -> list:
+    """Element count of every trainable variable of modeling.BertPretrainer (one gradient tensor
+    each, so one Horovod allreduce each), embeddings first."""
+    H, I, V = config.hidden_size, config.intermediate_size, config.vocab_size
+    sizes = [V * H, config.max_position_embeddings * H, config.type_vocab_size * H, H, H]
+    layer = [H * H, H] * 4 + [H, H] + [H * I, I, I * H, H] + [H, H]
+    sizes += layer * config.num_hidden_layers
+    sizes += [H * H, H]                                       # pooler
+    sizes += [H * H, H, H, H, V]                              # MLM transform, LayerNorm, output bias
+    if nsp:
+        sizes += [H * 2, 2]
+    return sizes
+
+
 def parameter_count(config: BertConfig, nsp: bool = True) -> int:
     """Trainable parameters of modeling.BertPretrainer (tested against the model)."""
-    H, I, L, V = config.hidden_size, config.intermediate_size, config.num_hidden_layers, config.vocab_size
-    embeddings = (V + config.max_position_embeddings + config.type_vocab_size) * H + 2 * H
-    layer = 4 * (H * H + H) + 2 * H + (H * I + I) + (I * H + H) + 2 * H
-    pooler = H * H + H
-    mlm_head = H * H + H + 2 * H + V
-    nsp_head = (H * 2 + 2) if nsp else 0
-    return embeddings + L * layer + pooler + mlm_head + nsp_head
+    return sum(gradient_tensor_sizes(config, nsp))
+
+
+def fusion_messages(tensor_bytes, fusion_buffer_mb) -> int:
+    """Messages Horovod sends for one allreduce of all gradients: tensors packed in order into
+    buffers of at most the fusion threshold; a tensor larger than it goes alone; 0 = no fusion."""
+    if fusion_buffer_mb <= 0:
+        return len(tensor_bytes)
+    limit, messages, filled = fusion_buffer_mb * 2 ** 20, 0, None
+    for b in tensor_bytes:
+        if filled is None or filled + b > limit:
+            messages, filled = messages + 1, b
+        else:
+            filled += b
+    return messages
 
 
 @dataclasses.dataclass
@@ -51,6 +78,7 @@ class Cluster:
     intra_gbps: float = 800.0         # device-to-device inside a node (NVLink ~ 800+, PCIe 3 x16 ~ 100)
     intra_latency_us: float = 5.0
     price_per_device_hour: float = 0.0
+    message_overhead_us: float = 0.0  # software cost per fused message (negotiation, copies, MPI call)
 
     def __post_init__(self):
         for name in ("nodes", "devices_per_node"):
@@ -59,7 +87,7 @@ class Cluster:
         for name in ("inter_gbps", "intra_gbps"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"--{name} must be > 0 (a link with no bandwidth), got {getattr(self, name)}")
-        for name in ("inter_latency_us", "intra_latency_us", "price_per_device_hour"):
+        for name in ("inter_latency_us", "intra_latency_us", "price_per_device_hour", "message_overhead_us"):
             if getattr(self, name) < 0:
                 raise ValueError(f"--{name} must be >= 0, got {getattr(self, name)}")
 
@@ -88,11 +116,19 @@ class Comm:
     fp16_compression: bool = True
     allreduce_after_accumulation: bool = True
     fusion_buffer_mb: float = 128.0
+    cycle_time_ms: float = 1.0
+
+    def __post_init__(self):
+        if self.fusion_buffer_mb < 0:
+            raise ValueError(f"--fusion_threshold_mb must be >= 0, got {self.fusion_buffer_mb}")
+        if self.cycle_time_ms < 0:
+            raise ValueError(f"--cycle_time_ms must be >= 0, got {self.cycle_time_ms}")
 
 
-def allreduce_seconds(gradient_bytes, cluster: Cluster, fusion_buffer_mb):
+def allreduce_seconds(gradient_bytes, cluster: Cluster, messages=1, cycle_time_ms=0.0):
+    """One allreduce of `gradient_bytes` sent as `messages` fused messages (equations above)."""
     n, d = cluster.nodes, cluster.devices_per_node
-    messages = max(1, math.ceil(gradient_bytes / (fusion_buffer_mb * 2 ** 20))) if fusion_buffer_mb > 0 else 1
+    wait = cycle_time_ms * 1e-3 / 2 + messages * cluster.message_overhead_us * 1e-6
     inter_bw = cluster.inter_gbps * 1e9 / 8
     intra_bw = cluster.intra_gbps * 1e9 / 8
     lat_inter, lat_intra = cluster.inter_latency_us * 1e-6, cluster.intra_latency_us * 1e-6
@@ -100,47 +136,53 @@ def allreduce_seconds(gradient_bytes, cluster: Cluster, fusion_buffer_mb):
         return 0.0
     if d == 1:
         N = n
-        return 2 * (N - 1) / N * gradient_bytes / inter_bw + 2 * (N - 1) * lat_inter * messages
+        return 2 * (N - 1) / N * gradient_bytes / inter_bw + 2 * (N - 1) * lat_inter * messages + wait
     intra = 2 * (d - 1) / d * gradient_bytes / intra_bw
     inter = 2 * (n - 1) / n * gradient_bytes / inter_bw if n > 1 else 0.0
-    return intra + inter + (2 * (d - 1) * lat_intra + 2 * (n - 1) * lat_inter) * messages
+    return intra + inter + (2 * (d - 1) * lat_intra + 2 * (n - 1) * lat_inter) * messages + wait
 
 
-def plan_phase(parameters, phase: Phase, cluster: Cluster, comm: Comm, accumulation: int):
+def plan_phase(tensor_sizes, phase: Phase, cluster: Cluster, comm: Comm, accumulation: int):
+    """tensor_sizes: gradient_tensor_sizes(config), or one number (all parameters in one tensor)."""
+    if isinstance(tensor_sizes, (int, float)):
+        tensor_sizes = [tensor_sizes]
     N = cluster.devices
     if phase.global_batch % N:
         raise ValueError(f"{phase.name}: global batch {phase.global_batch} is not divisible by {N} devices")
     if (phase.global_batch // N) % accumulation:
         raise ValueError(f"{phase.name}: per-device batch {phase.global_batch // N} is not divisible by "
                          f"--accumulation_steps={accumulation}")
-    gradient_bytes = parameters * (2 if comm.fp16_compression else 4)
+    width = 2 if comm.fp16_compression else 4
+    tensor_bytes = [size * width for size in tensor_sizes]
+    gradient_bytes = sum(tensor_bytes)
+    messages = fusion_messages(tensor_bytes, comm.fusion_buffer_mb)
     compute = phase.global_batch / (N * phase.device_sequences_per_second)
     allreduces = 1 if comm.allreduce_after_accumulation else accumulation
-    comm_time = allreduces * allreduce_seconds(gradient_bytes, cluster, comm.fusion_buffer_mb)
+    comm_time = allreduces * allreduce_seconds(gradient_bytes, cluster, messages, comm.cycle_time_ms)
     step = compute + comm_time
     throughput = phase.global_batch / step
     seconds = phase.total_sequences / throughput
     return {"phase": phase.name, "compute_seconds": compute, "allreduce_seconds": comm_time, "update_seconds": step,
-            "gradient_bytes": gradient_bytes, "sequences_per_second": throughput, "scaling_efficiency": compute / step,
+            "gradient_bytes": gradient_bytes, "messages": messages, "sequences_per_second": throughput, "scaling_efficiency": compute / step,
             "updates": phase.total_sequences / phase.global_batch, "days": seconds / 86400,
             "cost": seconds / 3600 * N * cluster.price_per_device_hour}
 
 
-def plan(parameters, phases, cluster, comm, accumulation):
-    rows = [plan_phase(parameters, p, cluster, comm, acc) for p, acc in zip(phases, accumulation)]
+def plan(tensor_sizes, phases, cluster, comm, accumulation):
+    rows = [plan_phase(tensor_sizes, p, cluster, comm, acc) for p, acc in zip(phases, accumulation)]
     return {"phases": rows, "days": sum(r["days"] for r in rows), "cost": sum(r["cost"] for r in rows)}
 
 
-def best_knob(parameters, phases, cluster, comm, accumulation):
+def best_knob(tensor_sizes, phases, cluster, comm, accumulation):
     """Total days under each single change, best first: which knob helps most."""
-    base = plan(parameters, phases, cluster, comm, accumulation)["days"]
+    base = plan(tensor_sizes, phases, cluster, comm, accumulation)["days"]
     options = {
         "fp16 gradient compression": dataclasses.replace(comm, fp16_compression=True),
         "allreduce after accumulation": dataclasses.replace(comm, allreduce_after_accumulation=True),
         "fusion buffer 512 MB": dataclasses.replace(comm, fusion_buffer_mb=512),
     }
-    results = {name: plan(parameters, phases, cluster, c, accumulation)["days"] for name, c in options.items()}
+    results = {name: plan(tensor_sizes, phases, cluster, c, accumulation)["days"] for name, c in options.items()}
     faster = dataclasses.replace(cluster, inter_gbps=cluster.inter_gbps * 2.5)
     results[f"network {cluster.inter_gbps:g} -> {cluster.inter_gbps * 2.5:g} Gbit/s"] = \
-        plan(parameters, phases, faster, comm, accumulation)["days"]
+        plan(tensor_sizes, phases, faster, comm, accumulation)["days"]
     return base, sorted(((days, name) for name, days in results.items()), key=lambda x: x[0])

@@ -46,6 +46,7 @@ class PretrainConfig(training.TrainConfig):
     cycle_time_ms: float | None = None
     horovod_timeline: str = ""
     horovod_autotune: bool = False
+    network_interface: str = ""       # log bytes this node sent on it per update (e.g. eth0)
     # outputs
     checkpoint_dir: str = ""
     init_checkpoint: str = ""
@@ -81,6 +82,19 @@ class PretrainConfig(training.TrainConfig):
             raise ValueError(f"--fusion_threshold_mb must be >= 0, got {self.fusion_threshold_mb}")
         if self.cycle_time_ms is not None and self.cycle_time_ms <= 0:
             raise ValueError(f"--cycle_time_ms must be > 0, got {self.cycle_time_ms}")
+        if self.network_interface and not os.path.exists(_tx_counter(self.network_interface)):
+            raise ValueError(f"--network_interface={self.network_interface}: no such interface here "
+                             f"({_tx_counter(self.network_interface)} not found)")
+
+
+def _tx_counter(interface):
+    return f"/sys/class/net/{interface}/statistics/tx_bytes"
+
+
+def read_tx_bytes(interface):
+    """Bytes this machine (network namespace) has sent on `interface`, from the kernel's counter."""
+    with open(_tx_counter(interface)) as f:
+        return int(f.read())
 
 
 def build_model_config(cfg: PretrainConfig, vocab_size: int) -> modeling.BertConfig:
@@ -128,7 +142,8 @@ def run(cfg: PretrainConfig, log=print):
     global_batch = cfg.batch_size * cfg.accumulation_steps * size
     say(f"ranks {size}  micro-batch {cfg.batch_size}/rank  accumulation {cfg.accumulation_steps}  "
         f"global batch {global_batch} sequences  seq {cfg.max_seq_length}  precision {cfg.precision}  "
-        f"xla {cfg.xla}  fp16 allreduce {cfg.fp16_allreduce}")
+        f"xla {cfg.xla}  fp16 allreduce {cfg.fp16_allreduce}"
+        + ("  allreduce every micro-batch" if cfg.allreduce_every_micro_batch else ""))
     say("horovod: " + ", ".join(f"{k}={v} ({src})" for k, (v, src) in knobs.items()))
 
     tf.random.set_seed(cfg.seed)
@@ -174,7 +189,8 @@ def run(cfg: PretrainConfig, log=print):
 
     stop = StopSignal()
     start_step = step = int(trainer.step.numpy())
-    interval_start, interval_steps, sums = time.time(), 0, {}
+    interval_start, interval_steps, sums, timing = time.time(), 0, {}, {}
+    tx_start = read_tx_bytes(cfg.network_interface) if cfg.network_interface else 0
     last = {}
     writer.write({"kind": "run", "step": step, "ranks": size, "global_batch": global_batch,
                   "parameters": n_params, "config": dataclasses.asdict(cfg)})
@@ -187,6 +203,8 @@ def run(cfg: PretrainConfig, log=print):
         for key in ("loss", "mlm_loss", "nsp_loss", "mlm_correct", "mlm_weight", "nsp_correct", "nsp_count"):
             if key in out:
                 sums[key] = sums.get(key, 0.0) + float(out[key])
+        for key, seconds in trainer.timing.items():
+            timing[key] = timing.get(key, 0.0) + seconds
         stopping = _any_rank(stop.received is not None)
         if step % cfg.log_interval == 0 or step == cfg.total_steps or stopping:
             total = distributed.sum_across_ranks(sums)
@@ -200,13 +218,18 @@ def run(cfg: PretrainConfig, log=print):
                       "skipped_steps": int(trainer.skipped_steps.numpy()),
                       "sequences_per_second": interval_steps * global_batch / seconds,
                       "tokens_per_second": interval_steps * global_batch * cfg.max_seq_length / seconds,
-                      "samples_seen": samples_seen}
+                      "samples_seen": samples_seen,
+                      **{key: value / interval_steps for key, value in timing.items()}}  # rank 0's split
+            if cfg.network_interface:
+                tx_now = read_tx_bytes(cfg.network_interface)
+                record["tx_bytes_per_update"] = (tx_now - tx_start) / interval_steps
+                tx_start = tx_now
             if "loss_scale" in out:
                 record["loss_scale"] = float(out["loss_scale"])
             writer.write(record)
             writer.progress(step, cfg.total_steps, record, start_step)
             last = record
-            interval_start, interval_steps, sums = time.time(), 0, {}
+            interval_start, interval_steps, sums, timing = time.time(), 0, {}, {}
         if cfg.eval_interval and step % cfg.eval_interval == 0 and step != cfg.total_steps:
             writer.write(evaluate(step))
         if step % cfg.save_interval == 0 or step == cfg.total_steps or stopping:

@@ -9,11 +9,19 @@ An update over `accumulation_steps` micro-batches runs three kinds of function:
                                         code here, ONCE per update, after accumulation
     apply(grads)                        (XLA when --xla) unscale, skip if not finite, clip, step
 
+`allreduce_every_micro_batch=True` is the naive baseline the communication study starts from:
+each micro-batch's gradients are allreduced before being summed (accumulation_steps allreduces
+per update instead of one). Same result up to rounding, N times the traffic.
+
+`Trainer.timing` holds the wall-clock split of the last update: compute (forward/backward),
+allreduce (including waiting for the slowest rank) and update seconds.
+
 Everything the model computes is float32 at the edges: variables, gradients, losses.
 """
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import tensorflow as tf
 
@@ -63,6 +71,7 @@ class TrainConfig:
     weight_decay: float = 0.01
     clip_norm: float = 1.0
     seed: int = 0
+    allreduce_every_micro_batch: bool = False
 
     def __post_init__(self):
         compute_dtype(self.precision)
@@ -107,6 +116,11 @@ class Trainer:
         self._finish = tf.function(self._finish_impl, jit_compile=jit)
         self._allreduce = tf.function(allreduce)
         self._apply = tf.function(self._apply_impl, jit_compile=jit)
+        if config.allreduce_every_micro_batch:
+            self._local = tf.function(self._gradients, jit_compile=jit)
+            self._add = tf.function(self._add_impl, jit_compile=jit)
+            self._mean = tf.function(self._mean_impl, jit_compile=jit)
+        self.timing = {}
 
     def checkpoint_items(self) -> dict:
         """What a checkpoint must hold to resume exactly (accumulators are zero between updates)."""
@@ -141,6 +155,16 @@ class Trainer:
                 acc.assign(tf.zeros_like(acc))
         return grads, out
 
+    def _add_impl(self, grads):
+        for acc, g in zip(self.accumulators, grads):
+            acc.assign_add(g)
+
+    def _mean_impl(self):
+        grads = [acc / self.config.accumulation_steps for acc in self.accumulators]
+        for acc in self.accumulators:
+            acc.assign(tf.zeros_like(acc))
+        return grads
+
     def _apply_impl(self, grads):
         c = self.config
         if self.loss_scale is not None:
@@ -174,16 +198,41 @@ class Trainer:
         n = self.config.accumulation_steps
         if len(micro_batches) != n:
             raise ValueError(f"expected {n} micro-batches, got {len(micro_batches)}")
-        outs = [self._accumulate(mb, self.micro_batch_seed(i)) for i, mb in enumerate(micro_batches[:-1])]
-        grads, last = self._finish(micro_batches[-1], self.micro_batch_seed(n - 1))
-        outs.append(last)
-        grads = self._allreduce(grads)  # <- the one allreduce per update, after accumulation
+        start = time.perf_counter()
+        if self.config.allreduce_every_micro_batch:
+            grads, outs, comm = self._allreduce_each(micro_batches)
+        else:
+            outs = [self._accumulate(mb, self.micro_batch_seed(i)) for i, mb in enumerate(micro_batches[:-1])]
+            grads, last = self._finish(micro_batches[-1], self.micro_batch_seed(n - 1))
+            outs.append(last)
+            comm_start = time.perf_counter()
+            grads = self._allreduce(grads)  # <- the one allreduce per update, after accumulation
+            comm = time.perf_counter() - comm_start
+        update_start = time.perf_counter()
         info = self._apply(grads)
+        end = time.perf_counter()
+        self.timing = {"compute_seconds": update_start - start - comm, "allreduce_seconds": comm,
+                       "update_seconds": end - update_start}
         metrics = sum_metrics(outs)
         metrics.update(info)
         if self.loss_scale is not None:
             metrics["loss_scale"] = self.loss_scale.scale.read_value()
         return metrics
+
+
+    def _allreduce_each(self, micro_batches):
+        """The baseline: allreduce every micro-batch's gradients, then average them."""
+        outs, comm = [], 0.0
+        n = len(micro_batches)
+        for i, mb in enumerate(micro_batches):
+            grads, out = self._local(mb, self.micro_batch_seed(i))
+            comm_start = time.perf_counter()
+            grads = self._allreduce(grads)
+            comm += time.perf_counter() - comm_start
+            outs.append(out)
+            if n > 1:
+                self._add(grads)
+        return (self._mean() if n > 1 else grads), outs, comm
 
 
 def sum_metrics(outs):

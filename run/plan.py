@@ -1,7 +1,7 @@
 """Predicts the days and cost of a two-phase BERT pre-training on a cluster (model in bert_tf/planner.py).
 
     python run/plan.py --model_preset=large --nodes=4 --devices_per_node=4 --inter_gbps=10 \
-        --phase1_device_seq_s=206.5 --phase2_device_seq_s=38.4 --price_per_device_hour=2.5
+        --phase1_device_seq_s=206.5 --phase2_device_seq_s=40.95 --price_per_device_hour=2.5
 
 Defaults are NVIDIA's LAMB recipe (phase 1: 7,506 updates x 61,440 sequences at 128;
 phase 2: 1,668 x 30,720 at 512). Device throughputs come from run/benchmark.py or a
@@ -17,10 +17,12 @@ flags.DEFINE_integer("nodes", 4, "Nodes.")
 flags.DEFINE_integer("devices_per_node", 4, "GPUs (ranks) per node.")
 flags.DEFINE_float("inter_gbps", 10.0, "Node-to-node bandwidth per node, Gbit/s.")
 flags.DEFINE_float("inter_latency_us", 50.0, "Node-to-node latency per message hop, microseconds.")
+flags.DEFINE_float("message_overhead_us", 0.0, "Software cost per fused allreduce message, microseconds "
+                   "(run/comm_study.py's link probe measures it; 136 us on this project's CPU machine).")
 flags.DEFINE_float("intra_gbps", 800.0, "Device-to-device bandwidth inside a node, Gbit/s (PCIe 3 x16 ~100).")
 flags.DEFINE_float("price_per_device_hour", 0.0, "Price of one device-hour (any currency).")
 flags.DEFINE_float("phase1_device_seq_s", 206.5, "Phase-1 sequences/s of one device (default: V100, BERT-large, fp16).")
-flags.DEFINE_float("phase2_device_seq_s", 38.4, "Phase-2 sequences/s of one device.")
+flags.DEFINE_float("phase2_device_seq_s", 40.95, "Phase-2 sequences/s of one device (default: V100, BERT-large, fp16).")
 flags.DEFINE_float("phase1_sequences", 7506 * 61440, "Phase-1 total sequences.")
 flags.DEFINE_float("phase2_sequences", 1668 * 30720, "Phase-2 total sequences.")
 flags.DEFINE_integer("phase1_global_batch", 61440, "Phase-1 global batch.")
@@ -29,7 +31,8 @@ flags.DEFINE_integer("phase1_accumulation", 64, "Phase-1 accumulation steps.")
 flags.DEFINE_integer("phase2_accumulation", 192, "Phase-2 accumulation steps.")
 flags.DEFINE_bool("fp16_allreduce", True, "fp16 gradient compression.")
 flags.DEFINE_bool("allreduce_after_accumulation", True, "One allreduce per update (else one per micro-batch).")
-flags.DEFINE_float("fusion_threshold_mb", 128.0, "Horovod fusion buffer.")
+flags.DEFINE_float("fusion_threshold_mb", 128.0, "Horovod fusion buffer (0: no fusion).")
+flags.DEFINE_float("cycle_time_ms", 1.0, "Horovod cycle time.")
 flags.DEFINE_string("output_json", "", "Write the plan here.")
 FLAGS = flags.FLAGS
 
@@ -38,17 +41,20 @@ def main(_):
     from bert_tf import modeling, planner
     try:
         config = modeling.BertConfig.preset(FLAGS.model_preset, vocab_size=FLAGS.vocab_size)
-        params = planner.parameter_count(config)
+        sizes = planner.gradient_tensor_sizes(config)
+        params = sum(sizes)
         cluster = planner.Cluster(FLAGS.nodes, FLAGS.devices_per_node, FLAGS.inter_gbps, FLAGS.inter_latency_us,
-                                  FLAGS.intra_gbps, price_per_device_hour=FLAGS.price_per_device_hour)
+                                  FLAGS.intra_gbps, price_per_device_hour=FLAGS.price_per_device_hour,
+                                  message_overhead_us=FLAGS.message_overhead_us)
         phases = [planner.Phase("phase1", 128, FLAGS.phase1_sequences, FLAGS.phase1_global_batch,
                                 FLAGS.phase1_device_seq_s),
                   planner.Phase("phase2", 512, FLAGS.phase2_sequences, FLAGS.phase2_global_batch,
                                 FLAGS.phase2_device_seq_s)]
-        comm = planner.Comm(FLAGS.fp16_allreduce, FLAGS.allreduce_after_accumulation, FLAGS.fusion_threshold_mb)
+        comm = planner.Comm(FLAGS.fp16_allreduce, FLAGS.allreduce_after_accumulation, FLAGS.fusion_threshold_mb,
+                            FLAGS.cycle_time_ms)
         accumulation = [FLAGS.phase1_accumulation, FLAGS.phase2_accumulation]
-        result = planner.plan(params, phases, cluster, comm, accumulation)
-        base, knobs = planner.best_knob(params, phases, cluster, comm, accumulation)
+        result = planner.plan(sizes, phases, cluster, comm, accumulation)
+        base, knobs = planner.best_knob(sizes, phases, cluster, comm, accumulation)
     except ValueError as e:
         raise SystemExit(f"error: {e}")
     print(f"BERT-{FLAGS.model_preset}: {params / 1e6:.1f}M parameters; {cluster.nodes} nodes x "

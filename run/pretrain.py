@@ -44,6 +44,11 @@ flags.DEFINE_bool("fp16_allreduce", D.fp16_allreduce, "Send gradients as float16
 flags.DEFINE_float("fusion_threshold_mb", None, "Horovod tensor-fusion buffer (HOROVOD_FUSION_THRESHOLD); "
                    "a value already in the environment (horovodrun --fusion-threshold-mb) wins.")
 flags.DEFINE_float("cycle_time_ms", None, "Horovod cycle time (HOROVOD_CYCLE_TIME); the environment wins.")
+flags.DEFINE_bool("allreduce_every_micro_batch", D.allreduce_every_micro_batch,
+                  "Baseline for the communication study: allreduce each micro-batch's gradients "
+                  "(accumulation_steps allreduces per update instead of one).")
+flags.DEFINE_string("network_interface", D.network_interface,
+                    "Log the bytes this node sent on this interface per update (e.g. eth0).")
 flags.DEFINE_string("horovod_timeline", D.horovod_timeline, "Write Horovod's timeline JSON here.")
 flags.DEFINE_bool("horovod_autotune", D.horovod_autotune, "Let Horovod tune fusion threshold and cycle time.")
 flags.DEFINE_string("checkpoint_dir", D.checkpoint_dir, "Checkpoints, metrics.jsonl, TensorBoard; resumes from here.")

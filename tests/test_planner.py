@@ -1,30 +1,47 @@
-"""The cost-to-train planner: arithmetic on hand-computed cases, bad input, and the parameter count."""
+"""The cost-to-train planner: arithmetic on hand-computed cases, bad input, the model's tensors,
+and NVIDIA's published multi-node throughput reproduced from their single-GPU figures."""
+import importlib.util
+
 import pytest
 
 from bert_tf import modeling, planner
+from conftest import REPO
 
 
-def test_parameter_count_matches_the_model():
+def test_gradient_tensors_match_the_model():
     for preset in ("tiny", "base"):
         config = modeling.BertConfig.preset(preset, vocab_size=1000 if preset == "tiny" else 30522)
         model = modeling.BertPretrainer(config)
-        assert planner.parameter_count(config) == sum(int(v.shape.num_elements()) for v in model.trainable_variables)
+        sizes = [int(v.shape.num_elements()) for v in model.trainable_variables]
+        assert sorted(planner.gradient_tensor_sizes(config)) == sorted(sizes)
+        assert planner.parameter_count(config) == sum(sizes)
+
+
+def test_fusion_packs_tensors_in_order_into_buffers():
+    mb = 2 ** 20
+    tensors = [60 * mb, 50 * mb, 200 * mb, 10 * mb, 10 * mb]
+    # [60] [50] [200 alone: larger than the buffer] [10 + 10]
+    assert planner.fusion_messages(tensors, 100) == 4
+    assert planner.fusion_messages(tensors, 0) == 5           # no fusion: one message per tensor
+    assert planner.fusion_messages(tensors, 1000) == 1
 
 
 def test_flat_ring_allreduce_by_hand():
-    # 4 nodes x 1 device, 8 Gbit/s = 1e9 B/s, 100 us latency, 1 GB in one 2 GB fusion buffer:
+    # 4 nodes x 1 device, 8 Gbit/s = 1e9 B/s, 100 us latency, 1 GB in one message:
     # 2*3/4 * 1e9 / 1e9 = 1.5 s, plus 2*3 hops * 100 us = 0.6 ms
     cluster = planner.Cluster(nodes=4, devices_per_node=1, inter_gbps=8, inter_latency_us=100)
-    assert planner.allreduce_seconds(1e9, cluster, fusion_buffer_mb=2048) == pytest.approx(1.5006)
-    # a 256 MB buffer splits 1e9 bytes into 4 messages: 4 x the latency
-    assert planner.allreduce_seconds(1e9, cluster, fusion_buffer_mb=256) == pytest.approx(1.5024)
+    assert planner.allreduce_seconds(1e9, cluster, messages=1) == pytest.approx(1.5006)
+    # 4 messages: 4 x the latency; + half a 2 ms cycle + 4 x 50 us software cost per message
+    assert planner.allreduce_seconds(1e9, cluster, messages=4) == pytest.approx(1.5024)
+    cluster.message_overhead_us = 50
+    assert planner.allreduce_seconds(1e9, cluster, messages=4, cycle_time_ms=2) == pytest.approx(1.5036)
 
 
 def test_hierarchical_allreduce_by_hand():
     # 2 nodes x 4 devices: intra 2*3/4 * 1e9 / 1e10 = 0.15 s; inter 2*1/2 * 1e9 / 1e9 = 1.0 s; no latency
     cluster = planner.Cluster(nodes=2, devices_per_node=4, inter_gbps=8, inter_latency_us=0,
                               intra_gbps=80, intra_latency_us=0)
-    assert planner.allreduce_seconds(1e9, cluster, 2048) == pytest.approx(1.15)
+    assert planner.allreduce_seconds(1e9, cluster) == pytest.approx(1.15)
 
 
 def test_phase_plan_by_hand():
@@ -32,16 +49,17 @@ def test_phase_plan_by_hand():
     # 250M parameters in fp16 = 5e8 bytes: allreduce 2*1/2 * 5e8 / 1e9 = 0.5 s (8 Gbit/s, no latency).
     cluster = planner.Cluster(nodes=2, devices_per_node=1, inter_gbps=8, inter_latency_us=0, price_per_device_hour=3)
     phase = planner.Phase("p", 128, total_sequences=400 * 86400 / 2.5, global_batch=400, device_sequences_per_second=100)
-    once = planner.plan_phase(250e6, phase, cluster, planner.Comm(True, True, 1024), accumulation=2)
+    once = planner.plan_phase(250e6, phase, cluster, planner.Comm(True, True, 1024, cycle_time_ms=0), accumulation=2)
     assert once["update_seconds"] == pytest.approx(2.5) and once["scaling_efficiency"] == pytest.approx(0.8)
     assert once["days"] == pytest.approx(1.0) and once["cost"] == pytest.approx(24 * 2 * 3)
-    every = planner.plan_phase(250e6, phase, cluster, planner.Comm(False, False, 1024), accumulation=2)
+    every = planner.plan_phase(250e6, phase, cluster, planner.Comm(False, False, 1024, cycle_time_ms=0), accumulation=2)
     assert every["update_seconds"] == pytest.approx(2 + 2 * 1.0)     # fp32 and one allreduce per micro-batch
 
 
 @pytest.mark.parametrize("kwargs,message", [
     (dict(inter_gbps=0), "--inter_gbps must be > 0"),
     (dict(nodes=0), "--nodes must be >= 1"),
+    (dict(message_overhead_us=-1), "--message_overhead_us must be >= 0"),
 ])
 def test_impossible_cluster_names_the_flag(kwargs, message):
     values = dict(nodes=2, devices_per_node=1, inter_gbps=10)
@@ -50,8 +68,27 @@ def test_impossible_cluster_names_the_flag(kwargs, message):
         planner.Cluster(**values)
 
 
+def test_impossible_communication_settings_name_the_flag():
+    with pytest.raises(ValueError, match="--fusion_threshold_mb must be >= 0"):
+        planner.Comm(fusion_buffer_mb=-1)
+    with pytest.raises(ValueError, match="--cycle_time_ms must be >= 0"):
+        planner.Comm(cycle_time_ms=-1)
+
+
 def test_batch_not_divisible_names_the_problem():
     cluster = planner.Cluster(nodes=3, devices_per_node=1, inter_gbps=10)
     phase = planner.Phase("phase1", 128, 1e6, 1000, 100)
     with pytest.raises(ValueError, match="global batch 1000 is not divisible by 3 devices"):
         planner.plan_phase(1e8, phase, cluster, planner.Comm(), 1)
+
+
+def test_reproduces_nvidia_dgx2h_32_nodes_within_25_percent():
+    """run/validate_planner.py (docs/planner_validation.md): NVIDIA's published 32 x 16 V100
+    throughput from their single-GPU figures and the DGX-2H interconnect, mixed precision."""
+    spec = importlib.util.spec_from_file_location("validate_planner", REPO / "run" / "validate_planner.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    rows = [r for r in module.nvidia_rows() if r["nodes"] == 32 and r["precision"] == "mixed"]
+    assert [r["seq"] for r in rows] == [128, 512]
+    for r in rows:
+        assert abs(r["error"]) <= 0.25, r

@@ -28,6 +28,7 @@ def config(tiny_data, tmp_path, **overrides):
     (dict(init_checkpoint="/nonexistent/ckpt-1"), "--init_checkpoint=/nonexistent/ckpt-1: no such checkpoint"),
     (dict(eval_interval=10, eval_files=""), "--eval_interval needs --eval_files"),
     (dict(dynamic_masking=True), "records are already masked"),
+    (dict(network_interface="nonexistent0"), "--network_interface=nonexistent0: no such interface here"),
 ])
 def test_bad_configuration_fails_before_training(tiny_data, tmp_path, overrides, error):
     with pytest.raises((ValueError, FileNotFoundError), match=error):

@@ -141,6 +141,32 @@ def test_accumulating_n_micro_batches_equals_one_large_batch():
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=2e-3)
 
 
+def test_allreduce_every_micro_batch_calls_the_allreduce_n_times_with_the_same_result():
+    big = random_features(batch=8, seq=16, preds=3, seed=7)
+    micro = [{k: tf.constant(v[i * 2:(i + 1) * 2]) for k, v in big.items()} for i in range(4)]
+    calls = {"once": 0, "each": 0}
+
+    def counting(key):
+        def allreduce(grads):          # runs eagerly (installed after construction): counts every call
+            calls[key] += 1
+            return [g * 1.0 for g in grads]
+        return allreduce
+
+    results = {}
+    for key, every in (("once", False), ("each", True)):
+        model = tiny_model()
+        trainer = training.Trainer(model, training.TrainConfig(accumulation_steps=4, learning_rate=1e-3,
+                                                               allreduce_every_micro_batch=every))
+        trainer._allreduce = counting(key)
+        trainer.train_step(micro)
+        results[key] = weights(model)
+        assert set(trainer.timing) == {"compute_seconds", "allreduce_seconds", "update_seconds"}
+        assert all(v >= 0 for v in trainer.timing.values())
+    assert calls == {"once": 1, "each": 4}
+    for a, b in zip(results["once"], results["each"]):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=2e-3)
+
+
 def test_checkpoint_round_trip_reproduces_the_next_step(tmp_path):
     batch_a, batch_b = features(seed=1), features(seed=2)
     config = training.TrainConfig(precision="mixed_float16", learning_rate=1e-3, accumulation_steps=2)
