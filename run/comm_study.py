@@ -163,15 +163,14 @@ def probe():
               flush=True)
 
 
-def run_probe(cluster, ranks, folder):
-    os.makedirs(folder, exist_ok=True)
+def run_probe(cluster, ranks, log_path):
     cmd = cluster.mpirun_prefix(ranks) + [sys.executable, os.path.abspath(__file__), "--probe"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=FLAGS.job_timeout)
-    with open(os.path.join(folder, "probe_log.txt"), "w") as f:
+    with open(log_path, "w") as f:
         f.write(proc.stdout + proc.stderr)
     lines = [l for l in proc.stdout.splitlines() if l.startswith("PROBE ")]
     if proc.returncode != 0 or not lines:
-        raise RuntimeError(f"link probe failed (exit {proc.returncode}); log: {folder}/probe_log.txt")
+        raise RuntimeError(f"link probe failed (exit {proc.returncode}); log: {log_path}")
     return json.loads(lines[-1][6:])
 
 
@@ -255,6 +254,24 @@ def main(argv):
         return
     os.environ["PYTHONPATH"] = REPO + os.pathsep + os.environ.get("PYTHONPATH", "")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    try:
+        measure(result, nodes_list, rates)
+    except (RuntimeError, ec.ClusterError) as e:
+        write(result)
+        sys.exit(f"error: {e} (measurements so far are in {FLAGS.output_dir}/study.json; run again to continue)")
+    rows = result["rows"]
+    order = {label: i for i, (label, _) in enumerate(all_rungs())}
+    rows.sort(key=lambda r: (r["nodes"], r["rate_gbit"], order.get(r["config"], len(order))))
+    add_predictions(result, sizes)
+    print_table(rows)
+    goals(result)
+    write(result)
+    plot(rows, os.path.join(FLAGS.output_dir, "study.png"))
+
+
+def measure(result, nodes_list, rates):
+    """Runs the probe and the ladder for every node count and rate, keeping an earlier run's rows."""
+    from bert_tf import emulated_cluster as ec
     rows = result["rows"]
     done_rows, done_links = previous_results(result["settings"])
     for nodes in nodes_list:
@@ -273,7 +290,7 @@ def main(argv):
                 continue
             with ec.EmulatedCluster(nodes, rate_gbit=rate) as cluster:
                 if (nodes, rate) not in done_links:
-                    link = run_probe(cluster, nodes, FLAGS.output_dir)
+                    link = run_probe(cluster, nodes, os.path.join(FLAGS.output_dir, f"probe_n{nodes}_r{rate:g}.txt"))
                     result.setdefault("links", []).append({"nodes": nodes, "rate_gbit": rate, **link})
                     print(f"link probe, {nodes} nodes at {rate:g} Gbit/s: {json.dumps(link)}", flush=True)
                 for label, extra in todo:
@@ -283,13 +300,6 @@ def main(argv):
                     rows.append(row)
                     print(json.dumps(row), flush=True)
                     write(result)
-    order = {label: i for i, (label, _) in enumerate(all_rungs())}
-    rows.sort(key=lambda r: (r["nodes"], r["rate_gbit"], order.get(r["config"], len(order))))
-    add_predictions(result, sizes)
-    print_table(rows)
-    goals(result)
-    write(result)
-    plot(rows, os.path.join(FLAGS.output_dir, "study.png"))
 
 
 def settings():
