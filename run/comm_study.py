@@ -63,20 +63,22 @@ def ladder():
 
 
 def all_rungs():
-    """(label, pretrain.py flags) in the order of the paper's optimisations."""
-    rungs = [("fp32/every-mb", ["--allreduce_every_micro_batch", "--nofp16_allreduce"]),
-             ("fp32/accum", ["--nofp16_allreduce"]),
-             ("fp16/accum", ["--fp16_allreduce"])]
-    rungs += [(f"fp16 fusion={mb}MB", ["--fp16_allreduce", f"--fusion_threshold_mb={mb}"]) for mb in FLAGS.fusion_mb]
-    rungs += [(f"fp16 cycle={ms}ms", ["--fp16_allreduce", f"--cycle_time_ms={ms}"]) for ms in FLAGS.cycle_ms]
+    """(label, planner.Comm) in the order of the paper's optimisations. Comm's defaults, 128 MB
+    fusion and a 1 ms cycle, are Horovod's."""
+    from bert_tf.planner import Comm
+    rungs = [("fp32/every-mb", Comm(fp16_compression=False, allreduce_after_accumulation=False)),
+             ("fp32/accum", Comm(fp16_compression=False)),
+             ("fp16/accum", Comm(fp16_compression=True))]
+    rungs += [(f"fp16 fusion={mb}MB", Comm(fusion_buffer_mb=float(mb))) for mb in FLAGS.fusion_mb]
+    rungs += [(f"fp16 cycle={ms}ms", Comm(cycle_time_ms=float(ms))) for ms in FLAGS.cycle_ms]
     return rungs
 
 
-def knobs_of(label):
-    """Communication settings of a rung, for the planner."""
-    return {"fp16": not label.startswith("fp32"), "after_accumulation": "every-mb" not in label,
-            "fusion_mb": float(label.split("fusion=")[1][:-2]) if "fusion=" in label else 128.0,
-            "cycle_ms": float(label.split("cycle=")[1][:-2]) if "cycle=" in label else 1.0}
+def rung_flags(comm):
+    """run/pretrain.py's flags for a rung's communication settings."""
+    return (["--fp16_allreduce" if comm.fp16_compression else "--nofp16_allreduce",
+             f"--fusion_threshold_mb={comm.fusion_buffer_mb:g}", f"--cycle_time_ms={comm.cycle_time_ms:g}"]
+            + ([] if comm.allreduce_after_accumulation else ["--allreduce_every_micro_batch"]))
 
 
 def job_flags(checkpoint_dir):
@@ -174,17 +176,15 @@ def run_probe(cluster, ranks, log_path):
     return json.loads(lines[-1][6:])
 
 
-def predict(tensor_sizes, nodes, rate, label, device_seq_s, link=None):
+def predict(tensor_sizes, nodes, rate, comm, device_seq_s, link=None):
     """The planner's throughput for one rung. `link` (from the probe) calibrates the emulated link:
     its measured bandwidth and per-message cost replace the nominal rate and zero latency."""
     from bert_tf import planner
-    k = knobs_of(label)
     if link:
         cluster = planner.Cluster(nodes, 1, min(rate, link["effective_gbit"]), inter_latency_us=0,
                                   message_overhead_us=link["message_seconds"] * 1e6)
     else:
         cluster = planner.Cluster(nodes, 1, rate, inter_latency_us=0)
-    comm = planner.Comm(k["fp16"], k["after_accumulation"], k["fusion_mb"], k["cycle_ms"])
     batch = FLAGS.batch_size * FLAGS.accumulation_steps * nodes
     phase = planner.Phase("study", FLAGS.max_seq_length, batch, batch, device_seq_s)
     return planner.plan_phase(tensor_sizes, phase, cluster, comm, FLAGS.accumulation_steps)
@@ -200,9 +200,11 @@ def check_flags():
     try:
         nodes = [int(n) for n in FLAGS.nodes]
         rates = [float(r) for r in FLAGS.rates]
-        [float(x) for x in FLAGS.fusion_mb + FLAGS.cycle_ms]
+        fusion, cycle = [float(x) for x in FLAGS.fusion_mb], [float(x) for x in FLAGS.cycle_ms]
     except ValueError as e:
         raise ValueError(f"--nodes/--rates/--fusion_mb/--cycle_ms must be numbers: {e}")
+    if any(x < 0 for x in fusion) or any(x <= 0 for x in cycle):
+        raise ValueError(f"--fusion_mb must be >= 0 and --cycle_ms > 0, got {FLAGS.fusion_mb} and {FLAGS.cycle_ms}")
     if not nodes or min(nodes) < 2:
         raise ValueError(f"--nodes must list counts >= 2, got {FLAGS.nodes}")
     if not rates or min(rates) <= 0:
@@ -245,8 +247,8 @@ def main(argv):
         else:
             for nodes in nodes_list:
                 for rate in rates:
-                    for label, _ in ladder():
-                        p = predict(sizes, nodes, rate, label, FLAGS.device_seq_s)
+                    for label, comm in ladder():
+                        p = predict(sizes, nodes, rate, comm, FLAGS.device_seq_s)
                         result["rows"].append({"nodes": nodes, "rate_gbit": rate, "config": label,
                                                "predicted_sequences_per_second": p["sequences_per_second"]})
             print_table(result["rows"])
@@ -277,13 +279,13 @@ def measure(result, nodes_list, rates):
     for nodes in nodes_list:
         for rate in rates:
             todo = []
-            for label, extra in ladder():
+            for label, comm in ladder():
                 key = (nodes, rate, label)
                 if key in done_rows:
                     rows.append(done_rows[key])
                     print(f"kept from an earlier run of this study: {nodes} nodes, {rate:g} Gbit/s, {label}")
                 else:
-                    todo.append((label, extra))
+                    todo.append((label, rung_flags(comm)))
             if (nodes, rate) in done_links:
                 result.setdefault("links", []).append(done_links[(nodes, rate)])
             if not todo:
@@ -336,8 +338,10 @@ def add_predictions(result, sizes):
     device_seq_s = statistics.median(per_rank / (r["compute_seconds"] + r["update_seconds"]) for r in ok)
     result["device_seq_s"] = device_seq_s
     links = {(l["nodes"], l["rate_gbit"]): l for l in result.get("links", [])}
+    comms = dict(all_rungs())
     for r in ok:
-        p = predict(sizes, r["nodes"], r["rate_gbit"], r["config"], device_seq_s, links.get((r["nodes"], r["rate_gbit"])))
+        p = predict(sizes, r["nodes"], r["rate_gbit"], comms[r["config"]], device_seq_s,
+                    links.get((r["nodes"], r["rate_gbit"])))
         r["predicted_sequences_per_second"] = p["sequences_per_second"]
         r["predicted_allreduce_seconds"] = p["allreduce_seconds"]
         r["prediction_error"] = p["sequences_per_second"] / r["sequences_per_second"] - 1
