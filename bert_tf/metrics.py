@@ -80,6 +80,16 @@ def _hms(seconds):
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
+def tx_counter(interface):
+    return f"/sys/class/net/{interface}/statistics/tx_bytes"
+
+
+def read_tx_bytes(interface):
+    """Bytes this machine (network namespace) has sent on `interface`, from the kernel's counter."""
+    with open(tx_counter(interface)) as f:
+        return int(f.read())
+
+
 def read_metrics(path):
     with open(path) as f:
         return [json.loads(line) for line in f if line.strip()]

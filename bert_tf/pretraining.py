@@ -82,19 +82,9 @@ class PretrainConfig(training.TrainConfig):
             raise ValueError(f"--fusion_threshold_mb must be >= 0, got {self.fusion_threshold_mb}")
         if self.cycle_time_ms is not None and self.cycle_time_ms <= 0:
             raise ValueError(f"--cycle_time_ms must be > 0, got {self.cycle_time_ms}")
-        if self.network_interface and not os.path.exists(_tx_counter(self.network_interface)):
+        if self.network_interface and not os.path.exists(metrics.tx_counter(self.network_interface)):
             raise ValueError(f"--network_interface={self.network_interface}: no such interface here "
-                             f"({_tx_counter(self.network_interface)} not found)")
-
-
-def _tx_counter(interface):
-    return f"/sys/class/net/{interface}/statistics/tx_bytes"
-
-
-def read_tx_bytes(interface):
-    """Bytes this machine (network namespace) has sent on `interface`, from the kernel's counter."""
-    with open(_tx_counter(interface)) as f:
-        return int(f.read())
+                             f"({metrics.tx_counter(self.network_interface)} not found)")
 
 
 def build_model_config(cfg: PretrainConfig, vocab_size: int) -> modeling.BertConfig:
@@ -190,7 +180,7 @@ def run(cfg: PretrainConfig, log=print):
     stop = StopSignal()
     start_step = step = int(trainer.step.numpy())
     interval_start, interval_steps, sums, timing = time.time(), 0, {}, {}
-    tx_start = read_tx_bytes(cfg.network_interface) if cfg.network_interface else 0
+    tx_start = metrics.read_tx_bytes(cfg.network_interface) if cfg.network_interface else 0
     last = {}
     writer.write({"kind": "run", "step": step, "ranks": size, "global_batch": global_batch,
                   "parameters": n_params, "config": dataclasses.asdict(cfg)})
@@ -221,7 +211,7 @@ def run(cfg: PretrainConfig, log=print):
                       "samples_seen": samples_seen,
                       **{key: value / interval_steps for key, value in timing.items()}}  # rank 0's split
             if cfg.network_interface:
-                tx_now = read_tx_bytes(cfg.network_interface)
+                tx_now = metrics.read_tx_bytes(cfg.network_interface)
                 record["tx_bytes_per_update"] = (tx_now - tx_start) / interval_steps
                 tx_start = tx_now
             if "loss_scale" in out:
