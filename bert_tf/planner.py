@@ -98,7 +98,7 @@ class Cluster:
 
 @dataclasses.dataclass
 class Phase:
-    name: str
+    name: str                         # also the prefix of its flags in run/plan.py (phase1, phase2)
     seq_length: int
     total_sequences: float
     global_batch: int
@@ -148,10 +148,11 @@ def plan_phase(tensor_sizes, phase: Phase, cluster: Cluster, comm: Comm, accumul
         tensor_sizes = [tensor_sizes]
     N = cluster.devices
     if phase.global_batch % N:
-        raise ValueError(f"{phase.name}: global batch {phase.global_batch} is not divisible by {N} devices")
+        raise ValueError(f"{phase.name}: global batch {phase.global_batch} is not divisible by {N} devices "
+                         f"(--{phase.name}_global_batch; --nodes x --devices_per_node)")
     if (phase.global_batch // N) % accumulation:
         raise ValueError(f"{phase.name}: per-device batch {phase.global_batch // N} is not divisible by "
-                         f"--accumulation_steps={accumulation}")
+                         f"--{phase.name}_accumulation={accumulation}")
     width = 2 if comm.fp16_compression else 4
     tensor_bytes = [size * width for size in tensor_sizes]
     gradient_bytes = sum(tensor_bytes)

@@ -3,6 +3,7 @@ throughput within 25%, fp16 compression halves the bytes on the link, and withou
 study says what is missing and skips the emulated part."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -39,15 +40,28 @@ def test_planner_predicts_the_emulated_study_within_25_percent(tiny_data, tmp_pa
     assert "fp32/every-mb" in proc.stdout and "planner" in proc.stdout
 
 
-def test_without_tc_the_study_says_so_and_skips_the_emulated_part(tmp_path):
-    path = os.pathsep.join([os.path.dirname(sys.executable), "/usr/bin"])       # no /usr/sbin: no tc
-    env = mpi_env({"PATH": path})
-    proc = subprocess.run([sys.executable, str(STUDY), "--device_seq_s=10", "--rates=1,10",
-                           f"--output_dir={tmp_path}"], env=env, capture_output=True, text=True, timeout=300)
+NO_UNSHARE = pytest.mark.skipif(shutil.which("unshare") is None, reason="needs unshare (util-linux)")
+
+
+@pytest.mark.parametrize("case,prefix,message", [
+    ("no tc", [], "the emulated cluster needs 'tc' (Debian package iproute2)"),
+    pytest.param("not root", ["unshare", "--user"], "the emulated cluster needs root (network namespaces)",
+                 marks=NO_UNSHARE),
+    pytest.param("namespaces not permitted", ["unshare", "--user", "--map-root-user"],
+                 "network namespaces are not permitted here", marks=NO_UNSHARE),
+])
+def test_without_what_it_needs_the_study_says_so_and_skips_the_emulated_part(tmp_path, case, prefix, message):
+    env = mpi_env()
+    if case == "no tc":
+        env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), "/usr/bin"])   # no /usr/sbin: no tc
+    # "not root": an unprivileged user namespace (uid 65534); "not permitted": root inside a user
+    # namespace, without the rights over the host's network namespaces
+    proc = subprocess.run(prefix + [sys.executable, str(STUDY), "--device_seq_s=10", "--rates=1,10",
+                                    f"--output_dir={tmp_path}"], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "emulated part skipped: the emulated cluster needs 'tc' (Debian package iproute2)" in proc.stdout
+    assert f"emulated part skipped: {message}" in proc.stdout
     study = json.loads((tmp_path / "study.json").read_text())
-    assert study["skipped"].startswith("the emulated cluster needs 'tc'")
+    assert study["skipped"].startswith(message)
     assert {r["rate_gbit"] for r in study["rows"]} == {1.0, 10.0}
     assert all(r["predicted_sequences_per_second"] > 0 for r in study["rows"])
 

@@ -1,11 +1,13 @@
 """The cost-to-train planner: arithmetic on hand-computed cases, bad input, the model's tensors,
 and NVIDIA's published multi-node throughput reproduced from their single-GPU figures."""
 import importlib.util
+import subprocess
+import sys
 
 import pytest
 
 from bert_tf import modeling, planner
-from conftest import REPO
+from conftest import REPO, mpi_env
 
 
 def test_gradient_tensors_match_the_model():
@@ -54,6 +56,18 @@ def test_phase_plan_by_hand():
     assert once["days"] == pytest.approx(1.0) and once["cost"] == pytest.approx(24 * 2 * 3)
     every = planner.plan_phase(250e6, phase, cluster, planner.Comm(False, False, 1024, cycle_time_ms=0), accumulation=2)
     assert every["update_seconds"] == pytest.approx(2 + 2 * 1.0)     # fp32 and one allreduce per micro-batch
+
+
+@pytest.mark.parametrize("flag,message", [
+    ("--inter_gbps=0", "error: --inter_gbps must be > 0"),
+    ("--phase1_accumulation=7", "error: phase1: per-device batch 3840 is not divisible by --phase1_accumulation=7"),
+    ("--phase2_global_batch=30721", "error: phase2: global batch 30721 is not divisible by 16 devices "
+                                    "(--phase2_global_batch; --nodes x --devices_per_node)"),
+])
+def test_plan_cli_names_the_flag_of_an_impossible_input(flag, message):
+    proc = subprocess.run([sys.executable, str(REPO / "run" / "plan.py"), flag], env=mpi_env(),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and message in proc.stderr, proc.stderr[-2000:]
 
 
 @pytest.mark.parametrize("kwargs,message", [
