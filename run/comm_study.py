@@ -94,7 +94,6 @@ def job_flags(checkpoint_dir):
 def run_job(cluster, ranks, extra, folder):
     """Runs one job on the emulated cluster; returns its averaged per-update measurements. A job
     that fails before its first update (a launch failure) is tried once more."""
-    from bert_tf import metrics
     for attempt in (1, 2):
         result = _run_once(cluster, ranks, extra, folder)
         if "error" not in result or attempt == 2 or os.path.exists(os.path.join(folder, "metrics.jsonl")):
