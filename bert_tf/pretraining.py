@@ -188,6 +188,11 @@ def run(cfg: PretrainConfig, log=print):
     batches = iter(dataset)
     writer = metrics.MetricsWriter(cfg.checkpoint_dir, active=chief)
     evaluate = make_evaluator(trainer, cfg, eval_files, rank, size, masker)
+    if init is not None and eval_files:  # where continued pre-training starts: the loaded model on your held-out data
+        start_eval = evaluate(int(trainer.step.numpy()))
+        writer.write(start_eval)
+        say(f"held-out before training: MLM accuracy {start_eval.get('eval_mlm_accuracy', float('nan')):.4f}, "
+            f"MLM loss {start_eval['eval_mlm_loss']:.4f}")
 
     stop = StopSignal()
     start_step = step = int(trainer.step.numpy())
