@@ -236,3 +236,14 @@ def test_pretrain_refuses_a_vocab_of_another_size_before_writing_anything(tmp_pa
                                          f"vocab file {tiny_data['vocab_file']} has"):
         pretraining.run(cfg)
     assert not (tmp_path / "run").exists()
+
+
+def test_continue_base_flagfile_names_only_real_flags():
+    import dataclasses
+
+    from bert_tf import pretraining
+    lines = [l for l in (REPO / "configs" / "continue_base.flags").read_text().splitlines() if l.startswith("--")]
+    values = dict(l[2:].partition("=")[::2] for l in lines)
+    assert set(values) <= {f.name for f in dataclasses.fields(pretraining.PretrainConfig)}
+    assert values["init_checkpoint"].endswith("uncased_L-12_H-768_A-12/bert_model.ckpt")
+    assert "model_preset" not in values and "bert_config_file" not in values   # the size comes from the checkpoint
