@@ -195,8 +195,25 @@ def _read_tf(fmt, prefix):
                 value = reader.get_tensor(google)
                 weights[ours] = value.T if kind == "nsp" else value
     config_file = os.path.join(os.path.dirname(prefix), GOOGLE_CONFIG)
-    config = modeling.BertConfig.from_json_file(config_file) if os.path.isfile(config_file) else None
+    config = _read_google_config(config_file) if os.path.isfile(config_file) else None
     return Checkpoint(fmt, prefix, prefix, config, config_file if config else None, weights)
+
+
+# Fields of google's multilingual/Chinese bert_config.json that its modeling.py never reads.
+_GOOGLE_UNUSED = ("directionality", "pooler_fc_size", "pooler_num_attention_heads", "pooler_num_fc_layers",
+                  "pooler_size_per_head", "pooler_type")
+
+
+def _read_google_config(path):
+    try:
+        with open(path) as f:
+            values = json.load(f)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path} is not valid JSON: {e}") from None
+    try:
+        return modeling.BertConfig.from_dict({k: v for k, v in values.items() if k not in _GOOGLE_UNUSED})
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{path}: {e}") from None
 
 
 def _read_huggingface(directory):

@@ -247,3 +247,19 @@ def test_continue_base_flagfile_names_only_real_flags():
     assert set(values) <= {f.name for f in dataclasses.fields(pretraining.PretrainConfig)}
     assert values["init_checkpoint"].endswith("uncased_L-12_H-768_A-12/bert_model.ckpt")
     assert "model_preset" not in values and "bert_config_file" not in values   # the size comes from the checkpoint
+
+
+def test_export_refuses_before_writing(tmp_path, hf_dir, weights):
+    """A vocab of another size, and an exact-gelu model asked for in google's format (google's 'gelu' is the
+    tanh form): each fails naming the problem, and the output folder is not created."""
+    exact = ref.write_huggingface_dir(str(tmp_path / "exact_gelu"), weights, hidden_act="gelu")
+    other_vocab = ref.write_vocab(str(tmp_path / "vocab300.txt"), 300)
+    for checkpoint, vocab, fmt, message in [
+            (hf_dir, other_vocab, "huggingface", "its vocabulary has 211 tokens but the vocab file"),
+            (exact, str(hf_dir / "vocab.txt"), "google,huggingface", "hidden_act 'gelu_exact' has no google-research/bert name")]:
+        out = tmp_path / "out"
+        proc = subprocess.run([sys.executable, str(REPO / "run" / "export.py"), f"--checkpoint={checkpoint}",
+                               f"--vocab_file={vocab}", f"--output_dir={out}", f"--format={fmt}"],
+                              env=mpi_env(), capture_output=True, text=True, timeout=300)
+        assert proc.returncode != 0 and message in proc.stderr, proc.stderr[-2000:]
+        assert not out.exists()
