@@ -167,8 +167,8 @@ def run(cfg: PretrainConfig, log=print):
         say(f"resumed from {latest} at step {int(trainer.step.numpy())}"
             + (" (--init_checkpoint ignored: resuming wins)" if cfg.init_checkpoint else ""))
     elif init is not None:
-        checkpoint_formats.assign(model, init, log=say)
-        say(f"initialised the model from {init.path} ({init.format} format)")
+        fresh = checkpoint_formats.assign(model, init, log=say)   # says which head (if any) starts at random
+        say(f"initialised encoder{'' if fresh else ' and heads'} from {init.path} ({init.format} format)")
     if chief:
         model_config.to_json_file(os.path.join(cfg.checkpoint_dir, "bert_config.json"))
     distributed.broadcast_variables(

@@ -42,7 +42,7 @@ def test_pretrain_export_huggingface_continue_from_it(tiny_data, tmp_path):
     proc = run([REPO / "run" / "pretrain.py", *flags, f"--train_files={shard1}", "--total_steps=2",
                 f"--init_checkpoint={export}", f"--checkpoint_dir={second}"])
     log = proc.stdout + proc.stderr
-    assert f"initialised the model from {export} (huggingface format)" in log
+    assert f"initialised encoder and heads from {export} (huggingface format)" in log
     assert "initialised at random" not in log                            # both heads came with it
     start = records(second, "eval")[0]
     print(f"exported model: held-out MLM accuracy {trained['eval_mlm_accuracy']:.6f} loss {trained['eval_mlm_loss']:.6f}"
