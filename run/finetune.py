@@ -63,7 +63,7 @@ def cross_validate(model_config, tokenizer, examples, checkpoint, hvd, label_nam
 
 def main(_):
     from bert_tf import distributed, modeling, tokenization
-    from bert_tf import classification
+    from bert_tf import checkpoint_formats, classification
     hvd = distributed.init()
     tokenizer = tokenization.Tokenizer.from_file(FLAGS.vocab_file, FLAGS.do_lower_case)
     examples = classification.read_examples(FLAGS.train_file)
@@ -87,7 +87,6 @@ def main(_):
     checkpoint = None
     try:
         if FLAGS.init_checkpoint and not FLAGS.random_init:
-            from bert_tf import checkpoint_formats
             checkpoint = checkpoint_formats.read(FLAGS.init_checkpoint)   # any format; read once for all folds
         elif not FLAGS.random_init:
             raise SystemExit("error: give --init_checkpoint, or --random_init for the baseline")
@@ -98,6 +97,8 @@ def main(_):
         else:
             raise SystemExit("error: --random_init needs --bert_config_file" if checkpoint is None else
                              f"error: {checkpoint.path} has no bert_config.json beside it: give --bert_config_file")
+        if checkpoint is not None:
+            checkpoint_formats.check_fits(checkpoint, config, len(tokenizer), FLAGS.vocab_file, FLAGS.max_seq_length)
     except (ValueError, FileNotFoundError) as e:
         raise SystemExit(f"error: {e}")
     try:

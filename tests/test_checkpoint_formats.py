@@ -138,6 +138,18 @@ def test_export_is_what_transformers_reads(exported, google_dir):
     hf, info = load_pytorch_state_dict_in_tf2_model(hf, load_file(str(exported / "model.safetensors")),
                                                     tf_inputs=False, output_loading_info=True)
     assert info == {"missing_keys": [], "unexpected_keys": [], "mismatched_keys": []}, info
+    # PyTorch's BertForPreTraining (not importable without torch: read from its source) ties the decoder
+    # weight and bias to the word embeddings and cls.predictions.bias: save_pretrained leaves them out, as we do.
+    import ast
+    import inspect
+    import re
+    source = open(inspect.getfile(transformers.models.bert.tokenization_bert).replace(
+        "tokenization_bert.py", "modeling_bert.py")).read()
+    tied = re.search(r"class BertForPreTraining\(.*?_tied_weights_keys = (\[.*?\])", source, re.S).group(1)
+    stored = set(load_file(str(exported / "model.safetensors")))
+    for key in ast.literal_eval(tied):
+        assert ("cls." + key if not key.startswith("cls.") else key) not in stored
+    assert {"cls.predictions.bias", "bert.embeddings.word_embeddings.weight"} <= stored
     _, ours = load(google_dir)
     ids, mask, segments, _ = ref.inputs()
     out = hf(input_ids=ids, attention_mask=mask, token_type_ids=segments, training=False)
