@@ -238,7 +238,7 @@ def _read_huggingface(directory):
     from safetensors.numpy import load_file
     try:
         tensors = load_file(weights_file)
-    except (SafetensorError, OSError, ValueError) as e:
+    except (SafetensorError, OSError, ValueError, KeyError) as e:
         raise ValueError(f"{weights_file} is not a readable safetensors file (a truncated download?): {e}") from None
     # A bare BertModel is saved without the "bert." prefix; old checkpoints say gamma/beta for LayerNorm.
     if not any(k.startswith("bert.") for k in tensors):

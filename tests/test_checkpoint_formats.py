@@ -195,6 +195,21 @@ def test_truncated_safetensors_is_named(tmp_path, hf_dir):
         cf.read(str(tmp_path))
 
 
+def test_half_precision_safetensors_read_as_float32(tmp_path, weights):
+    """Many published directories hold float16 or bfloat16 weights (safetensors reads bfloat16 via ml_dtypes)."""
+    import ml_dtypes
+    from safetensors.numpy import load_file, save_file
+    ref.write_huggingface_dir(str(tmp_path), weights)
+    full = load_file(str(tmp_path / "model.safetensors"))
+    for dtype in (np.float16, ml_dtypes.bfloat16):
+        save_file({k: v.astype(dtype) for k, v in full.items()}, str(tmp_path / "model.safetensors"),
+                  metadata={"format": "pt"})
+        ckpt, model = load(tmp_path)
+        word = model.encoder.embeddings.word_embeddings.numpy()
+        assert word.dtype == np.float32
+        np.testing.assert_array_equal(word, full["bert.embeddings.word_embeddings.weight"].astype(dtype).astype(np.float32))
+
+
 def test_bert_config_that_disagrees_with_the_tensors_is_named(tmp_path, weights):
     ref.write_google_checkpoint(str(tmp_path), weights, config=dict(ref.CONFIG, num_hidden_layers=2))
     with pytest.raises(ValueError, match=f"{tmp_path}/bert_config.json disagrees with the tensors in "
