@@ -5,11 +5,11 @@ checkpoint declares and a dict of numpy arrays keyed by our variable paths, e.g.
 "encoder/layers/0/attention/query/kernel" (kernels [in, out], as in modeling.py). `assign` puts
 them into a `BertPretrainer` or `BertEncoder`; `write_google` / `write_huggingface` write them out.
 
-    ours (tf.train.Checkpoint)          google-research/bert (name-based TF1)      Hugging Face (safetensors)
-    encoder/embeddings/word_embeddings  bert/embeddings/word_embeddings            bert.embeddings.word_embeddings.weight
-    encoder/layers/N/attention/query    bert/encoder/layer_N/attention/self/query  bert.encoder.layer.N.attention.self.query
-    mlm_output_bias                     cls/predictions/output_bias                cls.predictions.bias
-    nsp/kernel [H, 2]                   cls/seq_relationship/output_weights [2, H] cls.seq_relationship.weight [2, H]
+    ours (tf.train.Checkpoint)     google-research/bert (name-based TF1)       Hugging Face (safetensors)
+    encoder/embeddings/word_emb..  bert/embeddings/word_embeddings             bert.embeddings.word_embeddings.weight
+    encoder/layers/N/attention/q.. bert/encoder/layer_N/attention/self/query   bert.encoder.layer.N.attention.self.query
+    mlm_output_bias                cls/predictions/output_bias                 cls.predictions.bias
+    nsp/kernel [H, 2]              cls/seq_relationship/output_weights [2, H]  cls.seq_relationship.weight [2, H]
 
 Hugging Face stores every linear weight as [out, in] (torch.nn.Linear), so all kernels are
 transposed; its MLM decoder is tied to the word embeddings and is not stored separately.
@@ -308,7 +308,8 @@ def check_fits(ckpt: Checkpoint, config: modeling.BertConfig, vocab_size: int | 
         raise ValueError(f"{src}: no word embeddings ({ckpt.format} checkpoint without an encoder?)")
     if vocab_size is not None and word.shape[0] != vocab_size:
         raise ValueError(f"{src}: its vocabulary has {word.shape[0]} tokens but the vocab file "
-                         f"{vocab_file + ' ' if vocab_file else ''}has {vocab_size}: use the vocab.txt that came with the checkpoint")
+                         f"{vocab_file + ' ' if vocab_file else ''}has {vocab_size}: use the vocab.txt that came "
+                         f"with the checkpoint")
     if word.shape[1] != config.hidden_size:
         raise ValueError(f"{src}: hidden size {word.shape[1]} but the model's hidden_size is {config.hidden_size}")
     layers = _count_layers(w, "encoder/layers/{}/attention/query/kernel")

@@ -17,7 +17,8 @@ flags.DEFINE_string("train_file", None, "Labelled examples (label<TAB>text[<TAB>
 flags.DEFINE_string("eval_file", "", "Held-out examples; without it, --kfold cross-validates on --train_file.")
 flags.DEFINE_integer("kfold", 5, "Folds for cross-validation when there is no --eval_file.")
 flags.DEFINE_string("init_checkpoint", "", "Pre-training checkpoint (path, or a folder: its latest), an export, "
-                    "google-research/bert's bert_model.ckpt or a Hugging Face directory (config.json + model.safetensors).")
+                    "google-research/bert's bert_model.ckpt or a Hugging Face directory "
+                    "(config.json + model.safetensors).")
 flags.DEFINE_bool("random_init", False, "Randomly initialised encoder (the baseline); needs --bert_config_file.")
 flags.DEFINE_string("bert_config_file", "", "Model config; default: the checkpoint's own "
                     "(bert_config.json / config.json).")

@@ -120,7 +120,8 @@ def main(_):
         vocab_file = os.path.join(tmp, "vocab.txt")
         tokenization.write_vocab(vocab, vocab_file)
         hf = oracle(vocab_file, FLAGS.do_lower_case)
-        report = {"vocab_size": len(vocab), "corpus_sentences": len(sentences), "adversarial_sentences": len(ADVERSARIAL)}
+        report = {"vocab_size": len(vocab), "corpus_sentences": len(sentences),
+                  "adversarial_sentences": len(ADVERSARIAL)}
         parts = {"corpus": sentences, "adversarial": ADVERSARIAL}
         expected = {part: oracle_ids(hf, sample) for part, sample in parts.items()}
         report["oracle_tokens_per_second"] = expected["corpus"][1]

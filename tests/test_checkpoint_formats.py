@@ -207,7 +207,8 @@ def test_half_precision_safetensors_read_as_float32(tmp_path, weights):
         ckpt, model = load(tmp_path)
         word = model.encoder.embeddings.word_embeddings.numpy()
         assert word.dtype == np.float32
-        np.testing.assert_array_equal(word, full["bert.embeddings.word_embeddings.weight"].astype(dtype).astype(np.float32))
+        expected = full["bert.embeddings.word_embeddings.weight"].astype(dtype).astype(np.float32)
+        np.testing.assert_array_equal(word, expected)
 
 
 def test_bert_config_that_disagrees_with_the_tensors_is_named(tmp_path, weights):
@@ -283,7 +284,8 @@ def test_export_refuses_before_writing(tmp_path, hf_dir, weights):
     other_vocab = ref.write_vocab(str(tmp_path / "vocab300.txt"), 300)
     for checkpoint, vocab, fmt, message in [
             (hf_dir, other_vocab, "huggingface", "its vocabulary has 211 tokens but the vocab file"),
-            (exact, str(hf_dir / "vocab.txt"), "google,huggingface", "hidden_act 'gelu_exact' has no google-research/bert name")]:
+            (exact, str(hf_dir / "vocab.txt"), "google,huggingface",
+             "hidden_act 'gelu_exact' has no google-research/bert name")]:
         out = tmp_path / "out"
         proc = subprocess.run([sys.executable, str(REPO / "run" / "export.py"), f"--checkpoint={checkpoint}",
                                f"--vocab_file={vocab}", f"--output_dir={out}", f"--format={fmt}"],

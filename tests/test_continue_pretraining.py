@@ -45,7 +45,8 @@ def test_pretrain_export_huggingface_continue_from_it(tiny_data, tmp_path):
     assert f"initialised encoder and heads from {export} (huggingface format)" in log
     assert "initialised at random" not in log                            # both heads came with it
     start = records(second, "eval")[0]
-    print(f"exported model: held-out MLM accuracy {trained['eval_mlm_accuracy']:.6f} loss {trained['eval_mlm_loss']:.6f}"
+    print(f"exported model: held-out MLM accuracy {trained['eval_mlm_accuracy']:.6f} "
+          f"loss {trained['eval_mlm_loss']:.6f}"
           f"; continued run at step 0: {start['eval_mlm_accuracy']:.6f} loss {start['eval_mlm_loss']:.6f}; "
           f"random (step 1 train) loss {random_loss:.4f}")
     assert start["step"] == 0
