@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import time
 import unicodedata
 
@@ -163,8 +164,20 @@ def _is_punctuation(ch):
     return unicodedata.category(ch).startswith("P")
 
 
+# ASCII text needs none of the Unicode steps: drop the C0 controls and DEL (Cc), split off punctuation.
+_ASCII_CONTROLS = {cp: None for cp in [*range(32), 127] if chr(cp) not in "\t\n\r"}
+_ASCII_PUNCTUATION = re.compile(r"([!-/:-@\[-`{-~])")
+
+
 def basic_tokenize(sentence, lower_case=True):
     """google-research/bert's BasicTokenizer: text -> words (before WordPiece)."""
+    if sentence.isascii():
+        sentence = sentence.translate(_ASCII_CONTROLS)
+        return _ASCII_PUNCTUATION.sub(r" \1 ", sentence.lower() if lower_case else sentence).split()
+    return _basic_tokenize_unicode(sentence, lower_case)
+
+
+def _basic_tokenize_unicode(sentence, lower_case):
     chars = []
     for ch in sentence:
         cp = ord(ch)

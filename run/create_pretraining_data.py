@@ -17,7 +17,7 @@ flags.DEFINE_enum("input_format", "auto", ["auto", "sentences", "documents", "me
                   "mediawiki: XML dump; auto: mediawiki if the file starts with <mediawiki>, else sentences.")
 flags.DEFINE_string("vocab_file", None, "WordPiece vocab.txt (google layout).")
 flags.DEFINE_bool("do_lower_case", True, "Lower-case and strip accents.")
-flags.DEFINE_bool("fast_tokenizer", False, "tensorflow-text's tokenizer: ~30x faster, but not google-research/bert's "
+flags.DEFINE_bool("fast_tokenizer", False, "tensorflow-text's tokenizer: ~6x faster, but not google-research/bert's "
                   "ids on some text (NFKC case folding of ligatures, ª/º, full-width letters; NUL; Greek sigma).")
 flags.DEFINE_string("output_dir", None, "Where train-*.tfrecord, eval-*.tfrecord and summary.json go.")
 flags.DEFINE_integer("max_seq_length", 128, "Tokens per instance, with [CLS] and [SEP]s.")

@@ -58,3 +58,13 @@ def test_wordpiece_rules():
     assert tok.tokens("unaffablex aff") == ["[UNK]", "aff"]                 # one uncovered piece: the word is [UNK]
     assert tok.tokens("a" * 100 + " " + "a" * 101) == ["a"] + ["##a"] * 99 + ["[UNK]"]   # over 100 characters
     assert tok.tokens("a\x00a\ufffda") == ["a", "##a", "##a"]                 # NUL and U+FFFD are dropped
+
+
+def test_ascii_shortcut_equals_the_unicode_rules():
+    import random
+    rng = random.Random(0)
+    alphabet = [chr(c) for c in range(128)]
+    for _ in range(2000):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 30)))
+        for lower in (True, False):
+            assert tokenization.basic_tokenize(text, lower) == tokenization._basic_tokenize_unicode(text, lower), text
