@@ -80,8 +80,3 @@ def check_compatible(path, model, prefix="model"):
             f"checkpoint {path} does not fit this model: {'; '.join(parts)}. Use the model preset, "
             f"bert_config.json and vocab of the run that wrote it, or another --checkpoint_dir.")
 
-
-def restore_model(path, model):
-    """Loads only the model (encoder and heads) from a pre-training checkpoint (--init_checkpoint)."""
-    check_compatible(path, model)
-    tf.train.Checkpoint(model=model).read(path).expect_partial().assert_existing_objects_matched()

@@ -7,7 +7,7 @@ Input files (one example per line):
 Empty or unlabelled lines are skipped and counted; a file with nothing left is an error.
 
 The classifier is `BertClassifier`: the encoder of `modeling.py` (loaded from a pre-training
-checkpoint or an encoder-only export, heads dropped) + dropout + a dense layer. It returns the
+checkpoint, an export, google-research/bert or Hugging Face; heads dropped) + dropout + a dense layer. It returns the
 same kind of dict as the pre-training model, so `training.Trainer` (AdamW, warmup, precision,
 allreduce) trains it unchanged.
 """
@@ -111,35 +111,13 @@ class BertClassifier(tf.Module):
         return {"loss": loss, "correct": correct, "count": tf.cast(tf.size(labels), tf.float32)}
 
 
-class _Holder(tf.Module):
-    """Gives the encoder the checkpoint path it has inside a pre-training model: model/encoder/..."""
-
-    def __init__(self, encoder):
-        super().__init__()
-        self.encoder = encoder
-
-
-def load_encoder(encoder: modeling.BertEncoder, checkpoint: str, vocab_size: int | None = None):
-    """Loads encoder weights from a pre-training checkpoint or an export (heads ignored)."""
-    stored = dict(tf.train.list_variables(checkpoint))
-    key = "model/encoder/embeddings/word_embeddings/.ATTRIBUTES/VARIABLE_VALUE"
-    if key not in stored:
-        raise ValueError(f"{checkpoint} holds no BERT encoder (no {key.split('/.ATTR')[0]})")
-    if vocab_size is not None and stored[key][0] != vocab_size:
-        raise ValueError(f"the checkpoint's vocabulary has {stored[key][0]} tokens but the vocab file has "
-                         f"{vocab_size}: use the vocab.txt the model was pre-trained with")
-    from bert_tf.checkpointing import model_variable_shapes
-    expected = model_variable_shapes(_Holder(encoder))
-    wrong = [f"{k.split('/.ATTR')[0]}: checkpoint {list(stored.get(k, []))} vs model {v}"
-             for k, v in expected.items() if list(stored.get(k, [])) != v]
-    if wrong:
-        raise ValueError(f"{checkpoint} does not fit this encoder: {'; '.join(wrong[:3])}")
-    tf.train.Checkpoint(model=_Holder(encoder)).read(checkpoint).expect_partial()
-
-
-def save_encoder(encoder: modeling.BertEncoder, path: str) -> str:
-    """Encoder-only checkpoint with the same variable paths as a pre-training one."""
-    return tf.train.Checkpoint(model=_Holder(encoder)).write(path)
+def load_encoder(encoder: modeling.BertEncoder, checkpoint, vocab_size: int | None = None, vocab_file: str = ""):
+    """Loads encoder weights (heads ignored) from any checkpoint `checkpoint_formats.read` takes: a
+    pre-training run, an export, google-research/bert's or a Hugging Face directory (path or read)."""
+    from bert_tf import checkpoint_formats
+    ckpt = checkpoint if isinstance(checkpoint, checkpoint_formats.Checkpoint) else checkpoint_formats.read(checkpoint)
+    checkpoint_formats.check_fits(ckpt, encoder.config, vocab_size, vocab_file)
+    checkpoint_formats.assign(encoder, ckpt)
 
 
 def kfold_splits(n, k, seed):

@@ -17,7 +17,8 @@ import time
 
 import tensorflow as tf
 
-from bert_tf import checkpointing, distributed, input_pipeline, metrics, modeling, tokenization, training
+from bert_tf import (checkpoint_formats, checkpointing, distributed, input_pipeline, metrics, modeling,
+                     tokenization, training)
 
 
 @dataclasses.dataclass
@@ -74,9 +75,11 @@ class PretrainConfig(training.TrainConfig):
         if self.max_predictions_per_seq > self.max_seq_length:
             raise ValueError(f"--max_predictions_per_seq={self.max_predictions_per_seq} exceeds "
                              f"--max_seq_length={self.max_seq_length}")
-        if self.init_checkpoint and not tf.io.gfile.exists(self.init_checkpoint + ".index"):
-            raise FileNotFoundError(f"--init_checkpoint={self.init_checkpoint}: no such checkpoint "
-                                    f"({self.init_checkpoint}.index not found)")
+        if self.init_checkpoint:
+            try:
+                checkpoint_formats.locate(self.init_checkpoint)  # exists and is a format we read
+            except (ValueError, FileNotFoundError) as e:
+                raise type(e)(f"--init_checkpoint={self.init_checkpoint}: {e}") from None
         training.compute_dtype(self.precision)
         if self.fusion_threshold_mb is not None and self.fusion_threshold_mb < 0:
             raise ValueError(f"--fusion_threshold_mb must be >= 0, got {self.fusion_threshold_mb}")
@@ -87,11 +90,17 @@ class PretrainConfig(training.TrainConfig):
                              f"({metrics.tx_counter(self.network_interface)} not found)")
 
 
-def build_model_config(cfg: PretrainConfig, vocab_size: int) -> modeling.BertConfig:
+def build_model_config(cfg: PretrainConfig, vocab_size: int, init=None) -> modeling.BertConfig:
+    """--bert_config_file, else the --init_checkpoint's own config (unless another --model_preset is
+    asked for), else the preset; `init` is the read init checkpoint, checked against the result."""
     if cfg.bert_config_file:
         config = modeling.BertConfig.from_json_file(cfg.bert_config_file)
+    elif init is not None and init.config is not None and cfg.model_preset in ("", "base"):
+        config = init.config
     else:
         config = modeling.BertConfig.preset(cfg.model_preset, vocab_size=vocab_size)
+    if init is not None:  # first: its errors name the checkpoint file
+        checkpoint_formats.check_fits(init, config, vocab_size, cfg.vocab_file, cfg.max_seq_length)
     modeling.check_features_fit(config, cfg.max_seq_length, vocab_size)
     return config
 
@@ -119,7 +128,10 @@ def run(cfg: PretrainConfig, log=print):
 
     cfg.validate()
     tokenizer = tokenization.Tokenizer.from_file(cfg.vocab_file, cfg.do_lower_case)
-    model_config = build_model_config(cfg, len(tokenizer))
+    # --init_checkpoint is read and checked before anything is written to --checkpoint_dir.
+    init = checkpoint_formats.read(cfg.init_checkpoint) \
+        if cfg.init_checkpoint and not tf.train.latest_checkpoint(cfg.checkpoint_dir) else None
+    model_config = build_model_config(cfg, len(tokenizer), init)
     train_files = input_pipeline.list_files(cfg.train_files) if cfg.train_files else []
     if not train_files:
         raise ValueError("--train_files matched no files")
@@ -154,9 +166,9 @@ def run(cfg: PretrainConfig, log=print):
         samples_seen = int(extra.get("samples_seen", int(trainer.step.numpy()) * global_batch))
         say(f"resumed from {latest} at step {int(trainer.step.numpy())}"
             + (" (--init_checkpoint ignored: resuming wins)" if cfg.init_checkpoint else ""))
-    elif cfg.init_checkpoint:
-        checkpointing.restore_model(cfg.init_checkpoint, model)
-        say(f"initialised encoder and heads from {cfg.init_checkpoint}")
+    elif init is not None:
+        fresh = checkpoint_formats.assign(model, init, log=say)   # says which head (if any) starts at random
+        say(f"initialised encoder{'' if fresh else ' and heads'} from {init.path} ({init.format} format)")
     if chief:
         model_config.to_json_file(os.path.join(cfg.checkpoint_dir, "bert_config.json"))
     distributed.broadcast_variables(
@@ -176,6 +188,11 @@ def run(cfg: PretrainConfig, log=print):
     batches = iter(dataset)
     writer = metrics.MetricsWriter(cfg.checkpoint_dir, active=chief)
     evaluate = make_evaluator(trainer, cfg, eval_files, rank, size, masker)
+    if init is not None and eval_files:  # where continued pre-training starts: the loaded model on your held-out data
+        start_eval = evaluate(int(trainer.step.numpy()))
+        writer.write(start_eval)
+        say(f"held-out before training: MLM accuracy {start_eval.get('eval_mlm_accuracy', float('nan')):.4f}, "
+            f"MLM loss {start_eval['eval_mlm_loss']:.4f}")
 
     stop = StopSignal()
     start_step = step = int(trainer.step.numpy())

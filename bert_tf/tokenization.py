@@ -1,15 +1,28 @@
-"""WordPiece vocabulary (learn, load, write) and tokenisation with tensorflow-text.
+"""WordPiece vocabulary (learn, load, write) and tokenisation exactly as google-research/bert's.
 
 Vocabulary layout follows google-research/bert's `vocab.txt`: [PAD] at 0, [unused0..98]
-at 1..99, [UNK] 100, [CLS] 101, [SEP] 102, [MASK] 103, then word pieces. Tokenisation is
-tensorflow-text's FastBertTokenizer with google's basic-tokeniser behaviour: lower-casing,
-NFD accent stripping, splitting on punctuation and around CJK characters, then greedy
-longest-match WordPiece with "##" continuations and [UNK] for words it cannot cover.
+at 1..99, [UNK] 100, [CLS] 101, [SEP] 102, [MASK] 103, then word pieces.
+
+Tokenisation (the default, `fast=False`) is google's FullTokenizer, written here from its algorithm:
+drop NUL, U+FFFD and control/format characters (Unicode Cc, Cf; tab and newlines are white space),
+map white space (incl. Zs) to ' ', put spaces around CJK ideographs, split on white space; when
+lower-casing: str.lower() then NFD and drop combining marks (Mn); split off every punctuation
+character (Unicode P*, and ASCII symbols such as $ + < = > ^ ` |); then greedy longest-match WordPiece
+per word with "##" continuations, a word that cannot be covered or is longer than 100 characters
+being one [UNK]. A model pre-trained here therefore sees the ids google's and Hugging Face's
+tokenizers give the same text.
+
+`fast=True` is tensorflow-text's FastBertTokenizer: faster, but it case-folds with NFKC (ligatures,
+ª/º and full-width letters become ASCII), folds Greek final sigma, and treats NUL and some
+characters differently, so it disagrees with google's on some text (see README).
 """
 from __future__ import annotations
 
+import functools
 import os
+import re
 import time
+import unicodedata
 
 import tensorflow as tf
 import tensorflow_text as text
@@ -65,39 +78,137 @@ def load_vocab(path):
 
 
 class Tokenizer:
-    """Text -> WordPiece ids with a fixed vocabulary."""
+    """Text -> WordPiece ids with a fixed vocabulary (google-research/bert's rules unless `fast`)."""
 
-    def __init__(self, vocab, lower_case=True):
+    def __init__(self, vocab, lower_case=True, fast=False, max_chars_per_word=100):
         self.vocab = list(vocab)
         self.index = {t: i for i, t in enumerate(self.vocab)}
         self.lower_case = lower_case
-        self._tok = text.FastBertTokenizer(
-            vocab=self.vocab, token_out_type=tf.int64, unknown_token="[UNK]",
-            lower_case_nfd_strip_accents=lower_case, support_detokenization=False)
+        self.fast = fast
+        self.max_chars_per_word = max_chars_per_word
         self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (self.index[t] for t in SPECIAL_TOKENS)
+        # Words repeat (Zipf): cache each word's pieces.
+        self._word_ids = functools.lru_cache(maxsize=1 << 18)(self._wordpiece)
 
     @classmethod
-    def from_file(cls, path, lower_case=True):
-        return cls(load_vocab(path), lower_case)
+    def from_file(cls, path, lower_case=True, fast=False):
+        return cls(load_vocab(path), lower_case, fast)
 
     def __len__(self):
         return len(self.vocab)
 
+    @functools.cached_property
+    def _tf_tokenizer(self):
+        return text.FastBertTokenizer(
+            vocab=self.vocab, token_out_type=tf.int64, unknown_token="[UNK]",
+            lower_case_nfd_strip_accents=self.lower_case, support_detokenization=False)
+
     def tokenize(self, sentences, batch_size=4096):
         """list[str] -> list[list[int]] (word-piece ids, no special tokens)."""
+        if not self.fast:
+            return [self.ids(s) for s in sentences]
         out = []
         for i in range(0, len(sentences), batch_size):
-            ragged = self._tok.tokenize(tf.constant(sentences[i:i + batch_size]))
+            ragged = self._tf_tokenizer.tokenize(tf.constant(sentences[i:i + batch_size]))
             out.extend(ragged.to_list())
         return out
+
+    def ids(self, sentence):
+        """One sentence -> word-piece ids, google-research/bert's FullTokenizer rules."""
+        out = []
+        for word in basic_tokenize(sentence, self.lower_case):
+            out.extend(self._word_ids(word))
+        return out
+
+    def _wordpiece(self, word):
+        """Greedy longest-match-first; the whole word is [UNK] when a piece cannot be matched."""
+        if len(word) > self.max_chars_per_word:
+            return (self.unk_id,)
+        pieces, start = [], 0
+        while start < len(word):
+            end = len(word)
+            while end > start:
+                piece = word[start:end] if start == 0 else "##" + word[start:end]
+                if piece in self.index:
+                    pieces.append(self.index[piece])
+                    break
+                end -= 1
+            if end == start:
+                return (self.unk_id,)
+            start = end
+        return tuple(pieces)
 
     def tokens(self, sentence):
         """Word-piece strings of one sentence (for tests and inspection)."""
         return [self.vocab[i] for i in self.tokenize([sentence])[0]]
 
     def tf_tokenize(self, strings):
-        """Graph-mode tokenisation for tf.data: string tensor [N] -> ragged int64 [N, (tokens)]."""
-        return self._tok.tokenize(strings)
+        """Graph-mode tokenisation for tf.data (tensorflow-text, the fast rules): string tensor [N] ->
+        ragged int64 [N, (tokens)]."""
+        return self._tf_tokenizer.tokenize(strings)
+
+
+def _is_cjk(cp):
+    # CJK Unified Ideographs and extensions, compatibility ideographs (not Hangul or kana: those are
+    # written with spaces, as google's tokenizer assumes).
+    return (0x4E00 <= cp <= 0x9FFF or 0x3400 <= cp <= 0x4DBF or 0x20000 <= cp <= 0x2A6DF
+            or 0x2A700 <= cp <= 0x2B73F or 0x2B740 <= cp <= 0x2B81F or 0x2B820 <= cp <= 0x2CEAF
+            or 0xF900 <= cp <= 0xFAFF or 0x2F800 <= cp <= 0x2FA1F)
+
+
+def _is_punctuation(ch):
+    cp = ord(ch)
+    # All non-alphanumeric ASCII counts, including symbols ($, +, ^, `) that Unicode does not call P*.
+    if 33 <= cp <= 47 or 58 <= cp <= 64 or 91 <= cp <= 96 or 123 <= cp <= 126:
+        return True
+    return unicodedata.category(ch).startswith("P")
+
+
+# ASCII text needs none of the Unicode steps: drop the C0 controls and DEL (Cc), split off punctuation.
+_ASCII_CONTROLS = {cp: None for cp in [*range(32), 127] if chr(cp) not in "\t\n\r"}
+_ASCII_PUNCTUATION = re.compile(r"([!-/:-@\[-`{-~])")
+
+
+def basic_tokenize(sentence, lower_case=True):
+    """google-research/bert's BasicTokenizer: text -> words (before WordPiece)."""
+    if sentence.isascii():
+        sentence = sentence.translate(_ASCII_CONTROLS)
+        return _ASCII_PUNCTUATION.sub(r" \1 ", sentence.lower() if lower_case else sentence).split()
+    return _basic_tokenize_unicode(sentence, lower_case)
+
+
+def _basic_tokenize_unicode(sentence, lower_case):
+    chars = []
+    for ch in sentence:
+        cp = ord(ch)
+        if ch in " \t\n\r":
+            chars.append(" ")
+            continue
+        cat = unicodedata.category(ch)
+        if cp == 0 or cp == 0xFFFD or cat in ("Cc", "Cf"):
+            continue
+        if cat == "Zs":
+            chars.append(" ")
+        elif _is_cjk(cp):
+            chars.extend((" ", ch, " "))
+        else:
+            chars.append(ch)
+    words = []
+    for word in "".join(chars).split():
+        if lower_case:
+            word = "".join(c for c in unicodedata.normalize("NFD", word.lower()) if unicodedata.category(c) != "Mn")
+        current = []
+        for ch in word:
+            if _is_punctuation(ch):
+                if current:
+                    words.append("".join(current))
+                    current = []
+                words.append(ch)
+            else:
+                current.append(ch)
+        if current:
+            words.append("".join(current))
+    return " ".join(words).split()
 
 
 def unk_rate(tokenizer, sentences):

@@ -1,46 +1,65 @@
-"""Exports the encoder of a pre-training run, the layout google-research/bert users know:
+"""Exports a pre-trained BERT (encoder and heads) in the formats the BERT world reads:
 
     python run/export.py --checkpoint=runs/demo --vocab_file=data/demo/vocab.txt --output_dir=runs/demo_export
 
-writes  <output_dir>/bert_model.ckpt.*   encoder only (heads dropped); run/finetune.py --init_checkpoint reads it
-        <output_dir>/bert_config.json
-        <output_dir>/vocab.txt
-        <output_dir>/saved_model/        serve(input_ids, input_mask, segment_ids) -> sequence_output, pooled_output
+writes into <output_dir> (--format, all three by default):
+    google        bert_model.ckpt.*, bert_config.json, vocab.txt: google-research/bert's names (run_classifier.py,
+                  NVIDIA's scripts, Hugging Face's google-checkpoint converter, run/finetune.py --init_checkpoint)
+    huggingface   config.json, model.safetensors, vocab.txt, tokenizer_config.json:
+                  transformers' BertForPreTraining.from_pretrained(<output_dir>), BertTokenizer.from_pretrained(...)
+    saved_model   saved_model/: serve(input_ids, input_mask, segment_ids) -> sequence_output, pooled_output
+
+--checkpoint takes any format run/pretrain.py --init_checkpoint takes (this project's checkpoints, google's,
+a Hugging Face directory), so this also converts between them.
 """
 import os
-import shutil
 
 from absl import app, flags
 
-flags.DEFINE_string("checkpoint", None, "Pre-training checkpoint, or its folder (the latest is used).")
-flags.DEFINE_string("bert_config_file", "", "Default: bert_config.json beside the checkpoint.")
+FORMATS = ("google", "huggingface", "saved_model")
+flags.DEFINE_string("checkpoint", None, "Checkpoint: a pre-training run's folder (its latest) or checkpoint path, "
+                    "a google-research/bert bert_model.ckpt, or a Hugging Face directory.")
+flags.DEFINE_string("bert_config_file", "", "Default: the checkpoint's own (bert_config.json / config.json).")
 flags.DEFINE_string("vocab_file", None, "The vocab.txt the model was pre-trained with.")
+flags.DEFINE_bool("do_lower_case", True, "Written to tokenizer_config.json (Hugging Face).")
+flags.DEFINE_list("format", list(FORMATS), f"Formats to write: any of {', '.join(FORMATS)}.")
 flags.DEFINE_string("output_dir", None, "Export folder.")
 flags.mark_flags_as_required(["checkpoint", "vocab_file", "output_dir"])
+flags.register_validator("format", lambda v: bool(v) and set(v) <= set(FORMATS),
+                         f"--format takes a comma-separated subset of {', '.join(FORMATS)}")
 FLAGS = flags.FLAGS
 
 
 def main(_):
     import tensorflow as tf
 
-    from bert_tf import classification, modeling, tokenization
-    checkpoint = tf.train.latest_checkpoint(FLAGS.checkpoint) if os.path.isdir(FLAGS.checkpoint) else FLAGS.checkpoint
-    if not checkpoint or not tf.io.gfile.exists(checkpoint + ".index"):
-        raise SystemExit(f"error: --checkpoint={FLAGS.checkpoint}: no checkpoint found")
-    config_file = FLAGS.bert_config_file or os.path.join(os.path.dirname(checkpoint), "bert_config.json")
-    config = modeling.BertConfig.from_json_file(config_file)
-    vocab = tokenization.load_vocab(FLAGS.vocab_file)
-    encoder = modeling.BertEncoder(config)
+    from bert_tf import checkpoint_formats, classification, modeling, tokenization
     try:
-        classification.load_encoder(encoder, checkpoint, len(vocab))
-    except ValueError as e:
+        vocab = tokenization.load_vocab(FLAGS.vocab_file)
+        ckpt = checkpoint_formats.read(FLAGS.checkpoint)
+        config = (modeling.BertConfig.from_json_file(FLAGS.bert_config_file) if FLAGS.bert_config_file
+                  else ckpt.config)
+        if config is None:
+            raise ValueError(f"{ckpt.path}: no bert_config.json beside it: give --bert_config_file")
+        checkpoint_formats.check_fits(ckpt, config, len(vocab), FLAGS.vocab_file)
+        model = modeling.BertPretrainer(config, use_nsp="nsp/kernel" in ckpt.weights)
+        checkpoint_formats.assign(model, ckpt)
+        weights = checkpoint_formats.to_numpy(model)
+        if "google" in FLAGS.format and config.hidden_act not in ("gelu", "relu", "tanh"):
+            raise ValueError(f"hidden_act {config.hidden_act!r} has no google-research/bert name: "
+                             f"use --format=huggingface,saved_model")
+    except (ValueError, FileNotFoundError) as e:
         raise SystemExit(f"error: {e}")
-    os.makedirs(FLAGS.output_dir, exist_ok=True)
-    classification.save_encoder(encoder, os.path.join(FLAGS.output_dir, "bert_model.ckpt"))
-    config.to_json_file(os.path.join(FLAGS.output_dir, "bert_config.json"))
-    shutil.copyfile(FLAGS.vocab_file, os.path.join(FLAGS.output_dir, "vocab.txt"))
-    tf.saved_model.save(classification.ServingEncoder(encoder), os.path.join(FLAGS.output_dir, "saved_model"))
-    print(f"exported {checkpoint} -> {FLAGS.output_dir} (bert_model.ckpt, bert_config.json, vocab.txt, saved_model/)")
+    written = []
+    if "google" in FLAGS.format:
+        written += checkpoint_formats.write_google(weights, config, FLAGS.vocab_file, FLAGS.output_dir)
+    if "huggingface" in FLAGS.format:
+        written += checkpoint_formats.write_huggingface(weights, config, FLAGS.vocab_file, FLAGS.output_dir,
+                                                        FLAGS.do_lower_case)
+    if "saved_model" in FLAGS.format:
+        tf.saved_model.save(classification.ServingEncoder(model.encoder), os.path.join(FLAGS.output_dir, "saved_model"))
+        written.append("saved_model/")
+    print(f"exported {ckpt.path} ({ckpt.format}) -> {FLAGS.output_dir}: {', '.join(sorted(set(written)))}")
 
 
 if __name__ == "__main__":

@@ -16,9 +16,12 @@ from absl import app, flags
 flags.DEFINE_string("train_file", None, "Labelled examples (label<TAB>text[<TAB>text_b], CSV, or __label__X text).")
 flags.DEFINE_string("eval_file", "", "Held-out examples; without it, --kfold cross-validates on --train_file.")
 flags.DEFINE_integer("kfold", 5, "Folds for cross-validation when there is no --eval_file.")
-flags.DEFINE_string("init_checkpoint", "", "Pre-training checkpoint (path, or a folder: its latest) or an export.")
+flags.DEFINE_string("init_checkpoint", "", "Pre-training checkpoint (path, or a folder: its latest), an export, "
+                    "google-research/bert's bert_model.ckpt or a Hugging Face directory "
+                    "(config.json + model.safetensors).")
 flags.DEFINE_bool("random_init", False, "Randomly initialised encoder (the baseline); needs --bert_config_file.")
-flags.DEFINE_string("bert_config_file", "", "Model config; default: bert_config.json beside the checkpoint.")
+flags.DEFINE_string("bert_config_file", "", "Model config; default: the checkpoint's own "
+                    "(bert_config.json / config.json).")
 flags.DEFINE_string("vocab_file", None, "The vocab.txt the encoder was pre-trained with.")
 flags.DEFINE_bool("do_lower_case", True, "Tokeniser lower-cases.")
 flags.DEFINE_integer("max_seq_length", 64, "Longer examples are truncated (and counted).")
@@ -31,18 +34,6 @@ flags.DEFINE_string("probe_checkpoint_dir", "", "Run the probe on every checkpoi
                     "append kind=probe records to its metrics.jsonl.")
 flags.mark_flags_as_required(["train_file", "vocab_file"])
 FLAGS = flags.FLAGS
-
-
-def resolve_checkpoint(path):
-    import tensorflow as tf
-    if os.path.isdir(path):
-        latest = tf.train.latest_checkpoint(path)
-        if not latest:
-            raise FileNotFoundError(f"--init_checkpoint={path}: no checkpoint in that folder")
-        return latest
-    if not tf.io.gfile.exists(path + ".index"):
-        raise FileNotFoundError(f"--init_checkpoint={path}: no such checkpoint ({path}.index not found)")
-    return path
 
 
 def cross_validate(model_config, tokenizer, examples, checkpoint, hvd, label_names):
@@ -68,12 +59,12 @@ def cross_validate(model_config, tokenizer, examples, checkpoint, hvd, label_nam
     accuracies = [f["accuracy"] for f in folds]
     return {"folds": folds, "accuracy_mean": float(np.mean(accuracies)), "accuracy_std": float(np.std(accuracies)),
             "truncated": truncated, "skipped_lines": examples.skipped, "labels": label_names,
-            "init": checkpoint or "random"}, model
+            "init": checkpoint.path if hasattr(checkpoint, "path") else checkpoint or "random"}, model
 
 
 def main(_):
     from bert_tf import distributed, modeling, tokenization
-    from bert_tf import classification
+    from bert_tf import checkpoint_formats, classification
     hvd = distributed.init()
     tokenizer = tokenization.Tokenizer.from_file(FLAGS.vocab_file, FLAGS.do_lower_case)
     examples = classification.read_examples(FLAGS.train_file)
@@ -94,20 +85,29 @@ def main(_):
                     f.write(json.dumps(record) + "\n")
                 print(f"probe step {step}: accuracy {result['accuracy_mean']:.4f} ± {result['accuracy_std']:.4f}")
         return
-    checkpoint = "" if FLAGS.random_init else resolve_checkpoint(FLAGS.init_checkpoint) if FLAGS.init_checkpoint else ""
-    if not checkpoint and not FLAGS.random_init:
-        raise SystemExit("error: give --init_checkpoint, or --random_init for the baseline")
-    config_file = FLAGS.bert_config_file or (os.path.join(os.path.dirname(checkpoint), "bert_config.json")
-                                             if checkpoint else "")
-    if not config_file:
-        raise SystemExit("error: --random_init needs --bert_config_file")
-    config = modeling.BertConfig.from_json_file(config_file)
+    checkpoint = None
+    try:
+        if FLAGS.init_checkpoint and not FLAGS.random_init:
+            checkpoint = checkpoint_formats.read(FLAGS.init_checkpoint)   # any format; read once for all folds
+        elif not FLAGS.random_init:
+            raise SystemExit("error: give --init_checkpoint, or --random_init for the baseline")
+        if FLAGS.bert_config_file:
+            config = modeling.BertConfig.from_json_file(FLAGS.bert_config_file)
+        elif checkpoint is not None and checkpoint.config is not None:
+            config = checkpoint.config
+        else:
+            raise SystemExit("error: --random_init needs --bert_config_file" if checkpoint is None else
+                             f"error: {checkpoint.path} has no bert_config.json beside it: give --bert_config_file")
+        if checkpoint is not None:
+            checkpoint_formats.check_fits(checkpoint, config, len(tokenizer), FLAGS.vocab_file, FLAGS.max_seq_length)
+    except (ValueError, FileNotFoundError) as e:
+        raise SystemExit(f"error: {e}")
     try:
         result, _ = cross_validate(config, tokenizer, examples, checkpoint, hvd, label_names)
     except (ValueError, FileNotFoundError) as e:
         raise SystemExit(f"error: {e}")
     if hvd.rank() == 0:
-        print(f"{'random init' if not checkpoint else checkpoint}: accuracy {result['accuracy_mean']:.4f} ± "
+        print(f"{'random init' if checkpoint is None else checkpoint.path}: accuracy {result['accuracy_mean']:.4f} ± "
               f"{result['accuracy_std']:.4f} over {len(result['folds'])} fold(s); "
               f"{result['truncated']} truncated, {result['skipped_lines']} lines skipped")
         if FLAGS.output_json:

@@ -83,7 +83,8 @@ def test_export_round_trip_reproduces_the_encoder(pretrained, tmp_path):
                           env=mpi_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert sorted(os.listdir(tmp_path)) == ["bert_config.json", "bert_model.ckpt.data-00000-of-00001",
-                                            "bert_model.ckpt.index", "saved_model", "vocab.txt"]
+                                            "bert_model.ckpt.index", "config.json", "model.safetensors",
+                                            "saved_model", "tokenizer_config.json", "vocab.txt"]
     ids = tf.constant([[101, 104, 105, 106, 102, 0]], tf.int32)
     mask = tf.constant([[1, 1, 1, 1, 1, 0]], tf.int32)
     seg = tf.zeros_like(ids)
@@ -95,6 +96,8 @@ def test_export_round_trip_reproduces_the_encoder(pretrained, tmp_path):
     config = modeling.BertConfig.from_json_file(str(tmp_path / "bert_config.json"))
     encoder = modeling.BertEncoder(config)
     classification.load_encoder(encoder, str(tmp_path / "bert_model.ckpt"), len(VOCAB))
+    np.testing.assert_allclose(encoder(ids, mask, seg)[1], expected_pooled, rtol=1e-6)
+    classification.load_encoder(encoder, str(tmp_path), len(VOCAB))     # the Hugging Face files of the export
     np.testing.assert_allclose(encoder(ids, mask, seg)[1], expected_pooled, rtol=1e-6)
     with pytest.raises(ValueError, match="vocabulary has 112 tokens but the vocab file has 120"):
         classification.load_encoder(modeling.BertEncoder(config), str(tmp_path / "bert_model.ckpt"), 120)

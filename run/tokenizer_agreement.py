@@ -1,0 +1,156 @@
+"""Measures how often our tokenizer gives google-research/bert's ids, and its speed.
+
+The oracle is Hugging Face's pure-Python BertTokenizer (a reimplementation of google's FullTokenizer;
+test-only dependency `transformers`). Sentences: the bundled corpus as pre-training reads it, plus an
+adversarial set (ligatures, ª/º, full-width Latin, NUL and control characters, combining marks,
+Greek, Cyrillic, Hebrew, Arabic, CJK, emoji, words over 100 characters, URLs). Every character of the
+adversarial set (and its ## form) is added to the vocabulary, so that a difference in normalisation
+shows as different ids rather than hiding behind [UNK] on both sides.
+
+    python run/tokenizer_agreement.py --vocab_file=data/demo/vocab.txt
+    python run/tokenizer_agreement.py --vocab_file=... --output_json=agreement.json
+"""
+import json
+import time
+import unicodedata
+
+from absl import app, flags
+
+flags.DEFINE_string("vocab_file", None, "A do_lower_case WordPiece vocab.txt.")
+flags.DEFINE_list("input_files", ["data/corpus/lee_background.cor@documents", "data/corpus/pang_lee_polarity.cor",
+                                  "data/corpus/enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"],
+                  "Corpus files (as run/create_pretraining_data.py takes them).")
+flags.DEFINE_bool("do_lower_case", True, "Lower-case (both tokenizers).")
+flags.DEFINE_string("output_json", "", "Write the figures here.")
+flags.mark_flag_as_required("vocab_file")
+FLAGS = flags.FLAGS
+
+ADVERSARIAL = [
+    "The ﬁnal ﬂight was ﬃcient: ﬀ ﬅ ﬆ.",                          # Latin ligatures (NFKC would expand them)
+    "Nº 5 and the 1ª edición; 2º piso.",                          # ordinal indicators ª º
+    "ＦＵＬＬ－ＷＩＤＴＨ Ｌａｔｉｎ １２３ ｔｅｘｔ！",                 # full-width Latin, digits, punctuation
+    "nul\x00byte and bell\x07 and escape\x1b[0m here",            # NUL and C0 controls
+    "zero\u200bwidth\u200djoiner\ufeffbom soft\u00adhyphen",       # format characters (Cf)
+    "tab\tnew\nline\rreturn\x85next\u2028line\u2029para",         # white space and line separators
+    "no\u00a0break\u2003em\u3000ideographic space",               # Zs spaces
+    "replacement \ufffd char and private \ue000 use",             # U+FFFD, private use (Co)
+    "cafe\u0301 na\u0308ive re\u0301sume\u0301 A\u030a",          # combining marks (decomposed)
+    "Café naïve résumé Ångström Øresund Łódź Ćevapi",             # precomposed accents, letters without NFD
+    "ΟΔΥΣΣΕΥΣ ΣΟΦΟΣ σοφός Ἀθῆναι ΐ",                            # Greek: final sigma, polytonic
+    "Москва́ — столица России; ЁЛКА, Йошкар-Ола.",               # Cyrillic (Ё, Й decompose under NFD)
+    "שָׁלוֹם עוֹלָם",                                                # Hebrew with points (Mn)
+    "مَرْحَبًا بالعالم، كيف الحال؟",                                  # Arabic with harakat, Arabic punctuation
+    "北京大学的学生们在学习。東京タワー과 서울",                      # CJK ideographs, kana, Hangul
+    "İstanbul ıi ǅ ǈ ß ẞ ﬀ K Å",                                  # special casing (İ, dotless ı, titlecase digraphs)
+    "emoji 😀👍🏽 family 👨‍👩‍👧 flags 🇩🇪 and ❤️",                       # emoji, ZWJ sequences, variation selector
+    "a" * 101 + " " + "b" * 100 + " " + "é" * 101,                # longer than 100 characters (and exactly 100)
+    "https://example.com/path?query=1&x=%20y#frag user@mail.org",  # URLs, e-mail
+    "“Curly” quotes, don’t ‘single’ — dashes – and … ellipsis",   # typographic punctuation
+    "$100 + 5% = ^caret^ `back` |pipe| ~tilde~ <tag>",            # ASCII symbols that are not Unicode P*
+    "math ∑∫√ ≤≥ and currency €£¥ and ©®™ symbols",               # S* symbols (not split by google)
+    "Dž ǲ Ǳ ﬓ ﬔ ŉ ǰ",                                              # characters whose lower-case differs in length
+    "ℌ ℍ ℕ ① ⅷ ㍿ ㎏",                                              # compatibility characters
+    "  leading and trailing spaces   ",
+    "",
+]
+
+
+# Where transformers' BertTokenizer (the oracle) is not google's FullTokenizer: a difference is explained
+# when our tokenizer, given the text as the oracle sees it, gives the oracle's ids.
+ORACLE_DEPARTURES = {
+    "transformers drops every Unicode C* character (google's _is_control: only Cc and Cf), e.g. private use":
+        lambda s: "".join(c for c in s if c in "\t\n\r" or not unicodedata.category(c).startswith("C")),
+    "transformers lower-cases one character at a time (google: str.lower() per word, so a final capital "
+    "sigma becomes ς)":
+        lambda s: "".join(c.lower() for c in s),
+}
+
+
+def explain(tokenizer, sentence, oracle_ids):
+    return [cause for cause, seen_by_oracle in ORACLE_DEPARTURES.items()
+            if tokenizer.tokenize([seen_by_oracle(sentence)])[0] == list(oracle_ids)]
+
+
+def corpus_sentences(paths):
+    from bert_tf import corpus
+    return [s for doc in corpus.read_documents(paths) for s in doc]
+
+
+def vocab_with_sample_characters(vocab, samples, lower_case):
+    """vocab + every character of `samples` (as written, lower-cased, NFD-stripped, NFKC) and its ## form."""
+    chars = set()
+    for s in samples:
+        for form in (s, s.lower(), unicodedata.normalize("NFD", s.lower()), unicodedata.normalize("NFKC", s).lower()):
+            # not white space or control/format characters (tensorflow-text refuses some as vocab entries)
+            chars.update(c for c in form if not c.isspace() and unicodedata.category(c) not in ("Cc", "Cf", "Cs"))
+    known = set(vocab)
+    extra = [t for c in sorted(chars) for t in (c, "##" + c) if t not in known]
+    return list(vocab) + extra
+
+
+def oracle(vocab_file, lower_case):
+    from transformers import BertTokenizer
+    return BertTokenizer(vocab_file, do_lower_case=lower_case)
+
+
+def oracle_ids(hf, sentences):
+    """-> (ids per sentence, tokens/s)."""
+    start = time.perf_counter()
+    ids = [hf.convert_tokens_to_ids(hf.tokenize(s)) for s in sentences]
+    return ids, sum(map(len, ids)) / (time.perf_counter() - start)
+
+
+def compare(tokenizer, sentences, expected):
+    """-> (identical sentences, differing [(sentence, ours, oracle)], tokens/s of ours)."""
+    start = time.perf_counter()
+    ours = tokenizer.tokenize(sentences)
+    seconds = time.perf_counter() - start
+    differing = [(s, a, b) for s, a, b in zip(sentences, ours, expected) if list(a) != list(b)]
+    return len(sentences) - len(differing), differing, sum(map(len, ours)) / seconds
+
+
+def main(_):
+    import os
+    import tempfile
+
+    from bert_tf import tokenization
+    sentences = corpus_sentences(FLAGS.input_files)
+    vocab = vocab_with_sample_characters(tokenization.load_vocab(FLAGS.vocab_file), ADVERSARIAL, FLAGS.do_lower_case)
+    with tempfile.TemporaryDirectory() as tmp:
+        vocab_file = os.path.join(tmp, "vocab.txt")
+        tokenization.write_vocab(vocab, vocab_file)
+        hf = oracle(vocab_file, FLAGS.do_lower_case)
+        report = {"vocab_size": len(vocab), "corpus_sentences": len(sentences),
+                  "adversarial_sentences": len(ADVERSARIAL)}
+        parts = {"corpus": sentences, "adversarial": ADVERSARIAL}
+        expected = {part: oracle_ids(hf, sample) for part, sample in parts.items()}
+        report["oracle_tokens_per_second"] = expected["corpus"][1]
+        for name, fast in (("exact", False), ("fast", True)):
+            tok = tokenization.Tokenizer(vocab, FLAGS.do_lower_case, fast=fast)
+            tok.tokenize(["warm up"])
+            for part, sample in parts.items():
+                same, differing, ours_tps = compare(tok, sample, expected[part][0])
+                report[f"{name}_{part}_identical"] = same
+                report[f"{name}_{part}_differing"] = [
+                    {"text": s, "ours": [vocab[i] for i in a], "oracle": [vocab[i] for i in b],
+                     "explained_by": explain(tok, s, b) if not fast else []} for s, a, b in differing]
+                if part == "corpus":
+                    report[f"{name}_tokens_per_second"] = ours_tps
+            total = len(sentences) + len(ADVERSARIAL)
+            same = report[f"{name}_corpus_identical"] + report[f"{name}_adversarial_identical"]
+            report[f"{name}_agreement"] = same / total
+            print(f"{name:5s}: identical ids on {same}/{total} sentences ({100 * same / total:.2f}%): corpus "
+                  f"{report[f'{name}_corpus_identical']}/{len(sentences)}, adversarial "
+                  f"{report[f'{name}_adversarial_identical']}/{len(ADVERSARIAL)}; "
+                  f"{report[f'{name}_tokens_per_second']:,.0f} tokens/s on the corpus")
+            for d in report[f"{name}_corpus_differing"][:3] + report[f"{name}_adversarial_differing"]:
+                print(f"   {d['text'][:70]!r}\n      ours   {d['ours'][:14]}\n      oracle {d['oracle'][:14]}"
+                      + "".join(f"\n      explained: {cause}" for cause in d["explained_by"]))
+        print(f"oracle (transformers BertTokenizer): {report['oracle_tokens_per_second']:,.0f} tokens/s")
+    if FLAGS.output_json:
+        with open(FLAGS.output_json, "w") as f:
+            json.dump(report, f, indent=1, ensure_ascii=False)
+
+
+if __name__ == "__main__":
+    app.run(main)
