@@ -167,12 +167,10 @@ _NON_ARTICLE_LINK = re.compile(r"^\s*:?\s*(file|image|category|media|wikipedia|t
 def _mediawiki(path, stats):
     with open_binary(path) as f:
         stream = io.TextIOWrapper(f, encoding="utf-8", errors="replace")
-        ns, title, text, redirect = None, None, None, False
+        ns, text, redirect = None, None, False
         for event, elem in ET.iterparse(stream, events=("end",)):
             tag = elem.tag.rsplit("}", 1)[-1]
-            if tag == "title":
-                title = elem.text or ""
-            elif tag == "ns":
+            if tag == "ns":
                 ns = (elem.text or "").strip()
             elif tag == "redirect":
                 redirect = True
@@ -185,7 +183,7 @@ def _mediawiki(path, stats):
                         yield doc
                 else:
                     stats.skipped_pages += 1
-                ns, title, text, redirect = None, None, None, False
+                ns, text, redirect = None, None, False
                 elem.clear()
 
 

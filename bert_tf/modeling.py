@@ -2,7 +2,7 @@
 
 Written on plain `tf.Module`s and `tf.Variable`s (no Keras), so that Horovod 0.28.1's
 `horovod.tensorflow` collectives, `tf.train.Checkpoint` and SavedModel see ordinary
-variables (Keras 3 variables are not `tf.Variable`s; see README, "Why no Keras").
+variables (Keras 3 variables are not `tf.Variable`s; see the README's "No Keras" paragraph).
 
 Shapes in docstrings: B batch, S sequence length, H hidden size, N attention heads,
 D = H / N head size, I intermediate size, P max predictions per sequence, V vocab size.

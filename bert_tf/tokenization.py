@@ -30,7 +30,7 @@ def learn_vocab(sentences, vocab_size, lower_case=True, num_unused=99, batch_siz
     reserved = google_reserved_tokens(num_unused)
     if vocab_size <= len(reserved) + 100:
         raise ConfigError(f"--vocab_size={vocab_size} leaves no room for word pieces after "
-                         f"{len(reserved)} reserved tokens")
+                          f"{len(reserved)} reserved tokens")
     dataset = tf.data.Dataset.from_generator(lambda: iter(sentences), output_signature=tf.TensorSpec([], tf.string))
     vocab = learner.bert_vocab_from_dataset(
         dataset.batch(batch_size), vocab_size=vocab_size, reserved_tokens=reserved,
@@ -96,10 +96,6 @@ class Tokenizer:
     def tokens(self, sentence):
         """Word-piece strings of one sentence (for tests and inspection)."""
         return [self.vocab[i] for i in self.tokenize([sentence])[0]]
-
-    def tf_tokenize(self, strings):
-        """Graph-mode tokenisation for tf.data: string tensor [N] -> ragged int64 [N, (tokens)]."""
-        return self._tok.tokenize(strings)
 
 
 def unk_rate(tokenizer, sentences):
