@@ -69,16 +69,20 @@ def probe_link(small_tensors=200, big_elements=16 * 2 ** 20, repeats=4):
 PROBE_PREFIX = "PROBE "
 
 
+class ProbeError(RuntimeError):
+    """The link probe failed; the message names its log."""
+
+
 def run_probe(cluster, ranks, command, log_path, timeout, env=None):
     """Runs `command` (a program that prints PROBE_PREFIX + json of probe_link() on rank 0) on
-    the emulated cluster; returns that measurement. RuntimeError naming the log when it fails."""
+    the emulated cluster; returns that measurement. ProbeError naming the log when it fails."""
     proc = subprocess.run(cluster.mpirun_prefix(ranks, extra_env=_forwarded(env)) + command, capture_output=True,
                           text=True, timeout=timeout, env=env)
     with open(log_path, "w") as f:
         f.write(proc.stdout + proc.stderr)
     lines = [line for line in proc.stdout.splitlines() if line.startswith(PROBE_PREFIX)]
     if proc.returncode != 0 or not lines:
-        raise RuntimeError(f"link probe failed (exit {proc.returncode}); log: {log_path}")
+        raise ProbeError(f"link probe failed (exit {proc.returncode}); log: {log_path}")
     return json.loads(lines[-1][len(PROBE_PREFIX):])
 
 

@@ -52,13 +52,13 @@ def check_file(path, max_seq_length, max_predictions_per_seq, dynamic_masking=Fa
                 example = tf.train.Example.FromString(raw.numpy())
                 if dynamic_masking and "masked_lm_positions" in example.features.feature:
                     raise ConfigError(f"{path}: records are already masked; train without --dynamic_masking "
-                                     f"or create the data with --dynamic_masking")
+                                      f"or create the data with --dynamic_masking")
                 for name, length in expected.items():
                     feature = example.features.feature.get(name)
                     if feature is None:
                         raise ConfigError(f"{path}: records lack the feature {name!r}"
-                                         + (" (made with --dynamic_masking? then train with it too)"
-                                            if name.startswith("masked_lm") else ""))
+                                          + (" (made with --dynamic_masking? then train with it too)"
+                                             if name.startswith("masked_lm") else ""))
                     kind = feature.WhichOneof("kind")
                     got = len(getattr(feature, kind).value)
                     if got != length:

@@ -74,13 +74,13 @@ class PretrainConfig(training.TrainConfig):
             raise ConfigError("--eval_interval needs --eval_files")
         if self.max_predictions_per_seq > self.max_seq_length:
             raise ConfigError(f"--max_predictions_per_seq={self.max_predictions_per_seq} exceeds "
-                             f"--max_seq_length={self.max_seq_length}")
+                              f"--max_seq_length={self.max_seq_length}")
         if self.init_checkpoint and not tf.io.gfile.exists(self.init_checkpoint + ".index"):
             raise ConfigError(f"--init_checkpoint={self.init_checkpoint}: no such checkpoint "
-                                    f"({self.init_checkpoint}.index not found)")
+                              f"({self.init_checkpoint}.index not found)")
         if self.network_interface and not os.path.exists(metrics.tx_counter(self.network_interface)):
             raise ConfigError(f"--network_interface={self.network_interface}: no such interface here "
-                             f"({metrics.tx_counter(self.network_interface)} not found)")
+                              f"({metrics.tx_counter(self.network_interface)} not found)")
 
 
 def build_model_config(cfg: PretrainConfig, vocab_size: int) -> modeling.BertConfig:

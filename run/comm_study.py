@@ -142,7 +142,7 @@ def main(argv):
         return
     try:
         measure(result, nodes_list, rates)
-    except (RuntimeError, ec.ClusterError) as e:
+    except (comm_study.ProbeError, ec.ClusterError) as e:       # keep what was measured, say how to go on
         write(result)
         sys.exit(f"error: {e} (measurements so far are in {FLAGS.output_dir}/study.json; run again to continue)")
     rows = result["rows"]
