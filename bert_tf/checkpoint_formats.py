@@ -25,7 +25,7 @@ import shutil
 
 import numpy as np
 
-from bert_tf import modeling
+from bert_tf import ConfigError, modeling
 
 OURS, GOOGLE, HUGGINGFACE = "bert_tf", "google", "huggingface"
 HF_CONFIG, HF_WEIGHTS = "config.json", "model.safetensors"
@@ -98,23 +98,23 @@ def config_from_huggingface(values: dict, path: str) -> modeling.BertConfig:
     """Hugging Face config.json (already parsed) -> BertConfig; `path` names the file in errors."""
     model_type = values.get("model_type")
     if model_type != "bert":
-        raise ValueError(f"{path}: model_type is {model_type!r}, expected 'bert' (only BERT checkpoints "
+        raise ConfigError(f"{path}: model_type is {model_type!r}, expected 'bert' (only BERT checkpoints "
                          f"can be read; RoBERTa, ALBERT and others have other weights and tokenizers)")
     act = values.get("hidden_act", "gelu")
     if act not in _ACT_FROM_HF:
-        raise ValueError(f"{path}: hidden_act {act!r} is not supported; expected one of {sorted(_ACT_FROM_HF)}")
+        raise ConfigError(f"{path}: hidden_act {act!r} is not supported; expected one of {sorted(_ACT_FROM_HF)}")
     if values.get("position_embedding_type", "absolute") != "absolute":
-        raise ValueError(f"{path}: position_embedding_type {values['position_embedding_type']!r} is not "
+        raise ConfigError(f"{path}: position_embedding_type {values['position_embedding_type']!r} is not "
                          f"supported; expected 'absolute'")
     eps = values.get("layer_norm_eps", 1e-12)
     if not np.isclose(eps, 1e-12, rtol=1e-3, atol=0):
-        raise ValueError(f"{path}: layer_norm_eps {eps} is not supported; expected 1e-12 (BERT's)")
+        raise ConfigError(f"{path}: layer_norm_eps {eps} is not supported; expected 1e-12 (BERT's)")
     fields = {f.name for f in dataclasses.fields(modeling.BertConfig)}
     try:
         return modeling.BertConfig.from_dict(
             {**{k: v for k, v in values.items() if k in fields}, "hidden_act": _ACT_FROM_HF[act]})
     except (TypeError, ValueError) as e:
-        raise ValueError(f"{path}: {e}") from None
+        raise ConfigError(f"{path}: {e}") from None
 
 
 def config_to_huggingface(config: modeling.BertConfig) -> dict:
@@ -140,7 +140,7 @@ def locate(path: str) -> tuple[str, str]:
     by their names) or a Hugging Face directory. Raises naming `path` and what was looked for."""
     import tensorflow as tf
     if not path:
-        raise FileNotFoundError("empty checkpoint path")
+        raise ConfigError("empty checkpoint path")
     if path.endswith(".safetensors") and os.path.isfile(path):
         path = os.path.dirname(path) or "."
     if os.path.isdir(path):
@@ -150,18 +150,18 @@ def locate(path: str) -> tuple[str, str]:
         if not prefix and tf.io.gfile.exists(os.path.join(path, GOOGLE_CKPT + ".index")):
             prefix = os.path.join(path, GOOGLE_CKPT)
         if not prefix:
-            raise ValueError(
+            raise ConfigError(
                 f"{path}: unknown checkpoint format: found neither {HF_CONFIG} + {HF_WEIGHTS} (Hugging Face), "
                 f"nor a TensorFlow checkpoint ('checkpoint' index file or {GOOGLE_CKPT}.index)")
         path = prefix
     elif not tf.io.gfile.exists(path + ".index"):
-        raise FileNotFoundError(f"no such checkpoint: {path} ({path}.index not found, and not a directory)")
+        raise ConfigError(f"no such checkpoint: {path} ({path}.index not found, and not a directory)")
     names = dict(tf.train.list_variables(path))
     if _OUR_KEY.format("encoder/embeddings/word_embeddings") in names:
         return OURS, path
     if "bert/embeddings/word_embeddings" in names:
         return GOOGLE, path
-    raise ValueError(f"{path}: unknown checkpoint format: it has neither bert_tf's "
+    raise ConfigError(f"{path}: unknown checkpoint format: it has neither bert_tf's "
                      f"model/encoder/embeddings/word_embeddings nor google-research/bert's "
                      f"bert/embeddings/word_embeddings (first names: {sorted(names)[:3]})")
 
@@ -209,22 +209,22 @@ def _read_google_config(path):
         with open(path) as f:
             values = json.load(f)
     except json.JSONDecodeError as e:
-        raise ValueError(f"{path} is not valid JSON: {e}") from None
+        raise ConfigError(f"{path} is not valid JSON: {e}") from None
     try:
         return modeling.BertConfig.from_dict({k: v for k, v in values.items() if k not in _GOOGLE_UNUSED})
     except (TypeError, ValueError) as e:
-        raise ValueError(f"{path}: {e}") from None
+        raise ConfigError(f"{path}: {e}") from None
 
 
 def _read_huggingface(directory):
     config_file = os.path.join(directory, HF_CONFIG)
     weights_file = os.path.join(directory, HF_WEIGHTS)
     if not os.path.isfile(config_file):
-        raise FileNotFoundError(f"{directory}: Hugging Face directory without {HF_CONFIG}")
+        raise ConfigError(f"{directory}: Hugging Face directory without {HF_CONFIG}")
     if not os.path.isfile(weights_file):
         others = [f for f in ("pytorch_model.bin", "tf_model.h5", "model.safetensors.index.json")
                   if os.path.exists(os.path.join(directory, f))]
-        raise FileNotFoundError(
+        raise ConfigError(
             f"{weights_file} not found: a Hugging Face BERT directory needs {HF_WEIGHTS} beside {HF_CONFIG}"
             + (f" (found {', '.join(others)}, which this reader does not take: save the model with "
                f"safe_serialization=True)" if others else ""))
@@ -232,14 +232,14 @@ def _read_huggingface(directory):
         with open(config_file) as f:
             values = json.load(f)
     except json.JSONDecodeError as e:
-        raise ValueError(f"{config_file} is not valid JSON: {e}") from None
+        raise ConfigError(f"{config_file} is not valid JSON: {e}") from None
     config = config_from_huggingface(values, config_file)
     from safetensors import SafetensorError
     from safetensors.numpy import load_file
     try:
         tensors = load_file(weights_file)
     except (SafetensorError, OSError, ValueError, KeyError) as e:
-        raise ValueError(f"{weights_file} is not a readable safetensors file (a truncated download?): {e}") from None
+        raise ConfigError(f"{weights_file} is not a readable safetensors file (a truncated download?): {e}") from None
     # A bare BertModel is saved without the "bert." prefix; old checkpoints say gamma/beta for LayerNorm.
     if not any(k.startswith("bert.") for k in tensors):
         tensors = {("bert." + k if not k.startswith("cls.") else k): v for k, v in tensors.items()}
@@ -250,7 +250,7 @@ def _read_huggingface(directory):
     decoder = tensors.get("cls.predictions.decoder.weight")
     word = tensors.get("bert.embeddings.word_embeddings.weight")
     if decoder is not None and word is not None and not np.array_equal(decoder, word):
-        raise ValueError(f"{weights_file}: cls.predictions.decoder.weight differs from the word embeddings; "
+        raise ConfigError(f"{weights_file}: cls.predictions.decoder.weight differs from the word embeddings; "
                          f"BERT ties them (an untied decoder is not supported)")
     layers = _count_layers(tensors, "bert.encoder.layer.{}.attention.self.query.weight")
     weights = {}
@@ -290,11 +290,11 @@ def _check_consistent(ckpt: Checkpoint):
     where = f"{ckpt.config_file} disagrees with the tensors in {ckpt.weights_file}"
     layers = _count_layers(ckpt.weights, "encoder/layers/{}/attention/query/kernel")
     if layers != ckpt.config.num_hidden_layers:
-        raise ValueError(f"{where}: num_hidden_layers is {ckpt.config.num_hidden_layers} but the checkpoint "
+        raise ConfigError(f"{where}: num_hidden_layers is {ckpt.config.num_hidden_layers} but the checkpoint "
                          f"holds {layers} layers")
     for name, shape in expected_shapes(ckpt.config).items():
         if name in ckpt.weights and list(ckpt.weights[name].shape) != shape:
-            raise ValueError(f"{where}: {name} should be {shape} by the config but is "
+            raise ConfigError(f"{where}: {name} should be {shape} by the config but is "
                              f"{list(ckpt.weights[name].shape)}")
 
 
@@ -305,23 +305,23 @@ def check_fits(ckpt: Checkpoint, config: modeling.BertConfig, vocab_size: int | 
     src = ckpt.weights_file
     word = w.get("encoder/embeddings/word_embeddings")
     if word is None:
-        raise ValueError(f"{src}: no word embeddings ({ckpt.format} checkpoint without an encoder?)")
+        raise ConfigError(f"{src}: no word embeddings ({ckpt.format} checkpoint without an encoder?)")
     if vocab_size is not None and word.shape[0] != vocab_size:
-        raise ValueError(f"{src}: its vocabulary has {word.shape[0]} tokens but the vocab file "
+        raise ConfigError(f"{src}: its vocabulary has {word.shape[0]} tokens but the vocab file "
                          f"{vocab_file + ' ' if vocab_file else ''}has {vocab_size}: use the vocab.txt that came "
                          f"with the checkpoint")
     if word.shape[1] != config.hidden_size:
-        raise ValueError(f"{src}: hidden size {word.shape[1]} but the model's hidden_size is {config.hidden_size}")
+        raise ConfigError(f"{src}: hidden size {word.shape[1]} but the model's hidden_size is {config.hidden_size}")
     layers = _count_layers(w, "encoder/layers/{}/attention/query/kernel")
     if layers != config.num_hidden_layers:
-        raise ValueError(f"{src}: {layers} layers but the model has num_hidden_layers={config.num_hidden_layers}")
+        raise ConfigError(f"{src}: {layers} layers but the model has num_hidden_layers={config.num_hidden_layers}")
     positions = w.get("encoder/embeddings/position_embeddings")
     if positions is not None and max_seq_length is not None and positions.shape[0] < max_seq_length:
-        raise ValueError(f"{src}: the position table has {positions.shape[0]} rows, fewer than "
+        raise ConfigError(f"{src}: the position table has {positions.shape[0]} rows, fewer than "
                          f"--max_seq_length={max_seq_length}")
     for name, shape in expected_shapes(config).items():
         if name in w and list(w[name].shape) != shape:
-            raise ValueError(f"{src}: {name} is {list(w[name].shape)} but the model expects {shape}")
+            raise ConfigError(f"{src}: {name} is {list(w[name].shape)} but the model expects {shape}")
 
 
 # ------------------------------------------------------------------------------------------ models
@@ -340,13 +340,13 @@ def assign(model, ckpt: Checkpoint, log=print) -> list:
     missing = [n for n in variables if n not in ckpt.weights]
     encoder_missing = [n for n in missing if n.startswith("encoder/")]
     if encoder_missing:
-        raise ValueError(f"{ckpt.weights_file}: {len(encoder_missing)} encoder weights missing, "
+        raise ConfigError(f"{ckpt.weights_file}: {len(encoder_missing)} encoder weights missing, "
                          f"e.g. {encoder_missing[0]}")
     for name, var in variables.items():
         if name in ckpt.weights:
             value = ckpt.weights[name]
             if list(value.shape) != var.shape.as_list():
-                raise ValueError(f"{ckpt.weights_file}: {name} is {list(value.shape)} but the model "
+                raise ConfigError(f"{ckpt.weights_file}: {name} is {list(value.shape)} but the model "
                                  f"expects {var.shape.as_list()}")
             var.assign(value.astype(np.float32, copy=False))
     fresh = [head for head, prefixes in HEADS.items() if any(n.startswith(prefixes) for n in missing)]
@@ -368,7 +368,7 @@ def write_google(weights: dict, config: modeling.BertConfig, vocab_file: str, ou
     """bert_model.ckpt.{index,data-*} under google's names, bert_config.json, vocab.txt."""
     import tensorflow as tf
     if config.hidden_act not in ("gelu", "relu", "tanh"):
-        raise ValueError(f"hidden_act {config.hidden_act!r} has no google-research/bert name (its 'gelu' is "
+        raise ConfigError(f"hidden_act {config.hidden_act!r} has no google-research/bert name (its 'gelu' is "
                          f"the tanh form): export this model with --format=huggingface,saved_model")
     names, tensors = [], []
     for ours, google, _, kind in _tables(weights):

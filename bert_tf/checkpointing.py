@@ -11,6 +11,8 @@ import os
 
 import tensorflow as tf
 
+from bert_tf import ConfigError
+
 
 class Checkpoints:
     def __init__(self, directory, items: dict, keep_last=3, is_writer=True):
@@ -76,7 +78,7 @@ def check_compatible(path, model, prefix="model"):
             parts.append(f"{len(missing)} model variables not in the checkpoint, e.g. {missing[0]}")
         if extra:
             parts.append(f"{len(extra)} checkpoint variables not in the model, e.g. {extra[0]}")
-        raise ValueError(
+        raise ConfigError(
             f"checkpoint {path} does not fit this model: {'; '.join(parts)}. Use the model preset, "
             f"bert_config.json and vocab of the run that wrote it, or another --checkpoint_dir.")
 

@@ -20,7 +20,7 @@ import os
 import numpy as np
 import tensorflow as tf
 
-from bert_tf import modeling
+from bert_tf import ConfigError, modeling
 
 
 @dataclasses.dataclass
@@ -33,7 +33,7 @@ class Examples:
 
 def read_examples(path) -> Examples:
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"input file not found: {path}")
+        raise ConfigError(f"input file not found: {path}")
     out = Examples([], [], [])
     delimiter = "," if path.endswith(".csv") else "\t"
     with open(path, encoding="utf-8", errors="replace") as f:
@@ -52,7 +52,7 @@ def read_examples(path) -> Examples:
             out.texts_a.append(fields[1])
             out.texts_b.append(fields[2] if len(fields) > 2 and fields[2] else None)
     if not out.labels:
-        raise ValueError(f"{path}: no labelled examples ({out.skipped} lines skipped as empty or unlabelled)")
+        raise ConfigError(f"{path}: no labelled examples ({out.skipped} lines skipped as empty or unlabelled)")
     return out
 
 
@@ -60,7 +60,7 @@ def encode(examples: Examples, tokenizer, max_seq_length, label_names):
     """-> (features dict of int32 arrays, labels int32 [N], number of truncated examples)."""
     unknown = sorted(set(examples.labels) - set(label_names))
     if unknown:
-        raise ValueError(f"labels {unknown} are not among the training labels {label_names}")
+        raise ConfigError(f"labels {unknown} are not among the training labels {label_names}")
     a = tokenizer.tokenize(examples.texts_a)
     b = tokenizer.tokenize([t or "" for t in examples.texts_b])
     n = len(a)
@@ -152,7 +152,7 @@ def train_and_evaluate(model_config, label_names, train, evaluation, init_checkp
     (x, y), (ex, ey) = train, evaluation
     steps_per_epoch = len(y) // (batch_size * size)
     if steps_per_epoch < 1:
-        raise ValueError(f"{len(y)} training examples are fewer than one global batch of {batch_size * size}")
+        raise ConfigError(f"{len(y)} training examples are fewer than one global batch of {batch_size * size}")
     total = epochs * steps_per_epoch
     config = training.TrainConfig(optimizer="adamw", learning_rate=learning_rate, precision=precision,
                                   warmup_steps=int(total * warmup_fraction), total_steps=total,

@@ -28,6 +28,8 @@ import os
 import re
 import xml.etree.ElementTree as ET
 
+from bert_tf import ConfigError
+
 FORMATS = ("sentences", "documents", "mediawiki")
 
 
@@ -75,7 +77,7 @@ def expand_inputs(patterns):
         path, _, fmt = pattern.partition("@")
         matches = glob.glob(path)
         if not matches:
-            raise FileNotFoundError(f"input file not found: {path}")
+            raise ConfigError(f"input file not found: {path}")
         files.update(m + ("@" + fmt if fmt else "") for m in matches)
     return sorted(files)
 
@@ -87,15 +89,15 @@ def read_documents(paths, fmt="auto", stats: ReadStats | None = None):
     """
     stats = stats if stats is not None else ReadStats()
     if not paths:
-        raise ValueError("no input files given")
+        raise ConfigError("no input files given")
     for spec in paths:
         path, _, own_fmt = spec.partition("@")
         if not os.path.isfile(path):
-            raise FileNotFoundError(f"input file not found: {path}")
+            raise ConfigError(f"input file not found: {path}")
         kind = own_fmt or fmt
         kind = detect_format(path) if kind == "auto" else kind
         if kind not in FORMATS:
-            raise ValueError(f"unknown input format {kind!r} for {path}; valid: auto, {', '.join(FORMATS)}")
+            raise ConfigError(f"unknown input format {kind!r} for {path}; valid: auto, {', '.join(FORMATS)}")
         stats.files += 1
         reader = {"sentences": _sentence_per_line, "documents": _document_per_line,
                   "mediawiki": _mediawiki}[kind]
@@ -165,12 +167,10 @@ _NON_ARTICLE_LINK = re.compile(r"^\s*:?\s*(file|image|category|media|wikipedia|t
 def _mediawiki(path, stats):
     with open_binary(path) as f:
         stream = io.TextIOWrapper(f, encoding="utf-8", errors="replace")
-        ns, title, text, redirect = None, None, None, False
+        ns, text, redirect = None, None, False
         for event, elem in ET.iterparse(stream, events=("end",)):
             tag = elem.tag.rsplit("}", 1)[-1]
-            if tag == "title":
-                title = elem.text or ""
-            elif tag == "ns":
+            if tag == "ns":
                 ns = (elem.text or "").strip()
             elif tag == "redirect":
                 redirect = True
@@ -183,7 +183,7 @@ def _mediawiki(path, stats):
                         yield doc
                 else:
                     stats.skipped_pages += 1
-                ns, title, text, redirect = None, None, None, False
+                ns, text, redirect = None, None, False
                 elem.clear()
 
 

@@ -9,7 +9,9 @@ import os
 
 import tensorflow as tf
 
-# bert_tf flag -> Horovod environment variable. Values set by horovodrun (or the user's
+from bert_tf.comm import CommConfig
+
+# CommConfig field (and flag) -> Horovod environment variable. Values set by horovodrun (or the user's
 # environment) win over flags; `configure` reports which value is in force.
 _KNOBS = {
     "fusion_threshold_mb": ("HOROVOD_FUSION_THRESHOLD", lambda mb: str(int(mb * 1024 * 1024))),
@@ -17,12 +19,11 @@ _KNOBS = {
 }
 
 
-def configure(fusion_threshold_mb=None, cycle_time_ms=None, timeline=None, autotune=False):
+def configure(comm: CommConfig, timeline=None, autotune=False):
     """Set Horovod's environment before `hvd.init()`; returns {variable: (value, source)}."""
-    wanted = {"fusion_threshold_mb": fusion_threshold_mb, "cycle_time_ms": cycle_time_ms}
     effective = {}
-    for flag, value in wanted.items():
-        var, to_env = _KNOBS[flag]
+    for flag, (var, to_env) in _KNOBS.items():
+        value = getattr(comm, flag)
         if var in os.environ:
             effective[var] = (os.environ[var], "environment")
         elif value is not None:
@@ -100,6 +101,28 @@ def sum_across_ranks(values: dict) -> dict:
     if hvd.size() > 1:
         stacked = hvd.allreduce(stacked, op=hvd.Sum, name="metrics_sum")
     return dict(zip(keys, stacked.numpy().tolist()))
+
+
+def allreduce_sum(tensors, name):
+    """Each tensor summed over ranks, one allreduce each (named name_i: every rank must use the
+    same names in the same order); eager or inside a tf.function."""
+    import horovod.tensorflow as hvd
+    return [hvd.allreduce(t, op=hvd.Sum, name=f"{name}_{i}") for i, t in enumerate(tensors)]
+
+
+def sum_array_across_ranks(array, name):
+    """Element-wise sum of a numpy array of the same shape on every rank."""
+    if size() == 1:
+        return array
+    return allreduce_sum([tf.constant(array)], name)[0].numpy()
+
+
+def any_rank(flag: bool) -> bool:
+    """True on every rank when it is True on one (a signal that reached one rank stops all)."""
+    import horovod.tensorflow as hvd
+    if hvd.size() == 1:
+        return flag
+    return bool(hvd.allreduce(tf.constant(int(flag)), op=hvd.Max, name="stop_flag").numpy())
 
 
 def timeline_allreduce_dtypes(path) -> dict:

@@ -21,6 +21,8 @@ import shutil
 import subprocess
 import tempfile
 
+from bert_tf import ConfigError
+
 PREFIX = "btc"
 SUBNET = "198.18.0"
 LAUNCHER_ADDRESS = f"{SUBNET}.254"
@@ -74,9 +76,9 @@ class EmulatedCluster:
 
     def __init__(self, nodes, rate_gbit=10.0, delay_ms=0.0, slots=1):
         if nodes < 1 or nodes > 200:
-            raise ValueError(f"nodes must be in [1, 200], got {nodes}")
+            raise ConfigError(f"nodes must be in [1, 200], got {nodes}")
         if rate_gbit <= 0:
-            raise ValueError(f"rate_gbit must be > 0, got {rate_gbit}")
+            raise ConfigError(f"rate_gbit must be > 0, got {rate_gbit}")
         self.nodes, self.rate_gbit, self.delay_ms, self.slots = nodes, rate_gbit, delay_ms, slots
         self.hosts = [f"{SUBNET}.{i + 1}" for i in range(nodes)]
         self.namespaces = [f"{PREFIX}-h{i}" for i in range(nodes)]

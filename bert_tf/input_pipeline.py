@@ -12,6 +12,7 @@ import os
 
 import tensorflow as tf
 
+from bert_tf import ConfigError
 from bert_tf.pretraining_data import feature_spec
 
 # Verify every record of a rank's files at start-up when they are this small in total;
@@ -27,7 +28,7 @@ def list_files(patterns):
     for pattern in patterns:
         matches = glob.glob(pattern)
         if not matches:
-            raise FileNotFoundError(f"no input files match {pattern!r}")
+            raise ConfigError(f"no input files match {pattern!r}")
         files.update(matches)
     return sorted(files)
 
@@ -50,30 +51,30 @@ def check_file(path, max_seq_length, max_predictions_per_seq, dynamic_masking=Fa
             if count == 0:
                 example = tf.train.Example.FromString(raw.numpy())
                 if dynamic_masking and "masked_lm_positions" in example.features.feature:
-                    raise ValueError(f"{path}: records are already masked; train without --dynamic_masking "
-                                     f"or create the data with --dynamic_masking")
+                    raise ConfigError(f"{path}: records are already masked; train without --dynamic_masking "
+                                      f"or create the data with --dynamic_masking")
                 for name, length in expected.items():
                     feature = example.features.feature.get(name)
                     if feature is None:
-                        raise ValueError(f"{path}: records lack the feature {name!r}"
-                                         + (" (made with --dynamic_masking? then train with it too)"
-                                            if name.startswith("masked_lm") else ""))
+                        raise ConfigError(f"{path}: records lack the feature {name!r}"
+                                          + (" (made with --dynamic_masking? then train with it too)"
+                                             if name.startswith("masked_lm") else ""))
                     kind = feature.WhichOneof("kind")
                     got = len(getattr(feature, kind).value)
                     if got != length:
                         flag = {"input_ids": "max_seq_length", "input_mask": "max_seq_length",
                                 "segment_ids": "max_seq_length", "next_sentence_labels": None}.get(
                                     name, "max_predictions_per_seq")
-                        raise ValueError(
+                        raise ConfigError(
                             f"{path}: feature {name!r} has length {got} but the run expects {length}"
                             + (f" (--{flag})" if flag else ""))
             count += 1
             if not full:
                 break
     except tf.errors.DataLossError as e:
-        raise ValueError(f"{path} is truncated or corrupt after {count} good records: {e.message}") from None
+        raise ConfigError(f"{path} is truncated or corrupt after {count} good records: {e.message}") from None
     if count == 0:
-        raise ValueError(f"{path} has no records")
+        raise ConfigError(f"{path} has no records")
     return count
 
 

@@ -2,7 +2,7 @@
 
 Written on plain `tf.Module`s and `tf.Variable`s (no Keras), so that Horovod 0.28.1's
 `horovod.tensorflow` collectives, `tf.train.Checkpoint` and SavedModel see ordinary
-variables (Keras 3 variables are not `tf.Variable`s; see README, "Why no Keras").
+variables (Keras 3 variables are not `tf.Variable`s; see the README's "No Keras" paragraph).
 
 Shapes in docstrings: B batch, S sequence length, H hidden size, N attention heads,
 D = H / N head size, I intermediate size, P max predictions per sequence, V vocab size.
@@ -21,6 +21,8 @@ import json
 import math
 
 import tensorflow as tf
+
+from bert_tf import ConfigError
 
 # (layers, hidden) of the standard sizes: google-research/bert and Turc et al. 2019.
 # heads = hidden / 64, intermediate = 4 * hidden.
@@ -55,23 +57,23 @@ class BertConfig:
                      "intermediate_size", "max_position_embeddings", "type_vocab_size"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"BertConfig.{name} must be a positive integer, got {value!r}")
+                raise ConfigError(f"BertConfig.{name} must be a positive integer, got {value!r}")
         if self.hidden_size % self.num_attention_heads:
-            raise ValueError(
+            raise ConfigError(
                 f"BertConfig.hidden_size ({self.hidden_size}) is not divisible by "
                 f"num_attention_heads ({self.num_attention_heads})")
         for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
             if not 0.0 <= getattr(self, name) < 1.0:
-                raise ValueError(f"BertConfig.{name} must be in [0, 1), got {getattr(self, name)!r}")
+                raise ConfigError(f"BertConfig.{name} must be in [0, 1), got {getattr(self, name)!r}")
         if self.hidden_act not in ACTIVATIONS:
-            raise ValueError(f"BertConfig.hidden_act {self.hidden_act!r} is not one of {sorted(ACTIVATIONS)}")
+            raise ConfigError(f"BertConfig.hidden_act {self.hidden_act!r} is not one of {sorted(ACTIVATIONS)}")
         if self.initializer_range <= 0:
-            raise ValueError(f"BertConfig.initializer_range must be positive, got {self.initializer_range!r}")
+            raise ConfigError(f"BertConfig.initializer_range must be positive, got {self.initializer_range!r}")
 
     @classmethod
     def preset(cls, name: str, **overrides) -> "BertConfig":
         if name not in PRESETS:
-            raise ValueError(f"unknown model preset {name!r}; valid presets: {', '.join(PRESETS)}")
+            raise ConfigError(f"unknown model preset {name!r}; valid presets: {', '.join(PRESETS)}")
         layers, hidden = PRESETS[name]
         values = dict(num_hidden_layers=layers, hidden_size=hidden,
                       num_attention_heads=hidden // 64, intermediate_size=4 * hidden)
@@ -83,7 +85,7 @@ class BertConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
-            raise ValueError(f"unknown BertConfig fields {unknown}; known: {sorted(known)}")
+            raise ConfigError(f"unknown BertConfig fields {unknown}; known: {sorted(known)}")
         return cls(**values)
 
     @classmethod
@@ -92,11 +94,11 @@ class BertConfig:
             with tf.io.gfile.GFile(path) as f:
                 values = json.load(f)
         except json.JSONDecodeError as e:
-            raise ValueError(f"{path} is not valid JSON: {e}") from None
+            raise ConfigError(f"{path} is not valid JSON: {e}") from None
         try:
             return cls.from_dict(values)
         except (TypeError, ValueError) as e:
-            raise ValueError(f"{path}: {e}") from None
+            raise ConfigError(f"{path}: {e}") from None
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -322,10 +324,10 @@ class BertPretrainer(tf.Module):
 def check_features_fit(config: BertConfig, max_seq_length: int, vocab_size: int | None = None) -> None:
     """Fail before training when the data cannot fit the model."""
     if max_seq_length > config.max_position_embeddings:
-        raise ValueError(
+        raise ConfigError(
             f"--max_seq_length={max_seq_length} exceeds the model's max_position_embeddings "
             f"({config.max_position_embeddings})")
     if vocab_size is not None and vocab_size > config.vocab_size:
-        raise ValueError(
+        raise ConfigError(
             f"the vocabulary has {vocab_size} tokens but the model's vocab_size is {config.vocab_size}: "
             f"token ids >= {config.vocab_size} would not have embeddings")

@@ -7,8 +7,11 @@ Model (per optimizer update, per phase):
                                              (forward, backward, optimizer) at this sequence length
     gradient  G = sum of the gradient tensors' bytes (2 per value with fp16 compression, else 4)
     allreduces per update  a = 1 when gradients are allreduced after accumulation, else accumulation
+              (comm.CommConfig.allreduce_every_micro_batch)
     messages  m = Horovod tensor fusion: the tensors packed in order into buffers of at most the
               fusion threshold (a larger tensor goes alone; threshold 0 = one message per tensor)
+    The communication settings are a comm.CommConfig; unset fusion threshold and cycle time are
+    Horovod's defaults (128 MB, 1 ms), as in a run that does not set them.
     waiting   W = cycle_time / 2 (tensors wait half a Horovod cycle on average before they are sent)
               + m x o            o: software cost per message (negotiation, copies, MPI call)
 
@@ -33,6 +36,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from bert_tf import ConfigError
+from bert_tf.comm import CommConfig
 from bert_tf.modeling import BertConfig
 
 
@@ -55,12 +60,12 @@ def parameter_count(config: BertConfig, nsp: bool = True) -> int:
     return sum(gradient_tensor_sizes(config, nsp))
 
 
-def fusion_messages(tensor_bytes, fusion_buffer_mb) -> int:
+def fusion_messages(tensor_bytes, fusion_threshold_mb) -> int:
     """Messages Horovod sends for one allreduce of all gradients: tensors packed in order into
     buffers of at most the fusion threshold; a tensor larger than it goes alone; 0 = no fusion."""
-    if fusion_buffer_mb <= 0:
+    if fusion_threshold_mb <= 0:
         return len(tensor_bytes)
-    limit, messages, filled = fusion_buffer_mb * 2 ** 20, 0, None
+    limit, messages, filled = fusion_threshold_mb * 2 ** 20, 0, None
     for b in tensor_bytes:
         if filled is None or filled + b > limit:
             messages, filled = messages + 1, b
@@ -83,13 +88,13 @@ class Cluster:
     def __post_init__(self):
         for name in ("nodes", "devices_per_node"):
             if getattr(self, name) < 1:
-                raise ValueError(f"--{name} must be >= 1, got {getattr(self, name)}")
+                raise ConfigError(f"--{name} must be >= 1, got {getattr(self, name)}")
         for name in ("inter_gbps", "intra_gbps"):
             if getattr(self, name) <= 0:
-                raise ValueError(f"--{name} must be > 0 (a link with no bandwidth), got {getattr(self, name)}")
+                raise ConfigError(f"--{name} must be > 0 (a link with no bandwidth), got {getattr(self, name)}")
         for name in ("inter_latency_us", "intra_latency_us", "price_per_device_hour", "message_overhead_us"):
             if getattr(self, name) < 0:
-                raise ValueError(f"--{name} must be >= 0, got {getattr(self, name)}")
+                raise ConfigError(f"--{name} must be >= 0, got {getattr(self, name)}")
 
     @property
     def devices(self):
@@ -106,23 +111,9 @@ class Phase:
 
     def __post_init__(self):
         if self.device_sequences_per_second <= 0:
-            raise ValueError(f"{self.name}: per-device throughput must be > 0, got {self.device_sequences_per_second}")
+            raise ConfigError(f"{self.name}: per-device throughput must be > 0, got {self.device_sequences_per_second}")
         if self.global_batch < 1 or self.total_sequences <= 0:
-            raise ValueError(f"{self.name}: global batch and total sequences must be positive")
-
-
-@dataclasses.dataclass
-class Comm:
-    fp16_compression: bool = True
-    allreduce_after_accumulation: bool = True
-    fusion_buffer_mb: float = 128.0
-    cycle_time_ms: float = 1.0
-
-    def __post_init__(self):
-        if self.fusion_buffer_mb < 0:
-            raise ValueError(f"--fusion_threshold_mb must be >= 0, got {self.fusion_buffer_mb}")
-        if self.cycle_time_ms < 0:
-            raise ValueError(f"--cycle_time_ms must be >= 0, got {self.cycle_time_ms}")
+            raise ConfigError(f"{self.name}: global batch and total sequences must be positive")
 
 
 def allreduce_seconds(gradient_bytes, cluster: Cluster, messages=1, cycle_time_ms=0.0):
@@ -142,23 +133,24 @@ def allreduce_seconds(gradient_bytes, cluster: Cluster, messages=1, cycle_time_m
     return intra + inter + (2 * (d - 1) * lat_intra + 2 * (n - 1) * lat_inter) * messages + wait
 
 
-def plan_phase(tensor_sizes, phase: Phase, cluster: Cluster, comm: Comm, accumulation: int):
+def plan_phase(tensor_sizes, phase: Phase, cluster: Cluster, comm: CommConfig, accumulation: int):
     """tensor_sizes: gradient_tensor_sizes(config), or one number (all parameters in one tensor)."""
     if isinstance(tensor_sizes, (int, float)):
         tensor_sizes = [tensor_sizes]
     N = cluster.devices
     if phase.global_batch % N:
-        raise ValueError(f"{phase.name}: global batch {phase.global_batch} is not divisible by {N} devices "
-                         f"(--{phase.name}_global_batch; --nodes x --devices_per_node)")
+        raise ConfigError(f"{phase.name}: global batch {phase.global_batch} is not divisible by {N} devices "
+                          f"(--{phase.name}_global_batch; --nodes x --devices_per_node)")
     if (phase.global_batch // N) % accumulation:
-        raise ValueError(f"{phase.name}: per-device batch {phase.global_batch // N} is not divisible by "
-                         f"--{phase.name}_accumulation={accumulation}")
-    width = 2 if comm.fp16_compression else 4
+        raise ConfigError(f"{phase.name}: per-device batch {phase.global_batch // N} is not divisible by "
+                          f"--{phase.name}_accumulation={accumulation}")
+    comm = comm.resolved()
+    width = 2 if comm.fp16_allreduce else 4
     tensor_bytes = [size * width for size in tensor_sizes]
     gradient_bytes = sum(tensor_bytes)
-    messages = fusion_messages(tensor_bytes, comm.fusion_buffer_mb)
+    messages = fusion_messages(tensor_bytes, comm.fusion_threshold_mb)
     compute = phase.global_batch / (N * phase.device_sequences_per_second)
-    allreduces = 1 if comm.allreduce_after_accumulation else accumulation
+    allreduces = accumulation if comm.allreduce_every_micro_batch else 1
     comm_time = allreduces * allreduce_seconds(gradient_bytes, cluster, messages, comm.cycle_time_ms)
     step = compute + comm_time
     throughput = phase.global_batch / step
@@ -178,9 +170,9 @@ def best_knob(tensor_sizes, phases, cluster, comm, accumulation):
     """Total days under each single change, best first: which knob helps most."""
     base = plan(tensor_sizes, phases, cluster, comm, accumulation)["days"]
     options = {
-        "fp16 gradient compression": dataclasses.replace(comm, fp16_compression=True),
-        "allreduce after accumulation": dataclasses.replace(comm, allreduce_after_accumulation=True),
-        "fusion buffer 512 MB": dataclasses.replace(comm, fusion_buffer_mb=512),
+        "fp16 gradient compression": dataclasses.replace(comm, fp16_allreduce=True),
+        "allreduce after accumulation": dataclasses.replace(comm, allreduce_every_micro_batch=False),
+        "fusion buffer 512 MB": dataclasses.replace(comm, fusion_threshold_mb=512),
     }
     results = {name: plan(tensor_sizes, phases, cluster, c, accumulation)["days"] for name, c in options.items()}
     faster = dataclasses.replace(cluster, inter_gbps=cluster.inter_gbps * 2.5)

@@ -1,12 +1,12 @@
-"""The pre-training loop: one function, `run(config)`, from flags' values to a trained checkpoint.
+"""Pre-training: `run(config)`, from flags' values to a trained checkpoint.
 
 Every rank runs the same code. Rank 0 alone writes checkpoints, metrics and progress;
 every rank reads checkpoints. Order of events:
 
-    Horovod knobs -> hvd.init -> validate everything (fail before any work)
-    -> model + optimizer variables -> restore (resume) or --init_checkpoint
-    -> broadcast from rank 0 -> input at the restored position
-    -> loop: accumulate micro-batches, allreduce once, update; log / eval / save / stop
+    PretrainConfig validates its values (before any work) -> Horovod knobs -> hvd.init
+    -> build: check the records, model + optimizer variables, restore (resume) or
+       --init_checkpoint, broadcast from rank 0, input at the restored position
+    -> train: accumulate micro-batches, allreduce once, update; log / eval / save / stop
 """
 from __future__ import annotations
 
@@ -14,10 +14,12 @@ import dataclasses
 import os
 import signal
 import time
+import types
 
+import numpy as np
 import tensorflow as tf
 
-from bert_tf import (checkpoint_formats, checkpointing, distributed, input_pipeline, metrics, modeling,
+from bert_tf import (ConfigError, checkpoint_formats, checkpointing, distributed, input_pipeline, metrics, modeling,
                      tokenization, training)
 
 
@@ -25,7 +27,8 @@ from bert_tf import (checkpoint_formats, checkpointing, distributed, input_pipel
 class PretrainConfig(training.TrainConfig):
     """Everything a run needs: training.TrainConfig's update settings (precision, xla,
     accumulation_steps, optimizer, learning_rate, warmup_steps, total_steps, decay_power,
-    weight_decay, clip_norm, seed) plus model, data, communication and output settings."""
+    weight_decay, clip_norm, seed, comm) plus model, data, Horovod and output settings.
+    Constructing one validates it (training.TrainConfig.validate, extended here)."""
 
     seed: int = 12345
     # model and data
@@ -41,10 +44,7 @@ class PretrainConfig(training.TrainConfig):
     masked_lm_prob: float = 0.15
     mlm_only: bool = False
     batch_size: int = 32
-    # communication
-    fp16_allreduce: bool = False
-    fusion_threshold_mb: float | None = None
-    cycle_time_ms: float | None = None
+    # Horovod (the communication knobs are training.TrainConfig.comm)
     horovod_timeline: str = ""
     horovod_autotune: bool = False
     network_interface: str = ""       # log bytes this node sent on it per update (e.g. eth0)
@@ -58,36 +58,32 @@ class PretrainConfig(training.TrainConfig):
     eval_batches: int = 0
 
     def validate(self):
+        super().validate()
         if not self.checkpoint_dir:
-            raise ValueError("--checkpoint_dir is required")
+            raise ConfigError("--checkpoint_dir is required")
         if not self.vocab_file:
-            raise ValueError("--vocab_file is required")
+            raise ConfigError("--vocab_file is required")
         if self.bert_config_file and self.model_preset not in ("", "base"):
-            raise ValueError("give --bert_config_file or --model_preset, not both")
-        for name in ("batch_size", "accumulation_steps", "total_steps", "max_seq_length",
-                     "max_predictions_per_seq", "save_interval", "log_interval", "keep_last"):
+            raise ConfigError("give --bert_config_file or --model_preset, not both")
+        for name in ("batch_size", "max_seq_length", "max_predictions_per_seq", "save_interval", "log_interval",
+                     "keep_last"):
             if getattr(self, name) < 1:
-                raise ValueError(f"--{name} must be >= 1, got {getattr(self, name)}")
+                raise ConfigError(f"--{name} must be >= 1, got {getattr(self, name)}")
         if self.eval_interval < 0 or self.eval_batches < 0:
-            raise ValueError("--eval_interval and --eval_batches must be >= 0")
+            raise ConfigError("--eval_interval and --eval_batches must be >= 0")
         if self.eval_interval and not self.eval_files:
-            raise ValueError("--eval_interval needs --eval_files")
+            raise ConfigError("--eval_interval needs --eval_files")
         if self.max_predictions_per_seq > self.max_seq_length:
-            raise ValueError(f"--max_predictions_per_seq={self.max_predictions_per_seq} exceeds "
-                             f"--max_seq_length={self.max_seq_length}")
+            raise ConfigError(f"--max_predictions_per_seq={self.max_predictions_per_seq} exceeds "
+                              f"--max_seq_length={self.max_seq_length}")
         if self.init_checkpoint:
             try:
                 checkpoint_formats.locate(self.init_checkpoint)  # exists and is a format we read
-            except (ValueError, FileNotFoundError) as e:
-                raise type(e)(f"--init_checkpoint={self.init_checkpoint}: {e}") from None
-        training.compute_dtype(self.precision)
-        if self.fusion_threshold_mb is not None and self.fusion_threshold_mb < 0:
-            raise ValueError(f"--fusion_threshold_mb must be >= 0, got {self.fusion_threshold_mb}")
-        if self.cycle_time_ms is not None and self.cycle_time_ms <= 0:
-            raise ValueError(f"--cycle_time_ms must be > 0, got {self.cycle_time_ms}")
+            except ConfigError as e:
+                raise ConfigError(f"--init_checkpoint={self.init_checkpoint}: {e}") from None
         if self.network_interface and not os.path.exists(metrics.tx_counter(self.network_interface)):
-            raise ValueError(f"--network_interface={self.network_interface}: no such interface here "
-                             f"({metrics.tx_counter(self.network_interface)} not found)")
+            raise ConfigError(f"--network_interface={self.network_interface}: no such interface here "
+                              f"({metrics.tx_counter(self.network_interface)} not found)")
 
 
 def build_model_config(cfg: PretrainConfig, vocab_size: int, init=None) -> modeling.BertConfig:
@@ -106,12 +102,24 @@ def build_model_config(cfg: PretrainConfig, vocab_size: int, init=None) -> model
 
 
 class StopSignal:
-    """Remembers SIGTERM/SIGINT so the loop can save and leave at the next step boundary."""
+    """Remembers SIGTERM/SIGINT so the loop can save and leave at the next step boundary; as a
+    context manager, puts the handlers that were there before back on exit."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
     def __init__(self):
         self.received = None
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, self._handle)
+        self._previous = {}
+
+    def __enter__(self):
+        for sig in self.SIGNALS:
+            self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        return False
 
     def _handle(self, signum, frame):
         self.received = signal.Signals(signum).name
@@ -119,14 +127,20 @@ class StopSignal:
 
 def run(cfg: PretrainConfig, log=print):
     """Pre-trains; returns (trainer, final metrics dict)."""
-    knobs = distributed.configure(cfg.fusion_threshold_mb, cfg.cycle_time_ms,
-                                  cfg.horovod_timeline or None, cfg.horovod_autotune)
-    hvd = distributed.init()
-    rank, size = hvd.rank(), hvd.size()
-    chief = rank == 0
-    say = log if chief else (lambda *a, **k: None)
+    knobs = distributed.configure(cfg.comm, cfg.horovod_timeline or None, cfg.horovod_autotune)
+    distributed.init()
+    say = log if distributed.rank() == 0 else (lambda *a, **k: None)
+    job = build(cfg, say)
+    say("horovod: " + ", ".join(f"{k}={v} ({src})" for k, (v, src) in knobs.items()))
+    with StopSignal() as stop:
+        last = train(cfg, job, stop, say)
+    return job.trainer, last
 
-    cfg.validate()
+
+def build(cfg: PretrainConfig, say):
+    """Everything the loop needs, on every rank: checked inputs, the trainer restored (or
+    initialised) and equal on all ranks, the input at the restored position, the outputs."""
+    rank, size = distributed.rank(), distributed.size()
     tokenizer = tokenization.Tokenizer.from_file(cfg.vocab_file, cfg.do_lower_case)
     # --init_checkpoint is read and checked before anything is written to --checkpoint_dir.
     init = checkpoint_formats.read(cfg.init_checkpoint) \
@@ -134,7 +148,7 @@ def run(cfg: PretrainConfig, log=print):
     model_config = build_model_config(cfg, len(tokenizer), init)
     train_files = input_pipeline.list_files(cfg.train_files) if cfg.train_files else []
     if not train_files:
-        raise ValueError("--train_files matched no files")
+        raise ConfigError("--train_files matched no files")
     input_pipeline.check_files(input_pipeline.shard_files(train_files, rank, size)[0], cfg.max_seq_length,
                                cfg.max_predictions_per_seq, cfg.dynamic_masking)
     eval_files = input_pipeline.list_files(cfg.eval_files) if cfg.eval_files else []
@@ -144,36 +158,23 @@ def run(cfg: PretrainConfig, log=print):
     global_batch = cfg.batch_size * cfg.accumulation_steps * size
     say(f"ranks {size}  micro-batch {cfg.batch_size}/rank  accumulation {cfg.accumulation_steps}  "
         f"global batch {global_batch} sequences  seq {cfg.max_seq_length}  precision {cfg.precision}  "
-        f"xla {cfg.xla}  fp16 allreduce {cfg.fp16_allreduce}"
-        + ("  allreduce every micro-batch" if cfg.allreduce_every_micro_batch else ""))
-    say("horovod: " + ", ".join(f"{k}={v} ({src})" for k, (v, src) in knobs.items()))
+        f"xla {cfg.xla}  fp16 allreduce {cfg.comm.fp16_allreduce}"
+        + ("  allreduce every micro-batch" if cfg.comm.allreduce_every_micro_batch else ""))
 
     tf.random.set_seed(cfg.seed)
     model = modeling.BertPretrainer(model_config, use_nsp=not cfg.mlm_only)
-    trainer = training.Trainer(
-        model,
-        cfg,
-        allreduce=distributed.make_gradient_allreduce(cfg.fp16_allreduce), seed_offset=rank)
-    n_params = sum(int(tf.size(v)) for v in trainer.variables)
+    trainer = training.Trainer(model, cfg, allreduce=distributed.make_gradient_allreduce(cfg.comm.fp16_allreduce),
+                               seed_offset=rank)
+    parameters = sum(int(tf.size(v)) for v in trainer.variables)
     say(f"model: {model_config.num_hidden_layers} layers, hidden {model_config.hidden_size}, "
-        f"vocab {model_config.vocab_size}, {n_params / 1e6:.2f}M parameters")
+        f"vocab {model_config.vocab_size}, {parameters / 1e6:.2f}M parameters")
 
-    ckpts = checkpointing.Checkpoints(cfg.checkpoint_dir, trainer.checkpoint_items(), cfg.keep_last, is_writer=chief)
-    samples_seen = 0
-    latest = ckpts.latest()
-    if latest:
-        extra = ckpts.restore(latest)
-        samples_seen = int(extra.get("samples_seen", int(trainer.step.numpy()) * global_batch))
-        say(f"resumed from {latest} at step {int(trainer.step.numpy())}"
-            + (" (--init_checkpoint ignored: resuming wins)" if cfg.init_checkpoint else ""))
-    elif init is not None:
-        fresh = checkpoint_formats.assign(model, init, log=say)   # says which head (if any) starts at random
-        say(f"initialised encoder{'' if fresh else ' and heads'} from {init.path} ({init.format} format)")
-    if chief:
+    ckpts = checkpointing.Checkpoints(cfg.checkpoint_dir, trainer.checkpoint_items(), cfg.keep_last,
+                                      is_writer=rank == 0)
+    samples_seen = restore(cfg, trainer, ckpts, global_batch, init, say)
+    if rank == 0:
         model_config.to_json_file(os.path.join(cfg.checkpoint_dir, "bert_config.json"))
-    distributed.broadcast_variables(
-        trainer.variables + list(trainer.optimizer.variables) + [trainer.step, trainer.skipped_steps]
-        + (list(trainer.loss_scale.variables) if trainer.loss_scale else []), root_rank=0)
+    distributed.broadcast_variables(trainer.state_variables(), root_rank=0)
 
     masker = None
     if cfg.dynamic_masking:
@@ -185,85 +186,120 @@ def run(cfg: PretrainConfig, log=print):
     dataset = input_pipeline.make_dataset(train_files, cfg.batch_size, cfg.max_seq_length,
                                           cfg.max_predictions_per_seq, rank, size, seed=cfg.seed,
                                           masker=masker, skip_batches=skip)
-    batches = iter(dataset)
-    writer = metrics.MetricsWriter(cfg.checkpoint_dir, active=chief)
-    evaluate = make_evaluator(trainer, cfg, eval_files, rank, size, masker)
-    if init is not None and eval_files:  # where continued pre-training starts: the loaded model on your held-out data
-        start_eval = evaluate(int(trainer.step.numpy()))
-        writer.write(start_eval)
-        say(f"held-out before training: MLM accuracy {start_eval.get('eval_mlm_accuracy', float('nan')):.4f}, "
-            f"MLM loss {start_eval['eval_mlm_loss']:.4f}")
+    return types.SimpleNamespace(
+        trainer=trainer, ckpts=ckpts, batches=iter(dataset), samples_seen=samples_seen, global_batch=global_batch,
+        parameters=parameters, eval_files=eval_files, started_from_init=init is not None,
+        evaluate=make_evaluator(trainer, cfg, eval_files, len(tokenizer), masker),
+        writer=metrics.MetricsWriter(cfg.checkpoint_dir, active=rank == 0),
+        checkpoint_extra={"ranks": size, "global_batch": global_batch, "model_config": model_config.to_dict(),
+                          "vocab_size": len(tokenizer)})
 
-    stop = StopSignal()
-    start_step = step = int(trainer.step.numpy())
-    interval_start, interval_steps, sums, timing = time.time(), 0, {}, {}
-    tx_start = metrics.read_tx_bytes(cfg.network_interface) if cfg.network_interface else 0
-    last = {}
-    writer.write({"kind": "run", "step": step, "ranks": size, "global_batch": global_batch,
-                  "parameters": n_params, "config": dataclasses.asdict(cfg)})
-    while step < cfg.total_steps:
-        micro = [next(batches) for _ in range(cfg.accumulation_steps)]
-        out = trainer.train_step(micro)
-        step += 1
-        samples_seen += global_batch
-        interval_steps += 1
-        for key in ("loss", "mlm_loss", "nsp_loss", "mlm_correct", "mlm_weight", "nsp_correct", "nsp_count"):
+
+def restore(cfg: PretrainConfig, trainer, ckpts, global_batch, init, say) -> int:
+    """Resumes from --checkpoint_dir's latest checkpoint, else starts the model from
+    --init_checkpoint (`init`, already read and checked), else leaves it fresh; returns the
+    samples already consumed."""
+    latest = ckpts.latest()
+    if latest:
+        extra = ckpts.restore(latest)
+        step = int(trainer.step.numpy())
+        say(f"resumed from {latest} at step {step}"
+            + (" (--init_checkpoint ignored: resuming wins)" if cfg.init_checkpoint else ""))
+        return int(extra.get("samples_seen", step * global_batch))
+    if init is not None:
+        fresh = checkpoint_formats.assign(trainer.model, init, log=say)  # says which head (if any) starts at random
+        say(f"initialised encoder{'' if fresh else ' and heads'} from {init.path} ({init.format} format)")
+    return 0
+
+
+class IntervalMetrics:
+    """Sums one log interval's per-update outputs and timings on this rank; `record` turns
+    them into a "train" record (losses and accuracies over all ranks) and starts the next."""
+
+    SUMMED = ("loss", "mlm_loss", "nsp_loss", "mlm_correct", "mlm_weight", "nsp_correct", "nsp_count")
+
+    def __init__(self, global_batch, seq_length, network_interface=""):
+        self.global_batch, self.seq_length, self.interface = global_batch, seq_length, network_interface
+        self.tx_start = metrics.read_tx_bytes(network_interface) if network_interface else 0
+        self._reset()
+
+    def _reset(self):
+        self.start, self.updates, self.sums, self.timing = time.time(), 0, {}, {}
+
+    def add(self, out, timing):
+        self.updates += 1
+        for key in self.SUMMED:
             if key in out:
-                sums[key] = sums.get(key, 0.0) + float(out[key])
-        for key, seconds in trainer.timing.items():
-            timing[key] = timing.get(key, 0.0) + seconds
-        stopping = _any_rank(stop.received is not None)
+                self.sums[key] = self.sums.get(key, 0.0) + float(out[key])
+        for key, seconds in timing.items():
+            self.timing[key] = self.timing.get(key, 0.0) + seconds
+
+    def record(self, step, out) -> dict:
+        """A collective: every rank calls it at the same step. `out`: the last update's outputs."""
+        size = distributed.size()
+        total = distributed.sum_across_ranks(self.sums)
+        seconds = time.time() - self.start
+        n = self.updates
+        record = {"kind": "train", "step": step,
+                  **{key: total[key] / (n * size) for key in ("loss", "mlm_loss", "nsp_loss") if key in total},
+                  **metrics.accuracies(total),
+                  "learning_rate": float(out["learning_rate"]), "grad_norm": float(out["grad_norm"]),
+                  "sequences_per_second": n * self.global_batch / seconds,
+                  "tokens_per_second": n * self.global_batch * self.seq_length / seconds,
+                  **{key: value / n for key, value in self.timing.items()}}  # this rank's split
+        if self.interface:
+            tx_now = metrics.read_tx_bytes(self.interface)
+            record["tx_bytes_per_update"] = (tx_now - self.tx_start) / n
+            self.tx_start = tx_now
+        if "loss_scale" in out:
+            record["loss_scale"] = float(out["loss_scale"])
+        self._reset()
+        return record
+
+
+def train(cfg: PretrainConfig, job, stop: StopSignal, say) -> dict:
+    """The loop from the restored step to --total_steps or a signal; returns the last record."""
+    trainer, writer = job.trainer, job.writer
+    start_step = step = int(trainer.step.numpy())
+    samples_seen = job.samples_seen
+    interval = IntervalMetrics(job.global_batch, cfg.max_seq_length, cfg.network_interface)
+    last = {}
+    writer.write({"kind": "run", "step": step, "ranks": distributed.size(), "global_batch": job.global_batch,
+                  "parameters": job.parameters, "config": dataclasses.asdict(cfg)})
+    if job.started_from_init and job.eval_files:  # where continued pre-training starts: the loaded model
+        first = job.evaluate(step)
+        writer.write(first)
+        say(f"held-out before training: MLM accuracy {first.get('eval_mlm_accuracy', float('nan')):.4f}, "
+            f"MLM loss {first['eval_mlm_loss']:.4f}")
+    while step < cfg.total_steps:
+        out = trainer.train_step([next(job.batches) for _ in range(cfg.accumulation_steps)])
+        step += 1
+        samples_seen += job.global_batch
+        interval.add(out, trainer.timing)
+        stopping = distributed.any_rank(stop.received is not None)
         if step % cfg.log_interval == 0 or step == cfg.total_steps or stopping:
-            total = distributed.sum_across_ranks(sums)
-            seconds = time.time() - interval_start
-            record = {"kind": "train", "step": step,
-                      "loss": total["loss"] / (interval_steps * size),
-                      "mlm_loss": total["mlm_loss"] / (interval_steps * size),
-                      **({"nsp_loss": total["nsp_loss"] / (interval_steps * size)} if "nsp_loss" in total else {}),
-                      **metrics.accuracies(total),
-                      "learning_rate": float(out["learning_rate"]), "grad_norm": float(out["grad_norm"]),
-                      "skipped_steps": int(trainer.skipped_steps.numpy()),
-                      "sequences_per_second": interval_steps * global_batch / seconds,
-                      "tokens_per_second": interval_steps * global_batch * cfg.max_seq_length / seconds,
-                      "samples_seen": samples_seen,
-                      **{key: value / interval_steps for key, value in timing.items()}}  # rank 0's split
-            if cfg.network_interface:
-                tx_now = metrics.read_tx_bytes(cfg.network_interface)
-                record["tx_bytes_per_update"] = (tx_now - tx_start) / interval_steps
-                tx_start = tx_now
-            if "loss_scale" in out:
-                record["loss_scale"] = float(out["loss_scale"])
-            writer.write(record)
-            writer.progress(step, cfg.total_steps, record, start_step)
-            last = record
-            interval_start, interval_steps, sums, timing = time.time(), 0, {}, {}
+            last = interval.record(step, out)
+            last.update(skipped_steps=int(trainer.skipped_steps.numpy()), samples_seen=samples_seen)
+            writer.write(last)
+            writer.progress(step, cfg.total_steps, last, start_step)
         if cfg.eval_interval and step % cfg.eval_interval == 0 and step != cfg.total_steps:
-            writer.write(evaluate(step))
+            writer.write(job.evaluate(step))
         if step % cfg.save_interval == 0 or step == cfg.total_steps or stopping:
-            path = ckpts.save(step, {"step": step, "samples_seen": samples_seen, "ranks": size,
-                                     "global_batch": global_batch, "model_config": model_config.to_dict(),
-                                     "vocab_size": len(tokenizer)})
+            path = job.ckpts.save(step, {"step": step, "samples_seen": samples_seen, **job.checkpoint_extra})
             if path:
                 say(f"saved {path}")
         if stopping:
             say(f"stopping at step {step} on {stop.received or 'a signal to another rank'}")
             break
-    if eval_files and step == cfg.total_steps:
-        final_eval = evaluate(step)
+    if job.eval_files and step == cfg.total_steps:
+        final_eval = job.evaluate(step)
         writer.write(final_eval)
         last.update({k: v for k, v in final_eval.items() if k.startswith("eval_")})
     last["stopped_early"] = step < cfg.total_steps
-    return trainer, last
+    return last
 
 
-def _any_rank(flag: bool) -> bool:
-    import horovod.tensorflow as hvd
-    if hvd.size() == 1:
-        return flag
-    return bool(hvd.allreduce(tf.constant(int(flag)), op=hvd.Max, name="stop_flag").numpy())
-
-
-def make_evaluator(trainer, cfg, eval_files, rank, size, masker):
+def make_evaluator(trainer, cfg, eval_files, vocab_size, masker):
     """Returns evaluate(step) -> record with held-out MLM loss/accuracy, NSP accuracy, and the
     accuracy of always predicting the most frequent masked token (a data-only baseline)."""
     if not eval_files:
@@ -272,11 +308,11 @@ def make_evaluator(trainer, cfg, eval_files, rank, size, masker):
 
     def evaluate(step):
         dataset = input_pipeline.make_dataset(eval_files, cfg.batch_size, cfg.max_seq_length,
-                                              cfg.max_predictions_per_seq, rank, size, training=False,
-                                              masker=masker)
+                                              cfg.max_predictions_per_seq, distributed.rank(), distributed.size(),
+                                              training=False, masker=masker)
         if cfg.eval_batches:
             dataset = dataset.take(cfg.eval_batches)
-        sums, label_counts = {}, {}
+        sums, label_counts = {}, np.zeros([vocab_size], np.float64)
         for features in dataset:
             out = forward(features)
             n = float(tf.shape(features["input_ids"])[0])
@@ -288,11 +324,10 @@ def make_evaluator(trainer, cfg, eval_files, rank, size, masker):
                     sums[key] = sums.get(key, 0.0) + float(out[key])
             sums["sequences"] = sums.get("sequences", 0.0) + n
             ids = tf.boolean_mask(features["masked_lm_ids"], features["masked_lm_weights"] > 0).numpy()
-            for token in ids.tolist():
-                label_counts[token] = label_counts.get(token, 0) + 1
+            np.add.at(label_counts, ids, 1)
         total = distributed.sum_across_ranks(sums)
-        # most frequent masked token over all ranks' eval labels
-        top = _global_label_counts(label_counts)
+        # the most frequent masked token over all ranks' eval labels
+        label_counts = distributed.sum_array_across_ranks(label_counts, name="eval_label_counts")
         record = {"kind": "eval", "step": step,
                   "eval_mlm_loss": total.get("mlm_loss", 0.0) / max(total.get("sequences", 0.0), 1.0),
                   "eval_sequences": total.get("sequences", 0.0)}
@@ -300,28 +335,9 @@ def make_evaluator(trainer, cfg, eval_files, rank, size, masker):
         record.update({f"eval_{k}": v for k, v in acc.items()})
         if "nsp_loss" in total:
             record["eval_nsp_loss"] = total["nsp_loss"] / max(total["sequences"], 1.0)
-        if top:
-            record["eval_most_frequent_token"] = top[0]
-            record["eval_most_frequent_token_accuracy"] = top[1] / max(total.get("mlm_weight", 0.0), 1.0)
+        if label_counts.any():
+            record["eval_most_frequent_token"] = int(label_counts.argmax())
+            record["eval_most_frequent_token_accuracy"] = label_counts.max() / max(total.get("mlm_weight", 0.0), 1.0)
         return record
 
     return evaluate
-
-
-def _global_label_counts(counts):
-    """(token, count) of the most frequent label across ranks."""
-    import numpy as np
-
-    import horovod.tensorflow as hvd
-    vocab = max(list(counts) + [0]) + 1
-    local = np.zeros([vocab], np.float64)
-    for token, n in counts.items():
-        local[token] = n
-    if hvd.size() > 1:
-        size = int(hvd.allreduce(tf.constant(vocab), op=hvd.Max, name="eval_vocab").numpy())
-        local = np.pad(local, (0, size - vocab))
-        local = hvd.allreduce(tf.constant(local), op=hvd.Sum, name="eval_label_counts").numpy()
-    if not local.any():
-        return None
-    return int(local.argmax()), float(local.max())
-

@@ -26,6 +26,8 @@ import random
 import numpy as np
 import tensorflow as tf
 
+from bert_tf import ConfigError
+
 
 def feature_spec(max_seq_length, max_predictions_per_seq):
     """google-research/bert's parse spec for pre-training TFRecords."""
@@ -54,16 +56,16 @@ class InstanceConfig:
 
     def __post_init__(self):
         if self.max_seq_length < 5:
-            raise ValueError(f"--max_seq_length={self.max_seq_length} is too small for "
-                             f"[CLS] A [SEP] B [SEP] (needs at least 5: 3 special tokens and 1 token each for A and B)")
+            raise ConfigError(f"--max_seq_length={self.max_seq_length} is too small for "
+                              f"[CLS] A [SEP] B [SEP] (needs at least 5: 3 special tokens and 1 token each for A and B)")
         if self.mask and self.max_predictions_per_seq < 1:
-            raise ValueError(f"--max_predictions_per_seq must be >= 1, got {self.max_predictions_per_seq}")
+            raise ConfigError(f"--max_predictions_per_seq must be >= 1, got {self.max_predictions_per_seq}")
         if not 0.0 < self.masked_lm_prob < 1.0:
-            raise ValueError(f"--masked_lm_prob must be in (0, 1), got {self.masked_lm_prob}")
+            raise ConfigError(f"--masked_lm_prob must be in (0, 1), got {self.masked_lm_prob}")
         if not 0.0 <= self.short_seq_prob <= 1.0:
-            raise ValueError(f"--short_seq_prob must be in [0, 1], got {self.short_seq_prob}")
+            raise ConfigError(f"--short_seq_prob must be in [0, 1], got {self.short_seq_prob}")
         if self.dupe_factor < 1:
-            raise ValueError(f"--dupe_factor must be >= 1, got {self.dupe_factor}")
+            raise ConfigError(f"--dupe_factor must be >= 1, got {self.dupe_factor}")
 
 
 @dataclasses.dataclass
@@ -78,10 +80,6 @@ class Counts:
     random_next: int = 0
     clamped: int = 0               # instances whose 15% exceeded max_predictions_per_seq
 
-    def add(self, other: "Counts"):
-        for f in dataclasses.fields(self):
-            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
-
 
 Instance = collections.namedtuple("Instance", "tokens segment_ids is_random_next positions labels")
 
@@ -89,9 +87,9 @@ Instance = collections.namedtuple("Instance", "tokens segment_ids is_random_next
 _STREAMS = {"structure": 0, "partner": 1, "mask": 2}
 
 
-def _rng(seed, dupe, doc_id, stream):
-    """A random.Random determined by (seed, pass, document, stream) only: same in every process."""
-    state = np.random.SeedSequence([seed, dupe, doc_id, _STREAMS[stream]]).generate_state(2)
+def _rng(seed, dupe, doc_id, stream, chunk=0):
+    """A random.Random determined by (seed, pass, document, stream, chunk) only: same in every process."""
+    state = np.random.SeedSequence([seed, dupe, doc_id, _STREAMS[stream], chunk]).generate_state(2)
     return random.Random(int(state[0]) << 32 | int(state[1]))
 
 
@@ -107,7 +105,6 @@ def create_instances(doc_index, documents, config: InstanceConfig, special, voca
     doc_id = doc_index if doc_id is None else doc_id
     rng = _rng(config.random_seed, dupe, doc_id, "structure")
     rng_partner = _rng(config.random_seed, dupe, doc_id, "partner")
-    rng_mask = _rng(config.random_seed, dupe, doc_id, "mask")
     document = documents[doc_index]
     max_num_tokens = config.max_seq_length - 3
     target_seq_length = max_num_tokens
@@ -115,7 +112,7 @@ def create_instances(doc_index, documents, config: InstanceConfig, special, voca
         target_seq_length = rng.randint(2, max_num_tokens)
 
     instances = []
-    chunk, chunk_len, i = [], 0, 0
+    chunk, chunk_len, i, chunk_index = [], 0, 0, 0
     while i < len(document):
         chunk.append(document[i])
         chunk_len += len(document[i])
@@ -153,6 +150,10 @@ def create_instances(doc_index, documents, config: InstanceConfig, special, voca
                     i -= len(chunk) - a_end           # put the unused sentences back
                 else:
                     tokens_b = [t for seg in chunk[a_end:] for t in seg]
+                # truncation and masking draw from a stream of their own per chunk: a random partner
+                # (drawn from this rank's documents) changes only its own instance, not the next ones
+                rng_mask = _rng(config.random_seed, dupe, doc_id, "mask", chunk_index)
+                chunk_index += 1
                 _truncate_pair(tokens_a, tokens_b, max_num_tokens, rng_mask)
                 if tokens_a and tokens_b:
                     tokens = [special["CLS"]] + tokens_a + [special["SEP"]] + tokens_b + [special["SEP"]]
@@ -291,9 +292,10 @@ def create_pretraining_data(input_files, input_format, tokenizer, output_dir, co
                             rank=0, size=1, num_shards=1, heldout_fraction=0.0, log=print):
     """Reads, tokenises and writes this rank's share of the corpus.
 
-    Rank r of `size` takes documents r, r+size, ... (corpus order), so ranks are disjoint
-    and their union is the one-process output. Held-out documents (by document, seeded)
-    go to `eval-*` shards, the rest to `train-*`. Returns this rank's summary dict.
+    Rank r of `size` takes documents r, r+size, ... (corpus order), so ranks are disjoint and
+    their union is the one-process output, but for the B segment of random-next pairs (the
+    partner document is drawn from the rank's own documents). Held-out documents (by document,
+    seeded) go to `eval-*` shards, the rest to `train-*`. Returns this rank's summary dict.
     """
     import time
     from bert_tf import corpus
@@ -308,7 +310,7 @@ def create_pretraining_data(input_files, input_format, tokenizer, output_dir, co
             docs.append(doc)
             doc_ids.append(doc_id)
     if stats.documents == 0:
-        raise ValueError(f"no text found in {', '.join(input_files)} (empty corpus?)")
+        raise ConfigError(f"no text found in {', '.join(input_files)} (empty corpus?)")
     # tokenise all sentences of this rank in large batches, then regroup by document
     flat = tokenizer.tokenize([s for d in docs for s in d])
     tokenized, k = [], 0

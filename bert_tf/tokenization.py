@@ -27,6 +27,8 @@ import unicodedata
 import tensorflow as tf
 import tensorflow_text as text
 
+from bert_tf import ConfigError
+
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
 
@@ -40,8 +42,8 @@ def learn_vocab(sentences, vocab_size, lower_case=True, num_unused=99, batch_siz
 
     reserved = google_reserved_tokens(num_unused)
     if vocab_size <= len(reserved) + 100:
-        raise ValueError(f"--vocab_size={vocab_size} leaves no room for word pieces after "
-                         f"{len(reserved)} reserved tokens")
+        raise ConfigError(f"--vocab_size={vocab_size} leaves no room for word pieces after "
+                          f"{len(reserved)} reserved tokens")
     dataset = tf.data.Dataset.from_generator(lambda: iter(sentences), output_signature=tf.TensorSpec([], tf.string))
     vocab = learner.bert_vocab_from_dataset(
         dataset.batch(batch_size), vocab_size=vocab_size, reserved_tokens=reserved,
@@ -61,18 +63,18 @@ def write_vocab(tokens, path):
 def load_vocab(path):
     """Reads a vocab.txt; fails naming the file when a special token is missing or duplicated."""
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"vocab file not found: {path}")
+        raise ConfigError(f"vocab file not found: {path}")
     with open(path, encoding="utf-8") as f:
         tokens = [line.rstrip("\n") for line in f]
     while tokens and tokens[-1] == "":
         tokens.pop()
     missing = [t for t in SPECIAL_TOKENS if t not in tokens]
     if missing:
-        raise ValueError(f"vocab file {path} lacks the special token(s) {', '.join(missing)}")
+        raise ConfigError(f"vocab file {path} lacks the special token(s) {', '.join(missing)}")
     seen = set()
     for i, t in enumerate(tokens):
         if t in seen:
-            raise ValueError(f"vocab file {path} lists {t!r} twice (line {i + 1})")
+            raise ConfigError(f"vocab file {path} lists {t!r} twice (line {i + 1})")
         seen.add(t)
     return tokens
 
@@ -141,11 +143,6 @@ class Tokenizer:
     def tokens(self, sentence):
         """Word-piece strings of one sentence (for tests and inspection)."""
         return [self.vocab[i] for i in self.tokenize([sentence])[0]]
-
-    def tf_tokenize(self, strings):
-        """Graph-mode tokenisation for tf.data (tensorflow-text, the fast rules): string tensor [N] ->
-        ragged int64 [N, (tokens)]."""
-        return self._tf_tokenizer.tokenize(strings)
 
 
 def _is_cjk(cp):

@@ -9,7 +9,7 @@ An update over `accumulation_steps` micro-batches runs three kinds of function:
                                         code here, ONCE per update, after accumulation
     apply(grads)                        (XLA when --xla) unscale, skip if not finite, clip, step
 
-`allreduce_every_micro_batch=True` is the naive baseline the communication study starts from:
+`comm.allreduce_every_micro_batch=True` is the naive baseline the communication study starts from:
 each micro-batch's gradients are allreduced before being summed (accumulation_steps allreduces
 per update instead of one). Same result up to rounding, N times the traffic.
 
@@ -25,14 +25,15 @@ import time
 
 import tensorflow as tf
 
-from bert_tf import optimization
+from bert_tf import ConfigError, optimization
+from bert_tf.comm import CommConfig
 
 POLICIES = {"float32": tf.float32, "mixed_bfloat16": tf.bfloat16, "mixed_float16": tf.float16}
 
 
 def compute_dtype(policy: str) -> tf.DType:
     if policy not in POLICIES:
-        raise ValueError(f"unknown precision policy {policy!r}; valid: {', '.join(POLICIES)}")
+        raise ConfigError(f"unknown precision policy {policy!r}; valid: {', '.join(POLICIES)}")
     return POLICIES[policy]
 
 
@@ -71,20 +72,24 @@ class TrainConfig:
     weight_decay: float = 0.01
     clip_norm: float = 1.0
     seed: int = 0
-    allreduce_every_micro_batch: bool = False
+    comm: CommConfig = dataclasses.field(default_factory=CommConfig)
 
     def __post_init__(self):
+        self.validate()
+
+    def validate(self):
+        """Raises ConfigError naming the flag of the first impossible value (subclasses extend it)."""
         compute_dtype(self.precision)
         if self.optimizer not in optimization.OPTIMIZERS:
-            raise ValueError(f"unknown optimizer {self.optimizer!r}; valid: {', '.join(optimization.OPTIMIZERS)}")
+            raise ConfigError(f"unknown optimizer {self.optimizer!r}; valid: {', '.join(optimization.OPTIMIZERS)}")
         if self.accumulation_steps < 1:
-            raise ValueError(f"accumulation_steps must be >= 1, got {self.accumulation_steps}")
+            raise ConfigError(f"--accumulation_steps must be >= 1, got {self.accumulation_steps}")
         if self.total_steps < 1:
-            raise ValueError(f"total_steps must be >= 1, got {self.total_steps}")
+            raise ConfigError(f"--total_steps must be >= 1, got {self.total_steps}")
         if not 0 <= self.warmup_steps <= self.total_steps:
-            raise ValueError(f"warmup_steps ({self.warmup_steps}) must be in [0, total_steps={self.total_steps}]")
+            raise ConfigError(f"warmup_steps ({self.warmup_steps}) must be in [0, total_steps={self.total_steps}]")
         if self.learning_rate <= 0:
-            raise ValueError(f"learning_rate must be positive, got {self.learning_rate}")
+            raise ConfigError(f"--learning_rate must be positive, got {self.learning_rate}")
 
 
 def identity_allreduce(grads):
@@ -116,19 +121,27 @@ class Trainer:
         self._finish = tf.function(self._finish_impl, jit_compile=jit)
         self._allreduce = tf.function(allreduce)
         self._apply = tf.function(self._apply_impl, jit_compile=jit)
-        if config.allreduce_every_micro_batch:
+        if config.comm.allreduce_every_micro_batch:
             self._local = tf.function(self._gradients, jit_compile=jit)
             self._add = tf.function(self._add_impl, jit_compile=jit)
             self._mean = tf.function(self._mean_impl, jit_compile=jit)
         self.timing = {}
 
     def checkpoint_items(self) -> dict:
-        """What a checkpoint must hold to resume exactly (accumulators are zero between updates)."""
+        """The trainer's state: what a checkpoint holds to resume exactly, and what every rank
+        takes from rank 0 at the start (state_variables). Accumulators are zero between updates."""
         items = {"model": self.model, "optimizer": self.optimizer, "step": self.step,
                  "skipped_steps": self.skipped_steps}
         if self.loss_scale is not None:
             items["loss_scale"] = self.loss_scale
         return items
+
+    def state_variables(self) -> list:
+        """Every variable of checkpoint_items(), for the broadcast from rank 0."""
+        out = []
+        for item in self.checkpoint_items().values():
+            out += [item] if isinstance(item, tf.Variable) else list(item.variables)
+        return out
 
     # -- compiled pieces ------------------------------------------------------------------
     def _gradients(self, features, seed):
@@ -199,7 +212,7 @@ class Trainer:
         if len(micro_batches) != n:
             raise ValueError(f"expected {n} micro-batches, got {len(micro_batches)}")
         start = time.perf_counter()
-        if self.config.allreduce_every_micro_batch:
+        if self.config.comm.allreduce_every_micro_batch:
             grads, outs, comm = self._allreduce_each(micro_batches)
         else:
             outs = [self._accumulate(mb, self.micro_batch_seed(i)) for i, mb in enumerate(micro_batches[:-1])]

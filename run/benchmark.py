@@ -1,6 +1,6 @@
 """The single-device optimisation ladder: how fast one BERT update runs with each lever.
 
-    python run/benchmark.py --model_preset=base --seq_length=128 --batch_size=8 --output_dir=runs/bench_base
+    python run/benchmark.py --model_preset=base --max_seq_length=128 --batch_size=8 --output_dir=runs/bench_base
 
 Rungs, each measured after warm-up (compile) steps, in one process:
     fp32        tf.function, float32
@@ -17,16 +17,17 @@ import os
 import resource
 import time
 
-from absl import app, flags
+from absl import flags
 
-flags.DEFINE_string("model_preset", "base", "Model size.")
-flags.DEFINE_integer("seq_length", 128, "Sequence length.")
-flags.DEFINE_integer("predictions", 20, "Masked positions per sequence.")
+from bert_tf import cli
+
+cli.define_model_preset("base")
+cli.define_sequence()
 flags.DEFINE_integer("vocab_size", 30522, "Vocabulary size.")
 flags.DEFINE_integer("batch_size", 8, "Micro-batch.")
 flags.DEFINE_integer("accumulation_steps", 4, "Micro-batches per update on the accumulation rung.")
-flags.DEFINE_integer("warmup_steps", 2, "Updates not timed (compilation).")
-flags.DEFINE_integer("steps", 5, "Timed updates per rung.")
+flags.DEFINE_integer("warmup_updates", 2, "Updates not timed (compilation).")
+flags.DEFINE_integer("updates", 5, "Timed updates per rung.")
 flags.DEFINE_list("rungs", ["fp32", "fp32+xla", "bf16+xla", "fp16+xla", "best+accum"], "Rungs to run.")
 flags.DEFINE_float("peak_seconds", 3.0, "Seconds per matmul-peak measurement.")
 flags.DEFINE_string("output_dir", "runs/benchmark", "Where ladder.json and ladder.png go.")
@@ -60,15 +61,15 @@ def run_rung(config, precision, xla, accumulation):
     model = modeling.BertPretrainer(config)
     trainer = training.Trainer(model, training.TrainConfig(precision=precision, xla=xla,
                                                            accumulation_steps=accumulation, total_steps=10 ** 6))
-    micro = [random_batch(FLAGS.batch_size, FLAGS.seq_length, FLAGS.predictions, config.vocab_size, i)
-             for i in range(accumulation)]
+    micro = [random_batch(FLAGS.batch_size, FLAGS.max_seq_length, FLAGS.max_predictions_per_seq, config.vocab_size,
+                          i) for i in range(accumulation)]
     start = time.perf_counter()
     float(trainer.train_step(micro)["loss"])
     first = time.perf_counter() - start
-    for _ in range(FLAGS.warmup_steps - 1):
+    for _ in range(FLAGS.warmup_updates - 1):
         float(trainer.train_step(micro)["loss"])
     times = []
-    for _ in range(FLAGS.steps):
+    for _ in range(FLAGS.updates):
         start = time.perf_counter()
         float(trainer.train_step(micro)["loss"])
         times.append(time.perf_counter() - start)
@@ -82,9 +83,9 @@ def main(_):
 
     from bert_tf import flops, modeling
     config = modeling.BertConfig.preset(FLAGS.model_preset, vocab_size=FLAGS.vocab_size)
-    flops_per_seq = flops.training_flops_per_sequence(config, FLAGS.seq_length, FLAGS.predictions)
-    print(f"{FLAGS.model_preset}: {config.num_hidden_layers} layers, hidden {config.hidden_size}; seq {FLAGS.seq_length}, "
-          f"micro-batch {FLAGS.batch_size}; {flops_per_seq / 1e9:.2f} GFLOP per sequence (train)", flush=True)
+    flops_per_seq = flops.training_flops_per_sequence(config, FLAGS.max_seq_length, FLAGS.max_predictions_per_seq)
+    print(f"{FLAGS.model_preset}: {config.num_hidden_layers} layers, hidden {config.hidden_size}; "
+          f"seq {FLAGS.max_seq_length}, micro-batch {FLAGS.batch_size}; {flops_per_seq / 1e9:.2f} GFLOP per sequence (train)", flush=True)
     peaks = {}
     for name in ("float32", "bfloat16", "float16"):
         peaks[name] = flops.matmul_peak(getattr(tf, name), seconds=FLAGS.peak_seconds)
@@ -104,10 +105,10 @@ def main(_):
         achieved = seqs * flops_per_seq
         peak = peaks[DTYPE_NAME[precision]]
         row = {"rung": rung, "precision": precision, "xla": xla, "accumulation_steps": accumulation,
-               "sequences_per_second": seqs, "tokens_per_second": seqs * FLAGS.seq_length,
+               "sequences_per_second": seqs, "tokens_per_second": seqs * FLAGS.max_seq_length,
                "model_tflops": achieved / 1e12, "matmul_peak_tflops": peak / 1e12, "mfu": achieved / peak, **result}
         rows.append(row)
-        print(f"{rung:<11} {seqs:8.2f} seq/s {seqs * FLAGS.seq_length:9.0f} tok/s {achieved / 1e12:7.3f} TFLOP/s  "
+        print(f"{rung:<11} {seqs:8.2f} seq/s {seqs * FLAGS.max_seq_length:9.0f} tok/s {achieved / 1e12:7.3f} TFLOP/s  "
               f"MFU {achieved / peak:6.1%} of {DTYPE_NAME[precision]} peak  first update {result['first_update_seconds']:.1f} s",
               flush=True)
         best = row if best is None or seqs > best["sequences_per_second"] else best
@@ -115,12 +116,12 @@ def main(_):
     print(f"best: {best['rung']} at {best['sequences_per_second']:.2f} seq/s, MFU {best['mfu']:.1%}; "
           f"peak host memory {peak_rss_gb:.2f} GB")
     os.makedirs(FLAGS.output_dir, exist_ok=True)
-    report = {"model_preset": FLAGS.model_preset, "seq_length": FLAGS.seq_length, "batch_size": FLAGS.batch_size,
+    report = {"model_preset": FLAGS.model_preset, "seq_length": FLAGS.max_seq_length, "batch_size": FLAGS.batch_size,
               "flops_per_sequence": flops_per_seq, "matmul_peak_flops": peaks, "rungs": rows,
               "peak_host_memory_gb": peak_rss_gb, "cpu_count": os.cpu_count(),
               "command": "python run/benchmark.py " + " ".join(
                   f"--{k}={FLAGS[k].value if not isinstance(FLAGS[k].value, list) else ','.join(FLAGS[k].value)}"
-                  for k in ("model_preset", "seq_length", "batch_size", "accumulation_steps", "steps"))}
+                  for k in ("model_preset", "max_seq_length", "batch_size", "accumulation_steps", "updates"))}
     with open(os.path.join(FLAGS.output_dir, "ladder.json"), "w") as f:
         json.dump(report, f, indent=1)
     plot(report, os.path.join(FLAGS.output_dir, "ladder.png"))
@@ -146,4 +147,4 @@ def plot(report, path):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

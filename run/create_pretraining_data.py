@@ -8,28 +8,22 @@ import dataclasses
 import json
 import os
 
-from absl import app, flags
+from absl import flags
 
-flags.DEFINE_list("input_files", None, "Corpus files or globs (comma-separated); .gz/.bz2 read transparently. "
-                  "PATH@FORMAT gives one file its own format, e.g. news.txt@documents.")
-flags.DEFINE_enum("input_format", "auto", ["auto", "sentences", "documents", "mediawiki"],
-                  "sentences: one per line, blank line between documents (google); documents: one per line; "
-                  "mediawiki: XML dump; auto: mediawiki if the file starts with <mediawiki>, else sentences.")
+from bert_tf import cli
+
+cli.define_corpus_input()
 flags.DEFINE_string("vocab_file", None, "WordPiece vocab.txt (google layout).")
-flags.DEFINE_bool("do_lower_case", True, "Lower-case and strip accents.")
 flags.DEFINE_bool("fast_tokenizer", False, "tensorflow-text's tokenizer: ~6x faster, but not google-research/bert's "
                   "ids on some text (NFKC case folding of ligatures, ª/º, full-width letters; NUL; Greek sigma).")
 flags.DEFINE_string("output_dir", None, "Where train-*.tfrecord, eval-*.tfrecord and summary.json go.")
-flags.DEFINE_integer("max_seq_length", 128, "Tokens per instance, with [CLS] and [SEP]s.")
-flags.DEFINE_integer("max_predictions_per_seq", 20, "Masked positions per instance (padded).")
+cli.define_sequence()
 flags.DEFINE_float("masked_lm_prob", 0.15, "Fraction of tokens to mask.")
 flags.DEFINE_float("short_seq_prob", 0.1, "Probability of a shorter target length.")
 flags.DEFINE_integer("dupe_factor", 10, "Passes over the corpus with different masks.")
 flags.DEFINE_bool("whole_word_masking", False, "Mask all pieces of a word together.")
 flags.DEFINE_bool("dynamic_masking", False, "Write unmasked sequences; mask in tf.data each epoch (RoBERTa-style).")
-flags.DEFINE_integer("random_seed", 12345, "Seed for instance creation and the held-out split.")
 flags.DEFINE_integer("shards_per_rank", 1, "Training shards each rank writes.")
-flags.DEFINE_float("heldout_fraction", 0.05, "Fraction of documents held out for evaluation.")
 flags.mark_flags_as_required(["input_files", "vocab_file", "output_dir"])
 FLAGS = flags.FLAGS
 
@@ -74,4 +68,4 @@ def main(_):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

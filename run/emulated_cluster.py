@@ -10,7 +10,9 @@ whatever happens. Addresses: 198.18.0.0/24 (benchmarking range) only, no route o
 import shlex
 import sys
 
-from absl import app, flags
+from absl import flags
+
+from bert_tf import ConfigError, cli
 
 flags.DEFINE_integer("nodes", 2, "Emulated nodes.")
 flags.DEFINE_float("rate_gbit", 10.0, "Link rate of each node, Gbit/s.")
@@ -29,14 +31,14 @@ def main(argv):
     elif action == "up":
         try:
             cluster = ec.EmulatedCluster(FLAGS.nodes, FLAGS.rate_gbit, FLAGS.delay_ms, FLAGS.slots).up()
-        except (ec.ClusterError, ValueError) as e:
+        except ec.ClusterError as e:          # the machine cannot host it: say what is missing
             sys.exit(f"error: {e}")
         print(f"up: {FLAGS.nodes} nodes at {FLAGS.rate_gbit:g} Gbit/s; hostfile {cluster.hostfile}")
         print("run ranks with:  " + shlex.join(cluster.mpirun_prefix(FLAGS.nodes * FLAGS.slots)) + " python ...")
         print("bring down with: python run/emulated_cluster.py down")
     else:
-        sys.exit(f"error: unknown action {action!r}; valid: up, down, status")
+        raise ConfigError(f"unknown action {action!r}; valid: up, down, status")
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

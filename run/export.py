@@ -14,7 +14,9 @@ a Hugging Face directory), so this also converts between them.
 """
 import os
 
-from absl import app, flags
+from absl import flags
+
+from bert_tf import ConfigError, cli
 
 FORMATS = ("google", "huggingface", "saved_model")
 flags.DEFINE_string("checkpoint", None, "Checkpoint: a pre-training run's folder (its latest) or checkpoint path, "
@@ -34,22 +36,19 @@ def main(_):
     import tensorflow as tf
 
     from bert_tf import checkpoint_formats, classification, modeling, tokenization
-    try:
-        vocab = tokenization.load_vocab(FLAGS.vocab_file)
-        ckpt = checkpoint_formats.read(FLAGS.checkpoint)
-        config = (modeling.BertConfig.from_json_file(FLAGS.bert_config_file) if FLAGS.bert_config_file
-                  else ckpt.config)
-        if config is None:
-            raise ValueError(f"{ckpt.path}: no bert_config.json beside it: give --bert_config_file")
-        checkpoint_formats.check_fits(ckpt, config, len(vocab), FLAGS.vocab_file)
-        model = modeling.BertPretrainer(config, use_nsp="nsp/kernel" in ckpt.weights)
-        checkpoint_formats.assign(model, ckpt)
-        weights = checkpoint_formats.to_numpy(model)
-        if "google" in FLAGS.format and config.hidden_act not in ("gelu", "relu", "tanh"):
-            raise ValueError(f"hidden_act {config.hidden_act!r} has no google-research/bert name: "
-                             f"use --format=huggingface,saved_model")
-    except (ValueError, FileNotFoundError) as e:
-        raise SystemExit(f"error: {e}")
+    vocab = tokenization.load_vocab(FLAGS.vocab_file)
+    ckpt = checkpoint_formats.read(FLAGS.checkpoint)
+    config = (modeling.BertConfig.from_json_file(FLAGS.bert_config_file) if FLAGS.bert_config_file
+              else ckpt.config)
+    if config is None:
+        raise ConfigError(f"{ckpt.path}: no bert_config.json beside it: give --bert_config_file")
+    checkpoint_formats.check_fits(ckpt, config, len(vocab), FLAGS.vocab_file)
+    model = modeling.BertPretrainer(config, use_nsp="nsp/kernel" in ckpt.weights)
+    checkpoint_formats.assign(model, ckpt)
+    weights = checkpoint_formats.to_numpy(model)
+    if "google" in FLAGS.format and config.hidden_act not in ("gelu", "relu", "tanh"):
+        raise ConfigError(f"hidden_act {config.hidden_act!r} has no google-research/bert name: "
+                          f"use --format=huggingface,saved_model")
     written = []
     if "google" in FLAGS.format:
         written += checkpoint_formats.write_google(weights, config, FLAGS.vocab_file, FLAGS.output_dir)
@@ -63,4 +62,4 @@ def main(_):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

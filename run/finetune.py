@@ -11,7 +11,9 @@ import json
 import os
 
 import numpy as np
-from absl import app, flags
+from absl import flags
+
+from bert_tf import ConfigError, cli
 
 flags.DEFINE_string("train_file", None, "Labelled examples (label<TAB>text[<TAB>text_b], CSV, or __label__X text).")
 flags.DEFINE_string("eval_file", "", "Held-out examples; without it, --kfold cross-validates on --train_file.")
@@ -73,7 +75,7 @@ def main(_):
         import tensorflow as tf
         state = tf.train.get_checkpoint_state(FLAGS.probe_checkpoint_dir)
         if not state:
-            raise SystemExit(f"error: no checkpoints in {FLAGS.probe_checkpoint_dir}")
+            raise ConfigError(f"--probe_checkpoint_dir={FLAGS.probe_checkpoint_dir}: no checkpoints there")
         config = modeling.BertConfig.from_json_file(os.path.join(FLAGS.probe_checkpoint_dir, "bert_config.json"))
         for ckpt in state.all_model_checkpoint_paths:
             result, _ = cross_validate(config, tokenizer, examples, ckpt, hvd, label_names)
@@ -86,26 +88,20 @@ def main(_):
                 print(f"probe step {step}: accuracy {result['accuracy_mean']:.4f} ± {result['accuracy_std']:.4f}")
         return
     checkpoint = None
-    try:
-        if FLAGS.init_checkpoint and not FLAGS.random_init:
-            checkpoint = checkpoint_formats.read(FLAGS.init_checkpoint)   # any format; read once for all folds
-        elif not FLAGS.random_init:
-            raise SystemExit("error: give --init_checkpoint, or --random_init for the baseline")
-        if FLAGS.bert_config_file:
-            config = modeling.BertConfig.from_json_file(FLAGS.bert_config_file)
-        elif checkpoint is not None and checkpoint.config is not None:
-            config = checkpoint.config
-        else:
-            raise SystemExit("error: --random_init needs --bert_config_file" if checkpoint is None else
-                             f"error: {checkpoint.path} has no bert_config.json beside it: give --bert_config_file")
-        if checkpoint is not None:
-            checkpoint_formats.check_fits(checkpoint, config, len(tokenizer), FLAGS.vocab_file, FLAGS.max_seq_length)
-    except (ValueError, FileNotFoundError) as e:
-        raise SystemExit(f"error: {e}")
-    try:
-        result, _ = cross_validate(config, tokenizer, examples, checkpoint, hvd, label_names)
-    except (ValueError, FileNotFoundError) as e:
-        raise SystemExit(f"error: {e}")
+    if FLAGS.init_checkpoint and not FLAGS.random_init:
+        checkpoint = checkpoint_formats.read(FLAGS.init_checkpoint)   # any format; read once for all folds
+    elif not FLAGS.random_init:
+        raise ConfigError("give --init_checkpoint, or --random_init for the baseline")
+    if FLAGS.bert_config_file:
+        config = modeling.BertConfig.from_json_file(FLAGS.bert_config_file)
+    elif checkpoint is not None and checkpoint.config is not None:
+        config = checkpoint.config
+    else:
+        raise ConfigError("--random_init needs --bert_config_file" if checkpoint is None else
+                          f"{checkpoint.path} has no bert_config.json beside it: give --bert_config_file")
+    if checkpoint is not None:
+        checkpoint_formats.check_fits(checkpoint, config, len(tokenizer), FLAGS.vocab_file, FLAGS.max_seq_length)
+    result, _ = cross_validate(config, tokenizer, examples, checkpoint, hvd, label_names)
     if hvd.rank() == 0:
         print(f"{'random init' if checkpoint is None else checkpoint.path}: accuracy {result['accuracy_mean']:.4f} ± "
               f"{result['accuracy_std']:.4f} over {len(result['folds'])} fold(s); "
@@ -116,4 +112,4 @@ def main(_):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

@@ -4,14 +4,12 @@
 """
 import os
 
-from absl import app, flags
+from absl import flags
 
-flags.DEFINE_list("input_files", None, "Corpus files or globs; PATH@FORMAT as in create_pretraining_data.")
-flags.DEFINE_enum("input_format", "auto", ["auto", "sentences", "documents", "mediawiki"], "Corpus format.")
+from bert_tf import ConfigError, cli
+
+cli.define_corpus_input()
 flags.DEFINE_integer("vocab_size", 30522, "Largest vocabulary to learn (reserved tokens included).")
-flags.DEFINE_bool("do_lower_case", True, "Lower-case and strip accents.")
-flags.DEFINE_float("heldout_fraction", 0.05, "Documents kept out of learning to measure the UNK rate.")
-flags.DEFINE_integer("random_seed", 12345, "Seed of the held-out split.")
 flags.DEFINE_string("output_file", None, "Where to write vocab.txt.")
 flags.mark_flags_as_required(["input_files", "output_file"])
 FLAGS = flags.FLAGS
@@ -22,7 +20,7 @@ def main(_):
 
     docs = list(corpus.read_documents(corpus.expand_inputs(FLAGS.input_files), FLAGS.input_format))
     if not docs:
-        raise SystemExit(f"error: no text in {FLAGS.input_files}")
+        raise ConfigError(f"no text in {FLAGS.input_files}")
     heldout = pretraining_data.split_heldout(len(docs), FLAGS.heldout_fraction, FLAGS.random_seed)
     train = [s for d, h in zip(docs, heldout) if not h for s in d]
     test = [s for d, h in zip(docs, heldout) if h for s in d]
@@ -34,4 +32,4 @@ def main(_):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

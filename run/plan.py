@@ -3,15 +3,19 @@
     python run/plan.py --model_preset=large --nodes=4 --devices_per_node=4 --inter_gbps=10 \
         --phase1_device_seq_s=206.5 --phase2_device_seq_s=40.95 --price_per_device_hour=2.5
 
-Defaults are NVIDIA's LAMB recipe (phase 1: 7,506 updates x 61,440 sequences at 128;
-phase 2: 1,668 x 30,720 at 512). Device throughputs come from run/benchmark.py or a
-published figure (shared/reference/anchors.md).
+Defaults are NVIDIA's LAMB recipe for BERT-large (phase 1: 7,506 updates x 61,440 sequences at
+128; phase 2: 1,668 x 30,720 at 512; fp16 allreduce after accumulation) and their single-V100
+throughputs, mixed precision (206.5 and 40.95 sequences/s): NVIDIA DeepLearningExamples,
+TensorFlow2/LanguageModeling/BERT/README.md, 21.02 container. Measure your own device's with
+run/benchmark.py.
 """
 import json
 
-from absl import app, flags
+from absl import flags
 
-flags.DEFINE_enum("model_preset", "large", ["tiny", "mini", "small", "medium", "base", "large"], "Model size.")
+from bert_tf import cli, comm, modeling, planner
+
+cli.define_model_preset("large")
 flags.DEFINE_integer("vocab_size", 30522, "Vocabulary size.")
 flags.DEFINE_integer("nodes", 4, "Nodes.")
 flags.DEFINE_integer("devices_per_node", 4, "GPUs (ranks) per node.")
@@ -29,34 +33,26 @@ flags.DEFINE_integer("phase1_global_batch", 61440, "Phase-1 global batch.")
 flags.DEFINE_integer("phase2_global_batch", 30720, "Phase-2 global batch.")
 flags.DEFINE_integer("phase1_accumulation", 64, "Phase-1 accumulation steps.")
 flags.DEFINE_integer("phase2_accumulation", 192, "Phase-2 accumulation steps.")
-flags.DEFINE_bool("fp16_allreduce", True, "fp16 gradient compression.")
-flags.DEFINE_bool("allreduce_after_accumulation", True, "One allreduce per update (else one per micro-batch).")
-flags.DEFINE_float("fusion_threshold_mb", 128.0, "Horovod fusion buffer (0: no fusion).")
-flags.DEFINE_float("cycle_time_ms", 1.0, "Horovod cycle time.")
+cli.define_comm(comm.CommConfig(fp16_allreduce=True))
 flags.DEFINE_string("output_json", "", "Write the plan here.")
 FLAGS = flags.FLAGS
 
 
 def main(_):
-    from bert_tf import modeling, planner
-    try:
-        config = modeling.BertConfig.preset(FLAGS.model_preset, vocab_size=FLAGS.vocab_size)
-        sizes = planner.gradient_tensor_sizes(config)
-        params = sum(sizes)
-        cluster = planner.Cluster(FLAGS.nodes, FLAGS.devices_per_node, FLAGS.inter_gbps, FLAGS.inter_latency_us,
-                                  FLAGS.intra_gbps, price_per_device_hour=FLAGS.price_per_device_hour,
-                                  message_overhead_us=FLAGS.message_overhead_us)
-        phases = [planner.Phase("phase1", 128, FLAGS.phase1_sequences, FLAGS.phase1_global_batch,
-                                FLAGS.phase1_device_seq_s),
-                  planner.Phase("phase2", 512, FLAGS.phase2_sequences, FLAGS.phase2_global_batch,
-                                FLAGS.phase2_device_seq_s)]
-        comm = planner.Comm(FLAGS.fp16_allreduce, FLAGS.allreduce_after_accumulation, FLAGS.fusion_threshold_mb,
-                            FLAGS.cycle_time_ms)
-        accumulation = [FLAGS.phase1_accumulation, FLAGS.phase2_accumulation]
-        result = planner.plan(sizes, phases, cluster, comm, accumulation)
-        base, knobs = planner.best_knob(sizes, phases, cluster, comm, accumulation)
-    except ValueError as e:
-        raise SystemExit(f"error: {e}")
+    config = modeling.BertConfig.preset(FLAGS.model_preset, vocab_size=FLAGS.vocab_size)
+    sizes = planner.gradient_tensor_sizes(config)
+    params = sum(sizes)
+    cluster = planner.Cluster(FLAGS.nodes, FLAGS.devices_per_node, FLAGS.inter_gbps, FLAGS.inter_latency_us,
+                              FLAGS.intra_gbps, price_per_device_hour=FLAGS.price_per_device_hour,
+                              message_overhead_us=FLAGS.message_overhead_us)
+    phases = [planner.Phase("phase1", 128, FLAGS.phase1_sequences, FLAGS.phase1_global_batch,
+                            FLAGS.phase1_device_seq_s),
+              planner.Phase("phase2", 512, FLAGS.phase2_sequences, FLAGS.phase2_global_batch,
+                            FLAGS.phase2_device_seq_s)]
+    settings = cli.comm_config()
+    accumulation = [FLAGS.phase1_accumulation, FLAGS.phase2_accumulation]
+    result = planner.plan(sizes, phases, cluster, settings, accumulation)
+    base, knobs = planner.best_knob(sizes, phases, cluster, settings, accumulation)
     print(f"BERT-{FLAGS.model_preset}: {params / 1e6:.1f}M parameters; {cluster.nodes} nodes x "
           f"{cluster.devices_per_node} devices, {cluster.inter_gbps:g} Gbit/s between nodes")
     for r in result["phases"]:
@@ -71,4 +67,4 @@ def main(_):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

@@ -12,19 +12,18 @@ or by k for AdamW (linear rule), and keep warmup as a fraction of --total_steps.
 import dataclasses
 import sys
 
-from absl import app, flags
+from absl import flags
 
-from bert_tf import modeling, optimization, pretraining, training
+from bert_tf import cli, optimization, pretraining, training
 
-D = pretraining.PretrainConfig()
-flags.DEFINE_enum("model_preset", D.model_preset, list(modeling.PRESETS), "Standard model size.")
+D = pretraining.PretrainConfig     # the class: its fields' defaults are the flags' defaults
+cli.define_model_preset(D.model_preset)
 flags.DEFINE_string("bert_config_file", D.bert_config_file, "google-format bert_config.json (instead of a preset).")
 flags.DEFINE_string("vocab_file", D.vocab_file, "WordPiece vocab.txt; its size sets the model's vocab_size for presets.")
 flags.DEFINE_bool("do_lower_case", D.do_lower_case, "Tokeniser lower-cases (must match the data).")
 flags.DEFINE_string("train_files", D.train_files, "Comma-separated globs of training TFRecords.")
 flags.DEFINE_string("eval_files", D.eval_files, "Comma-separated globs of held-out TFRecords.")
-flags.DEFINE_integer("max_seq_length", D.max_seq_length, "Sequence length of the records.")
-flags.DEFINE_integer("max_predictions_per_seq", D.max_predictions_per_seq, "Masked positions per record.")
+cli.define_sequence(D.max_seq_length, D.max_predictions_per_seq)
 flags.DEFINE_bool("dynamic_masking", D.dynamic_masking, "Records are unmasked; mask in tf.data each epoch.")
 flags.DEFINE_float("masked_lm_prob", D.masked_lm_prob, "Masking rate for --dynamic_masking.")
 flags.DEFINE_bool("mlm_only", D.mlm_only, "Train the masked-LM objective only (no next-sentence head).")
@@ -40,13 +39,7 @@ flags.DEFINE_float("clip_norm", D.clip_norm, "Global-norm gradient clipping.")
 flags.DEFINE_enum("precision", D.precision, list(training.POLICIES), "Compute precision policy.")
 flags.DEFINE_bool("xla", D.xla, "Compile the forward/backward pass and the update with XLA.")
 flags.DEFINE_integer("seed", D.seed, "Seed for initialisation, data order and dropout.")
-flags.DEFINE_bool("fp16_allreduce", D.fp16_allreduce, "Send gradients as float16 (Horovod compression).")
-flags.DEFINE_float("fusion_threshold_mb", None, "Horovod tensor-fusion buffer (HOROVOD_FUSION_THRESHOLD); "
-                   "a value already in the environment (horovodrun --fusion-threshold-mb) wins.")
-flags.DEFINE_float("cycle_time_ms", None, "Horovod cycle time (HOROVOD_CYCLE_TIME); the environment wins.")
-flags.DEFINE_bool("allreduce_every_micro_batch", D.allreduce_every_micro_batch,
-                  "Baseline for the communication study: allreduce each micro-batch's gradients "
-                  "(accumulation_steps allreduces per update instead of one).")
+cli.define_comm()
 flags.DEFINE_string("network_interface", D.network_interface,
                     "Log the bytes this node sent on this interface per update (e.g. eth0).")
 flags.DEFINE_string("horovod_timeline", D.horovod_timeline, "Write Horovod's timeline JSON here.")
@@ -65,12 +58,9 @@ FLAGS = flags.FLAGS
 def main(argv):
     if len(argv) > 1:
         sys.exit(f"error: unexpected arguments {argv[1:]}")
-    try:
-        cfg = pretraining.PretrainConfig(**{f.name: FLAGS[f.name].value
-                                            for f in dataclasses.fields(pretraining.PretrainConfig)})
-        _, last = pretraining.run(cfg)
-    except (ValueError, FileNotFoundError) as e:
-        sys.exit(f"error: {e}")
+    cfg = pretraining.PretrainConfig(comm=cli.comm_config(), **{
+        f.name: FLAGS[f.name].value for f in dataclasses.fields(pretraining.PretrainConfig) if f.name != "comm"})
+    _, last = pretraining.run(cfg)
     from bert_tf import distributed
     if distributed.rank() == 0 and "eval_mlm_accuracy" in last:
         print(f"held-out MLM accuracy {last['eval_mlm_accuracy']:.4f}  vs  always the most frequent masked token "
@@ -79,4 +69,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

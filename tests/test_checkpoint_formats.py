@@ -182,7 +182,7 @@ def test_a_missing_head_is_initialised_and_said_in_one_line(tmp_path, weights):
 # ------------------------------------------------------------------------------- bad input
 def test_config_json_without_weights_names_the_missing_file(tmp_path, hf_dir):
     (tmp_path / "config.json").write_text((hf_dir / "config.json").read_text())
-    with pytest.raises(FileNotFoundError, match=f"{tmp_path}/model.safetensors not found.*needs model.safetensors"):
+    with pytest.raises(ConfigError, match=f"{tmp_path}/model.safetensors not found.*needs model.safetensors"):
         cf.read(str(tmp_path))
 
 

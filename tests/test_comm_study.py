@@ -1,6 +1,7 @@
-"""The communication study on a small case: the planner predicts the emulated cluster's measured
-throughput within 25%, fp16 compression halves the bytes on the link, and without the tools the
-study says what is missing and skips the emulated part."""
+"""The communication study: its pieces on hand-made numbers (bert_tf/comm_study.py), then a small
+case on the emulated cluster: the planner predicts the measured throughput within 25%, fp16
+compression halves the bytes on the link, and without the tools the study says what is missing
+and skips the emulated part."""
 import json
 import os
 import shutil
@@ -9,10 +10,86 @@ import sys
 
 import pytest
 
+from bert_tf import comm_study, planner
 from bert_tf import emulated_cluster as ec
+from bert_tf.comm import CommConfig
 from conftest import REPO, mpi_env
 
 STUDY = REPO / "run" / "comm_study.py"
+
+
+def test_rungs_climb_the_papers_ladder_with_horovods_defaults_spelled_out():
+    ladder = comm_study.rungs([0, 16], [5])
+    assert [label for label, _ in ladder] == ["fp32/every-mb", "fp32/accum", "fp16/accum", "fp16 fusion=0MB",
+                                              "fp16 fusion=16MB", "fp16 cycle=5ms"]
+    comms = dict(ladder)
+    assert comms["fp32/every-mb"] == CommConfig(False, True, 128.0, 1.0)
+    assert comms["fp32/accum"] == CommConfig(False, False, 128.0, 1.0)
+    assert comms["fp16 fusion=0MB"] == CommConfig(True, False, 0.0, 1.0)
+    assert comms["fp16 cycle=5ms"].as_flags() == ["--fp16_allreduce", "--noallreduce_every_micro_batch",
+                                                  "--fusion_threshold_mb=128", "--cycle_time_ms=5"]
+
+
+def train_record(compute, allreduce, update, tx, seq_s):
+    return {"kind": "train", "compute_seconds": compute, "allreduce_seconds": allreduce, "update_seconds": update,
+            "tx_bytes_per_update": tx, "sequences_per_second": seq_s}
+
+
+def test_job_metrics_drop_the_warmup_and_average_per_update():
+    records = [train_record(99, 99, 99, 99, 1), train_record(1, 2, 0.5, 100, 10), train_record(3, 4, 1.5, 300, 40)]
+    m = comm_study.job_metrics(records, warmup_updates=1, global_batch=80)
+    assert (m["compute_seconds"], m["allreduce_seconds"], m["update_seconds"], m["tx_bytes_per_update"]) == \
+        (2, 3, 1, 200)
+    # 2 updates in 1/10 + 1/40 s per sequence: 16 sequences/s; update times 80/10 = 8 s and 80/40 = 2 s
+    assert m["sequences_per_second"] == pytest.approx(16.0) and m["step_seconds"] == pytest.approx(5.0)
+    assert comm_study.job_metrics(records[:1], warmup_updates=1, global_batch=80) == {"error": "no measured updates"}
+
+
+def study_rows():
+    """2 nodes at 1 Gbit/s: three rungs measured, one failed."""
+    def row(config, seq_s, tx, compute=1.0, update=0.25):
+        return {"nodes": 2, "rate_gbit": 1.0, "config": config, "sequences_per_second": seq_s,
+                "tx_bytes_per_update": tx, "compute_seconds": compute, "update_seconds": update}
+    return [row("fp32/every-mb", 4.0, 400.0, compute=1.0), row("fp32/accum", 8.0, 100.0, compute=1.75),
+            row("fp16/accum", 10.0, 51.0, compute=0.75),
+            {"nodes": 2, "rate_gbit": 1.0, "config": "fp16 cycle=5ms", "error": "exited 1"}]
+
+
+def test_predictions_use_the_median_compute_speed_and_the_probed_link():
+    rows, sizes = study_rows(), [10 ** 6] * 3
+    links = [{"nodes": 2, "rate_gbit": 1.0, "effective_gbit": 0.5, "message_seconds": 1e-4}]
+    comms = dict(comm_study.rungs())
+    speed = comm_study.add_predictions(rows, links, comms, sizes, batch_size=2, accumulation_steps=4, seq_length=64)
+    assert speed == pytest.approx(8 / 1.25)                 # median of 8/1.25, 8/2.0, 8/1.0 sequences/s per rank
+    cluster = planner.Cluster(2, 1, 0.5, inter_latency_us=0, message_overhead_us=100)
+    for r in rows[:3]:
+        expected = planner.plan_phase(sizes, planner.Phase("study", 64, 16, 16, speed), cluster, comms[r["config"]], 4)
+        assert r["predicted_sequences_per_second"] == pytest.approx(expected["sequences_per_second"])
+        assert r["prediction_error"] == pytest.approx(expected["sequences_per_second"] / r["sequences_per_second"] - 1)
+    assert [r["speedup_vs_baseline"] for r in rows[:3]] == [1.0, 2.0, 2.5]
+    assert rows[2]["bytes_vs_fp32_accum"] == pytest.approx(0.51) and "bytes_vs_fp32_accum" not in rows[1]
+    assert "prediction_error" not in rows[3]
+    assert comm_study.study_misses({"rows": rows}, 10.0) == []
+    assert len(comm_study.study_misses({"rows": rows}, 0.0)) == 3
+
+
+def test_goals_compare_the_best_fp16_rung_with_the_baseline():
+    rows = study_rows()
+    comm_study.add_predictions(rows, [], dict(comm_study.rungs()), [10 ** 6], 2, 4, 64)
+    assert comm_study.goals(rows) == [{"nodes": 2, "rate_gbit": 1.0, "best_config": "fp16/accum", "speedup": 2.5,
+                                       "fp16_bytes_ratio": pytest.approx(0.51)}]
+
+
+def test_a_study_run_again_keeps_only_the_good_rows_of_the_same_settings(tmp_path, capsys):
+    path = tmp_path / "study.json"
+    assert comm_study.previous_results(str(path), {"a": 1}) == ({}, {})
+    links = [{"nodes": 2, "rate_gbit": 1.0, "effective_gbit": 0.9}]
+    path.write_text(json.dumps({"settings": {"a": 1}, "rows": study_rows(), "links": links}))
+    rows, kept_links = comm_study.previous_results(str(path), {"a": 1})
+    assert sorted(rows) == [(2, 1.0, "fp16/accum"), (2, 1.0, "fp32/accum"), (2, 1.0, "fp32/every-mb")]
+    assert kept_links == {(2, 1.0): links[0]}
+    assert comm_study.previous_results(str(path), {"a": 2}) == ({}, {})
+    assert "earlier study with other settings" in capsys.readouterr().out
 
 
 @pytest.mark.skipif(ec.preflight() is not None, reason=f"emulated cluster unavailable: {ec.preflight()}")
@@ -21,7 +98,8 @@ def test_planner_predicts_the_emulated_study_within_25_percent(tiny_data, tmp_pa
     proc = subprocess.run(
         [sys.executable, str(STUDY), "--model_preset=mini", f"--vocab_file={tiny_data['vocab_file']}",
          f"--train_files={tiny_data['train']}", "--max_seq_length=64", "--max_predictions_per_seq=10",
-         "--batch_size=4", "--accumulation_steps=4", "--updates=3", "--rates=1", "--fusion_mb=", "--cycle_ms=",
+         "--batch_size=4", "--accumulation_steps=4", "--updates=3", "--rates=1", "--fusion_threshold_mb=",
+         "--cycle_time_ms=",
          "--rungs=fp32/every-mb,fp32/accum,fp16/accum", f"--output_dir={out}"],
         env=mpi_env(), capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -70,3 +148,4 @@ def test_bad_study_flags_are_named(tmp_path):
     proc = subprocess.run([sys.executable, str(STUDY), "--rungs=fp64/everything", f"--output_dir={tmp_path}"],
                           env=mpi_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0 and "--rungs: unknown ['fp64/everything']; valid: fp32/every-mb" in proc.stderr
+    assert "Traceback" not in proc.stderr

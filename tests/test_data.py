@@ -1,5 +1,6 @@
 """Corpus readers, vocabulary, tokenisation, instance creation, TFRecords and the input pipeline."""
 import bz2
+import collections
 import glob
 import gzip
 import json
@@ -9,7 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from bert_tf import corpus, input_pipeline, pretraining_data as pd, tokenization
+from bert_tf import ConfigError, corpus, input_pipeline, pretraining_data as pd, tokenization
 from conftest import REPO, mpirun
 
 WIKI = "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
@@ -62,14 +63,14 @@ def test_document_per_line_and_per_file_format(tmp_path):
 
 
 def test_missing_and_empty_corpus(tmp_path):
-    with pytest.raises(FileNotFoundError, match="input file not found: .*nope.txt"):
+    with pytest.raises(ConfigError, match="input file not found: .*nope.txt"):
         list(corpus.read_documents([str(tmp_path / "nope.txt")]))
-    with pytest.raises(FileNotFoundError, match="nope"):
+    with pytest.raises(ConfigError, match="nope"):
         corpus.expand_inputs([str(tmp_path / "nope*.txt")])
     empty = tmp_path / "empty.txt"
     empty.write_text("\n\n")
     tok = tokenization.Tokenizer(tokenization.google_reserved_tokens() + ["a"])
-    with pytest.raises(ValueError, match="no text found in .*empty.txt"):
+    with pytest.raises(ConfigError, match="no text found in .*empty.txt"):
         pd.create_pretraining_data([str(empty)], "auto", tok, str(tmp_path / "out"), pd.InstanceConfig())
 
 
@@ -93,9 +94,9 @@ def test_learned_vocab_has_google_layout(vocab_file):
 def test_vocab_missing_special_token_is_named(tmp_path):
     path = tmp_path / "vocab.txt"
     path.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\nthe\n")
-    with pytest.raises(ValueError, match=r"vocab.txt lacks the special token\(s\) \[MASK\]"):
+    with pytest.raises(ConfigError, match=r"vocab.txt lacks the special token\(s\) \[MASK\]"):
         tokenization.load_vocab(str(path))
-    with pytest.raises(FileNotFoundError, match="vocab file not found"):
+    with pytest.raises(ConfigError, match="vocab file not found"):
         tokenization.load_vocab(str(tmp_path / "none.txt"))
 
 
@@ -193,13 +194,30 @@ def test_google_parse_spec_reads_our_files(created):
     assert parsed["input_ids"].shape == (64,)
 
 
-def test_heldout_split_is_by_document(created):
-    _, _, ((_, summary), _) = created
+def test_heldout_split_is_by_document(tmp_path, vocab_file, corpus_dir, monkeypatch):
+    """Each document's instances, and the partners of its random-next pairs, come from one split."""
+    tok = tokenization.Tokenizer.from_file(vocab_file)
+    docs_of_pool, pools = {}, {}
+    real = pd.create_instances
+
+    def recording(doc_index, documents, *args, doc_id=None, **kwargs):
+        docs_of_pool.setdefault(id(documents), set()).add(doc_id)
+        pools[id(documents)] = len(documents)
+        return real(doc_index, documents, *args, doc_id=doc_id, **kwargs)
+
+    monkeypatch.setattr(pd, "create_instances", recording)
+    config = pd.InstanceConfig(max_seq_length=64, max_predictions_per_seq=10, dupe_factor=2, random_seed=7)
+    summary = pd.create_pretraining_data([str(corpus_dir / "lee_background.cor") + "@documents"], "auto", tok,
+                                         str(tmp_path), config, heldout_fraction=0.1)
+    train, heldout = docs_of_pool.values()                 # the train pool is written first
+    expected = set(np.flatnonzero(pd.split_heldout(summary["documents"], 0.1, 7)).tolist())
+    assert heldout == expected and not train & heldout and len(train | heldout) == summary["documents"] == 300
+    assert sorted(pools.values()) == sorted([len(train), len(heldout)])   # partners only from the own split
     assert summary["train"]["instances"] > 0 and summary["eval"]["instances"] > 0
 
 
 def test_max_seq_length_too_small():
-    with pytest.raises(ValueError, match="--max_seq_length=4 is too small for \\[CLS\\] A \\[SEP\\] B \\[SEP\\]"):
+    with pytest.raises(ConfigError, match="--max_seq_length=4 is too small for \\[CLS\\] A \\[SEP\\] B \\[SEP\\]"):
         pd.InstanceConfig(max_seq_length=4)
 
 
@@ -250,7 +268,7 @@ def test_corrupt_tfrecord_is_named(created, tmp_path):
     broken = tmp_path / "train-broken.tfrecord"
     data = open(source, "rb").read()
     broken.write_bytes(data[: len(data) // 2])
-    with pytest.raises(ValueError, match="train-broken.tfrecord is truncated or corrupt"):
+    with pytest.raises(ConfigError, match="train-broken.tfrecord is truncated or corrupt"):
         input_pipeline.check_files([str(broken)], 64, 10)
     assert input_pipeline.find_corrupt_file([source, str(broken)]) == str(broken)
 
@@ -258,10 +276,10 @@ def test_corrupt_tfrecord_is_named(created, tmp_path):
 def test_shape_mismatch_names_file_feature_and_flag(created):
     _, _, ((out, _), _) = created
     files = sorted(glob.glob(os.path.join(out, "train-*")))
-    with pytest.raises(ValueError, match=r"train-.*feature 'input_ids' has length 64 but the run expects 128 "
+    with pytest.raises(ConfigError, match=r"train-.*feature 'input_ids' has length 64 but the run expects 128 "
                                          r"\(--max_seq_length\)"):
         input_pipeline.check_files(files, 128, 10)
-    with pytest.raises(ValueError, match=r"'masked_lm_positions' has length 10 .* \(--max_predictions_per_seq\)"):
+    with pytest.raises(ConfigError, match=r"'masked_lm_positions' has length 10 .* \(--max_predictions_per_seq\)"):
         input_pipeline.check_files(files, 64, 20)
 
 
@@ -308,17 +326,29 @@ def test_dynamic_masking_gives_static_features_with_a_fresh_mask_each_epoch(tmp_
 
 
 # ----------------------------------------------------------------------------- parallel creation
-def test_two_ranks_write_disjoint_shards_whose_union_matches_one_process(tmp_path, vocab_file, corpus_dir):
+def test_two_ranks_write_disjoint_shards_that_match_one_process_but_for_random_partners(tmp_path, vocab_file,
+                                                                                       corpus_dir):
     args = [REPO / "run" / "create_pretraining_data.py",
             f"--input_files={corpus_dir / 'lee_background.cor'}@documents", f"--vocab_file={vocab_file}",
             "--max_seq_length=64", "--max_predictions_per_seq=10", "--dupe_factor=2", "--heldout_fraction=0"]
     mpirun(2, args + [f"--output_dir={tmp_path / 'two'}"])
     mpirun(1, args + [f"--output_dir={tmp_path / 'one'}"])
     config = pd.InstanceConfig(max_seq_length=64, max_predictions_per_seq=10)
-    per_rank = [read_records(glob.glob(str(tmp_path / "two" / f"train-r00{r}-*")), config) for r in (0, 1)]
-    one = read_records(glob.glob(str(tmp_path / "one" / "train-*")), config)
-    assert per_rank[0] and per_rank[1]
+
+    def records(pattern):
+        return [tuple((k, tuple(v.ravel().tolist())) for k, v in sorted(r.items()))
+                for r in read_records(glob.glob(str(pattern)), config)]
+
+    def actual_next(rs):
+        return collections.Counter(r for r in rs if dict(r)["next_sentence_labels"] == (0,))
+
+    per_rank = [records(tmp_path / "two" / f"train-r00{r}-*") for r in (0, 1)]
+    one = records(tmp_path / "one" / "train-*")
+    assert len(one) > 1000 and per_rank[0] and per_rank[1]
+    assert not set(per_rank[0]) & set(per_rank[1])                         # disjoint
+    # every record whose B segment continues its own document is the one process's, to the byte;
+    # a random-next pair's B comes from the rank's own documents, so only their number is the same
+    assert actual_next(per_rank[0] + per_rank[1]) == actual_next(one)
     assert len(per_rank[0]) + len(per_rank[1]) == len(one)
-    assert len(one) > 1000
     summary = json.load(open(tmp_path / "two" / "summary.json"))
     assert [s["documents"] for s in summary["per_rank"]] == [150, 150]     # every other document

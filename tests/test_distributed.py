@@ -1,6 +1,5 @@
 """Distributed pre-training under mpirun/horovodrun: agreement, equivalence, compression,
 disjoint input, SIGTERM + resume, shape errors, and a killed rank."""
-import glob
 import json
 import os
 import signal
@@ -42,12 +41,20 @@ def test_broadcast_then_steps_keep_weights_bit_identical(checks):
 def test_two_ranks_of_b_equal_one_rank_of_2b(checks):
     _, arrays, _ = checks
     for a in arrays:
-        dist, ref = a["equiv_dist_fp32"], a["equiv_ref_fp32"]
-        np.testing.assert_allclose(dist, ref, rtol=1e-5, atol=1e-7)
-        # with fp16 gradients: each LAMB step moves a weight by ~lr = 1e-4; rounding may flip tiny ones
-        dist16, ref16 = a["equiv_dist_fp16"], a["equiv_ref_fp16"]
-        assert np.abs(dist16 - ref16).max() <= 2.5e-4
-        assert np.mean(np.abs(dist16 - ref16) < 1e-6) > 0.99
+        # The averaged gradient, computed independently on each rank from both halves (in float16
+        # with compression, as Horovod rounds each rank's gradient), is what the allreduce gave,
+        # to the bit, and so is the update. (LAMB's first step hardly depends on the gradients'
+        # scale, m / sqrt(v): a sum instead of a mean would pass a weight comparison alone.)
+        for tag in ("fp32", "fp16"):
+            np.testing.assert_array_equal(a[f"grads_dist_{tag}"], a[f"grads_emu_{tag}"])
+            np.testing.assert_array_equal(a[f"equiv_dist_{tag}"], a[f"equiv_emu_{tag}"])
+        # fp32: the large batch's gradient and update. A step moves a weight by 1e-4 (LayerNorm,
+        # biases) or 1e-4 x its tensor's RMS (~2e-6); 1e-7 is far below either.
+        scale = np.abs(a["grads_ref_fp32"]).max()
+        np.testing.assert_allclose(a["grads_dist_fp32"], a["grads_ref_fp32"], rtol=1e-5, atol=1e-6 * scale)
+        np.testing.assert_allclose(a["equiv_dist_fp32"], a["equiv_ref_fp32"], rtol=0, atol=1e-7)
+        # fp16: close to the large batch; rounding may move the first step of a few tiny gradients
+        assert np.mean(np.abs(a["equiv_dist_fp16"] - a["equiv_ref_fp16"]) < 1e-6) > 0.99
 
 
 def test_every_gradient_allreduce_carries_float16_when_compressed(checks):

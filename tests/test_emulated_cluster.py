@@ -4,6 +4,7 @@ import sys
 
 import pytest
 
+from bert_tf import ConfigError
 from bert_tf import emulated_cluster as ec
 from conftest import WORKERS, mpi_env
 
@@ -58,7 +59,7 @@ def test_two_node_allreduce_puts_the_ring_volume_on_the_link():
 
 
 def test_bad_cluster_arguments_are_named():
-    with pytest.raises(ValueError, match="rate_gbit must be > 0"):
+    with pytest.raises(ConfigError, match="rate_gbit must be > 0"):
         ec.EmulatedCluster(2, rate_gbit=0)
-    with pytest.raises(ValueError, match="nodes must be in"):
+    with pytest.raises(ConfigError, match="nodes must be in"):
         ec.EmulatedCluster(0)

@@ -1,5 +1,6 @@
 """scripts/setup.sh: warm runs are quick and repair the corpus; a machine it cannot fix gets a clear message."""
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -9,17 +10,22 @@ from conftest import REPO
 SETUP = str(REPO / "scripts" / "setup.sh")
 
 
-def run_setup(env=None):
-    return subprocess.run(["bash", SETUP], env={**os.environ, **(env or {})}, capture_output=True, text=True,
+def run_setup(env=None, setup=SETUP):
+    return subprocess.run(["bash", str(setup)], env={**os.environ, **(env or {})}, capture_output=True, text=True,
                           timeout=600)
 
 
-def test_warm_setup_is_quick_and_restores_a_corrupted_corpus_file():
-    target = REPO / "data" / "corpus" / "pang_lee_polarity.cor"
+def test_warm_setup_is_quick_and_restores_a_corrupted_corpus_file(tmp_path):
+    # a copy of the checkout, so that nothing here writes into the real one; bert_tf imported
+    # from the copy, so that setup does not re-point the editable install to it
+    copy = tmp_path / "checkout"
+    shutil.copytree(REPO, copy, ignore=shutil.ignore_patterns(".git", "data", "runs", "*.egg-info", "__pycache__"))
+    shutil.copytree(REPO / "data" / "corpus", copy / "data" / "corpus")
+    target = copy / "data" / "corpus" / "pang_lee_polarity.cor"
     good = target.read_bytes()
     target.write_bytes(good[:-100] + b"tampered")
     start = time.time()
-    proc = run_setup()
+    proc = run_setup({"PYTHONPATH": str(copy)}, setup=copy / "scripts" / "setup.sh")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "extracting the bundled corpus" in proc.stdout
     assert target.read_bytes() == good

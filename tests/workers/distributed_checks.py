@@ -51,21 +51,56 @@ for compression in (False, True):
     result[f"digest_after_4_steps_{tag}"] = digest(model)
 
 # 2 ranks x 4 sequences vs 1 process x 8, from the same (broadcast) weights. Dropout off:
-# its streams differ per rank by design.
+# its streams differ per rank by design. LAMB's first step hardly depends on the gradients'
+# scale (m / sqrt(v)), so the averaged gradients are compared too, not only the weights.
 no_drop = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+halves = [{k: tf.constant(v[r * 4:(r + 1) * 4]) for k, v in full.items()} for r in range(2)]
+seed = tf.zeros([2], tf.int32)
+
+
+def flat(tensors):
+    return np.concatenate([np.asarray(t).ravel() for t in tensors])
+
+
+def emulated_average(grads_of_halves, compression):
+    """What Horovod's averaging allreduce of the two ranks' gradients should give, computed here:
+    with fp16 compression each rank's gradient is rounded to float16, summed and halved in float16."""
+    a, b = grads_of_halves
+    if not compression:
+        return [(x + y) * 0.5 for x, y in zip(a, b)]
+    half16 = tf.constant(0.5, tf.float16)
+    return [tf.cast((tf.cast(x, tf.float16) + tf.cast(y, tf.float16)) * half16, tf.float32) for x, y in zip(a, b)]
+
+
 for compression in (False, True):
     tag = "fp16" if compression else "fp32"
     tf.random.set_seed(5 + rank)
     dist = modeling.BertPretrainer(modeling.BertConfig.preset("tiny", vocab_size=100, **no_drop))
     distributed.broadcast_variables(dist.trainable_variables)
     ref = modeling.BertPretrainer(modeling.BertConfig.preset("tiny", vocab_size=100, **no_drop))
-    for r, s in zip(ref.trainable_variables, dist.trainable_variables):
+    emu = modeling.BertPretrainer(modeling.BertConfig.preset("tiny", vocab_size=100, **no_drop))
+    for r, e, s in zip(ref.trainable_variables, emu.trainable_variables, dist.trainable_variables):
         r.assign(s)
+        e.assign(s)
     cfg = training.TrainConfig(learning_rate=1e-4, optimizer="lamb")
-    training.Trainer(dist, cfg, distributed.make_gradient_allreduce(compression, name=f"eq{tag}")).train_step([half])
-    training.Trainer(ref, cfg).train_step([everything])
-    arrays[f"equiv_dist_{tag}"] = np.concatenate([v.numpy().ravel() for v in dist.trainable_variables])
-    arrays[f"equiv_ref_{tag}"] = np.concatenate([v.numpy().ravel() for v in ref.trainable_variables])
+    sent = {}
+    allreduce = distributed.make_gradient_allreduce(compression, name=f"eq{tag}")
+    dist_trainer = training.Trainer(dist, cfg)
+    dist_trainer._allreduce = lambda g: sent.setdefault("dist", allreduce(g))     # eager: keeps the result
+    dist_trainer.train_step([halves[rank]])
+    ref_trainer = training.Trainer(ref, cfg)
+    ref_trainer._allreduce = lambda g: sent.setdefault("ref", list(g))
+    ref_trainer.train_step([everything])
+    # the independent computation: both halves' gradients on this rank, averaged here
+    emu_trainer = training.Trainer(emu, cfg)
+    expected = emulated_average([emu_trainer._finish(h, seed)[0] for h in halves], compression)
+    emu_trainer._allreduce = lambda g: sent.setdefault("emu", expected)
+    emu_trainer.train_step([halves[rank]])
+    arrays[f"equiv_dist_{tag}"] = flat(v.numpy() for v in dist.trainable_variables)
+    arrays[f"equiv_ref_{tag}"] = flat(v.numpy() for v in ref.trainable_variables)
+    arrays[f"equiv_emu_{tag}"] = flat(v.numpy() for v in emu.trainable_variables)
+    for key in ("dist", "ref", "emu"):
+        arrays[f"grads_{key}_{tag}"] = flat(g.numpy() for g in sent[key])
 
 # disjoint input: the records each rank's pipeline hands out in one pass
 files = input_pipeline.list_files(train_glob)

@@ -1,0 +1,93 @@
+"""What the run/ scripts share: flag definitions for knobs several scripts take (one name,
+one meaning, one help text everywhere; choices taken from the library), and the start-up
+that turns the project's own configuration errors into one-line messages.
+
+    from bert_tf import cli
+    cli.define_model_preset("base")
+    cli.define_comm()
+    ...
+    if __name__ == "__main__":
+        cli.run(main)
+"""
+from __future__ import annotations
+
+import functools
+import sys
+
+from absl import app, flags
+
+from bert_tf import ConfigError, comm, corpus
+
+FLAGS = flags.FLAGS
+
+
+def define_model_preset(default, flag_values=FLAGS):
+    from bert_tf import modeling     # TensorFlow: only for the scripts that build a model
+    flags.DEFINE_enum("model_preset", default, list(modeling.PRESETS),
+                      "Standard model size (google-research/bert and Turc et al. 2019).", flag_values=flag_values)
+
+
+def define_input_format(flag_values=FLAGS):
+    flags.DEFINE_enum("input_format", "auto", ["auto", *corpus.FORMATS],
+                      "sentences: one per line, blank line between documents (google); documents: one per "
+                      "line; mediawiki: XML dump; auto: mediawiki if the file starts with <mediawiki>, else "
+                      "sentences. PATH@FORMAT in --input_files gives one file its own format.",
+                      flag_values=flag_values)
+
+
+def define_corpus_input(flag_values=FLAGS):
+    """A corpus to read (run/learn_vocab.py, run/create_pretraining_data.py): files, format,
+    casing, and the seeded document-level held-out split both scripts make the same way."""
+    flags.DEFINE_list("input_files", None, "Corpus files or globs (comma-separated); .gz/.bz2 read transparently. "
+                      "PATH@FORMAT gives one file its own format, e.g. news.txt@documents.", flag_values=flag_values)
+    define_input_format(flag_values)
+    flags.DEFINE_bool("do_lower_case", True, "Lower-case and strip accents.", flag_values=flag_values)
+    flags.DEFINE_float("heldout_fraction", 0.05, "Fraction of documents held out (evaluation records; the "
+                       "vocabulary's UNK-rate measurement).", flag_values=flag_values)
+    flags.DEFINE_integer("random_seed", 12345, "Seed of the held-out split (and of instance creation).",
+                         flag_values=flag_values)
+
+
+def define_sequence(max_seq_length=128, max_predictions_per_seq=20, flag_values=FLAGS):
+    flags.DEFINE_integer("max_seq_length", max_seq_length, "Tokens per sequence, with [CLS] and [SEP]s.",
+                         flag_values=flag_values)
+    flags.DEFINE_integer("max_predictions_per_seq", max_predictions_per_seq, "Masked positions per sequence.",
+                         flag_values=flag_values)
+
+
+def define_comm(defaults: comm.CommConfig = comm.CommConfig(), flag_values=FLAGS):
+    """The fields of comm.CommConfig, one flag each; read them back with comm_config()."""
+    flags.DEFINE_bool("fp16_allreduce", defaults.fp16_allreduce,
+                      "Send gradients as float16 (Horovod compression).", flag_values=flag_values)
+    flags.DEFINE_bool("allreduce_every_micro_batch", defaults.allreduce_every_micro_batch,
+                      "The naive baseline: allreduce each micro-batch's gradients (accumulation_steps "
+                      "allreduces per update instead of one, after accumulation).", flag_values=flag_values)
+    flags.DEFINE_float("fusion_threshold_mb", defaults.fusion_threshold_mb,
+                       "Horovod tensor-fusion buffer, MB (HOROVOD_FUSION_THRESHOLD; 0: no fusion). Unset: "
+                       f"Horovod's {comm.HOROVOD_FUSION_THRESHOLD_MB:g} MB; a value in the environment "
+                       "(horovodrun --fusion-threshold-mb) wins over the flag.", flag_values=flag_values)
+    flags.DEFINE_float("cycle_time_ms", defaults.cycle_time_ms,
+                       f"Horovod cycle time, ms (HOROVOD_CYCLE_TIME). Unset: Horovod's "
+                       f"{comm.HOROVOD_CYCLE_TIME_MS:g} ms; the environment wins over the flag.",
+                       flag_values=flag_values)
+
+
+def comm_config(flag_values=FLAGS) -> comm.CommConfig:
+    return comm.CommConfig(**{name: flag_values[name].value for name in comm.CommConfig.__dataclass_fields__})
+
+
+def one_line_errors(main):
+    """main, with a ConfigError turned into `error: <message>` and exit status 1. Every other
+    exception propagates with its traceback."""
+    @functools.wraps(main)
+    def wrapped(argv):
+        try:
+            return main(argv)
+        except ConfigError as e:
+            sys.exit(f"error: {e}")
+    return wrapped
+
+
+def run(main):
+    """absl's app.run(main) with one_line_errors."""
+    app.run(one_line_errors(main))

@@ -1,0 +1,275 @@
+"""The communication study's logic (run/comm_study.py is its command line): the ladder of
+communication settings, the link probe, short pre-training jobs on an emulated cluster and
+the reduction of their metrics, the planner's predictions calibrated on the study's own
+measurements, and the planner's check against NVIDIA's published multi-node throughput.
+
+Nothing is fitted to the BERT jobs' communication times: a prediction takes the per-rank
+speed without communication (median over the jobs) and the link as the probe measured it.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+
+from bert_tf import metrics, planner
+from bert_tf.comm import CommConfig
+
+BASELINE = "fp32/every-mb"
+FP32_ACCUM = "fp32/accum"
+
+
+def rungs(fusion_thresholds_mb=(), cycle_times_ms=()):
+    """[(label, CommConfig)] in the order of the paper's optimisations, Horovod's defaults
+    spelled out (128 MB fusion, 1 ms cycle) so that each job states what it ran with."""
+    out = [(BASELINE, CommConfig(allreduce_every_micro_batch=True)),
+           (FP32_ACCUM, CommConfig()),
+           ("fp16/accum", CommConfig(fp16_allreduce=True))]
+    out += [(f"fp16 fusion={mb:g}MB", CommConfig(fp16_allreduce=True, fusion_threshold_mb=mb))
+            for mb in fusion_thresholds_mb]
+    out += [(f"fp16 cycle={ms:g}ms", CommConfig(fp16_allreduce=True, cycle_time_ms=ms)) for ms in cycle_times_ms]
+    return [(label, comm.resolved()) for label, comm in out]
+
+
+# -- measuring --------------------------------------------------------------------------------
+def probe_link(small_tensors=200, big_elements=16 * 2 ** 20, repeats=4):
+    """Runs inside every rank of an emulated job: the link as Horovod sees it, apart from BERT.
+
+    per-message cost: `small_tensors` one-float allreduces submitted together, fusion off
+    (cycle 0.2 ms); bandwidth: one allreduce of a `big_elements` float32 tensor,
+    2(N-1)/N x bytes / seconds. Medians over `repeats` rounds, the first dropped (set-up).
+    Returns the measurement on every rank."""
+    import time
+
+    import tensorflow as tf
+
+    from bert_tf import distributed
+    distributed.configure(CommConfig(fusion_threshold_mb=0, cycle_time_ms=0.2))
+    distributed.init()
+    small = [tf.ones([1]) for _ in range(small_tensors)]
+    big = tf.ones([big_elements])
+    many = tf.function(lambda xs: distributed.allreduce_sum(xs, name="probe"))
+    one = tf.function(lambda x: distributed.allreduce_sum([x], name="probe_big"))
+    timings = {"many": [], "one": []}
+    for _ in range(repeats):
+        for key, fn, arg in (("many", many, small), ("one", one, big)):
+            start = time.perf_counter()
+            fn(arg)
+            timings[key].append(time.perf_counter() - start)
+    n = distributed.size()
+    seconds = statistics.median(timings["one"][1:])
+    return {"message_seconds": statistics.median(timings["many"][1:]) / small_tensors, "big_seconds": seconds,
+            "effective_gbit": 2 * (n - 1) / n * big_elements * 4 * 8 / seconds / 1e9}
+
+
+PROBE_PREFIX = "PROBE "
+
+
+class ProbeError(RuntimeError):
+    """The link probe failed; the message names its log."""
+
+
+def run_probe(cluster, ranks, command, log_path, timeout, env=None):
+    """Runs `command` (a program that prints PROBE_PREFIX + json of probe_link() on rank 0) on
+    the emulated cluster; returns that measurement. ProbeError naming the log when it fails."""
+    proc = subprocess.run(cluster.mpirun_prefix(ranks, extra_env=_forwarded(env)) + command, capture_output=True,
+                          text=True, timeout=timeout, env=env)
+    with open(log_path, "w") as f:
+        f.write(proc.stdout + proc.stderr)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith(PROBE_PREFIX)]
+    if proc.returncode != 0 or not lines:
+        raise ProbeError(f"link probe failed (exit {proc.returncode}); log: {log_path}")
+    return json.loads(lines[-1][len(PROBE_PREFIX):])
+
+
+def run_job(cluster, ranks, command, folder, timeout, warmup_updates, sequences_per_rank_update, env=None):
+    """Runs one pre-training job (`command`: run/pretrain.py and its flags, writing its metrics to
+    `folder`) on the emulated cluster; returns job_metrics() or {"error": ...}. A job that fails
+    before its first update (a launch failure) is tried once more."""
+    for attempt in (1, 2):
+        result = _run_job_once(cluster, ranks, command, folder, timeout, warmup_updates, sequences_per_rank_update,
+                               env)
+        if "error" not in result or attempt == 2 or os.path.exists(os.path.join(folder, "metrics.jsonl")):
+            return result
+        print(f"retrying {folder}: {result['error']}", flush=True)
+
+
+def _run_job_once(cluster, ranks, command, folder, timeout, warmup_updates, sequences_per_rank_update, env):
+    shutil.rmtree(folder, ignore_errors=True)
+    os.makedirs(folder)
+    with open(os.path.join(folder, "log.txt"), "w") as log:
+        proc = subprocess.Popen(cluster.mpirun_prefix(ranks, extra_env=_forwarded(env)) + command, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True, env=env)
+        try:
+            code = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            return {"error": f"timed out after {timeout} s (log: {folder}/log.txt)"}
+    if code != 0:
+        return {"error": f"exited {code} (log: {folder}/log.txt)"}
+    records = [r for r in metrics.read_metrics(os.path.join(folder, "metrics.jsonl")) if r["kind"] == "train"]
+    for path in glob.glob(os.path.join(folder, "ckpt-*")):        # keep logs and metrics, not weights
+        os.remove(path)
+    return job_metrics(records, warmup_updates, sequences_per_rank_update * ranks)
+
+
+def _forwarded(env):
+    """Variables of `env` that mpirun must hand to the ranks and that mpirun_prefix, which
+    forwards them from this process's environment, would miss."""
+    return tuple(var for var in ("PYTHONPATH", "TF_CPP_MIN_LOG_LEVEL")
+                 if env and var in env and var not in os.environ)
+
+
+def job_metrics(train_records, warmup_updates, global_batch):
+    """One job's per-update figures from its "train" records (one per update: --log_interval=1),
+    the first `warmup_updates` dropped (XLA compilation): mean compute, allreduce, update seconds
+    and bytes sent; sequences/s over the measured updates; mean wall seconds per update."""
+    measured = train_records[warmup_updates:]
+    if not measured:
+        return {"error": "no measured updates"}
+    out = {k: statistics.mean(r[k] for r in measured)
+           for k in ("compute_seconds", "allreduce_seconds", "update_seconds", "tx_bytes_per_update")}
+    out["sequences_per_second"] = len(measured) / sum(1.0 / r["sequences_per_second"] for r in measured)
+    out["step_seconds"] = statistics.mean(global_batch / r["sequences_per_second"] for r in measured)
+    return out
+
+
+def previous_results(path, settings):
+    """Rows and link probes of an earlier study.json at `path` with the same settings, keyed
+    (nodes, rate, config) and (nodes, rate): a study run again measures only what is missing
+    or failed. ({}, {}) when there is none or its settings differ."""
+    if not os.path.exists(path):
+        return {}, {}
+    with open(path) as f:
+        old = json.load(f)
+    if old.get("settings") != settings:
+        print(f"{path}: earlier study with other settings; measuring everything again")
+        return {}, {}
+    rows = {(r["nodes"], r["rate_gbit"], r["config"]): r for r in old["rows"] if "error" not in r}
+    links = {(link["nodes"], link["rate_gbit"]): link for link in old.get("links", [])}
+    return rows, links
+
+
+# -- predicting -------------------------------------------------------------------------------
+def predict(tensor_sizes, nodes, rate_gbit, comm, device_seq_s, batch_size, accumulation_steps, seq_length,
+            link=None):
+    """The planner's figures for one rung on `nodes` emulated nodes (one rank each). `link` (from
+    the probe) calibrates the emulated link: its measured bandwidth and per-message cost replace
+    the nominal rate and zero latency."""
+    if link:
+        cluster = planner.Cluster(nodes, 1, min(rate_gbit, link["effective_gbit"]), inter_latency_us=0,
+                                  message_overhead_us=link["message_seconds"] * 1e6)
+    else:
+        cluster = planner.Cluster(nodes, 1, rate_gbit, inter_latency_us=0)
+    batch = batch_size * accumulation_steps * nodes
+    phase = planner.Phase("study", seq_length, batch, batch, device_seq_s)
+    return planner.plan_phase(tensor_sizes, phase, cluster, comm, accumulation_steps)
+
+
+def device_seq_s(rows, sequences_per_rank_update):
+    """Per-rank sequences/s without communication (compute + optimizer update), median over the
+    measured jobs: the planner's compute speed, from the study itself."""
+    return statistics.median(sequences_per_rank_update / (r["compute_seconds"] + r["update_seconds"]) for r in rows)
+
+
+def add_predictions(rows, links, comms, tensor_sizes, batch_size, accumulation_steps, seq_length):
+    """Adds to each measured row the planner's prediction and its error, the speed-up over the
+    baseline and fp16's bytes relative to fp32/accum; returns the calibrated device_seq_s (None
+    without measurements). links: the probe results; comms: {label: CommConfig}."""
+    ok = [r for r in rows if "error" not in r]
+    if not ok:
+        return None
+    speed = device_seq_s(ok, batch_size * accumulation_steps)
+    links = {(link["nodes"], link["rate_gbit"]): link for link in links}
+    for r in ok:
+        p = predict(tensor_sizes, r["nodes"], r["rate_gbit"], comms[r["config"]], speed, batch_size,
+                    accumulation_steps, seq_length, links.get((r["nodes"], r["rate_gbit"])))
+        r["predicted_sequences_per_second"] = p["sequences_per_second"]
+        r["predicted_allreduce_seconds"] = p["allreduce_seconds"]
+        r["prediction_error"] = p["sequences_per_second"] / r["sequences_per_second"] - 1
+    for r in ok:
+        base, fp32 = _same_link(ok, r, BASELINE), _same_link(ok, r, FP32_ACCUM)
+        if base:
+            r["speedup_vs_baseline"] = r["sequences_per_second"] / base["sequences_per_second"]
+        if fp32 and r["config"].startswith("fp16"):
+            r["bytes_vs_fp32_accum"] = r["tx_bytes_per_update"] / fp32["tx_bytes_per_update"]
+    return speed
+
+
+def _same_link(rows, row, config):
+    """The row measured with `config` at `row`'s node count and rate, or None."""
+    return next((r for r in rows if r["nodes"] == row["nodes"] and r["rate_gbit"] == row["rate_gbit"]
+                 and r["config"] == config), None)
+
+
+def goals(rows):
+    """Per node count and rate: the full set (accumulation + fp16 + the best fusion/cycle setting
+    measured) vs the fp32 per-micro-batch baseline, and fp16's bytes vs fp32 (median)."""
+    ok = [r for r in rows if "error" not in r]
+    out = []
+    for nodes, rate in sorted({(r["nodes"], r["rate_gbit"]) for r in ok}):
+        here = [r for r in ok if r["nodes"] == nodes and r["rate_gbit"] == rate]
+        base = [r for r in here if r["config"] == BASELINE]
+        full = [r for r in here if r["config"].startswith("fp16")]
+        if not base or not full:
+            continue
+        best = max(full, key=lambda r: r["sequences_per_second"])
+        ratios = [r["bytes_vs_fp32_accum"] for r in full if "bytes_vs_fp32_accum" in r]
+        out.append({"nodes": nodes, "rate_gbit": rate, "best_config": best["config"],
+                    "speedup": best["sequences_per_second"] / base[0]["sequences_per_second"],
+                    "fp16_bytes_ratio": statistics.median(ratios) if ratios else None})
+    return out
+
+
+def study_misses(study, tolerance):
+    """Labels of the study rows whose prediction misses by more than `tolerance` (relative)."""
+    return [f"emulated {r['nodes']} nodes {r['rate_gbit']:g} Gbit/s {r['config']}" for r in study["rows"]
+            if "prediction_error" in r and abs(r["prediction_error"]) > tolerance]
+
+
+# -- the planner against NVIDIA's published figures ---------------------------------------------
+# (nodes, seq, precision, batch per GPU, accumulation, published seq/s): NVIDIA DeepLearningExamples,
+# TensorFlow2/LanguageModeling/BERT/README.md (21.02 container), "Pre-training training performance:
+# Multi-node on NVIDIA DGX-2H V100 (16x V100 32GB)".
+DGX2H = [
+    (1, 128, "mixed", 60, 64, 3528.51), (4, 128, "mixed", 60, 16, 13370.21),
+    (16, 128, "mixed", 60, 4, 42697.42), (32, 128, "mixed", 60, 2, 84223.16),
+    (1, 512, "mixed", 10, 192, 678.35), (4, 512, "mixed", 10, 96, 2678.29),
+    (16, 512, "mixed", 10, 24, 7834.72), (32, 512, "mixed", 10, 6, 18786.93),
+    (1, 128, "fp32", 32, 128, 841.72), (4, 128, "fp32", 32, 32, 3060.49),
+    (16, 128, "fp32", 32, 8, 10383.57), (32, 128, "fp32", 32, 4, 20094.14),
+    (1, 512, "fp32", 4, 256, 180.0), (4, 512, "fp32", 4, 64, 646.76),
+    (16, 512, "fp32", 4, 32, 2204.72), (32, 512, "fp32", 4, 16, 4196.15),
+]
+# One V100-32GB on a DGX-2, same README ("Single-node on NVIDIA DGX-2 V100", 1 GPU rows).
+SINGLE_GPU = {(128, "mixed"): 206.5, (128, "fp32"): 49.97, (512, "mixed"): 40.95, (512, "fp32"): 11.06}
+
+
+def nvidia_rows(tensor_sizes):
+    """The planner's BERT-large throughput for each DGX2H row, from SINGLE_GPU and the DGX-2H
+    interconnect (NVSwitch 150 GB/s per GPU each way, 8 x 100 Gb/s InfiniBand per node), with
+    NVIDIA's batch and accumulation, allreduce after accumulation, fp16 allreduce for mixed
+    precision. tensor_sizes: planner.gradient_tensor_sizes of BERT-large (vocab 30522)."""
+    rows = []
+    for nodes, seq, precision, per_gpu, accumulation, published in DGX2H:
+        cluster = planner.Cluster(nodes=nodes, devices_per_node=16, inter_gbps=800, inter_latency_us=2,
+                                  intra_gbps=1200, intra_latency_us=5)
+        global_batch = per_gpu * accumulation * cluster.devices
+        phase = planner.Phase(f"seq{seq}", seq, global_batch, global_batch, SINGLE_GPU[(seq, precision)])
+        comm = CommConfig(fp16_allreduce=precision == "mixed")
+        p = planner.plan_phase(tensor_sizes, phase, cluster, comm, accumulation)
+        rows.append({"nodes": nodes, "seq": seq, "precision": precision, "accumulation": accumulation,
+                     "published": published, "predicted": p["sequences_per_second"],
+                     "error": p["sequences_per_second"] / published - 1})
+    return rows
+
+
+def nvidia_misses(rows, tolerance):
+    """The rows the goal covers (32 nodes, mixed precision) that miss by more than `tolerance`."""
+    return [f"DGX-2H 32 nodes seq {r['seq']}" for r in rows
+            if r["nodes"] == 32 and r["precision"] == "mixed" and abs(r["error"]) > tolerance]

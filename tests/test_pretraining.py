@@ -1,0 +1,79 @@
+"""The pre-training loop's pieces in one process: signal handling, interval metrics, the trainer's
+state list, and a short run end to end."""
+import json
+import signal
+
+import pytest
+import tensorflow as tf
+
+from bert_tf import distributed, modeling, pretraining, training
+
+
+def test_stop_signal_remembers_a_signal_and_puts_the_old_handlers_back():
+    def sentinel(signum, frame):
+        pass
+    previous = signal.signal(signal.SIGTERM, sentinel)
+    try:
+        with pretraining.StopSignal() as stop:
+            assert signal.getsignal(signal.SIGTERM) == stop._handle
+            signal.raise_signal(signal.SIGTERM)
+            assert stop.received == "SIGTERM"
+        assert signal.getsignal(signal.SIGTERM) is sentinel
+        with pytest.raises(RuntimeError):
+            with pretraining.StopSignal():
+                raise RuntimeError("the loop failed")
+        assert signal.getsignal(signal.SIGTERM) is sentinel       # also when the loop raises
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def test_interval_metrics_average_losses_and_count_accuracies_over_the_interval():
+    distributed.init()
+    interval = pretraining.IntervalMetrics(global_batch=8, seq_length=16)
+    out = {"learning_rate": 0.5, "grad_norm": 2.0}
+    interval.add({"loss": 3.0, "mlm_loss": 2.0, "mlm_correct": 3, "mlm_weight": 10, **out}, {"compute_seconds": 1.0})
+    interval.add({"loss": 5.0, "mlm_loss": 4.0, "mlm_correct": 5, "mlm_weight": 10, **out}, {"compute_seconds": 3.0})
+    record = interval.record(step=2, out=out)
+    assert (record["loss"], record["mlm_loss"], record["mlm_accuracy"]) == (4.0, 3.0, 0.4)
+    assert record["compute_seconds"] == 2.0 and "nsp_loss" not in record
+    assert record["sequences_per_second"] > 0
+    assert record["tokens_per_second"] == pytest.approx(16 * record["sequences_per_second"])
+    assert interval.updates == 0 and interval.sums == {}                 # the next interval starts empty
+
+
+@pytest.mark.parametrize("precision", ["float32", "mixed_float16"])
+def test_state_variables_are_every_variable_a_checkpoint_holds(precision, tmp_path):
+    tf.random.set_seed(1)
+    model = modeling.BertPretrainer(modeling.BertConfig.preset("tiny", vocab_size=100))
+    trainer = training.Trainer(model, training.TrainConfig(precision=precision, accumulation_steps=2))
+    state = {v.ref() for v in trainer.state_variables()}
+    path = tf.train.Checkpoint(**trainer.checkpoint_items()).write(str(tmp_path / "ckpt"))
+    saved = [name for name, _ in tf.train.list_variables(path) if name.endswith("VARIABLE_VALUE")]
+    expected = {v.ref() for v in list(model.variables) + list(trainer.optimizer.variables)
+                + [trainer.step, trainer.skipped_steps]}
+    if trainer.loss_scale is not None:
+        expected |= {v.ref() for v in trainer.loss_scale.variables}
+    assert state == expected and len(saved) == len(state)
+    assert not state & {v.ref() for v in trainer.accumulators}           # zero between updates: neither
+
+
+def test_a_short_run_logs_saves_and_restores_the_signal_handlers(tiny_data, tmp_path):
+    def sentinel(signum, frame):
+        pass
+    previous = signal.signal(signal.SIGTERM, sentinel)
+    try:
+        cfg = pretraining.PretrainConfig(
+            model_preset="tiny", vocab_file=tiny_data["vocab_file"], train_files=tiny_data["train"],
+            eval_files=tiny_data["eval"], max_seq_length=64, max_predictions_per_seq=10, batch_size=4,
+            accumulation_steps=2, total_steps=3, log_interval=2, eval_batches=2, checkpoint_dir=str(tmp_path))
+        trainer, last = pretraining.run(cfg, log=lambda *a, **k: None)
+        assert signal.getsignal(signal.SIGTERM) is sentinel
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert int(trainer.step.numpy()) == 3 and not last["stopped_early"]
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["kind"], r["step"]) for r in records] == [("run", 0), ("train", 2), ("train", 3), ("eval", 3)]
+    assert records[0]["config"]["comm"] == {"fp16_allreduce": False, "allreduce_every_micro_batch": False,
+                                            "fusion_threshold_mb": None, "cycle_time_ms": None}
+    assert records[2]["samples_seen"] == 3 * 8 and "eval_mlm_accuracy" in last
+    assert tf.train.latest_checkpoint(str(tmp_path)).endswith("ckpt-3")
