@@ -11,7 +11,7 @@ import tensorflow as tf
 
 import bert_reference as ref
 from bert_tf import checkpoint_formats as cf
-from bert_tf import modeling
+from bert_tf import ConfigError, modeling
 from conftest import REPO, mpi_env
 
 
