@@ -62,6 +62,12 @@ def check_rungs(rungs):
         raise ConfigError(f"--rungs: unknown {', '.join(map(repr, unknown))}; valid: {', '.join(RUNGS)}")
     if not rungs:
         raise ConfigError("--rungs is empty")
+    if "keras-hub" in rungs:
+        try:
+            import keras_hub  # noqa: F401  (the peer; benchmark-only dependency)
+        except ImportError as e:
+            raise ConfigError(f"--rungs=keras-hub needs keras-hub ({e}): pip install -r requirements-dev.txt, "
+                              "or leave the rung out") from None
 
 
 def check_writable(path):
