@@ -8,6 +8,8 @@ Rungs, each measured after warm-up (compile) steps, in one process:
     fp32, bf16, fp16    tf.function in float32, mixed_bfloat16, mixed_float16 (dynamic loss scaling)
     ...+xla             the same with jit_compile
     best+accum          the fastest of the above, + gradient accumulation (--accumulation_steps)
+    best-dropout        diagnostic: the fastest without dropout, what the stateless random numbers
+                        cost (never chosen as the fastest; pre-training keeps dropout)
     keras-hub           the peer: keras_hub.models.BertMaskedLM (Keras 3 on TensorFlow), same shapes,
                         micro-batch and sparse masked positions; its best of fp32/bf16 x XLA on/off
 For each: sequences/s, tokens/s, model TFLOP/s (bert_tf/flops.py), MFU against the hardware peak
@@ -37,7 +39,8 @@ flags.DEFINE_list("tune_batch_sizes", [], "Also time the fastest bert_tf rung at
 flags.DEFINE_integer("accumulation_steps", 4, "Micro-batches per update on the accumulation rung.")
 flags.DEFINE_integer("warmup_updates", 2, "Updates not timed (compilation).")
 flags.DEFINE_integer("updates", 5, "Timed updates per rung.")
-flags.DEFINE_list("rungs", ["fp32", "fp32+xla", "bf16", "bf16+xla", "fp16", "fp16+xla", "best+accum", "keras-hub"],
+flags.DEFINE_list("rungs", ["fp32", "fp32+xla", "bf16", "bf16+xla", "fp16", "fp16+xla", "best+accum", "best-dropout",
+                                   "keras-hub"],
                   "Rungs to run.")
 flags.DEFINE_float("peak_seconds", 3.0, "Seconds per matmul-peak measurement (each dtype, both ways).")
 flags.DEFINE_integer("peak_size", 2048, "n of the n x n x n matmul the peak is measured with.")
@@ -53,7 +56,7 @@ FLAGS = flags.FLAGS
 
 PRECISION = {"fp32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
 DTYPE_NAME = {"float32": "float32", "mixed_bfloat16": "bfloat16", "mixed_float16": "float16"}
-RUNGS = [*PRECISION, *(f"{p}+xla" for p in PRECISION), "best+accum", "keras-hub"]
+RUNGS = [*PRECISION, *(f"{p}+xla" for p in PRECISION), "best+accum", "best-dropout", "keras-hub"]
 
 
 def check_rungs(rungs):
@@ -62,6 +65,8 @@ def check_rungs(rungs):
         raise ConfigError(f"--rungs: unknown {', '.join(map(repr, unknown))}; valid: {', '.join(RUNGS)}")
     if not rungs:
         raise ConfigError("--rungs is empty")
+    if "best-dropout" in rungs and not any(r in rungs[:rungs.index("best-dropout")] for r in RUNGS[:7]):
+        raise ConfigError("--rungs: best-dropout needs a bert_tf rung before it")
     if "keras-hub" in rungs:
         try:
             import keras_hub  # noqa: F401  (the peer; benchmark-only dependency)
@@ -181,7 +186,10 @@ def main(_):
 
     from bert_tf import flops, modeling
     check_rungs(FLAGS.rungs)
-    batch_sizes = [int(b) for b in FLAGS.tune_batch_sizes]
+    try:
+        batch_sizes = [int(b) for b in FLAGS.tune_batch_sizes]
+    except ValueError:
+        raise ConfigError(f"--tune_batch_sizes: not integers: {','.join(FLAGS.tune_batch_sizes)}") from None
     if any(b < 1 for b in batch_sizes) or FLAGS.batch_size < 1:
         raise ConfigError(f"--batch_size/--tune_batch_sizes must be >= 1, got {FLAGS.batch_size}, {batch_sizes}")
     if FLAGS.write_flagfile:
@@ -206,12 +214,12 @@ def main(_):
 
     rows = []
 
-    def record(rung, precision, xla, accumulation, batch_size, result, peer=False):
+    def record(rung, precision, xla, accumulation, batch_size, result, peer=False, diagnostic=False):
         seqs = batch_size * accumulation / result["update_seconds"]
         achieved = seqs * flops_per_seq
         dtype_peak = max(peaks[DTYPE_NAME[precision]].values())
         row = {"rung": rung, "precision": precision, "xla": xla, "accumulation_steps": accumulation,
-               "batch_size": batch_size, "peer": peer,
+               "batch_size": batch_size, "peer": peer, "diagnostic": diagnostic,
                "sequences_per_second": seqs, "tokens_per_second": seqs * FLAGS.max_seq_length,
                "model_tflops": achieved / 1e12, "mfu": achieved / hw_peak, "mfu_same_dtype": achieved / dtype_peak,
                **result}
@@ -222,7 +230,7 @@ def main(_):
         return row
 
     def fastest(peer=False):
-        return max((r for r in rows if r["peer"] == peer), key=lambda r: r["sequences_per_second"], default=None)
+        return max((r for r in rows if r["peer"] == peer and not r["diagnostic"]), key=lambda r: r["sequences_per_second"], default=None)
 
     for rung in FLAGS.rungs:
         if rung == "keras-hub":
@@ -231,6 +239,17 @@ def main(_):
                     name = f"keras-hub {precision.replace('mixed_', '')}{'+xla' if xla else ''}"
                     record(name, precision, xla, 1, FLAGS.batch_size,
                            run_keras_hub(config, precision, xla, FLAGS.batch_size), peer=True)
+            continue
+        if rung == "best-dropout":
+            base = fastest()
+            import dataclasses
+            row = record(rung, base["precision"], base["xla"], base["accumulation_steps"], base["batch_size"],
+                         run_rung(dataclasses.replace(config, hidden_dropout_prob=0.0,
+                                                      attention_probs_dropout_prob=0.0),
+                                  base["precision"], base["xla"], base["accumulation_steps"], base["batch_size"]),
+                         diagnostic=True)
+            print(f"dropout costs {1 - base['sequences_per_second'] / row['sequences_per_second']:.1%} of the "
+                  f"fastest rung's ({base['rung']}) time", flush=True)
             continue
         if rung == "best+accum":
             base = fastest()
@@ -297,7 +316,7 @@ def plot(report, path):
     rows = report["rungs"]
     fig, ax = plt.subplots(figsize=(max(8, len(rows) * 1.1), 4.5))
     bars = ax.bar([r["rung"].replace(" ", "\n") for r in rows], [r["sequences_per_second"] for r in rows],
-                  color=["tab:orange" if r["peer"] else "tab:blue" for r in rows])
+                  color=["tab:orange" if r["peer"] else "tab:gray" if r["diagnostic"] else "tab:blue" for r in rows])
     for bar, r in zip(bars, rows):
         ax.annotate(f"{r['model_tflops']:.2f} TFLOP/s\nMFU {r['mfu']:.0%}", (bar.get_x() + bar.get_width() / 2,
                     bar.get_height()), ha="center", va="bottom", fontsize=7)
@@ -306,7 +325,7 @@ def plot(report, path):
     where = ", ".join(dev["gpus"]) if "gpus" in dev else f"{dev['cpu_count']} cores {dev['cpu']} " \
         f"[{' '.join(dev['cpu_features'])}]"
     ax.set_title(f"BERT-{report['model_preset']} seq {report['seq_length']} micro-batch {report['batch_size']}; "
-                 f"orange: keras-hub\n{where}; MFU vs hardware peak {report['hardware_peak_flops'] / 1e12:.2f} "
+                 f"orange: keras-hub, gray: diagnostic\n{where}; MFU vs hardware peak {report['hardware_peak_flops'] / 1e12:.2f} "
                  "TFLOP/s", fontsize=9)
     ax.tick_params(axis="x", labelsize=8)
     ax.margins(y=0.25)

@@ -1,6 +1,6 @@
 """run/benchmark.py's checks and its self-tuned flagfile (no timing is asserted: figures are the
 benchmark's output, not a test's), the honest-peak helpers, and pretrain's precision warning."""
-import pathlib
+import json
 import re
 import subprocess
 import sys
@@ -55,6 +55,8 @@ def test_bad_rungs_and_an_unwritable_flagfile_fail_before_measuring(tmp_path):
     bad = benchmark([*QUICK, "--rungs=fp32,fp8+xla"], tmp_path)
     assert bad.returncode == 1 and "error: --rungs: unknown 'fp8+xla'; valid: fp32, bf16" in bad.stderr
     assert "matmul peak" not in bad.stdout
+    bad = benchmark([*QUICK, "--rungs=best-dropout,fp32"], tmp_path)
+    assert bad.returncode == 1 and "error: --rungs: best-dropout needs a bert_tf rung before it" in bad.stderr
     bad = benchmark([*QUICK, "--rungs=fp32", f"--input_files={tmp_path}/none-*"], tmp_path)
     assert bad.returncode == 1 and "error: --input_files needs --vocab_file" in bad.stderr
     for target in (tmp_path / "no" / "such" / "node.flags", tmp_path):
@@ -66,11 +68,19 @@ def test_bad_rungs_and_an_unwritable_flagfile_fail_before_measuring(tmp_path):
 
 def test_the_self_tuned_flagfile_is_taken_by_pretrain_after_the_recipe(tiny_data, tmp_path):
     node = tmp_path / "node.flags"
-    out = benchmark([*QUICK, "--rungs=fp32,bf16", f"--output_dir={tmp_path / 'ladder'}",
+    out = benchmark([*QUICK, "--rungs=fp32,bf16,best-dropout", f"--output_dir={tmp_path / 'ladder'}",
                      f"--write_flagfile={node}"], tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "hardware peak:" in out.stdout and "cpu_features" in out.stdout
     assert {"ladder.json", "ladder.png"} <= {p.name for p in (tmp_path / "ladder").iterdir()}
+    report = json.loads((tmp_path / "ladder" / "ladder.json").read_text())
+    rows = {r["rung"]: r for r in report["rungs"]}
+    assert list(rows) == ["fp32", "bf16", "best-dropout"] and rows["best-dropout"]["diagnostic"]
+    fastest = max(("fp32", "bf16"), key=lambda r: rows[r]["sequences_per_second"])
+    assert f"fastest bert_tf rung {fastest}" in node.read_text()          # never the diagnostic rung
+    assert report["hardware_peak_flops"] == max(v for ways in report["matmul_peak_flops"].values()
+                                                for v in ways.values())
+    assert all(r["mfu"] <= r["mfu_same_dtype"] for r in rows.values())
     lines = [line for line in node.read_text().splitlines() if not line.startswith("#")]
     assert lines[0] in ("--precision=float32", "--precision=mixed_bfloat16") and lines[1] in ("--xla", "--noxla")
     ladder = float(lines[2].split("=")[1])
