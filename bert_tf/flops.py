@@ -13,10 +13,14 @@ I intermediate, L layers, P masked positions, V vocab:
 
 Training = forward + backward = 3 x forward (the backward pass costs two matmuls for every
 forward one). Embedding look-ups, softmax, LayerNorm and GELU are not counted (memory-bound,
-a few percent). Model FLOP utilisation (MFU) = achieved model FLOP/s / measured matmul peak.
+a few percent). Model FLOP utilisation (MFU) = achieved model FLOP/s / the hardware peak, the
+best dense-matmul FLOP/s measured on this machine over every dtype and both code paths:
+TensorFlow's own kernels (oneDNN on CPUs: AMX/AVX-512 bf16 where present) and XLA (whose CPU
+backend does not use those kernels, so an XLA-only peak understates what the hardware can do).
 """
 from __future__ import annotations
 
+import os
 import time
 
 import tensorflow as tf
@@ -36,20 +40,66 @@ def training_flops_per_sequence(config, seq_length, predictions, nsp=True) -> fl
 
 
 def matmul_peak(dtype=tf.float32, n=2048, seconds=3.0, jit=True) -> float:
-    """Sustained FLOP/s of an n x n x n tf.matmul in `dtype` on this machine (XLA-compiled)."""
+    """Sustained FLOP/s of an n x n x n tf.matmul in `dtype` on this machine, XLA-compiled
+    (jit=True) or through TensorFlow's own kernel (jit=False). At least one timed call, so a
+    dtype without hardware arithmetic (float16 on most CPUs) costs more than `seconds`."""
     a = tf.random.normal([n, n], dtype=tf.float32)
     b = tf.random.normal([n, n], dtype=tf.float32)
     a, b = tf.cast(a, dtype), tf.cast(b, dtype)
+    scale = tf.cast(1e-3, dtype)
 
     @tf.function(jit_compile=jit)
     def chain(x, y):
-        for _ in range(8):          # 8 matmuls per call: amortise the call overhead
-            x = tf.matmul(x, y) * tf.cast(1e-3, dtype)
+        for _ in range(4):          # 4 matmuls per call: amortise the call overhead
+            x = tf.matmul(x, y) * scale
         return x
 
     chain(a, b).numpy()
     calls, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
+    while calls == 0 or time.perf_counter() - start < seconds:
         chain(a, b).numpy()
         calls += 1
-    return calls * 8 * 2.0 * n ** 3 / (time.perf_counter() - start)
+    return calls * 4 * 2.0 * n ** 3 / (time.perf_counter() - start)
+
+
+WAYS = {"tensorflow": False, "xla": True}     # name -> jit_compile
+
+
+def matmul_peaks(dtypes=("float32", "bfloat16", "float16"), n=2048, seconds=3.0, log=None) -> dict:
+    """{dtype: {"tensorflow": FLOP/s, "xla": FLOP/s}}: every dtype measured both ways."""
+    peaks = {}
+    for name in dtypes:
+        peaks[name] = {}
+        for way, jit in WAYS.items():
+            peaks[name][way] = matmul_peak(getattr(tf, name), n, seconds, jit)
+            if log:
+                log(f"matmul peak {name:<8} {way:<10} {peaks[name][way] / 1e12:.3f} TFLOP/s")
+    return peaks
+
+
+def hardware_peak(peaks: dict):
+    """(FLOP/s, dtype, way) of the best measurement in matmul_peaks' result."""
+    return max((value, name, way) for name, ways in peaks.items() for way, value in ways.items())
+
+
+CPU_FEATURES = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_fp16", "amx_tile")
+
+
+def device_description(cpuinfo="/proc/cpuinfo") -> dict:
+    """What the ladder ran on: the GPU names if TensorFlow sees any, else the CPU model and
+    which of CPU_FEATURES its flags include."""
+    gpus = tf.config.list_physical_devices("GPU")
+    if gpus:
+        return {"gpus": [tf.config.experimental.get_device_details(g).get("device_name", g.name) for g in gpus]}
+    model, found = "unknown CPU", []
+    if os.path.exists(cpuinfo):
+        with open(cpuinfo) as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and model == "unknown CPU":
+                    model = value.strip()
+                elif key.strip() == "flags":
+                    flags = set(value.split())
+                    found = [name for name in CPU_FEATURES if name in flags]
+                    break
+    return {"cpu": model, "cpu_features": found, "cpu_count": os.cpu_count()}

@@ -19,8 +19,8 @@ import types
 import numpy as np
 import tensorflow as tf
 
-from bert_tf import (ConfigError, checkpoint_formats, checkpointing, distributed, input_pipeline, metrics, modeling,
-                     tokenization, training)
+from bert_tf import (ConfigError, checkpoint_formats, checkpointing, distributed, flops, input_pipeline, metrics,
+                     modeling, tokenization, training)
 
 
 @dataclasses.dataclass
@@ -54,6 +54,8 @@ class PretrainConfig(training.TrainConfig):
     save_interval: int = 1000
     keep_last: int = 3
     log_interval: int = 100
+    stop_check_interval: int = 10     # ranks agree on a stop signal every N updates (and at logs, saves)
+    ladder_sequences_per_second: float = 0.0  # run/benchmark.py's figure for this configuration (its flagfile)
     eval_interval: int = 0
     eval_batches: int = 0
 
@@ -66,9 +68,11 @@ class PretrainConfig(training.TrainConfig):
         if self.bert_config_file and self.model_preset not in ("", "base"):
             raise ConfigError("give --bert_config_file or --model_preset, not both")
         for name in ("batch_size", "max_seq_length", "max_predictions_per_seq", "save_interval", "log_interval",
-                     "keep_last"):
+                     "keep_last", "stop_check_interval"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name} must be >= 1, got {getattr(self, name)}")
+        if self.ladder_sequences_per_second < 0:
+            raise ConfigError(f"--ladder_sequences_per_second must be >= 0, got {self.ladder_sequences_per_second}")
         if self.eval_interval < 0 or self.eval_batches < 0:
             raise ConfigError("--eval_interval and --eval_batches must be >= 0")
         if self.eval_interval and not self.eval_files:
@@ -159,7 +163,12 @@ def build(cfg: PretrainConfig, say):
     say(f"ranks {size}  micro-batch {cfg.batch_size}/rank  accumulation {cfg.accumulation_steps}  "
         f"global batch {global_batch} sequences  seq {cfg.max_seq_length}  precision {cfg.precision}  "
         f"xla {cfg.xla}  fp16 allreduce {cfg.comm.fp16_allreduce}"
-        + ("  allreduce every micro-batch" if cfg.comm.allreduce_every_micro_batch else ""))
+        + ("  allreduce every micro-batch" if cfg.comm.allreduce_every_micro_batch else "")
+        + (f"  (ladder: {cfg.ladder_sequences_per_second:.2f} seq/s per rank)" if cfg.ladder_sequences_per_second
+           else ""))
+    warning = precision_warning(cfg.precision, flops.device_description(), cfg.ladder_sequences_per_second)
+    if warning:
+        say(warning)
 
     tf.random.set_seed(cfg.seed)
     model = modeling.BertPretrainer(model_config, use_nsp=not cfg.mlm_only)
@@ -195,6 +204,23 @@ def build(cfg: PretrainConfig, say):
                           "vocab_size": len(tokenizer)})
 
 
+# CPU flags that give a precision its own arithmetic (oneDNN); without them it is emulated.
+NATIVE_CPU_FLAGS = {"mixed_bfloat16": ("avx512_bf16", "amx_bf16"), "mixed_float16": ("avx512_fp16", "amx_fp16")}
+
+
+def precision_warning(precision, device: dict, ladder_sequences_per_second=0.0) -> str:
+    """A warning when --precision has no hardware arithmetic on this CPU (allowed, but slow),
+    with the ladder's measured figure when there is one; "" otherwise (or on GPUs)."""
+    if "gpus" in device or precision not in NATIVE_CPU_FLAGS:
+        return ""
+    if any(flag in device.get("cpu_features", []) for flag in NATIVE_CPU_FLAGS[precision]):
+        return ""
+    measured = (f"run/benchmark.py measured {ladder_sequences_per_second:.2f} seq/s for it"
+                if ladder_sequences_per_second else "run/benchmark.py measures what it costs")
+    return (f"warning: --precision={precision} on a CPU without {' or '.join(NATIVE_CPU_FLAGS[precision])} "
+            f"({device.get('cpu', 'unknown CPU')}): emulated and usually slower than float32; {measured}")
+
+
 def restore(cfg: PretrainConfig, trainer, ckpts, global_batch, init, say) -> int:
     """Resumes from --checkpoint_dir's latest checkpoint, else starts the model from
     --init_checkpoint (`init`, already read and checked), else leaves it fresh; returns the
@@ -213,8 +239,9 @@ def restore(cfg: PretrainConfig, trainer, ckpts, global_batch, init, say) -> int
 
 
 class IntervalMetrics:
-    """Sums one log interval's per-update outputs and timings on this rank; `record` turns
-    them into a "train" record (losses and accuracies over all ranks) and starts the next."""
+    """Sums one log interval's per-update outputs on the device (no fetch per update) and the
+    timed updates' splits on this rank; `record` fetches the sums once, turns them into a
+    "train" record (losses and accuracies over all ranks) and starts the next interval."""
 
     SUMMED = ("loss", "mlm_loss", "nsp_loss", "mlm_correct", "mlm_weight", "nsp_correct", "nsp_count")
 
@@ -224,15 +251,19 @@ class IntervalMetrics:
         self._reset()
 
     def _reset(self):
-        self.start, self.updates, self.sums, self.timing = time.time(), 0, {}, {}
+        self.start, self.updates, self.sums, self.timing, self.timed = time.time(), 0, {}, {}, 0
 
     def add(self, out, timing):
+        """out: one update's outputs (tensors stay on the device); timing: its split, or {}."""
         self.updates += 1
         for key in self.SUMMED:
             if key in out:
-                self.sums[key] = self.sums.get(key, 0.0) + float(out[key])
-        for key, seconds in timing.items():
-            self.timing[key] = self.timing.get(key, 0.0) + seconds
+                value = tf.cast(out[key], tf.float64)
+                self.sums[key] = self.sums[key] + value if key in self.sums else value
+        if timing:
+            self.timed += 1
+            for key, seconds in timing.items():
+                self.timing[key] = self.timing.get(key, 0.0) + seconds
 
     def record(self, step, out) -> dict:
         """A collective: every rank calls it at the same step. `out`: the last update's outputs."""
@@ -246,7 +277,7 @@ class IntervalMetrics:
                   "learning_rate": float(out["learning_rate"]), "grad_norm": float(out["grad_norm"]),
                   "sequences_per_second": n * self.global_batch / seconds,
                   "tokens_per_second": n * self.global_batch * self.seq_length / seconds,
-                  **{key: value / n for key, value in self.timing.items()}}  # this rank's split
+                  **{key: value / self.timed for key, value in self.timing.items()}}  # this rank's split
         if self.interface:
             tx_now = metrics.read_tx_bytes(self.interface)
             record["tx_bytes_per_update"] = (tx_now - self.tx_start) / n
@@ -272,12 +303,16 @@ def train(cfg: PretrainConfig, job, stop: StopSignal, say) -> dict:
         say(f"held-out before training: MLM accuracy {first.get('eval_mlm_accuracy', float('nan')):.4f}, "
             f"MLM loss {first['eval_mlm_loss']:.4f}")
     while step < cfg.total_steps:
-        out = trainer.train_step([next(job.batches) for _ in range(cfg.accumulation_steps)])
+        # Host synchronisation only at log, save and stop-check steps (GPU kernels run ahead).
+        logging = (step + 1) % cfg.log_interval == 0 or step + 1 == cfg.total_steps
+        saving = (step + 1) % cfg.save_interval == 0
+        out = trainer.train_step([next(job.batches) for _ in range(cfg.accumulation_steps)], timed=logging)
         step += 1
         samples_seen += job.global_batch
         interval.add(out, trainer.timing)
-        stopping = distributed.any_rank(stop.received is not None)
-        if step % cfg.log_interval == 0 or step == cfg.total_steps or stopping:
+        stopping = (logging or saving or step % cfg.stop_check_interval == 0) \
+            and distributed.any_rank(stop.received is not None)
+        if logging or stopping:
             last = interval.record(step, out)
             last.update(skipped_steps=int(trainer.skipped_steps.numpy()), samples_seen=samples_seen)
             writer.write(last)
@@ -296,6 +331,9 @@ def train(cfg: PretrainConfig, job, stop: StopSignal, say) -> dict:
         writer.write(final_eval)
         last.update({k: v for k, v in final_eval.items() if k.startswith("eval_")})
     last["stopped_early"] = step < cfg.total_steps
+    if cfg.ladder_sequences_per_second and "sequences_per_second" in last:
+        say(f"measured {last['sequences_per_second'] / distributed.size():.2f} seq/s per rank (last interval) vs "
+            f"the ladder's {cfg.ladder_sequences_per_second:.2f} for this configuration")
     return last
 
 

@@ -13,8 +13,12 @@ An update over `accumulation_steps` micro-batches runs three kinds of function:
 each micro-batch's gradients are allreduced before being summed (accumulation_steps allreduces
 per update instead of one). Same result up to rounding, N times the traffic.
 
-`Trainer.timing` holds the wall-clock split of the last update: compute (forward/backward),
-allreduce (including waiting for the slowest rank) and update seconds.
+The hot loop never waits for the device: the dropout seed of each micro-batch is derived on the
+device from the step variable, and the outputs are tensors the caller sums on the device and
+fetches when it logs. `train_step(..., timed=True)` (the loop asks for it once per log interval)
+fills `Trainer.timing` with the wall-clock split of that update: compute (forward/backward),
+allreduce (including waiting for the slowest rank) and update seconds; it waits for the device
+before each clock read, so the split stays honest where kernels run asynchronously (GPUs).
 
 Everything the model computes is float32 at the edges: variables, gradients, losses.
 """
@@ -116,6 +120,8 @@ class Trainer:
         self.accumulators = [tf.Variable(tf.zeros_like(v), trainable=False) for v in self.variables] \
             if config.accumulation_steps > 1 else []
         self.seed_offset = seed_offset
+        # micro-batch indices as device tensors made once: no Python value enters the hot loop
+        self._indices = [tf.constant(i, tf.int64) for i in range(config.accumulation_steps)]
         jit = bool(config.xla)
         self._accumulate = tf.function(self._accumulate_impl, jit_compile=jit)
         self._finish = tf.function(self._finish_impl, jit_compile=jit)
@@ -202,30 +208,35 @@ class Trainer:
 
     # -- one update -----------------------------------------------------------------------
     def micro_batch_seed(self, index):
-        step = int(self.step.numpy())
-        stream = (step * self.config.accumulation_steps + index) % (2 ** 31 - 1)
-        return tf.constant([(self.config.seed * 7919 + self.seed_offset) % (2 ** 31 - 1), stream], tf.int32)
+        """The stateless dropout seed [rank stream, update * accumulation_steps + index], computed
+        by device ops from the step variable, nothing fetched (index: an int64 tensor)."""
+        stream = (self.step * self.config.accumulation_steps + index) % (2 ** 31 - 1)
+        base = tf.constant((self.config.seed * 7919 + self.seed_offset) % (2 ** 31 - 1), tf.int32)
+        return tf.stack([base, tf.cast(stream, tf.int32)])
 
-    def train_step(self, micro_batches):
-        """micro_batches: `accumulation_steps` feature dicts. Returns per-update metrics (tensors)."""
+    def train_step(self, micro_batches, timed=False):
+        """micro_batches: `accumulation_steps` feature dicts. Returns per-update metrics (tensors,
+        not fetched). timed: measure the compute / allreduce / update split into `self.timing`
+        (waits for the device three times; otherwise `self.timing` is {})."""
         n = self.config.accumulation_steps
         if len(micro_batches) != n:
             raise ValueError(f"expected {n} micro-batches, got {len(micro_batches)}")
-        start = time.perf_counter()
+        clock = _device_clock if timed else (lambda: 0.0)
+        start = clock()
         if self.config.comm.allreduce_every_micro_batch:
-            grads, outs, comm = self._allreduce_each(micro_batches)
+            grads, outs, comm = self._allreduce_each(micro_batches, clock)
         else:
-            outs = [self._accumulate(mb, self.micro_batch_seed(i)) for i, mb in enumerate(micro_batches[:-1])]
-            grads, last = self._finish(micro_batches[-1], self.micro_batch_seed(n - 1))
+            outs = [self._accumulate(mb, self.micro_batch_seed(i)) for i, mb in zip(self._indices, micro_batches[:-1])]
+            grads, last = self._finish(micro_batches[-1], self.micro_batch_seed(self._indices[n - 1]))
             outs.append(last)
-            comm_start = time.perf_counter()
+            comm_start = clock()
             grads = self._allreduce(grads)  # <- the one allreduce per update, after accumulation
-            comm = time.perf_counter() - comm_start
-        update_start = time.perf_counter()
+            comm = clock() - comm_start
+        update_start = clock()
         info = self._apply(grads)
-        end = time.perf_counter()
+        end = clock()
         self.timing = {"compute_seconds": update_start - start - comm, "allreduce_seconds": comm,
-                       "update_seconds": end - update_start}
+                       "update_seconds": end - update_start} if timed else {}
         metrics = sum_metrics(outs)
         metrics.update(info)
         if self.loss_scale is not None:
@@ -233,19 +244,25 @@ class Trainer:
         return metrics
 
 
-    def _allreduce_each(self, micro_batches):
+    def _allreduce_each(self, micro_batches, clock):
         """The baseline: allreduce every micro-batch's gradients, then average them."""
         outs, comm = [], 0.0
         n = len(micro_batches)
-        for i, mb in enumerate(micro_batches):
+        for i, mb in zip(self._indices, micro_batches):
             grads, out = self._local(mb, self.micro_batch_seed(i))
-            comm_start = time.perf_counter()
+            comm_start = clock()
             grads = self._allreduce(grads)
-            comm += time.perf_counter() - comm_start
+            comm += clock() - comm_start
             outs.append(out)
             if n > 1:
                 self._add(grads)
         return (self._mean() if n > 1 else grads), outs, comm
+
+
+def _device_clock():
+    """perf_counter once the device has finished what was queued (asynchronous GPU kernels)."""
+    tf.test.experimental.sync_devices()
+    return time.perf_counter()
 
 
 def sum_metrics(outs):

@@ -1,16 +1,25 @@
-"""The single-device optimisation ladder: how fast one BERT update runs with each lever.
+"""The single-device optimisation ladder: how fast one BERT update runs with each lever, next to
+the library a Keras user would pick instead, and the configuration to run on this machine.
 
     python run/benchmark.py --model_preset=base --max_seq_length=128 --batch_size=8 --output_dir=runs/bench_base
+    python run/benchmark.py --model_preset=base --write_flagfile=node.flags    # once per node type
 
 Rungs, each measured after warm-up (compile) steps, in one process:
-    fp32        tf.function, float32
-    fp32+xla    + jit_compile
-    bf16+xla    + mixed_bfloat16
-    fp16+xla    + mixed_float16 (dynamic loss scaling)
-    best+accum  the fastest precision above, + gradient accumulation (--accumulation_steps)
-For each: sequences/s, tokens/s, model TFLOP/s (bert_tf/flops.py), MFU against the dense
-matmul peak of the same dtype measured in this run, and compile time. Writes ladder.json
-and ladder.png to --output_dir, prints a table and the peak host memory.
+    fp32, bf16, fp16    tf.function in float32, mixed_bfloat16, mixed_float16 (dynamic loss scaling)
+    ...+xla             the same with jit_compile
+    best+accum          the fastest of the above, + gradient accumulation (--accumulation_steps)
+    best-dropout        diagnostic: the fastest without dropout, what the stateless random numbers
+                        cost (never chosen as the fastest; pre-training keeps dropout)
+    keras-hub           the peer: keras_hub.models.BertMaskedLM (Keras 3 on TensorFlow), same shapes,
+                        micro-batch and sparse masked positions; its best of fp32/bf16 x XLA on/off
+For each: sequences/s, tokens/s, model TFLOP/s (bert_tf/flops.py), MFU against the hardware peak
+(the best dense-matmul FLOP/s over every dtype, TensorFlow kernels and XLA, measured in this run)
+and against the same dtype's peak, and compile time. Prints the CPU features (or GPU) it saw and
+bert_tf's speed as a ratio to keras-hub's; writes ladder.json and ladder.png to --output_dir.
+
+--write_flagfile: also writes the fastest bert_tf precision/XLA as flags `run/pretrain.py
+--flagfile` takes after the recipe's flagfile, with the measured sequences/s (pretrain logs its
+own figure next to it). keras-hub is a benchmark-only dependency (requirements-dev.txt).
 """
 import json
 import os
@@ -19,22 +28,78 @@ import time
 
 from absl import flags
 
-from bert_tf import cli
+from bert_tf import ConfigError, cli
 
 cli.define_model_preset("base")
 cli.define_sequence()
 flags.DEFINE_integer("vocab_size", 30522, "Vocabulary size.")
 flags.DEFINE_integer("batch_size", 8, "Micro-batch.")
+flags.DEFINE_list("tune_batch_sizes", [], "Also time the fastest bert_tf rung at these micro-batches "
+                  "(the flagfile then names the fastest per sequence).")
 flags.DEFINE_integer("accumulation_steps", 4, "Micro-batches per update on the accumulation rung.")
 flags.DEFINE_integer("warmup_updates", 2, "Updates not timed (compilation).")
 flags.DEFINE_integer("updates", 5, "Timed updates per rung.")
-flags.DEFINE_list("rungs", ["fp32", "fp32+xla", "bf16+xla", "fp16+xla", "best+accum"], "Rungs to run.")
-flags.DEFINE_float("peak_seconds", 3.0, "Seconds per matmul-peak measurement.")
+flags.DEFINE_list("rungs", ["fp32", "fp32+xla", "bf16", "bf16+xla", "fp16", "fp16+xla", "best+accum", "best-dropout",
+                                   "keras-hub"],
+                  "Rungs to run.")
+flags.DEFINE_float("peak_seconds", 3.0, "Seconds per matmul-peak measurement (each dtype, both ways).")
+flags.DEFINE_integer("peak_size", 2048, "n of the n x n x n matmul the peak is measured with.")
 flags.DEFINE_string("output_dir", "runs/benchmark", "Where ladder.json and ladder.png go.")
+flags.DEFINE_string("input_files", "", "Also measure input_pipeline.make_dataset alone on these TFRecords (static and "
+                    "dynamic masking, sequences/s per rank) next to the model's consumption; needs --vocab_file.")
+flags.DEFINE_string("vocab_file", "", "vocab.txt of --input_files (dynamic masking's special and [MASK] ids).")
+flags.DEFINE_float("input_seconds", 5.0, "Seconds per input-pipeline measurement.")
+flags.DEFINE_string("profile_dir", "", "After the ladder, trace 3 updates of the fastest bert_tf rung with the "
+                    "TensorFlow profiler into this folder (TensorBoard's profile tab reads it).")
+flags.DEFINE_string("write_flagfile", "", "Write the fastest bert_tf configuration here as run/pretrain.py flags.")
 FLAGS = flags.FLAGS
 
 PRECISION = {"fp32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
 DTYPE_NAME = {"float32": "float32", "mixed_bfloat16": "bfloat16", "mixed_float16": "float16"}
+RUNGS = [*PRECISION, *(f"{p}+xla" for p in PRECISION), "best+accum", "best-dropout", "keras-hub"]
+
+
+def check_rungs(rungs):
+    unknown = [r for r in rungs if r not in RUNGS]
+    if unknown:
+        raise ConfigError(f"--rungs: unknown {', '.join(map(repr, unknown))}; valid: {', '.join(RUNGS)}")
+    if not rungs:
+        raise ConfigError("--rungs is empty")
+    if "best-dropout" in rungs and not any(r in rungs[:rungs.index("best-dropout")] for r in RUNGS[:7]):
+        raise ConfigError("--rungs: best-dropout needs a bert_tf rung before it")
+    if "keras-hub" in rungs:
+        try:
+            import keras_hub  # noqa: F401  (the peer; benchmark-only dependency)
+        except ImportError as e:
+            raise ConfigError(f"--rungs=keras-hub needs keras-hub ({e}): pip install -r requirements-dev.txt, "
+                              "or leave the rung out") from None
+
+
+def check_writable(path):
+    """Fails before an hour of measuring if the flagfile could not be written at the end."""
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise ConfigError(f"--write_flagfile={path}: directory {directory} does not exist")
+    if os.path.isdir(path) or not os.access(directory, os.W_OK) or (os.path.exists(path) and
+                                                                   not os.access(path, os.W_OK)):
+        raise ConfigError(f"--write_flagfile={path}: not writable")
+
+
+def write_flagfile(path, best, report):
+    """The fastest bert_tf rung as pretrain flags; written to a temporary name, then renamed
+    (an interrupted run leaves no half-written flagfile)."""
+    lines = [f"# run/benchmark.py on {report['device'].get('cpu') or report['device'].get('gpus')}, "
+             f"{report['model_preset']} seq {report['seq_length']}: fastest bert_tf rung {best['rung']}",
+             f"# command: {report['command']}",
+             f"# micro-batch measured {best['batch_size']}: keep --batch_size x --accumulation_steps at your "
+             "recipe's per-rank batch",
+             f"--precision={best['precision']}",
+             f"--{'' if best['xla'] else 'no'}xla",
+             f"--ladder_sequences_per_second={best['sequences_per_second']:.3f}"]
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    os.replace(tmp, path)
 
 
 def random_batch(batch, seq, preds, vocab, seed):
@@ -53,7 +118,23 @@ def random_batch(batch, seq, preds, vocab, seed):
     }
 
 
-def run_rung(config, precision, xla, accumulation):
+def timed_updates(step):
+    """(median seconds of FLAGS.updates calls of step(), seconds of the first call)."""
+    start = time.perf_counter()
+    step()
+    first = time.perf_counter() - start
+    for _ in range(FLAGS.warmup_updates - 1):
+        step()
+    times = []
+    for _ in range(FLAGS.updates):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    median = sorted(times)[len(times) // 2]
+    return {"update_seconds": median, "first_update_seconds": first, "compile_seconds_estimate": max(first - median, 0)}
+
+
+def run_rung(config, precision, xla, accumulation, batch_size, profile_dir=""):
     import tensorflow as tf
 
     from bert_tf import modeling, training
@@ -61,71 +142,171 @@ def run_rung(config, precision, xla, accumulation):
     model = modeling.BertPretrainer(config)
     trainer = training.Trainer(model, training.TrainConfig(precision=precision, xla=xla,
                                                            accumulation_steps=accumulation, total_steps=10 ** 6))
-    micro = [random_batch(FLAGS.batch_size, FLAGS.max_seq_length, FLAGS.max_predictions_per_seq, config.vocab_size,
+    micro = [random_batch(batch_size, FLAGS.max_seq_length, FLAGS.max_predictions_per_seq, config.vocab_size,
                           i) for i in range(accumulation)]
-    start = time.perf_counter()
-    float(trainer.train_step(micro)["loss"])
-    first = time.perf_counter() - start
-    for _ in range(FLAGS.warmup_updates - 1):
-        float(trainer.train_step(micro)["loss"])
-    times = []
-    for _ in range(FLAGS.updates):
-        start = time.perf_counter()
-        float(trainer.train_step(micro)["loss"])
-        times.append(time.perf_counter() - start)
-    step = sorted(times)[len(times) // 2]           # median update time
-    return {"update_seconds": step, "first_update_seconds": first,
-            "compile_seconds_estimate": max(first - step, 0.0)}
+    if profile_dir:
+        for _ in range(FLAGS.warmup_updates):
+            float(trainer.train_step(micro)["loss"])
+        tf.profiler.experimental.start(profile_dir)
+        for _ in range(3):
+            float(trainer.train_step(micro)["loss"])
+        tf.profiler.experimental.stop()
+        return None
+    return timed_updates(lambda: float(trainer.train_step(micro)["loss"]))
+
+
+def run_keras_hub(config, precision, xla, batch_size):
+    """One update of keras_hub.models.BertMaskedLM (the peer) on the same shapes: same encoder
+    size, dropout and masked positions; masked-LM loss only (no next-sentence head), AdamW."""
+    import keras
+    import keras_hub
+    keras.mixed_precision.set_global_policy(precision)
+    try:
+        keras.utils.set_random_seed(0)
+        backbone = keras_hub.models.BertBackbone(
+            vocabulary_size=config.vocab_size, num_layers=config.num_hidden_layers,
+            num_heads=config.num_attention_heads, hidden_dim=config.hidden_size,
+            intermediate_dim=config.intermediate_size, dropout=config.hidden_dropout_prob,
+            max_sequence_length=config.max_position_embeddings, num_segments=config.type_vocab_size)
+        model = keras_hub.models.BertMaskedLM(backbone, preprocessor=None)
+        model.compile(optimizer=keras.optimizers.AdamW(1e-4),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      weighted_metrics=[], jit_compile=xla)
+        b = random_batch(batch_size, FLAGS.max_seq_length, FLAGS.max_predictions_per_seq, config.vocab_size, 0)
+        x = {"token_ids": b["input_ids"], "segment_ids": b["segment_ids"], "padding_mask": b["input_mask"] > 0,
+             "mask_positions": b["masked_lm_positions"]}
+        return timed_updates(lambda: float(model.train_on_batch(x, b["masked_lm_ids"],
+                                                                sample_weight=b["masked_lm_weights"])))
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
 
 
 def main(_):
     import tensorflow as tf
 
     from bert_tf import flops, modeling
+    check_rungs(FLAGS.rungs)
+    try:
+        batch_sizes = [int(b) for b in FLAGS.tune_batch_sizes]
+    except ValueError:
+        raise ConfigError(f"--tune_batch_sizes: not integers: {','.join(FLAGS.tune_batch_sizes)}") from None
+    if any(b < 1 for b in batch_sizes) or FLAGS.batch_size < 1:
+        raise ConfigError(f"--batch_size/--tune_batch_sizes must be >= 1, got {FLAGS.batch_size}, {batch_sizes}")
+    if FLAGS.write_flagfile:
+        check_writable(FLAGS.write_flagfile)
+        if not any(r in PRECISION or r.endswith("+xla") for r in FLAGS.rungs):
+            raise ConfigError("--write_flagfile needs at least one bert_tf precision rung in --rungs")
+    if FLAGS.input_files:
+        from bert_tf import input_pipeline
+        if not FLAGS.vocab_file:
+            raise ConfigError("--input_files needs --vocab_file")
+        input_pipeline.check_files(input_pipeline.list_files(FLAGS.input_files), FLAGS.max_seq_length,
+                                   FLAGS.max_predictions_per_seq)
     config = modeling.BertConfig.preset(FLAGS.model_preset, vocab_size=FLAGS.vocab_size)
     flops_per_seq = flops.training_flops_per_sequence(config, FLAGS.max_seq_length, FLAGS.max_predictions_per_seq)
+    device = flops.device_description()
+    print(f"device: {device}")
     print(f"{FLAGS.model_preset}: {config.num_hidden_layers} layers, hidden {config.hidden_size}; "
           f"seq {FLAGS.max_seq_length}, micro-batch {FLAGS.batch_size}; {flops_per_seq / 1e9:.2f} GFLOP per sequence (train)", flush=True)
-    peaks = {}
-    for name in ("float32", "bfloat16", "float16"):
-        peaks[name] = flops.matmul_peak(getattr(tf, name), seconds=FLAGS.peak_seconds)
-        print(f"matmul peak {name}: {peaks[name] / 1e12:.3f} TFLOP/s", flush=True)
+    peaks = flops.matmul_peaks(n=FLAGS.peak_size, seconds=FLAGS.peak_seconds, log=lambda line: print(line, flush=True))
+    hw_peak, hw_dtype, hw_way = flops.hardware_peak(peaks)
+    print(f"hardware peak: {hw_peak / 1e12:.3f} TFLOP/s ({hw_dtype}, {hw_way})", flush=True)
 
-    rows, best = [], None
+    rows = []
+
+    def record(rung, precision, xla, accumulation, batch_size, result, peer=False, diagnostic=False):
+        seqs = batch_size * accumulation / result["update_seconds"]
+        achieved = seqs * flops_per_seq
+        dtype_peak = max(peaks[DTYPE_NAME[precision]].values())
+        row = {"rung": rung, "precision": precision, "xla": xla, "accumulation_steps": accumulation,
+               "batch_size": batch_size, "peer": peer, "diagnostic": diagnostic,
+               "sequences_per_second": seqs, "tokens_per_second": seqs * FLAGS.max_seq_length,
+               "model_tflops": achieved / 1e12, "mfu": achieved / hw_peak, "mfu_same_dtype": achieved / dtype_peak,
+               **result}
+        rows.append(row)
+        print(f"{rung:<22} {seqs:8.2f} seq/s {seqs * FLAGS.max_seq_length:9.0f} tok/s {achieved / 1e12:7.3f} TFLOP/s  "
+              f"MFU {achieved / hw_peak:6.1%} of hardware peak ({achieved / dtype_peak:6.1%} of "
+              f"{DTYPE_NAME[precision]})  first update {result['first_update_seconds']:.1f} s", flush=True)
+        return row
+
+    def fastest(peer=False):
+        return max((r for r in rows if r["peer"] == peer and not r["diagnostic"]), key=lambda r: r["sequences_per_second"], default=None)
+
     for rung in FLAGS.rungs:
+        if rung == "keras-hub":
+            for precision in ("float32", "mixed_bfloat16"):
+                for xla in (False, True):
+                    name = f"keras-hub {precision.replace('mixed_', '')}{'+xla' if xla else ''}"
+                    record(name, precision, xla, 1, FLAGS.batch_size,
+                           run_keras_hub(config, precision, xla, FLAGS.batch_size), peer=True)
+            continue
+        if rung == "best-dropout":
+            base = fastest()
+            import dataclasses
+            row = record(rung, base["precision"], base["xla"], base["accumulation_steps"], base["batch_size"],
+                         run_rung(dataclasses.replace(config, hidden_dropout_prob=0.0,
+                                                      attention_probs_dropout_prob=0.0),
+                                  base["precision"], base["xla"], base["accumulation_steps"], base["batch_size"]),
+                         diagnostic=True)
+            print(f"dropout costs {1 - base['sequences_per_second'] / row['sequences_per_second']:.1%} of the "
+                  f"fastest rung's ({base['rung']}) time", flush=True)
+            continue
         if rung == "best+accum":
-            base = max((r for r in rows if r["xla"]), key=lambda r: r["sequences_per_second"], default=None)
-            precision = base["precision"] if base else "float32"
-            xla, accumulation = True, FLAGS.accumulation_steps
+            base = fastest()
+            precision, xla = (base["precision"], base["xla"]) if base else ("float32", True)
+            accumulation = FLAGS.accumulation_steps
         else:
             short, _, opt = rung.partition("+")
             precision, xla, accumulation = PRECISION[short], opt == "xla", 1
-        result = run_rung(config, precision, xla, accumulation)
-        seqs = FLAGS.batch_size * accumulation / result["update_seconds"]
-        achieved = seqs * flops_per_seq
-        peak = peaks[DTYPE_NAME[precision]]
-        row = {"rung": rung, "precision": precision, "xla": xla, "accumulation_steps": accumulation,
-               "sequences_per_second": seqs, "tokens_per_second": seqs * FLAGS.max_seq_length,
-               "model_tflops": achieved / 1e12, "matmul_peak_tflops": peak / 1e12, "mfu": achieved / peak, **result}
-        rows.append(row)
-        print(f"{rung:<11} {seqs:8.2f} seq/s {seqs * FLAGS.max_seq_length:9.0f} tok/s {achieved / 1e12:7.3f} TFLOP/s  "
-              f"MFU {achieved / peak:6.1%} of {DTYPE_NAME[precision]} peak  first update {result['first_update_seconds']:.1f} s",
-              flush=True)
-        best = row if best is None or seqs > best["sequences_per_second"] else best
+        record(rung, precision, xla, accumulation, FLAGS.batch_size,
+               run_rung(config, precision, xla, accumulation, FLAGS.batch_size))
+    if batch_sizes and fastest():
+        base = fastest()
+        for b in batch_sizes:
+            if b != base["batch_size"]:
+                record(f"{base['rung']} b{b}", base["precision"], base["xla"], base["accumulation_steps"], b,
+                       run_rung(config, base["precision"], base["xla"], base["accumulation_steps"], b))
+    best, peer = fastest(), fastest(peer=True)
+    if FLAGS.profile_dir and best:
+        run_rung(config, best["precision"], best["xla"], best["accumulation_steps"], best["batch_size"],
+                 profile_dir=FLAGS.profile_dir)
+        print(f"wrote a profiler trace of {best['rung']} to {FLAGS.profile_dir}")
     peak_rss_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 ** 2
-    print(f"best: {best['rung']} at {best['sequences_per_second']:.2f} seq/s, MFU {best['mfu']:.1%}; "
-          f"peak host memory {peak_rss_gb:.2f} GB")
+    if best:
+        print(f"best bert_tf: {best['rung']} at {best['sequences_per_second']:.2f} seq/s, MFU {best['mfu']:.1%} "
+              f"of the hardware peak")
+    if best and peer:
+        print(f"keras-hub best: {peer['rung']} at {peer['sequences_per_second']:.2f} seq/s; bert_tf / keras-hub = "
+              f"{best['sequences_per_second'] / peer['sequences_per_second']:.2f}x")
+    print(f"peak host memory {peak_rss_gb:.2f} GB")
+    headroom = None
+    if FLAGS.input_files:
+        from bert_tf import input_headroom
+        headroom = input_headroom.measure(FLAGS.input_files, FLAGS.vocab_file, FLAGS.batch_size, FLAGS.max_seq_length,
+                                          FLAGS.max_predictions_per_seq, FLAGS.input_seconds)
+        consumed = best["sequences_per_second"] if best else float("nan")
+        for kind, rate in headroom.items():
+            print(f"input pipeline alone, {kind} masking: {rate:.0f} seq/s per rank = {rate / consumed:.1f}x the "
+                  f"fastest rung's {consumed:.2f} seq/s ({'ok' if rate >= 10 * consumed else 'below'} the 10x goal)")
     os.makedirs(FLAGS.output_dir, exist_ok=True)
     report = {"model_preset": FLAGS.model_preset, "seq_length": FLAGS.max_seq_length, "batch_size": FLAGS.batch_size,
-              "flops_per_sequence": flops_per_seq, "matmul_peak_flops": peaks, "rungs": rows,
-              "peak_host_memory_gb": peak_rss_gb, "cpu_count": os.cpu_count(),
+              "flops_per_sequence": flops_per_seq, "device": device, "matmul_peak_flops": peaks,
+              "hardware_peak_flops": hw_peak, "hardware_peak_from": [hw_dtype, hw_way], "rungs": rows,
+              "ratio_to_keras_hub": best["sequences_per_second"] / peer["sequences_per_second"]
+              if best and peer else None,
+              "input_pipeline_sequences_per_second": headroom, "peak_host_memory_gb": peak_rss_gb, "cpu_count": os.cpu_count(),
               "command": "python run/benchmark.py " + " ".join(
                   f"--{k}={FLAGS[k].value if not isinstance(FLAGS[k].value, list) else ','.join(FLAGS[k].value)}"
-                  for k in ("model_preset", "max_seq_length", "batch_size", "accumulation_steps", "updates"))}
+                  for k in ("model_preset", "max_seq_length", "batch_size", "accumulation_steps", "updates",
+                            "rungs", "tune_batch_sizes"))}
     with open(os.path.join(FLAGS.output_dir, "ladder.json"), "w") as f:
         json.dump(report, f, indent=1)
     plot(report, os.path.join(FLAGS.output_dir, "ladder.png"))
     print(f"wrote {FLAGS.output_dir}/ladder.json and ladder.png")
+    if FLAGS.write_flagfile:
+        write_flagfile(FLAGS.write_flagfile, best, report)
+        print(f"wrote {FLAGS.write_flagfile}: --precision={best['precision']} --xla={best['xla']} "
+              f"({best['sequences_per_second']:.2f} seq/s)")
 
 
 def plot(report, path):
@@ -133,14 +314,20 @@ def plot(report, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     rows = report["rungs"]
-    fig, ax = plt.subplots(figsize=(8, 4))
-    bars = ax.bar([r["rung"] for r in rows], [r["sequences_per_second"] for r in rows], color="tab:blue")
+    fig, ax = plt.subplots(figsize=(max(8, len(rows) * 1.1), 4.5))
+    bars = ax.bar([r["rung"].replace(" ", "\n") for r in rows], [r["sequences_per_second"] for r in rows],
+                  color=["tab:orange" if r["peer"] else "tab:gray" if r["diagnostic"] else "tab:blue" for r in rows])
     for bar, r in zip(bars, rows):
         ax.annotate(f"{r['model_tflops']:.2f} TFLOP/s\nMFU {r['mfu']:.0%}", (bar.get_x() + bar.get_width() / 2,
-                    bar.get_height()), ha="center", va="bottom", fontsize=8)
+                    bar.get_height()), ha="center", va="bottom", fontsize=7)
     ax.set_ylabel("sequences / s")
-    ax.set_title(f"BERT-{report['model_preset']} seq {report['seq_length']} micro-batch {report['batch_size']}, "
-                 f"{report['cpu_count']} CPU cores")
+    dev = report["device"]
+    where = ", ".join(dev["gpus"]) if "gpus" in dev else f"{dev['cpu_count']} cores {dev['cpu']} " \
+        f"[{' '.join(dev['cpu_features'])}]"
+    ax.set_title(f"BERT-{report['model_preset']} seq {report['seq_length']} micro-batch {report['batch_size']}; "
+                 f"orange: keras-hub, gray: diagnostic\n{where}; MFU vs hardware peak {report['hardware_peak_flops'] / 1e12:.2f} "
+                 "TFLOP/s", fontsize=9)
+    ax.tick_params(axis="x", labelsize=8)
     ax.margins(y=0.25)
     fig.tight_layout()
     fig.savefig(path, dpi=100)

@@ -1,6 +1,7 @@
 """Pre-trains BERT on one or many machines.
 
-    horovodrun -np 16 -hostfile hostfiles/hosts python run/pretrain.py --flagfile=configs/base_phase1.flags
+    horovodrun -np 16 -hostfile hostfiles/hosts python run/pretrain.py --flagfile=configs/base_phase1.flags \
+        --flagfile=node.flags      # optional: run/benchmark.py --write_flagfile=node.flags, once per node type
     mpirun -np 2 python run/pretrain.py --flagfile=configs/demo.flags
     python run/pretrain.py --flagfile=configs/demo.flags          # one process
 
@@ -50,8 +51,14 @@ flags.DEFINE_string("init_checkpoint", D.init_checkpoint, "Start the model from 
 flags.DEFINE_integer("save_interval", D.save_interval, "Save every N updates (and at the end and on SIGTERM/SIGINT).")
 flags.DEFINE_integer("keep_last", D.keep_last, "Checkpoints to keep.")
 flags.DEFINE_integer("log_interval", D.log_interval, "Progress line every N updates.")
+flags.DEFINE_integer("stop_check_interval", D.stop_check_interval,
+                     "Ranks agree on a SIGTERM/SIGINT every N updates (and at log and save steps): the only "
+                     "host synchronisation between log intervals.")
 flags.DEFINE_integer("eval_interval", D.eval_interval, "Held-out evaluation every N updates (0: only at the end).")
 flags.DEFINE_integer("eval_batches", D.eval_batches, "Limit evaluation to N batches per rank (0: all).")
+flags.DEFINE_float("ladder_sequences_per_second", D.ladder_sequences_per_second,
+                   "run/benchmark.py's sequences/s for this configuration (its --write_flagfile sets it): "
+                   "logged next to the measured figure.")
 FLAGS = flags.FLAGS
 
 

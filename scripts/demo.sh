@@ -23,8 +23,15 @@ if [ ! -f data/demo/seq128/summary.json ]; then
     --vocab_file=data/demo/vocab.txt --output_dir=data/demo/seq128 --max_seq_length=128 \
     --max_predictions_per_seq=20 --dupe_factor=5 --heldout_fraction=0.05
 fi
-echo "== pre-training tiny BERT on 2 ranks"
+node_flags=runs/node-tiny.flags   # self-tuned once per machine type: precision and XLA that run fastest here
+if [ ! -f "$node_flags" ]; then
+  echo "== self-tuning: timing tiny BERT's precision x XLA rungs on this machine -> $node_flags"
+  python run/benchmark.py --model_preset=tiny --vocab_size=8192 --max_seq_length=128 --batch_size=16 \
+    --rungs=fp32,fp32+xla,bf16,bf16+xla --updates=3 --warmup_updates=1 --peak_seconds=0.5 \
+    --output_dir=runs/node-tiny --write_flagfile="$node_flags"
+fi
+echo "== pre-training tiny BERT on 2 ranks ($(grep -v '^#' "$node_flags" | tr '\n' ' '))"
 rm -rf runs/demo
-"${mpi[@]}" python run/pretrain.py --flagfile=configs/demo.flags "$@"
+"${mpi[@]}" python run/pretrain.py --flagfile=configs/demo.flags --flagfile="$node_flags" "$@"
 python run/plot_metrics.py --metrics=runs/demo/metrics.jsonl --output=runs/demo/metrics.png
 echo "demo finished in $((SECONDS - start)) s after setup; curves: runs/demo/metrics.png"

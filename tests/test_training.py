@@ -163,7 +163,7 @@ def test_allreduce_every_micro_batch_calls_the_allreduce_n_times_with_the_same_r
         trainer._allreduce = counting(key)
         apply = trainer._apply
         trainer._apply = lambda grads, _key=key, _apply=apply: _apply(applied.setdefault(_key, grads))
-        trainer.train_step(micro)
+        trainer.train_step(micro, timed=True)
         results[key] = weights(model)
         assert set(trainer.timing) == {"compute_seconds", "allreduce_seconds", "update_seconds"}
         assert all(v >= 0 for v in trainer.timing.values())

@@ -1,0 +1,104 @@
+"""run/benchmark.py's checks and its self-tuned flagfile (no timing is asserted: figures are the
+benchmark's output, not a test's), the honest-peak helpers, and pretrain's precision warning."""
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+
+from bert_tf import flops, pretraining
+from conftest import REPO, mpi_env
+
+BENCHMARK = REPO / "run" / "benchmark.py"
+PRETRAIN = REPO / "run" / "pretrain.py"
+QUICK = ["--model_preset=tiny", "--vocab_size=200", "--max_seq_length=16", "--max_predictions_per_seq=3",
+         "--batch_size=2", "--updates=1", "--warmup_updates=1", "--peak_seconds=0.01", "--peak_size=32"]
+
+
+def benchmark(args, cwd):
+    return subprocess.run([sys.executable, str(BENCHMARK), *args], cwd=cwd, env=mpi_env(), capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_hardware_peak_is_the_best_of_every_dtype_and_way():
+    peaks = {"float32": {"tensorflow": 3.0, "xla": 2.0}, "bfloat16": {"tensorflow": 9.0, "xla": 1.0}}
+    assert flops.hardware_peak(peaks) == (9.0, "bfloat16", "tensorflow")
+
+
+def test_device_description_reads_the_cpu_flags(tmp_path):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nmodel name\t: Some Xeon\nflags\t\t: fpu avx2 avx512f amx_bf16 amx_tile\n")
+    device = flops.device_description(str(cpuinfo))
+    if "gpus" not in device:
+        assert device["cpu"] == "Some Xeon" and device["cpu_features"] == ["avx2", "avx512f", "amx_bf16", "amx_tile"]
+
+
+def test_precision_warning_names_the_missing_arithmetic_and_the_measured_figure():
+    avx2 = {"cpu": "EPYC", "cpu_features": ["avx2"]}
+    warning = pretraining.precision_warning("mixed_float16", avx2, 1.25)
+    assert "--precision=mixed_float16" in warning and "avx512_fp16" in warning and "1.25 seq/s" in warning
+    assert "measures" in pretraining.precision_warning("mixed_bfloat16", avx2)
+    assert pretraining.precision_warning("mixed_bfloat16", {"cpu": "x", "cpu_features": ["avx512_bf16"]}) == ""
+    assert pretraining.precision_warning("float32", avx2) == ""
+    assert pretraining.precision_warning("mixed_float16", {"gpus": ["V100"]}) == ""
+
+
+def test_the_library_never_imports_keras():
+    sources = sorted((REPO / "bert_tf").glob("*.py"))
+    offenders = [p.name for p in sources if re.search(r"^\s*(import|from)\s+(keras|keras_hub|tf_keras)\b|tf\.keras",
+                                                      p.read_text(), re.M)]
+    assert len(sources) > 10 and offenders == []
+
+
+def test_bad_rungs_and_an_unwritable_flagfile_fail_before_measuring(tmp_path):
+    bad = benchmark([*QUICK, "--rungs=fp32,fp8+xla"], tmp_path)
+    assert bad.returncode == 1 and "error: --rungs: unknown 'fp8+xla'; valid: fp32, bf16" in bad.stderr
+    assert "matmul peak" not in bad.stdout
+    bad = benchmark([*QUICK, "--rungs=best-dropout,fp32"], tmp_path)
+    assert bad.returncode == 1 and "error: --rungs: best-dropout needs a bert_tf rung before it" in bad.stderr
+    bad = benchmark([*QUICK, "--rungs=fp32", f"--input_files={tmp_path}/none-*"], tmp_path)
+    assert bad.returncode == 1 and "error: --input_files needs --vocab_file" in bad.stderr
+    for target in (tmp_path / "no" / "such" / "node.flags", tmp_path):
+        bad = benchmark([*QUICK, "--rungs=fp32", f"--write_flagfile={target}"], tmp_path)
+        assert bad.returncode == 1 and f"error: --write_flagfile={target}: " in bad.stderr, bad.stderr[-500:]
+        assert "matmul peak" not in bad.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == []                 # nothing written
+
+
+def test_the_self_tuned_flagfile_is_taken_by_pretrain_after_the_recipe(tiny_data, tmp_path):
+    node = tmp_path / "node.flags"
+    out = benchmark([*QUICK, "--rungs=fp32,bf16,best-dropout", f"--output_dir={tmp_path / 'ladder'}",
+                     f"--write_flagfile={node}"], tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "hardware peak:" in out.stdout and "cpu_features" in out.stdout
+    assert {"ladder.json", "ladder.png"} <= {p.name for p in (tmp_path / "ladder").iterdir()}
+    report = json.loads((tmp_path / "ladder" / "ladder.json").read_text())
+    rows = {r["rung"]: r for r in report["rungs"]}
+    assert list(rows) == ["fp32", "bf16", "best-dropout"] and rows["best-dropout"]["diagnostic"]
+    fastest = max(("fp32", "bf16"), key=lambda r: rows[r]["sequences_per_second"])
+    assert f"fastest bert_tf rung {fastest}" in node.read_text()          # never the diagnostic rung
+    assert report["hardware_peak_flops"] == max(v for ways in report["matmul_peak_flops"].values()
+                                                for v in ways.values())
+    assert all(r["mfu"] <= r["mfu_same_dtype"] for r in rows.values())
+    lines = [line for line in node.read_text().splitlines() if not line.startswith("#")]
+    assert lines[0] in ("--precision=float32", "--precision=mixed_bfloat16") and lines[1] in ("--xla", "--noxla")
+    ladder = float(lines[2].split("=")[1])
+    assert lines[2].startswith("--ladder_sequences_per_second=") and ladder > 0
+    recipe = tmp_path / "recipe.flags"
+    recipe.write_text("\n".join(tiny_data["flags"] + ["--precision=mixed_float16", "--xla", "--total_steps=2"]))
+    run = subprocess.run([sys.executable, str(PRETRAIN), f"--flagfile={recipe}", f"--flagfile={node}",
+                          f"--checkpoint_dir={tmp_path / 'ckpt'}"], env=mpi_env(), capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    precision = lines[0].split("=")[1]
+    assert f"precision {precision}  xla {lines[1] == '--xla'}" in run.stdout               # the node's flags won
+    assert f"(ladder: {ladder:.2f} seq/s per rank)" in run.stdout
+    assert re.search(rf"measured [\d.]+ seq/s per rank \(last interval\) vs the ladder's {ladder:.2f}", run.stdout)
+
+
+def test_input_headroom_measures_static_and_dynamic_masking(tiny_data):
+    from bert_tf import input_headroom
+    rates = input_headroom.measure(tiny_data["train"], tiny_data["vocab_file"], batch_size=4, max_seq_length=64,
+                                   max_predictions_per_seq=10, seconds=0.2)
+    assert set(rates) == {"static", "dynamic"} and all(rate > 0 for rate in rates.values())
