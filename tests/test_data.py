@@ -297,8 +297,53 @@ def test_pipeline_gives_ranks_disjoint_records(created, level):
     ds = input_pipeline.make_dataset(files, 8, 64, 10, 0, size, seed=5, training=True)
     first = [b["input_ids"].numpy() for b, _ in zip(ds, range(3))]
     again = [b["input_ids"].numpy() for b, _ in zip(input_pipeline.make_dataset(
-        files, 8, 64, 10, 0, size, seed=5, training=True, skip_batches=1), range(2))]
-    np.testing.assert_array_equal(first[1], again[0])            # seeded: resume by skipping
+        files, 8, 64, 10, 0, size, seed=5, training=True), range(3))]
+    np.testing.assert_array_equal(first, again)            # seeded: the same order every run
+
+
+def test_resume_decodes_as_few_records_after_many_updates_as_after_few(created):
+    """InputPosition: a saved iterator state puts a fresh pipeline at the exact position, and
+    the records it decodes to get there do not grow with the position (no skipping)."""
+    _, _, ((out, _), _) = created
+    files = sorted(glob.glob(os.path.join(out, "train-*")))
+    decoded = tf.Variable(0, dtype=tf.int64)
+
+    def counting_read(path):
+        def count(record):
+            decoded.assign_add(1)
+            return record
+        return tf.data.TFRecordDataset(path).map(count)
+
+    def pipeline(rank=0, size=1):
+        return iter(input_pipeline.make_dataset(files, 8, 64, 10, rank, size, seed=5, shuffle_buffer=64,
+                                                read=counting_read))
+    # positions 10 and 1,500 batches (12,000 records: several passes over these files)
+    near, far = 10, 1500
+    original = pipeline()
+    positions, expected = {}, {}
+    for consumed in range(1, far + 1):
+        next(original)
+        if consumed in (near, far):
+            positions[consumed] = input_pipeline.InputPosition()
+            positions[consumed].capture(original, consumed * 8, lambda b: [b])
+            expected[consumed] = [next(original)["input_ids"].numpy() for _ in range(3)]
+            original = pipeline()                                # back to `consumed`, through a restore too
+            positions[consumed].resume(original, 0, 1)
+    assert int(decoded.numpy()) > far * 8                        # what skipping to `far` would decode
+    cost = {}
+    for consumed, position in positions.items():
+        resumed = pipeline()
+        decoded.assign(0)
+        assert position.resume(resumed, 0, 1)
+        got = [next(resumed)["input_ids"].numpy() for _ in range(3)]
+        cost[consumed] = int(decoded.numpy())
+        for a, b in zip(got, expected[consumed]):
+            np.testing.assert_array_equal(a, b)                  # exact: the very next batches
+    # after restoring, only the batches asked for and what prefetching reads ahead are decoded
+    print("records decoded to resume:", cost)
+    assert cost[far] <= 40 * 8 and cost[near] <= 40 * 8, cost
+    # saved by 1 rank, resumed by 2: the states do not apply and the caller is told so
+    assert not positions[near].resume(pipeline(0, 2), 0, 2)
 
 
 # ----------------------------------------------------------------------------- dynamic masking
