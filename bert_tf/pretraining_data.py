@@ -13,8 +13,9 @@ sentence is used, or at the end of a document the sentence is cut into A and B. 
 Feature names, dtypes and shapes are exactly google's (`feature_spec`), so files made by
 either tool are interchangeable. Randomness is per document (seed, pass, document index),
 with separate streams for segment structure, partner documents and masking, so the
-instances of a document do not depend on which process handles it: N ranks, each taking
-every N-th document, together write the same instances as one process.
+instances of a document do not depend on which process handles it (documents are named by
+file and byte offset): N ranks together write the same instances as one process, but for the
+B segment of random-next pairs (partners come from the rank's current window of documents).
 """
 from __future__ import annotations
 
@@ -81,10 +82,14 @@ class Counts:
     clamped: int = 0               # instances whose 15% exceeded max_predictions_per_seq
 
 
+# Documents a rank holds at a time (tokenised, with their instances): bounds memory; random-next
+# partners are drawn from the same window, as google draws them from all documents of a run.
+DOCUMENT_WINDOW = 2000
+
 Instance = collections.namedtuple("Instance", "tokens segment_ids is_random_next positions labels")
 
 
-_STREAMS = {"structure": 0, "partner": 1, "mask": 2}
+_STREAMS = {"structure": 0, "partner": 1, "mask": 2, "heldout": 3}
 
 
 def _rng(seed, dupe, doc_id, stream, chunk=0):
@@ -283,19 +288,45 @@ class ShardWriter:
 
 
 def split_heldout(num_documents, heldout_fraction, seed):
-    """Deterministic document-level split: returns a boolean mask, True = held out."""
+    """Deterministic split of a list of documents (run/learn_vocab.py): a boolean mask, True = held out."""
     rng = np.random.RandomState(seed)
     return rng.random_sample(num_documents) < heldout_fraction
 
 
-def create_pretraining_data(input_files, input_format, tokenizer, output_dir, config: InstanceConfig,
-                            rank=0, size=1, num_shards=1, heldout_fraction=0.0, log=print):
-    """Reads, tokenises and writes this rank's share of the corpus.
+def document_seed(key):
+    """An int naming a document by (file index, offset), the same whatever the rank count."""
+    file_index, offset = key
+    return file_index << 40 | offset
 
-    Rank r of `size` takes documents r, r+size, ... (corpus order), so ranks are disjoint and
-    their union is the one-process output, but for the B segment of random-next pairs (the
-    partner document is drawn from the rank's own documents). Held-out documents (by document,
-    seeded) go to `eval-*` shards, the rest to `train-*`. Returns this rank's summary dict.
+
+def is_heldout(doc_seed, heldout_fraction, seed):
+    """Document-level held-out split, seeded per document (independent of the rank count)."""
+    return heldout_fraction > 0 and _rng(seed, 0, doc_seed, "heldout").random() < heldout_fraction
+
+
+def _windows(documents, size):
+    window = []
+    for item in documents:
+        window.append(item)
+        if len(window) == size:
+            yield window
+            window = []
+    if window:
+        yield window
+
+
+def create_pretraining_data(input_files, input_format, tokenizer, output_dir, config: InstanceConfig,
+                            rank=0, size=1, num_shards=1, heldout_fraction=0.0, window=DOCUMENT_WINDOW, log=print):
+    """Reads, tokenises and writes this rank's share of the corpus, in bounded memory.
+
+    Rank r reads only the documents that begin in its byte ranges (`corpus.plan_shares`) and
+    handles them `window` documents at a time: tokenised together, instances made (random
+    partners drawn from the same window) and written before the next window is read, so memory
+    does not grow with the corpus. A document's randomness and held-out membership follow from
+    its file and byte offset, so for a seed the output is deterministic for any rank count, and
+    the instances whose B segment is the real continuation are the same for every rank count
+    (random-next partners depend on the window). Held-out documents go to `eval-*` shards, the
+    rest to `train-*`. Returns this rank's summary dict.
     """
     import time
     from bert_tf import corpus
@@ -304,46 +335,52 @@ def create_pretraining_data(input_files, input_format, tokenizer, output_dir, co
     stats = corpus.ReadStats()
     special = {"CLS": tokenizer.cls_id, "SEP": tokenizer.sep_id, "MASK": tokenizer.mask_id}
     word_starts = [not t.startswith("##") for t in tokenizer.vocab]
-    docs, doc_ids = [], []
-    for doc_id, doc in enumerate(corpus.read_documents(input_files, input_format, stats)):
-        if doc_id % size == rank:
-            docs.append(doc)
-            doc_ids.append(doc_id)
-    if stats.documents == 0:
-        raise ConfigError(f"no text found in {', '.join(input_files)} (empty corpus?)")
-    # tokenise all sentences of this rank in large batches, then regroup by document
-    flat = tokenizer.tokenize([s for d in docs for s in d])
-    tokenized, k = [], 0
-    for d in docs:
-        tokenized.append([t for t in flat[k:k + len(d)] if t])
-        k += len(d)
-    n_tokens = sum(len(s) for d in tokenized for s in d)
-    n_unk = sum(s.count(tokenizer.unk_id) for d in tokenized for s in d)
-
-    heldout = split_heldout(stats.documents, heldout_fraction, config.random_seed)
-    pools = {"train": [i for i, g in enumerate(doc_ids) if not heldout[g]],
-             "eval": [i for i, g in enumerate(doc_ids) if heldout[g]]}
-    summary = {"rank": rank, "documents": len(docs), "sentences": sum(len(d) for d in docs),
-               "tokens": n_tokens, "unk_rate": n_unk / max(n_tokens, 1),
-               "bad_bytes_lines": stats.bad_bytes_lines, "files": {}}
-    for split, members in pools.items():
-        if not members:
-            continue
-        pool = [tokenized[i] for i in members]
-        counts = Counts()
-        writer = ShardWriter(output_dir, split, rank, num_shards if split == "train" else 1)
-        try:
-            for dupe in range(config.dupe_factor):
-                for j, i in enumerate(members):
-                    for inst in create_instances(j, pool, config, special, len(tokenizer), word_starts,
-                                                 dupe=dupe, doc_id=doc_ids[i], counts=counts):
-                        writer.write(serialize(inst, config))
-        except BaseException:
+    shares = corpus.plan_shares(input_files, size, input_format)[rank]
+    summary = {"rank": rank, "shares": [[sh.path, sh.start, sh.end] for sh in shares],
+               "documents": 0, "sentences": 0, "tokens": 0, "unk": 0, "files": {}}
+    counts = {"train": Counts(), "eval": Counts()}
+    writers = {}
+    try:
+        for docs in _windows(corpus.read_share(shares, stats), window):
+            # tokenise the window's sentences in one batch, then regroup by document
+            flat = tokenizer.tokenize([s for _, d in docs for s in d])
+            pools, k = {"train": [], "eval": []}, 0
+            for key, d in docs:
+                tokens = [t for t in flat[k:k + len(d)] if t]
+                k += len(d)
+                summary["documents"] += 1
+                summary["sentences"] += len(d)
+                summary["tokens"] += sum(len(t) for t in tokens)
+                summary["unk"] += sum(t.count(tokenizer.unk_id) for t in tokens)
+                seed = document_seed(key)
+                pools["eval" if is_heldout(seed, heldout_fraction, config.random_seed) else "train"].append(
+                    (seed, tokens))
+            for split, members in pools.items():
+                if not members:
+                    continue
+                if split not in writers:
+                    writers[split] = ShardWriter(output_dir, split, rank, num_shards if split == "train" else 1)
+                pool = [tokens for _, tokens in members]
+                for dupe in range(config.dupe_factor):
+                    for j, (seed, _) in enumerate(members):
+                        for inst in create_instances(j, pool, config, special, len(tokenizer), word_starts,
+                                                     dupe=dupe, doc_id=seed, counts=counts[split]):
+                            writers[split].write(serialize(inst, config))
+    except BaseException:
+        for writer in writers.values():
             writer.abort()
-            raise
+        raise
+    for split, writer in writers.items():
         summary["files"][split] = writer.close()
-        summary[split] = dataclasses.asdict(counts)
-    summary["seconds"] = time.time() - start
+        summary[split] = dataclasses.asdict(counts[split])
+    summary.update(unk_rate=summary.pop("unk") / max(summary["tokens"], 1), bad_bytes_lines=stats.bad_bytes_lines,
+                   bytes_read=stats.bytes_read, skipped_pages=stats.skipped_pages, problems=stats.problems,
+                   seconds=time.time() - start)
+    if not summary["documents"] and size == 1:
+        raise ConfigError(f"no text found in {', '.join(input_files)} (empty corpus?)")
+    if not summary["documents"]:   # with several ranks, an error only if no rank found any (the caller's check)
+        summary["problems"].append(f"rank {rank}: no document begins in its share "
+                                   f"({'more ranks than documents' if shares else 'no bytes assigned'})")
     return summary
 
 

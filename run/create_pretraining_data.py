@@ -10,7 +10,7 @@ import os
 
 from absl import flags
 
-from bert_tf import cli
+from bert_tf import ConfigError, cli
 
 cli.define_corpus_input()
 flags.DEFINE_string("vocab_file", None, "WordPiece vocab.txt (google layout).")
@@ -47,8 +47,15 @@ def main(_):
         files, FLAGS.input_format, tokenizer, FLAGS.output_dir, config, rank=rank, size=size,
         num_shards=FLAGS.shards_per_rank, heldout_fraction=FLAGS.heldout_fraction)
     summaries = comm.gather(summary, root=0)
+    if rank == 0 and not sum(s["documents"] for s in summaries):
+        raise ConfigError(f"no text found in {', '.join(files)} (empty corpus?)")
     if rank == 0:
         total = pretraining_data.summarize(summaries)
+        problems = [p for s in summaries for p in s["problems"]]
+        for p in problems[:20]:
+            print(f"skipped: {p}")
+        if len(problems) > 20:
+            print(f"... and {len(problems) - 20} more in summary.json")
         total.update(config=dataclasses.asdict(config), ranks=size, input_files=files)
         path = os.path.join(FLAGS.output_dir, "summary.json")
         with open(path + ".tmp", "w") as f:

@@ -5,6 +5,7 @@ import glob
 import gzip
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -60,6 +61,57 @@ def test_document_per_line_and_per_file_format(tmp_path):
     path.write_bytes(bz2.compress(b"One doc. Two sentences.\nAnother doc here.\n"))
     docs = list(corpus.read_documents([str(path) + "@documents"]))
     assert docs == [["One doc.", "Two sentences."], ["Another doc here."]]
+
+
+@pytest.mark.parametrize("fmt", ["sentences", "documents", "mediawiki"])
+def test_ranks_read_disjoint_byte_ranges_whose_documents_make_the_corpus(tmp_path, corpus_dir, fmt):
+    """Cut points fall inside documents; each document is read by the rank it begins with."""
+    docs = list(corpus.read_documents([str(corpus_dir / "lee_background.cor")], "documents"))
+    path = tmp_path / "corpus.txt"
+    if fmt == "mediawiki":
+        data = bz2.decompress((corpus_dir / "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2")
+                              .read_bytes())
+        data = data[:data.index(b"<page>", len(data) // 3)] + b"</mediawiki>\n"     # a third of the pages
+        path.write_bytes(data)
+        longest = max(len(page) for page in data.split(b"<page>"))
+    elif fmt == "sentences":
+        path.write_text("".join("\n".join(d) + "\n \n" for d in docs))      # a blank line of white space
+        longest = max(len(d) for d in path.read_bytes().split(b"\n \n"))
+    else:
+        path.write_text("".join(" ".join(d) + "\n" for d in docs))
+        longest = max(len(d) for d in path.read_bytes().split(b"\n"))
+    whole = list(corpus.read_documents([str(path)], fmt))
+    assert len(whole) > 20
+    for size in (2, 3, 5):
+        shares = corpus.plan_shares([str(path)], size, fmt)
+        ranges = [(sh.start, sh.end or path.stat().st_size) for r in shares for sh in r]
+        assert ranges == sorted(ranges) and ranges[0][0] == 0 and ranges[-1][1] == path.stat().st_size
+        assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))              # disjoint, no gap
+        got = []
+        for rank in range(size):
+            stats = corpus.ReadStats()
+            got += [d for _, d in corpus.read_share(shares[rank], stats)]
+            share_bytes = sum((sh.end or path.stat().st_size) - sh.start for sh in shares[rank])
+            # its share, the rest of the last document begun in it, one read buffer beyond (and one before)
+            assert stats.bytes_read <= share_bytes + longest + 2 * corpus.READ_BUFFER
+        assert got == whole, size                                                # same documents, once each
+
+
+def test_mediawiki_page_cut_off_or_broken_is_reported_with_file_and_byte(tmp_path, corpus_dir):
+    data = bz2.decompress((corpus_dir / "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2")
+                          .read_bytes())
+    starts = [m.start() for m in re.finditer(b"<page>", data)]
+    articles = [data[a:data.index(b"</page>", a) + 7] + b"\n" for a in starts
+                if b"<ns>0</ns>" in data[a:data.index(b"</page>", a)] and b"<redirect" not in data[a:a + 2000]][:4]
+    good, bad, cut = articles[0] + articles[1], articles[2].replace(b"</title>", b"</titl>", 1), articles[3][:300]
+    head = data[:starts[0]]
+    path = tmp_path / "cut.xml"
+    path.write_bytes(head + good + bad + cut)           # the file ends inside the last page
+    stats = corpus.ReadStats()
+    docs = list(corpus.read_documents([str(path)], "mediawiki", stats))
+    assert len(docs) == 2 and stats.bad_pages == 1 and stats.truncated_pages == 1
+    assert stats.problems[0].startswith(f"{path}: byte {len(head + good)}: page is not valid XML (mismatched tag")
+    assert stats.problems[1] == f"{path}: byte {len(head + good + bad)}: <page> not closed before the end of the file"
 
 
 def test_missing_and_empty_corpus(tmp_path):
@@ -210,7 +262,10 @@ def test_heldout_split_is_by_document(tmp_path, vocab_file, corpus_dir, monkeypa
     summary = pd.create_pretraining_data([str(corpus_dir / "lee_background.cor") + "@documents"], "auto", tok,
                                          str(tmp_path), config, heldout_fraction=0.1)
     train, heldout = docs_of_pool.values()                 # the train pool is written first
-    expected = set(np.flatnonzero(pd.split_heldout(summary["documents"], 0.1, 7)).tolist())
+    keys = [k for k, _ in corpus.read_share(corpus.plan_shares([str(corpus_dir / "lee_background.cor")],
+                                                               1, "documents")[0])]
+    expected = {pd.document_seed(k) for k in keys if pd.is_heldout(pd.document_seed(k), 0.1, 7)}
+    assert 10 <= len(expected) <= 50
     assert heldout == expected and not train & heldout and len(train | heldout) == summary["documents"] == 300
     assert sorted(pools.values()) == sorted([len(train), len(heldout)])   # partners only from the own split
     assert summary["train"]["instances"] > 0 and summary["eval"]["instances"] > 0
@@ -396,4 +451,10 @@ def test_two_ranks_write_disjoint_shards_that_match_one_process_but_for_random_p
     assert actual_next(per_rank[0] + per_rank[1]) == actual_next(one)
     assert len(per_rank[0]) + len(per_rank[1]) == len(one)
     summary = json.load(open(tmp_path / "two" / "summary.json"))
-    assert [s["documents"] for s in summary["per_rank"]] == [150, 150]     # every other document
+    # each rank read its own half of the file's bytes (plus one read buffer), not the whole file
+    size = os.path.getsize(corpus_dir / "lee_background.cor")
+    shares = [s["shares"] for s in summary["per_rank"]]
+    assert shares == [[[str(corpus_dir / "lee_background.cor"), 0, size // 2]],
+                      [[str(corpus_dir / "lee_background.cor"), size // 2, None]]]
+    assert all(s["bytes_read"] <= size // 2 + corpus.READ_BUFFER for s in summary["per_rank"])
+    assert sum(s["documents"] for s in summary["per_rank"]) == 300 and summary["per_rank"][1]["documents"] > 100
