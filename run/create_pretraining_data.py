@@ -23,7 +23,8 @@ flags.DEFINE_float("short_seq_prob", 0.1, "Probability of a shorter target lengt
 flags.DEFINE_integer("dupe_factor", 10, "Passes over the corpus with different masks.")
 flags.DEFINE_bool("whole_word_masking", False, "Mask all pieces of a word together.")
 flags.DEFINE_bool("dynamic_masking", False, "Write unmasked sequences; mask in tf.data each epoch (RoBERTa-style).")
-flags.DEFINE_integer("shards_per_rank", 1, "Training shards each rank writes.")
+flags.DEFINE_integer("shards_per_rank", 1, "Parts each rank writes (a train and an eval shard each): the unit "
+                     "a restarted job skips when complete.")
 flags.mark_flags_as_required(["input_files", "vocab_file", "output_dir"])
 FLAGS = flags.FLAGS
 

@@ -6,13 +6,17 @@ import gzip
 import json
 import os
 import re
+import subprocess
+import sys
+import time
+from unittest import mock
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from bert_tf import ConfigError, corpus, input_pipeline, pretraining_data as pd, tokenization
-from conftest import REPO, mpirun
+from conftest import REPO, mpi_env, mpirun
 
 WIKI = "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
 
@@ -314,6 +318,47 @@ def test_failed_creation_leaves_no_half_written_shard(tmp_path, vocab_file, corp
         pd.create_pretraining_data([str(corpus_dir / "lee_background.cor") + "@documents"], "auto", tok,
                                    str(tmp_path), pd.InstanceConfig(max_seq_length=64, dupe_factor=2))
     assert os.listdir(tmp_path) == []
+
+
+def test_a_killed_creation_job_resumes_skipping_its_complete_parts(tmp_path, vocab_file, corpus_dir):
+    args = [sys.executable, str(REPO / "run" / "create_pretraining_data.py"),
+            f"--input_files={corpus_dir / 'lee_background.cor'}@documents", f"--vocab_file={vocab_file}",
+            "--max_seq_length=64", "--max_predictions_per_seq=10", "--dupe_factor=4", "--shards_per_rank=4",
+            "--heldout_fraction=0.05"]
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    subprocess.run(args + [f"--output_dir={straight}"], env=mpi_env(), check=True, capture_output=True, timeout=300)
+    job = subprocess.Popen(args + [f"--output_dir={resumed}"], env=mpi_env(), stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
+    first = resumed / "part-r000-0000-of-0004.json"
+    deadline = time.time() + 120
+    while not first.exists() and job.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    job.kill()                                                   # SIGKILL: no clean-up of any kind
+    job.wait()
+    done = sorted(p.name for p in resumed.glob("part-*.json"))
+    assert first.name in done and len(done) < 4, done           # killed between parts
+    config = pd.InstanceConfig(max_seq_length=64, max_predictions_per_seq=10)
+    for shard in resumed.glob("*.tfrecord"):                     # never a half-written shard under its name
+        read_records([str(shard)], config)
+    again = subprocess.run(args + [f"--output_dir={resumed}"], env=mpi_env(), check=True, capture_output=True,
+                           text=True, timeout=300)
+    for name in done:
+        assert f"part {name[5:-5]} complete (summary and checksums match), skipped" in again.stdout
+    assert json.load(open(resumed / "summary.json"))["total"] == {
+        **json.load(open(straight / "summary.json"))["total"], "seconds": mock.ANY,
+        "per_rank_instances_per_second": mock.ANY, **{s: mock.ANY for s in ("train", "eval")}}
+    names = sorted(p.name for p in straight.glob("*.tfrecord"))
+    assert names == sorted(p.name for p in resumed.glob("*")
+                           if p.suffix == ".tfrecord") and len(names) == 8
+    for name in names:                                           # byte-identical to the uninterrupted job
+        assert pd.sha256(resumed / name) == pd.sha256(straight / name), name
+    # a part whose shard changed afterwards is not complete any more: a rerun makes it again
+    key = json.load(open(first))["fingerprint"]
+    assert pd.read_completed(str(first), key) is not None
+    with open(resumed / "train-r000-0000-of-0004.tfrecord", "ab") as f:
+        f.write(b"x")
+    assert pd.read_completed(str(first), key) is None
+    assert pd.read_completed(str(resumed / "part-r000-0001-of-0004.json"), "other arguments") is None
 
 
 # ----------------------------------------------------------------------------- reading
