@@ -4,8 +4,10 @@ Formats (`FORMATS`):
   sentences  google-research/bert: one sentence per line, a blank line between documents
   documents  one document per line (split into sentences here)
   mediawiki  a MediaWiki XML dump: article text with the markup stripped
+  jsonl      JSON lines, one document per line: {"text": ...} (the field is `text_field`)
 
-`auto` picks mediawiki for files that start with a <mediawiki> element, else sentences.
+`auto` picks mediawiki for files that start with a <mediawiki> element, jsonl for files that
+start with "{" or are named *.jsonl / *.json (before .gz/.bz2), else sentences.
 
 Files may be plain, .gz or .bz2. Bytes that are not UTF-8 are replaced by U+FFFD and
 counted in `ReadStats.bad_bytes_lines`, never fatal. Nothing loads a whole file.
@@ -36,7 +38,7 @@ import xml.etree.ElementTree as ET
 
 from bert_tf import ConfigError
 
-FORMATS = ("sentences", "documents", "mediawiki")
+FORMATS = ("sentences", "documents", "mediawiki", "jsonl")
 READ_BUFFER = 1 << 16   # bytes read at a time: a rank reads at most this much past its share's last document
 
 
@@ -50,6 +52,8 @@ class ReadStats:
     bytes_read: int = 0         # bytes read from the files (compressed size for compressed files)
     truncated_pages: int = 0    # MediaWiki: a <page> the file ends inside
     bad_pages: int = 0          # MediaWiki: a <page> that is not valid XML
+    bad_json_lines: int = 0     # JSON lines: not JSON, or without a string in the text field
+    truncated_files: int = 0    # compressed files that end before their end-of-stream marker
     problems: list = dataclasses.field(default_factory=list)   # "file: byte N: what" for each skipped item
 
 
@@ -62,10 +66,16 @@ def open_binary(path):
 
 
 def detect_format(path):
-    """mediawiki when the file starts with a <mediawiki> element, else sentences."""
+    """mediawiki when the file starts with a <mediawiki> element, jsonl for JSON lines, else sentences."""
     with open_binary(path) as f:
-        head = f.read(4096).lstrip()
-    return "mediawiki" if head.startswith(b"<mediawiki") or b"<mediawiki " in head[:200] else "sentences"
+        try:
+            head = f.read(4096).lstrip()
+        except EOFError:          # a truncated compressed file: reading it says so, with the file's name
+            head = b""
+    if head.startswith(b"<mediawiki") or b"<mediawiki " in head[:200]:
+        return "mediawiki"
+    stem = path[:-3] if path.endswith(".gz") else path[:-4] if path.endswith(".bz2") else path
+    return "jsonl" if head.startswith(b"{") or stem.endswith((".jsonl", ".json")) else "sentences"
 
 
 def expand_inputs(patterns):
@@ -81,14 +91,14 @@ def expand_inputs(patterns):
     return sorted(files)
 
 
-def read_documents(paths, fmt="auto", stats: ReadStats | None = None):
+def read_documents(paths, fmt="auto", stats: ReadStats | None = None, text_field="text"):
     """Yields documents (lists of non-empty sentence strings) from `paths`, in order.
 
     A path may end in @FORMAT to override `fmt` for that file.
     """
     if not paths:
         raise ConfigError("no input files given")
-    for _, doc in read_share(plan_shares(paths, 1, fmt)[0], stats):
+    for _, doc in read_share(plan_shares(paths, 1, fmt, text_field)[0], stats):
         yield doc
 
 
@@ -106,9 +116,10 @@ class Share:
     fmt: str
     start: int = 0
     end: int | None = None
+    text_field: str = "text"       # jsonl: the field holding a document's text
 
 
-def plan_shares(specs, size, fmt="auto"):
+def plan_shares(specs, size, fmt="auto", text_field="text"):
     """Splits the corpus among `size` ranks by bytes: a list of Shares per rank, in corpus order.
 
     Plain files are cut at byte offsets (aligned to documents when read); a compressed file
@@ -132,12 +143,12 @@ def plan_shares(specs, size, fmt="auto"):
     for i, (path, kind, n) in enumerate(files):
         if is_compressed(path) or n == 0:
             owner = max(r for r in range(size) if bounds[r] <= offset) if n else 0
-            shares[owner].append(Share(i, path, kind))
+            shares[owner].append(Share(i, path, kind, text_field=text_field))
         else:
             for r in range(size):
                 lo, hi = max(bounds[r], offset) - offset, min(bounds[r + 1], offset + n) - offset
                 if lo < hi:
-                    shares[r].append(Share(i, path, kind, lo, hi if hi < n else None))
+                    shares[r].append(Share(i, path, kind, lo, hi if hi < n else None, text_field))
         offset += n
     return shares
 
@@ -150,7 +161,7 @@ def read_share(shares, stats: ReadStats | None = None):
     for share in shares:
         stats.files += 1
         reader = {"sentences": _sentences_in_range, "documents": _lines_in_range,
-                  "mediawiki": _pages_in_range}[share.fmt]
+                  "mediawiki": _pages_in_range, "jsonl": _json_in_range}[share.fmt]
         for number, (offset, doc) in enumerate(reader(share, stats)):
             doc = [s for s in (s.strip() for s in doc) if s]
             if doc:
@@ -199,9 +210,14 @@ def _lines_from(share, stats):
         if share.start:
             f.seek(share.start - 1)
             offset = share.start - 1 + len(f.readline())       # to the next line start
-        for line in f:
-            yield offset, line
-            offset += len(line)
+        try:
+            for line in f:
+                yield offset, line
+                offset += len(line)
+        except EOFError:
+            stats.truncated_files += 1
+            stats.problems.append(f"{share.path}: compressed data ends after {offset} uncompressed bytes without "
+                                  f"its end-of-stream marker (truncated?); read up to there")
 
 
 def _decode(raw, stats):
@@ -220,6 +236,29 @@ def _lines_in_range(share, stats):
         line = _decode(raw, stats).rstrip("\r\n")
         if line.strip():
             yield offset, split_sentences(line)
+
+
+def _json_in_range(share, stats):
+    """JSON lines: the text field of each line that starts in the range."""
+    import json
+    for number, (offset, raw) in enumerate(_lines_from(share, stats)):
+        if share.end is not None and offset >= share.end:
+            return
+        if not raw.strip():
+            continue
+        where = f"line {number + 1}" if is_compressed(share.path) else f"byte {offset}"
+        try:
+            text = json.loads(raw)
+        except ValueError as e:
+            stats.bad_json_lines += 1
+            stats.problems.append(f"{share.path}: {where}: not valid JSON ({e})")
+            continue
+        text = text.get(share.text_field) if isinstance(text, dict) else None
+        if not isinstance(text, str):
+            stats.bad_json_lines += 1
+            stats.problems.append(f"{share.path}: {where}: no string field {share.text_field!r}")
+            continue
+        yield offset, split_sentences(text)
 
 
 def _previous_line_is_blank(path, line_start):
@@ -388,3 +427,13 @@ def strip_wiki_markup(text):
 
 def wiki_to_sentences(wikitext):
     return split_sentences(strip_wiki_markup(wikitext))
+
+
+MARKUP = ("{{", "}}", "[[", "]]", "|", "<ref", "&lt;", "&gt;", "&amp;")
+
+
+def markup_fraction(sentences):
+    """Fraction of sentences that still contain a MediaWiki markup string (MARKUP): how well
+    strip_wiki_markup cleans real articles."""
+    sentences = list(sentences)
+    return sum(any(m in s for m in MARKUP) for s in sentences) / max(len(sentences), 1)

@@ -290,7 +290,8 @@ def sha256(path):
     return digest.hexdigest()
 
 
-def fingerprint(input_files, input_format, tokenizer, config, size, num_shards, heldout_fraction, window):
+def fingerprint(input_files, input_format, tokenizer, config, size, num_shards, heldout_fraction, window,
+                text_field="text"):
     """What a shard's content depends on: a completed shard is reused only when all of it is unchanged."""
     import hashlib
     inputs = []
@@ -299,7 +300,7 @@ def fingerprint(input_files, input_format, tokenizer, config, size, num_shards, 
         st = os.stat(path)
         inputs.append([spec, st.st_size, st.st_mtime_ns])
     key = {"inputs": inputs, "format": input_format, "config": dataclasses.asdict(config), "ranks": size,
-           "shards_per_rank": num_shards, "heldout_fraction": heldout_fraction, "window": window,
+           "shards_per_rank": num_shards, "heldout_fraction": heldout_fraction, "window": window, "text_field": text_field,
            "vocab": hashlib.sha256("\n".join(tokenizer.vocab).encode()).hexdigest(),
            "lower_case": tokenizer.lower_case}
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
@@ -349,7 +350,8 @@ def _windows(documents, size):
 
 
 def create_pretraining_data(input_files, input_format, tokenizer, output_dir, config: InstanceConfig,
-                            rank=0, size=1, num_shards=1, heldout_fraction=0.0, window=DOCUMENT_WINDOW, log=print):
+                            rank=0, size=1, num_shards=1, heldout_fraction=0.0, window=DOCUMENT_WINDOW,
+                            text_field="text", log=print):
     """Reads, tokenises and writes this rank's share of the corpus, in bounded memory; restartable.
 
     The corpus is cut by bytes into size x num_shards parts (`corpus.plan_shares`); rank r makes
@@ -371,8 +373,9 @@ def create_pretraining_data(input_files, input_format, tokenizer, output_dir, co
 
     start = time.time()
     os.makedirs(output_dir, exist_ok=True)
-    parts = corpus.plan_shares(input_files, size * num_shards, input_format)
-    key = fingerprint(input_files, input_format, tokenizer, config, size, num_shards, heldout_fraction, window)
+    parts = corpus.plan_shares(input_files, size * num_shards, input_format, text_field)
+    key = fingerprint(input_files, input_format, tokenizer, config, size, num_shards, heldout_fraction, window,
+                      text_field)
     summary = {"rank": rank, "shares": [], "documents": 0, "sentences": 0, "tokens": 0, "unk": 0,
                "bad_bytes_lines": 0, "bytes_read": 0, "skipped_pages": 0, "problems": [], "files": {},
                "parts_reused": 0}

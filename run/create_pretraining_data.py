@@ -46,7 +46,7 @@ def main(_):
                                                  fast=FLAGS.fast_tokenizer)
     summary = pretraining_data.create_pretraining_data(
         files, FLAGS.input_format, tokenizer, FLAGS.output_dir, config, rank=rank, size=size,
-        num_shards=FLAGS.shards_per_rank, heldout_fraction=FLAGS.heldout_fraction)
+        num_shards=FLAGS.shards_per_rank, heldout_fraction=FLAGS.heldout_fraction, text_field=FLAGS.text_field)
     summaries = comm.gather(summary, root=0)
     if rank == 0 and not sum(s["documents"] for s in summaries):
         raise ConfigError(f"no text found in {', '.join(files)} (empty corpus?)")
