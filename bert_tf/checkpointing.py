@@ -1,7 +1,8 @@
 """Checkpoints: rank 0 writes, every rank reads; shapes are checked before anything is restored.
 
 A checkpoint holds what `Trainer.checkpoint_items()` lists (model, optimizer slots, step,
-loss scale). `tf.train.CheckpointManager` writes the data files first and the `checkpoint`
+loss scale) and the input position (`input_pipeline.InputPosition`: samples seen, every rank's
+iterator state), so it is the only source of truth for resuming; the JSON beside it is for people. `tf.train.CheckpointManager` writes the data files first and the `checkpoint`
 index last, so an interrupted save leaves the previous checkpoint as the latest one.
 """
 from __future__ import annotations
@@ -12,6 +13,10 @@ import os
 import tensorflow as tf
 
 from bert_tf import ConfigError
+
+
+# Items a checkpoint may lack because older versions did not write them.
+OPTIONAL_ITEMS = ("input_position",)
 
 
 class Checkpoints:
@@ -42,7 +47,13 @@ class Checkpoints:
 
     def restore(self, path):
         check_compatible(path, self.items.get("model"))
-        self.checkpoint.restore(path).assert_existing_objects_matched()
+        stored = {name.split("/", 1)[0] for name, _ in tf.train.list_variables(path)}
+        missing = [k for k in OPTIONAL_ITEMS if k in self.items and k not in stored]
+        if missing:  # an older checkpoint: restore what it has, the optional items keep their initial values
+            items = {k: v for k, v in self.items.items() if k not in missing}
+            tf.train.Checkpoint(**items).restore(path).assert_existing_objects_matched()
+        else:
+            self.checkpoint.restore(path).assert_existing_objects_matched()
         return read_extra(path)
 
 

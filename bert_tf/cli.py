@@ -30,9 +30,12 @@ def define_model_preset(default, flag_values=FLAGS):
 def define_input_format(flag_values=FLAGS):
     flags.DEFINE_enum("input_format", "auto", ["auto", *corpus.FORMATS],
                       "sentences: one per line, blank line between documents (google); documents: one per "
-                      "line; mediawiki: XML dump; auto: mediawiki if the file starts with <mediawiki>, else "
-                      "sentences. PATH@FORMAT in --input_files gives one file its own format.",
+                      "line; mediawiki: XML dump; jsonl: JSON lines, the text in --text_field; auto: mediawiki "
+                      "if the file starts with <mediawiki>, jsonl if it starts with { or is named *.jsonl/*.json, "
+                      "else sentences. PATH@FORMAT in --input_files gives one file its own format.",
                       flag_values=flag_values)
+    flags.DEFINE_string("text_field", "text", "JSON lines: the field that holds a document's text.",
+                        flag_values=flag_values)
 
 
 def define_corpus_input(flag_values=FLAGS):

@@ -4,11 +4,19 @@ Formats (`FORMATS`):
   sentences  google-research/bert: one sentence per line, a blank line between documents
   documents  one document per line (split into sentences here)
   mediawiki  a MediaWiki XML dump: article text with the markup stripped
+  jsonl      JSON lines, one document per line: {"text": ...} (the field is `text_field`)
 
-`auto` picks mediawiki for files that start with a <mediawiki> element, else sentences.
+`auto` picks mediawiki for files that start with a <mediawiki> element, jsonl for files that
+start with "{" or are named *.jsonl / *.json (before .gz/.bz2), else sentences.
 
 Files may be plain, .gz or .bz2. Bytes that are not UTF-8 are replaced by U+FFFD and
 counted in `ReadStats.bad_bytes_lines`, never fatal. Nothing loads a whole file.
+
+Ranks split the corpus by bytes (`plan_shares`): a rank reads only the documents that begin
+in its byte ranges (after a blank line for google format, at a line start for one document
+per line, at `<page>` for MediaWiki XML), reading at most READ_BUFFER bytes beyond its last
+document; a compressed file is read whole by one rank. A document is named by its file and
+byte offset (`read_share`), whatever the rank count.
 
 Sentence splitting rules (`split_sentences`), for text that is not split already:
   a sentence ends at '.', '!' or '?' (plus closing quotes/brackets) followed by white space
@@ -30,7 +38,8 @@ import xml.etree.ElementTree as ET
 
 from bert_tf import ConfigError
 
-FORMATS = ("sentences", "documents", "mediawiki")
+FORMATS = ("sentences", "documents", "mediawiki", "jsonl")
+READ_BUFFER = 1 << 16   # bytes read at a time: a rank reads at most this much past its share's last document
 
 
 @dataclasses.dataclass
@@ -40,6 +49,12 @@ class ReadStats:
     sentences: int = 0
     bad_bytes_lines: int = 0    # lines with bytes that were not UTF-8 (replaced)
     skipped_pages: int = 0      # MediaWiki: redirects and non-article namespaces
+    bytes_read: int = 0         # bytes read from the files (compressed size for compressed files)
+    truncated_pages: int = 0    # MediaWiki: a <page> the file ends inside
+    bad_pages: int = 0          # MediaWiki: a <page> that is not valid XML
+    bad_json_lines: int = 0     # JSON lines: not JSON, or without a string in the text field
+    truncated_files: int = 0    # compressed files that end before their end-of-stream marker
+    problems: list = dataclasses.field(default_factory=list)   # "file: byte N: what" for each skipped item
 
 
 def open_binary(path):
@@ -50,23 +65,17 @@ def open_binary(path):
     return open(path, "rb")
 
 
-def read_lines(path, stats: ReadStats):
-    """Decoded lines (without newline) of a possibly compressed file."""
-    with open_binary(path) as f:
-        for raw in f:
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError:
-                line = raw.decode("utf-8", errors="replace")
-                stats.bad_bytes_lines += 1
-            yield line.rstrip("\r\n")
-
-
 def detect_format(path):
-    """mediawiki when the file starts with a <mediawiki> element, else sentences."""
+    """mediawiki when the file starts with a <mediawiki> element, jsonl for JSON lines, else sentences."""
     with open_binary(path) as f:
-        head = f.read(4096).lstrip()
-    return "mediawiki" if head.startswith(b"<mediawiki") or b"<mediawiki " in head[:200] else "sentences"
+        try:
+            head = f.read(4096).lstrip()
+        except EOFError:          # a truncated compressed file: reading it says so, with the file's name
+            head = b""
+    if head.startswith(b"<mediawiki") or b"<mediawiki " in head[:200]:
+        return "mediawiki"
+    stem = path[:-3] if path.endswith(".gz") else path[:-4] if path.endswith(".bz2") else path
+    return "jsonl" if head.startswith(b"{") or stem.endswith((".jsonl", ".json")) else "sentences"
 
 
 def expand_inputs(patterns):
@@ -82,15 +91,43 @@ def expand_inputs(patterns):
     return sorted(files)
 
 
-def read_documents(paths, fmt="auto", stats: ReadStats | None = None):
+def read_documents(paths, fmt="auto", stats: ReadStats | None = None, text_field="text"):
     """Yields documents (lists of non-empty sentence strings) from `paths`, in order.
 
     A path may end in @FORMAT to override `fmt` for that file.
     """
-    stats = stats if stats is not None else ReadStats()
     if not paths:
         raise ConfigError("no input files given")
-    for spec in paths:
+    for _, doc in read_share(plan_shares(paths, 1, fmt, text_field)[0], stats):
+        yield doc
+
+
+# ------------------------------------------------------------------------- rank shares
+def is_compressed(path):
+    return path.endswith((".gz", ".bz2"))
+
+
+@dataclasses.dataclass(frozen=True)
+class Share:
+    """Byte range [start, end) of one file: a rank reads the documents that *begin* in it (a
+    document that begins inside is read to its end, past `end` if need be). end=None: to the end."""
+    file_index: int
+    path: str
+    fmt: str
+    start: int = 0
+    end: int | None = None
+    text_field: str = "text"       # jsonl: the field holding a document's text
+
+
+def plan_shares(specs, size, fmt="auto", text_field="text"):
+    """Splits the corpus among `size` ranks by bytes: a list of Shares per rank, in corpus order.
+
+    Plain files are cut at byte offsets (aligned to documents when read); a compressed file
+    cannot be entered in the middle, so it goes whole to one rank (the one whose byte range its
+    first byte falls in): a single large .bz2 is read and split by one rank only.
+    """
+    files = []
+    for spec in specs:
         path, _, own_fmt = spec.partition("@")
         if not os.path.isfile(path):
             raise ConfigError(f"input file not found: {path}")
@@ -98,33 +135,202 @@ def read_documents(paths, fmt="auto", stats: ReadStats | None = None):
         kind = detect_format(path) if kind == "auto" else kind
         if kind not in FORMATS:
             raise ConfigError(f"unknown input format {kind!r} for {path}; valid: auto, {', '.join(FORMATS)}")
+        files.append((path, kind, os.path.getsize(path)))
+    total = sum(n for _, _, n in files)
+    bounds = [total * r // size for r in range(size + 1)]      # rank r owns global bytes [bounds[r], bounds[r+1])
+    shares = [[] for _ in range(size)]
+    offset = 0
+    for i, (path, kind, n) in enumerate(files):
+        if is_compressed(path) or n == 0:
+            owner = max(r for r in range(size) if bounds[r] <= offset) if n else 0
+            shares[owner].append(Share(i, path, kind, text_field=text_field))
+        else:
+            for r in range(size):
+                lo, hi = max(bounds[r], offset) - offset, min(bounds[r + 1], offset + n) - offset
+                if lo < hi:
+                    shares[r].append(Share(i, path, kind, lo, hi if hi < n else None, text_field))
+        offset += n
+    return shares
+
+
+def read_share(shares, stats: ReadStats | None = None):
+    """Yields (document key, document) for the documents beginning in `shares`; the key
+    (file index, byte offset of the document in its file, or its number in a compressed file)
+    names a document independently of how the corpus was split."""
+    stats = stats if stats is not None else ReadStats()
+    for share in shares:
         stats.files += 1
-        reader = {"sentences": _sentence_per_line, "documents": _document_per_line,
-                  "mediawiki": _mediawiki}[kind]
-        for doc in reader(path, stats):
+        reader = {"sentences": _sentences_in_range, "documents": _lines_in_range,
+                  "mediawiki": _pages_in_range, "jsonl": _json_in_range}[share.fmt]
+        for number, (offset, doc) in enumerate(reader(share, stats)):
             doc = [s for s in (s.strip() for s in doc) if s]
             if doc:
                 stats.documents += 1
                 stats.sentences += len(doc)
-                yield doc
+                yield (share.file_index, number if is_compressed(share.path) else offset), doc
 
 
-def _sentence_per_line(path, stats):
-    doc = []
-    for line in read_lines(path, stats):
+class _CountingReader(io.RawIOBase):
+    """Counts the bytes read from a file (ReadStats.bytes_read: what a rank really read)."""
+
+    def __init__(self, f, stats):
+        self.f, self.stats = f, stats
+
+    def readable(self):
+        return True
+
+    def seekable(self):
+        return True
+
+    def seek(self, offset, whence=0):
+        return self.f.seek(offset, whence)
+
+    def tell(self):
+        return self.f.tell()
+
+    def readinto(self, b):
+        n = self.f.readinto(b)
+        self.stats.bytes_read += n or 0
+        return n
+
+    def close(self):
+        self.f.close()
+        super().close()
+
+
+def _lines_from(share, stats):
+    """(byte offset, raw line) from the first line that starts at or after share.start."""
+    f = io.BufferedReader(_CountingReader(open(share.path, "rb"), stats), READ_BUFFER)
+    if share.path.endswith(".gz"):
+        f = gzip.GzipFile(fileobj=f, mode="rb")
+    elif share.path.endswith(".bz2"):
+        f = bz2.BZ2File(f, "rb")
+    with f:
+        offset = 0
+        if share.start:
+            f.seek(share.start - 1)
+            offset = share.start - 1 + len(f.readline())       # to the next line start
+        try:
+            for line in f:
+                yield offset, line
+                offset += len(line)
+        except EOFError:
+            stats.truncated_files += 1
+            stats.problems.append(f"{share.path}: compressed data ends after {offset} uncompressed bytes without "
+                                  f"its end-of-stream marker (truncated?); read up to there")
+
+
+def _decode(raw, stats):
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        stats.bad_bytes_lines += 1
+        return raw.decode("utf-8", errors="replace")
+
+
+def _lines_in_range(share, stats):
+    """One document per line: the lines that start in the range."""
+    for offset, raw in _lines_from(share, stats):
+        if share.end is not None and offset >= share.end:
+            return
+        line = _decode(raw, stats).rstrip("\r\n")
         if line.strip():
-            doc.append(line)
-        elif doc:
-            yield doc
-            doc = []
+            yield offset, split_sentences(line)
+
+
+def _json_in_range(share, stats):
+    """JSON lines: the text field of each line that starts in the range."""
+    import json
+    for number, (offset, raw) in enumerate(_lines_from(share, stats)):
+        if share.end is not None and offset >= share.end:
+            return
+        if not raw.strip():
+            continue
+        where = f"line {number + 1}" if is_compressed(share.path) else f"byte {offset}"
+        try:
+            text = json.loads(raw)
+        except ValueError as e:
+            stats.bad_json_lines += 1
+            stats.problems.append(f"{share.path}: {where}: not valid JSON ({e})")
+            continue
+        text = text.get(share.text_field) if isinstance(text, dict) else None
+        if not isinstance(text, str):
+            stats.bad_json_lines += 1
+            stats.problems.append(f"{share.path}: {where}: no string field {share.text_field!r}")
+            continue
+        yield offset, split_sentences(text)
+
+
+def _previous_line_is_blank(path, line_start):
+    """Whether the line before the one starting at `line_start` is blank (or there is none)."""
+    if line_start == 0:
+        return True
+    with open(path, "rb") as f:
+        f.seek(max(0, line_start - 4096))
+        before = f.read(line_start - max(0, line_start - 4096))
+    return not before[:-1].rsplit(b"\n", 1)[-1].strip()
+
+
+def _sentences_in_range(share, stats):
+    """google format: documents (blank-line separated) whose first line starts in the range."""
+    doc, doc_start, between = [], None, None
+    for offset, raw in _lines_from(share, stats):
+        if between is None:       # the first line: does a document start here?
+            between = is_compressed(share.path) or _previous_line_is_blank(share.path, offset)
+        line = _decode(raw, stats).rstrip("\r\n")
+        if not line.strip():
+            if doc:
+                yield doc_start, doc
+            doc, between = [], True
+            continue
+        if between:
+            if share.end is not None and offset >= share.end:
+                return
+            doc_start, between = offset, False
+        if doc_start is not None:
+            doc.append(line)      # lines before the first blank belong to the previous rank's document
     if doc:
-        yield doc
+        yield doc_start, doc
 
 
-def _document_per_line(path, stats):
-    for line in read_lines(path, stats):
-        if line.strip():
-            yield split_sentences(line)
+def _pages_in_range(share, stats):
+    """MediaWiki XML: the <page> elements whose tag starts in the range, each parsed on its own."""
+    page, page_start = None, None
+    for offset, raw in _lines_from(share, stats):
+        at = raw.find(b"<page>")
+        if page is None and at >= 0:
+            if share.end is not None and offset + at >= share.end:
+                return
+            page, page_start, raw = [], offset + at, raw[at:]
+        if page is None:
+            continue
+        end = raw.find(b"</page>")
+        if end < 0:
+            page.append(raw)
+            continue
+        page.append(raw[:end + len(b"</page>")])
+        doc = _page_to_document(b"".join(page), share.path, page_start, stats)
+        page = None
+        if doc:
+            yield page_start, doc
+    if page is not None:
+        stats.truncated_pages += 1
+        stats.problems.append(f"{share.path}: byte {page_start}: <page> not closed before the end of the file")
+
+
+def _page_to_document(xml_bytes, path, offset, stats):
+    try:
+        elem = ET.fromstring(xml_bytes)
+    except ET.ParseError as e:
+        stats.bad_pages += 1
+        stats.problems.append(f"{path}: byte {offset}: page is not valid XML ({e})")
+        return None
+    ns = (elem.findtext("ns") or "").strip()
+    text = elem.findtext("revision/text") or ""
+    if ns == "0" and elem.find("redirect") is None and not text.lstrip().lower().startswith("#redirect"):
+        return wiki_to_sentences(text)
+    stats.skipped_pages += 1
+    return None
 
 
 # ------------------------------------------------------------------------- sentence splitting
@@ -162,29 +368,6 @@ def split_sentences(text):
 # ------------------------------------------------------------------------- MediaWiki
 _NON_ARTICLE_LINK = re.compile(r"^\s*:?\s*(file|image|category|media|wikipedia|template|help|portal|"
                                r"user|special|draft|module|wp|[a-z]{2,3}(-[a-z]+)?)\s*:", re.I)
-
-
-def _mediawiki(path, stats):
-    with open_binary(path) as f:
-        stream = io.TextIOWrapper(f, encoding="utf-8", errors="replace")
-        ns, text, redirect = None, None, False
-        for event, elem in ET.iterparse(stream, events=("end",)):
-            tag = elem.tag.rsplit("}", 1)[-1]
-            if tag == "ns":
-                ns = (elem.text or "").strip()
-            elif tag == "redirect":
-                redirect = True
-            elif tag == "text":
-                text = elem.text or ""
-            elif tag == "page":
-                if ns == "0" and not redirect and not text.lstrip().lower().startswith("#redirect"):
-                    doc = wiki_to_sentences(text)
-                    if doc:
-                        yield doc
-                else:
-                    stats.skipped_pages += 1
-                ns, text, redirect = None, None, False
-                elem.clear()
 
 
 def _remove_nested(text, open_, close):
@@ -244,3 +427,13 @@ def strip_wiki_markup(text):
 
 def wiki_to_sentences(wikitext):
     return split_sentences(strip_wiki_markup(wikitext))
+
+
+MARKUP = ("{{", "}}", "[[", "]]", "|", "<ref", "&lt;", "&gt;", "&amp;")
+
+
+def markup_fraction(sentences):
+    """Fraction of sentences that still contain a MediaWiki markup string (MARKUP): how well
+    strip_wiki_markup cleans real articles."""
+    sentences = list(sentences)
+    return sum(any(m in s for m in MARKUP) for s in sentences) / max(len(sentences), 1)

@@ -117,6 +117,14 @@ def sum_array_across_ranks(array, name):
     return allreduce_sum([tf.constant(array)], name)[0].numpy()
 
 
+def gather_bytes(data: bytes) -> list:
+    """Every rank's `data`, in rank order, on every rank (input positions for the checkpoint)."""
+    import horovod.tensorflow as hvd
+    if hvd.size() == 1:
+        return [data]
+    return hvd.allgather_object(data, name="gather_bytes")
+
+
 def any_rank(flag: bool) -> bool:
     """True on every rank when it is True on one (a signal that reached one rank stops all)."""
     import horovod.tensorflow as hvd

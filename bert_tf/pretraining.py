@@ -178,8 +178,9 @@ def build(cfg: PretrainConfig, say):
     say(f"model: {model_config.num_hidden_layers} layers, hidden {model_config.hidden_size}, "
         f"vocab {model_config.vocab_size}, {parameters / 1e6:.2f}M parameters")
 
-    ckpts = checkpointing.Checkpoints(cfg.checkpoint_dir, trainer.checkpoint_items(), cfg.keep_last,
-                                      is_writer=rank == 0)
+    position = input_pipeline.InputPosition()
+    ckpts = checkpointing.Checkpoints(cfg.checkpoint_dir, {**trainer.checkpoint_items(), "input_position": position},
+                                      cfg.keep_last, is_writer=rank == 0)
     samples_seen = restore(cfg, trainer, ckpts, global_batch, init, say)
     if rank == 0:
         model_config.to_json_file(os.path.join(cfg.checkpoint_dir, "bert_config.json"))
@@ -190,13 +191,21 @@ def build(cfg: PretrainConfig, say):
         masker = input_pipeline.dynamic_masker(
             len(tokenizer), [tokenizer.cls_id, tokenizer.sep_id, tokenizer.pad_id],
             cfg.max_predictions_per_seq, cfg.masked_lm_prob, tokenizer.mask_id)
-    # Resume position: each rank skips its share of the samples already consumed.
-    skip = samples_seen // size // cfg.batch_size
+    # Resume position: the saved iterator states (a seek, whatever the step); on another rank
+    # count a fresh pass, reshuffled by the step so it does not replay the first pass's order.
+    step = int(trainer.step.numpy())
+    resumable = samples_seen == 0 or int(position.ranks.numpy()) == size
     dataset = input_pipeline.make_dataset(train_files, cfg.batch_size, cfg.max_seq_length,
-                                          cfg.max_predictions_per_seq, rank, size, seed=cfg.seed,
-                                          masker=masker, skip_batches=skip)
+                                          cfg.max_predictions_per_seq, rank, size,
+                                          seed=cfg.seed if resumable else cfg.seed + step, masker=masker)
+    batches = iter(dataset)
+    if samples_seen and not position.resume(batches, rank, size):
+        say(f"input: the checkpoint's position was saved by {int(position.ranks.numpy()) or 'an unknown number of'} "
+            f"ranks, this run has {size}: a fresh pass over the training files starts at step {step} "
+            f"(records read since the last pass began may be read again)")
     return types.SimpleNamespace(
-        trainer=trainer, ckpts=ckpts, batches=iter(dataset), samples_seen=samples_seen, global_batch=global_batch,
+        trainer=trainer, ckpts=ckpts, batches=batches, position=position, samples_seen=samples_seen,
+        global_batch=global_batch,
         parameters=parameters, eval_files=eval_files, started_from_init=init is not None,
         evaluate=make_evaluator(trainer, cfg, eval_files, len(tokenizer), masker),
         writer=metrics.MetricsWriter(cfg.checkpoint_dir, active=rank == 0),
@@ -231,7 +240,9 @@ def restore(cfg: PretrainConfig, trainer, ckpts, global_batch, init, say) -> int
         step = int(trainer.step.numpy())
         say(f"resumed from {latest} at step {step}"
             + (" (--init_checkpoint ignored: resuming wins)" if cfg.init_checkpoint else ""))
-        return int(extra.get("samples_seen", step * global_batch))
+        samples_seen = int(ckpts.items["input_position"].samples_seen.numpy())
+        # checkpoints written before the position moved into them kept it in the JSON file only
+        return samples_seen or int(extra.get("samples_seen", step * global_batch))
     if init is not None:
         fresh = checkpoint_formats.assign(trainer.model, init, log=say)  # says which head (if any) starts at random
         say(f"initialised encoder{'' if fresh else ' and heads'} from {init.path} ({init.format} format)")
@@ -320,6 +331,7 @@ def train(cfg: PretrainConfig, job, stop: StopSignal, say) -> dict:
         if cfg.eval_interval and step % cfg.eval_interval == 0 and step != cfg.total_steps:
             writer.write(job.evaluate(step))
         if step % cfg.save_interval == 0 or step == cfg.total_steps or stopping:
+            job.position.capture(job.batches, samples_seen, distributed.gather_bytes)  # a collective
             path = job.ckpts.save(step, {"step": step, "samples_seen": samples_seen, **job.checkpoint_extra})
             if path:
                 say(f"saved {path}")

@@ -13,13 +13,15 @@ sentence is used, or at the end of a document the sentence is cut into A and B. 
 Feature names, dtypes and shapes are exactly google's (`feature_spec`), so files made by
 either tool are interchangeable. Randomness is per document (seed, pass, document index),
 with separate streams for segment structure, partner documents and masking, so the
-instances of a document do not depend on which process handles it: N ranks, each taking
-every N-th document, together write the same instances as one process.
+instances of a document do not depend on which process handles it (documents are named by
+file and byte offset): N ranks together write the same instances as one process, but for the
+B segment of random-next pairs (partners come from the rank's current window of documents).
 """
 from __future__ import annotations
 
 import collections
 import dataclasses
+import json
 import os
 import random
 
@@ -81,10 +83,14 @@ class Counts:
     clamped: int = 0               # instances whose 15% exceeded max_predictions_per_seq
 
 
+# Documents a rank holds at a time (tokenised, with their instances): bounds memory; random-next
+# partners are drawn from the same window, as google draws them from all documents of a run.
+DOCUMENT_WINDOW = 2000
+
 Instance = collections.namedtuple("Instance", "tokens segment_ids is_random_next positions labels")
 
 
-_STREAMS = {"structure": 0, "partner": 1, "mask": 2}
+_STREAMS = {"structure": 0, "partner": 1, "mask": 2, "heldout": 3}
 
 
 def _rng(seed, dupe, doc_id, stream, chunk=0):
@@ -246,105 +252,218 @@ def serialize(instance: Instance, config: InstanceConfig) -> bytes:
         features["masked_lm_positions"] = _int64(instance.positions + [0] * (P - k))
         features["masked_lm_ids"] = _int64(instance.labels + [0] * (P - k))
         features["masked_lm_weights"] = tf.train.Feature(float_list=tf.train.FloatList(value=[1.0] * k + [0.0] * (P - k)))
-    return tf.train.Example(features=tf.train.Features(feature=features)).SerializeToString()
+    # deterministic: map fields in key order, so the same instance gives the same bytes in every process
+    return tf.train.Example(features=tf.train.Features(feature=features)).SerializeToString(deterministic=True)
 
 
 class ShardWriter:
-    """Writes records round-robin into shards named `<prefix>-<rank>-<i>-of-<n>.tfrecord`.
+    """One TFRecord file, written as `.tmp` and renamed only by `close()`: a failed or killed
+    creation never leaves a half-written shard under a final name."""
 
-    Files are written as `.tmp` and renamed only by `close()` after a successful run:
-    a failed creation never leaves a half-written shard under a final name.
-    """
-
-    def __init__(self, output_dir, prefix, rank, num_shards):
-        os.makedirs(output_dir, exist_ok=True)
-        self.paths = [os.path.join(output_dir, f"{prefix}-r{rank:03d}-{i:04d}-of-{num_shards:04d}.tfrecord")
-                      for i in range(num_shards)]
-        self.writers = [tf.io.TFRecordWriter(p + ".tmp") for p in self.paths]
+    def __init__(self, path):
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        self.path = path
+        self.writer = tf.io.TFRecordWriter(path + ".tmp")
         self.count = 0
 
     def write(self, record: bytes):
-        self.writers[self.count % len(self.writers)].write(record)
+        self.writer.write(record)
         self.count += 1
 
     def close(self):
-        for w in self.writers:
-            w.close()
-        for p in self.paths:
-            os.replace(p + ".tmp", p)
-        return self.paths
+        self.writer.close()
+        os.replace(self.path + ".tmp", self.path)
+        return self.path
 
     def abort(self):
-        for w in self.writers:
-            w.close()
-        for p in self.paths:
-            if os.path.exists(p + ".tmp"):
-                os.remove(p + ".tmp")
+        self.writer.close()
+        if os.path.exists(self.path + ".tmp"):
+            os.remove(self.path + ".tmp")
+
+
+def sha256(path):
+    import hashlib
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def fingerprint(input_files, input_format, tokenizer, config, size, num_shards, heldout_fraction, window,
+                text_field="text"):
+    """What a shard's content depends on: a completed shard is reused only when all of it is unchanged."""
+    import hashlib
+    inputs = []
+    for spec in input_files:
+        path = spec.partition("@")[0]
+        st = os.stat(path)
+        inputs.append([spec, st.st_size, st.st_mtime_ns])
+    key = {"inputs": inputs, "format": input_format, "config": dataclasses.asdict(config), "ranks": size,
+           "shards_per_rank": num_shards, "heldout_fraction": heldout_fraction, "window": window, "text_field": text_field,
+           "vocab": hashlib.sha256("\n".join(tokenizer.vocab).encode()).hexdigest(),
+           "lower_case": tokenizer.lower_case}
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
+
+
+def read_completed(part_path, key):
+    """The part's summary when it says the part is complete for `key` and its files are intact."""
+    try:
+        with open(part_path) as f:
+            part = json.load(f)
+    except (FileNotFoundError, ValueError):
+        return None
+    if part.get("fingerprint") != key:
+        return None
+    for path, digest in part["sha256"].items():
+        if not os.path.exists(path) or sha256(path) != digest:
+            return None
+    return part
 
 
 def split_heldout(num_documents, heldout_fraction, seed):
-    """Deterministic document-level split: returns a boolean mask, True = held out."""
+    """Deterministic split of a list of documents (run/learn_vocab.py): a boolean mask, True = held out."""
     rng = np.random.RandomState(seed)
     return rng.random_sample(num_documents) < heldout_fraction
 
 
-def create_pretraining_data(input_files, input_format, tokenizer, output_dir, config: InstanceConfig,
-                            rank=0, size=1, num_shards=1, heldout_fraction=0.0, log=print):
-    """Reads, tokenises and writes this rank's share of the corpus.
+def document_seed(key):
+    """An int naming a document by (file index, offset), the same whatever the rank count."""
+    file_index, offset = key
+    return file_index << 40 | offset
 
-    Rank r of `size` takes documents r, r+size, ... (corpus order), so ranks are disjoint and
-    their union is the one-process output, but for the B segment of random-next pairs (the
-    partner document is drawn from the rank's own documents). Held-out documents (by document,
-    seeded) go to `eval-*` shards, the rest to `train-*`. Returns this rank's summary dict.
+
+def is_heldout(doc_seed, heldout_fraction, seed):
+    """Document-level held-out split, seeded per document (independent of the rank count)."""
+    return heldout_fraction > 0 and _rng(seed, 0, doc_seed, "heldout").random() < heldout_fraction
+
+
+def _windows(documents, size):
+    window = []
+    for item in documents:
+        window.append(item)
+        if len(window) == size:
+            yield window
+            window = []
+    if window:
+        yield window
+
+
+def create_pretraining_data(input_files, input_format, tokenizer, output_dir, config: InstanceConfig,
+                            rank=0, size=1, num_shards=1, heldout_fraction=0.0, window=DOCUMENT_WINDOW,
+                            text_field="text", log=print):
+    """Reads, tokenises and writes this rank's share of the corpus, in bounded memory; restartable.
+
+    The corpus is cut by bytes into size x num_shards parts (`corpus.plan_shares`); rank r makes
+    parts r*num_shards ... (r+1)*num_shards-1, each into `train-r<rank>-<i>-of-<n>.tfrecord` (and
+    `eval-...` for held-out documents) plus `part-r<rank>-<i>-of-<n>.json`, its summary with the
+    shards' SHA-256, written last. Run again with the same arguments, a part whose summary,
+    arguments and checksums match is skipped; any other part is made again from its start.
+
+    A part reads only the documents that begin in its byte ranges and handles them `window`
+    documents at a time: tokenised together, instances made (random partners drawn from the same
+    window) and written before the next window is read, so memory does not grow with the corpus.
+    A document's randomness and held-out membership follow from its file and byte offset, so for
+    a seed the output is deterministic, and the instances whose B segment is the real
+    continuation are the same for every rank count (random-next partners depend on the window).
+    Returns this rank's summary dict.
     """
     import time
     from bert_tf import corpus
 
     start = time.time()
+    os.makedirs(output_dir, exist_ok=True)
+    parts = corpus.plan_shares(input_files, size * num_shards, input_format, text_field)
+    key = fingerprint(input_files, input_format, tokenizer, config, size, num_shards, heldout_fraction, window,
+                      text_field)
+    summary = {"rank": rank, "shares": [], "documents": 0, "sentences": 0, "tokens": 0, "unk": 0,
+               "bad_bytes_lines": 0, "bytes_read": 0, "skipped_pages": 0, "problems": [], "files": {},
+               "parts_reused": 0}
+    counts = {}
+    for i in range(num_shards):
+        name = f"r{rank:03d}-{i:04d}-of-{num_shards:04d}"
+        part_path = os.path.join(output_dir, f"part-{name}.json")
+        part = read_completed(part_path, key)
+        if part is not None:
+            summary["parts_reused"] += 1
+            log(f"rank {rank}: part {name} complete (summary and checksums match), skipped")
+        else:
+            part = _create_part(parts[rank * num_shards + i], tokenizer, output_dir, name, config,
+                                heldout_fraction, window)
+            part["fingerprint"] = key
+            part["sha256"] = {path: sha256(path) for path in part["files"].values()}
+            tmp = part_path + ".tmp"
+            with open(tmp, "w") as f:
+                json.dump(part, f, indent=1)
+            os.replace(tmp, part_path)                     # the part counts as done only now
+        for k in ("documents", "sentences", "tokens", "unk", "bad_bytes_lines", "bytes_read", "skipped_pages"):
+            summary[k] += part[k]
+        summary["shares"] += part["shares"]
+        summary["problems"] += part["problems"]
+        for split, path in part["files"].items():
+            summary["files"].setdefault(split, []).append(path)
+            c = counts.setdefault(split, Counts())
+            for field, value in part[split].items():
+                setattr(c, field, getattr(c, field) + value)
+    for split, c in counts.items():
+        summary[split] = dataclasses.asdict(c)
+    summary["unk_rate"] = summary.pop("unk") / max(summary["tokens"], 1)
+    summary["seconds"] = time.time() - start
+    if not summary["documents"] and size == 1:
+        raise ConfigError(f"no text found in {', '.join(input_files)} (empty corpus?)")
+    if not summary["documents"]:   # with several ranks, an error only if no rank found any (the caller's check)
+        summary["problems"].append(f"rank {rank}: no document begins in its share "
+                                   f"({'more ranks than documents' if summary['shares'] else 'no bytes assigned'})")
+    return summary
+
+
+def _create_part(shares, tokenizer, output_dir, name, config, heldout_fraction, window):
+    """One part: the documents beginning in `shares` -> train/eval shards named by `name`."""
+    from bert_tf import corpus
+
     stats = corpus.ReadStats()
     special = {"CLS": tokenizer.cls_id, "SEP": tokenizer.sep_id, "MASK": tokenizer.mask_id}
     word_starts = [not t.startswith("##") for t in tokenizer.vocab]
-    docs, doc_ids = [], []
-    for doc_id, doc in enumerate(corpus.read_documents(input_files, input_format, stats)):
-        if doc_id % size == rank:
-            docs.append(doc)
-            doc_ids.append(doc_id)
-    if stats.documents == 0:
-        raise ConfigError(f"no text found in {', '.join(input_files)} (empty corpus?)")
-    # tokenise all sentences of this rank in large batches, then regroup by document
-    flat = tokenizer.tokenize([s for d in docs for s in d])
-    tokenized, k = [], 0
-    for d in docs:
-        tokenized.append([t for t in flat[k:k + len(d)] if t])
-        k += len(d)
-    n_tokens = sum(len(s) for d in tokenized for s in d)
-    n_unk = sum(s.count(tokenizer.unk_id) for d in tokenized for s in d)
-
-    heldout = split_heldout(stats.documents, heldout_fraction, config.random_seed)
-    pools = {"train": [i for i, g in enumerate(doc_ids) if not heldout[g]],
-             "eval": [i for i, g in enumerate(doc_ids) if heldout[g]]}
-    summary = {"rank": rank, "documents": len(docs), "sentences": sum(len(d) for d in docs),
-               "tokens": n_tokens, "unk_rate": n_unk / max(n_tokens, 1),
-               "bad_bytes_lines": stats.bad_bytes_lines, "files": {}}
-    for split, members in pools.items():
-        if not members:
-            continue
-        pool = [tokenized[i] for i in members]
-        counts = Counts()
-        writer = ShardWriter(output_dir, split, rank, num_shards if split == "train" else 1)
-        try:
-            for dupe in range(config.dupe_factor):
-                for j, i in enumerate(members):
-                    for inst in create_instances(j, pool, config, special, len(tokenizer), word_starts,
-                                                 dupe=dupe, doc_id=doc_ids[i], counts=counts):
-                        writer.write(serialize(inst, config))
-        except BaseException:
+    part = {"shares": [[sh.path, sh.start, sh.end] for sh in shares], "documents": 0, "sentences": 0,
+            "tokens": 0, "unk": 0, "files": {}}
+    counts = {"train": Counts(), "eval": Counts()}
+    writers = {}
+    try:
+        for docs in _windows(corpus.read_share(shares, stats), window):
+            # tokenise the window's sentences in one batch, then regroup by document
+            flat = tokenizer.tokenize([s for _, d in docs for s in d])
+            pools, k = {"train": [], "eval": []}, 0
+            for key, d in docs:
+                tokens = [t for t in flat[k:k + len(d)] if t]
+                k += len(d)
+                part["documents"] += 1
+                part["sentences"] += len(d)
+                part["tokens"] += sum(len(t) for t in tokens)
+                part["unk"] += sum(t.count(tokenizer.unk_id) for t in tokens)
+                seed = document_seed(key)
+                pools["eval" if is_heldout(seed, heldout_fraction, config.random_seed) else "train"].append(
+                    (seed, tokens))
+            for split, members in pools.items():
+                if not members:
+                    continue
+                if split not in writers:
+                    writers[split] = ShardWriter(os.path.join(output_dir, f"{split}-{name}.tfrecord"))
+                pool = [tokens for _, tokens in members]
+                for dupe in range(config.dupe_factor):
+                    for j, (seed, _) in enumerate(members):
+                        for inst in create_instances(j, pool, config, special, len(tokenizer), word_starts,
+                                                     dupe=dupe, doc_id=seed, counts=counts[split]):
+                            writers[split].write(serialize(inst, config))
+    except BaseException:
+        for writer in writers.values():
             writer.abort()
-            raise
-        summary["files"][split] = writer.close()
-        summary[split] = dataclasses.asdict(counts)
-    summary["seconds"] = time.time() - start
-    return summary
+        raise
+    for split, writer in writers.items():
+        part["files"][split] = writer.close()
+        part[split] = dataclasses.asdict(counts[split])
+    part.update(bad_bytes_lines=stats.bad_bytes_lines, bytes_read=stats.bytes_read,
+                skipped_pages=stats.skipped_pages, problems=stats.problems)
+    return part
 
 
 def summarize(summaries):

@@ -10,7 +10,7 @@ import os
 
 from absl import flags
 
-from bert_tf import cli
+from bert_tf import ConfigError, cli
 
 cli.define_corpus_input()
 flags.DEFINE_string("vocab_file", None, "WordPiece vocab.txt (google layout).")
@@ -23,7 +23,8 @@ flags.DEFINE_float("short_seq_prob", 0.1, "Probability of a shorter target lengt
 flags.DEFINE_integer("dupe_factor", 10, "Passes over the corpus with different masks.")
 flags.DEFINE_bool("whole_word_masking", False, "Mask all pieces of a word together.")
 flags.DEFINE_bool("dynamic_masking", False, "Write unmasked sequences; mask in tf.data each epoch (RoBERTa-style).")
-flags.DEFINE_integer("shards_per_rank", 1, "Training shards each rank writes.")
+flags.DEFINE_integer("shards_per_rank", 1, "Parts each rank writes (a train and an eval shard each): the unit "
+                     "a restarted job skips when complete.")
 flags.mark_flags_as_required(["input_files", "vocab_file", "output_dir"])
 FLAGS = flags.FLAGS
 
@@ -45,10 +46,17 @@ def main(_):
                                                  fast=FLAGS.fast_tokenizer)
     summary = pretraining_data.create_pretraining_data(
         files, FLAGS.input_format, tokenizer, FLAGS.output_dir, config, rank=rank, size=size,
-        num_shards=FLAGS.shards_per_rank, heldout_fraction=FLAGS.heldout_fraction)
+        num_shards=FLAGS.shards_per_rank, heldout_fraction=FLAGS.heldout_fraction, text_field=FLAGS.text_field)
     summaries = comm.gather(summary, root=0)
+    if rank == 0 and not sum(s["documents"] for s in summaries):
+        raise ConfigError(f"no text found in {', '.join(files)} (empty corpus?)")
     if rank == 0:
         total = pretraining_data.summarize(summaries)
+        problems = [p for s in summaries for p in s["problems"]]
+        for p in problems[:20]:
+            print(f"skipped: {p}")
+        if len(problems) > 20:
+            print(f"... and {len(problems) - 20} more in summary.json")
         total.update(config=dataclasses.asdict(config), ranks=size, input_files=files)
         path = os.path.join(FLAGS.output_dir, "summary.json")
         with open(path + ".tmp", "w") as f:

@@ -5,13 +5,18 @@ import glob
 import gzip
 import json
 import os
+import re
+import subprocess
+import sys
+import time
+from unittest import mock
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from bert_tf import ConfigError, corpus, input_pipeline, pretraining_data as pd, tokenization
-from conftest import REPO, mpirun
+from conftest import REPO, mpi_env, mpirun
 
 WIKI = "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
 
@@ -60,6 +65,108 @@ def test_document_per_line_and_per_file_format(tmp_path):
     path.write_bytes(bz2.compress(b"One doc. Two sentences.\nAnother doc here.\n"))
     docs = list(corpus.read_documents([str(path) + "@documents"]))
     assert docs == [["One doc.", "Two sentences."], ["Another doc here."]]
+
+
+def test_json_lines_plain_gz_bz2_with_a_field_flag_and_bad_lines_reported(tmp_path):
+    lines = [json.dumps({"body": "First doc. It has two sentences.", "id": 1}),
+             "{not json",
+             json.dumps({"title": "no body"}),
+             json.dumps({"body": "Second doc here. And more text!"})]
+    data = ("\n".join(lines) + "\n").encode()
+    for name, opener in (("c.jsonl", open), ("c.jsonl.gz", gzip.open), ("c.jsonl.bz2", bz2.open)):
+        with opener(tmp_path / name, "wb") as f:
+            f.write(data)
+        stats = corpus.ReadStats()
+        docs = list(corpus.read_documents([str(tmp_path / name)], "auto", stats, text_field="body"))
+        assert docs == [["First doc.", "It has two sentences."], ["Second doc here.", "And more text!"]]
+        assert stats.bad_json_lines == 2
+        at = (f"byte {len(lines[0]) + 1}", f"byte {len(lines[0]) + len(lines[1]) + 2}") if name == "c.jsonl" \
+            else ("line 2", "line 3")
+        assert stats.problems[0].startswith(f"{tmp_path / name}: {at[0]}: not valid JSON")
+        assert stats.problems[1] == f"{tmp_path / name}: {at[1]}: no string field 'body'"
+    # a .bz2 cut short: what it holds is read, the cut is reported with the file's name
+    many = "".join(json.dumps({"body": f"Document {i} is about {i * 7919 % 100003} things."}) + "\n"
+                   for i in range(60000)).encode()                # > 2 bz2 blocks of 900 kB
+    whole = bz2.compress(many)
+    (tmp_path / "cut.jsonl.bz2").write_bytes(whole[:len(whole) * 2 // 3])
+    stats = corpus.ReadStats()
+    docs = list(corpus.read_documents([str(tmp_path / "cut.jsonl.bz2")], "jsonl", stats, text_field="body"))
+    assert 0 < len(docs) < 60000 and stats.truncated_files == 1
+    assert stats.problems[-1].startswith(f"{tmp_path / 'cut.jsonl.bz2'}: compressed data ends after ")
+
+
+def test_more_ranks_than_documents_leaves_a_rank_an_empty_share_reported(tmp_path, vocab_file):
+    (tmp_path / "two.txt").write_text("One document here.\nAnother document there.\n")
+    tok = tokenization.Tokenizer.from_file(vocab_file)
+    config = pd.InstanceConfig(max_seq_length=32, max_predictions_per_seq=5, dupe_factor=1)
+    summaries = [pd.create_pretraining_data([str(tmp_path / "two.txt")], "documents", tok, str(tmp_path / "out"),
+                                            config, rank=r, size=8) for r in range(8)]
+    assert sum(s["documents"] for s in summaries) == 2
+    empty = [s for s in summaries if not s["documents"]]
+    assert len(empty) == 6 and all(s["problems"][-1].startswith(f"rank {s['rank']}: no document begins in its "
+                                                                f"share") for s in empty)
+
+
+def test_cleaned_wikipedia_sentences_are_almost_free_of_markup(corpus_dir):
+    docs = corpus.read_documents([str(corpus_dir / "enwiki-latest-pages-articles1.xml-p000000010p000030302-"
+                                                    "shortened.bz2")])
+    sentences = [s for d in docs for s in d]
+    assert len(sentences) > 20000
+    fraction = corpus.markup_fraction(sentences)
+    print(f"sentences with markup: {fraction:.5f} of {len(sentences)}")
+    assert fraction < 0.0005        # measured 3 of 22,831 ('|' in quoted text and one broken link)
+
+
+@pytest.mark.parametrize("fmt", ["sentences", "documents", "mediawiki", "jsonl"])
+def test_ranks_read_disjoint_byte_ranges_whose_documents_make_the_corpus(tmp_path, corpus_dir, fmt):
+    """Cut points fall inside documents; each document is read by the rank it begins with."""
+    docs = list(corpus.read_documents([str(corpus_dir / "lee_background.cor")], "documents"))
+    path = tmp_path / "corpus.txt"
+    if fmt == "mediawiki":
+        data = bz2.decompress((corpus_dir / "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2")
+                              .read_bytes())
+        data = data[:data.index(b"<page>", len(data) // 3)] + b"</mediawiki>\n"     # a third of the pages
+        path.write_bytes(data)
+        longest = max(len(page) for page in data.split(b"<page>"))
+    elif fmt == "sentences":
+        path.write_text("".join("\n".join(d) + "\n \n" for d in docs))      # a blank line of white space
+        longest = max(len(d) for d in path.read_bytes().split(b"\n \n"))
+    else:
+        path.write_text("".join((json.dumps({"text": " ".join(d)}) if fmt == "jsonl" else " ".join(d)) + "\n"
+                                for d in docs))
+        longest = max(len(d) for d in path.read_bytes().split(b"\n"))
+    whole = list(corpus.read_documents([str(path)], fmt))
+    assert len(whole) > 20
+    for size in (2, 3, 5):
+        shares = corpus.plan_shares([str(path)], size, fmt)
+        ranges = [(sh.start, sh.end or path.stat().st_size) for r in shares for sh in r]
+        assert ranges == sorted(ranges) and ranges[0][0] == 0 and ranges[-1][1] == path.stat().st_size
+        assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))              # disjoint, no gap
+        got = []
+        for rank in range(size):
+            stats = corpus.ReadStats()
+            got += [d for _, d in corpus.read_share(shares[rank], stats)]
+            share_bytes = sum((sh.end or path.stat().st_size) - sh.start for sh in shares[rank])
+            # its share, the rest of the last document begun in it, one read buffer beyond (and one before)
+            assert stats.bytes_read <= share_bytes + longest + 2 * corpus.READ_BUFFER
+        assert got == whole, size                                                # same documents, once each
+
+
+def test_mediawiki_page_cut_off_or_broken_is_reported_with_file_and_byte(tmp_path, corpus_dir):
+    data = bz2.decompress((corpus_dir / "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2")
+                          .read_bytes())
+    starts = [m.start() for m in re.finditer(b"<page>", data)]
+    articles = [data[a:data.index(b"</page>", a) + 7] + b"\n" for a in starts
+                if b"<ns>0</ns>" in data[a:data.index(b"</page>", a)] and b"<redirect" not in data[a:a + 2000]][:4]
+    good, bad, cut = articles[0] + articles[1], articles[2].replace(b"</title>", b"</titl>", 1), articles[3][:300]
+    head = data[:starts[0]]
+    path = tmp_path / "cut.xml"
+    path.write_bytes(head + good + bad + cut)           # the file ends inside the last page
+    stats = corpus.ReadStats()
+    docs = list(corpus.read_documents([str(path)], "mediawiki", stats))
+    assert len(docs) == 2 and stats.bad_pages == 1 and stats.truncated_pages == 1
+    assert stats.problems[0].startswith(f"{path}: byte {len(head + good)}: page is not valid XML (mismatched tag")
+    assert stats.problems[1] == f"{path}: byte {len(head + good + bad)}: <page> not closed before the end of the file"
 
 
 def test_missing_and_empty_corpus(tmp_path):
@@ -210,7 +317,10 @@ def test_heldout_split_is_by_document(tmp_path, vocab_file, corpus_dir, monkeypa
     summary = pd.create_pretraining_data([str(corpus_dir / "lee_background.cor") + "@documents"], "auto", tok,
                                          str(tmp_path), config, heldout_fraction=0.1)
     train, heldout = docs_of_pool.values()                 # the train pool is written first
-    expected = set(np.flatnonzero(pd.split_heldout(summary["documents"], 0.1, 7)).tolist())
+    keys = [k for k, _ in corpus.read_share(corpus.plan_shares([str(corpus_dir / "lee_background.cor")],
+                                                               1, "documents")[0])]
+    expected = {pd.document_seed(k) for k in keys if pd.is_heldout(pd.document_seed(k), 0.1, 7)}
+    assert 10 <= len(expected) <= 50
     assert heldout == expected and not train & heldout and len(train | heldout) == summary["documents"] == 300
     assert sorted(pools.values()) == sorted([len(train), len(heldout)])   # partners only from the own split
     assert summary["train"]["instances"] > 0 and summary["eval"]["instances"] > 0
@@ -261,6 +371,47 @@ def test_failed_creation_leaves_no_half_written_shard(tmp_path, vocab_file, corp
     assert os.listdir(tmp_path) == []
 
 
+def test_a_killed_creation_job_resumes_skipping_its_complete_parts(tmp_path, vocab_file, corpus_dir):
+    args = [sys.executable, str(REPO / "run" / "create_pretraining_data.py"),
+            f"--input_files={corpus_dir / 'lee_background.cor'}@documents", f"--vocab_file={vocab_file}",
+            "--max_seq_length=64", "--max_predictions_per_seq=10", "--dupe_factor=4", "--shards_per_rank=4",
+            "--heldout_fraction=0.05"]
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    subprocess.run(args + [f"--output_dir={straight}"], env=mpi_env(), check=True, capture_output=True, timeout=300)
+    job = subprocess.Popen(args + [f"--output_dir={resumed}"], env=mpi_env(), stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
+    first = resumed / "part-r000-0000-of-0004.json"
+    deadline = time.time() + 120
+    while not first.exists() and job.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    job.kill()                                                   # SIGKILL: no clean-up of any kind
+    job.wait()
+    done = sorted(p.name for p in resumed.glob("part-*.json"))
+    assert first.name in done and len(done) < 4, done           # killed between parts
+    config = pd.InstanceConfig(max_seq_length=64, max_predictions_per_seq=10)
+    for shard in resumed.glob("*.tfrecord"):                     # never a half-written shard under its name
+        read_records([str(shard)], config)
+    again = subprocess.run(args + [f"--output_dir={resumed}"], env=mpi_env(), check=True, capture_output=True,
+                           text=True, timeout=300)
+    for name in done:
+        assert f"part {name[5:-5]} complete (summary and checksums match), skipped" in again.stdout
+    assert json.load(open(resumed / "summary.json"))["total"] == {
+        **json.load(open(straight / "summary.json"))["total"], "seconds": mock.ANY,
+        "per_rank_instances_per_second": mock.ANY, **{s: mock.ANY for s in ("train", "eval")}}
+    names = sorted(p.name for p in straight.glob("*.tfrecord"))
+    assert names == sorted(p.name for p in resumed.glob("*")
+                           if p.suffix == ".tfrecord") and len(names) == 8
+    for name in names:                                           # byte-identical to the uninterrupted job
+        assert pd.sha256(resumed / name) == pd.sha256(straight / name), name
+    # a part whose shard changed afterwards is not complete any more: a rerun makes it again
+    key = json.load(open(first))["fingerprint"]
+    assert pd.read_completed(str(first), key) is not None
+    with open(resumed / "train-r000-0000-of-0004.tfrecord", "ab") as f:
+        f.write(b"x")
+    assert pd.read_completed(str(first), key) is None
+    assert pd.read_completed(str(resumed / "part-r000-0001-of-0004.json"), "other arguments") is None
+
+
 # ----------------------------------------------------------------------------- reading
 def test_corrupt_tfrecord_is_named(created, tmp_path):
     _, config, ((out, _), _) = created
@@ -297,8 +448,53 @@ def test_pipeline_gives_ranks_disjoint_records(created, level):
     ds = input_pipeline.make_dataset(files, 8, 64, 10, 0, size, seed=5, training=True)
     first = [b["input_ids"].numpy() for b, _ in zip(ds, range(3))]
     again = [b["input_ids"].numpy() for b, _ in zip(input_pipeline.make_dataset(
-        files, 8, 64, 10, 0, size, seed=5, training=True, skip_batches=1), range(2))]
-    np.testing.assert_array_equal(first[1], again[0])            # seeded: resume by skipping
+        files, 8, 64, 10, 0, size, seed=5, training=True), range(3))]
+    np.testing.assert_array_equal(first, again)            # seeded: the same order every run
+
+
+def test_resume_decodes_as_few_records_after_many_updates_as_after_few(created):
+    """InputPosition: a saved iterator state puts a fresh pipeline at the exact position, and
+    the records it decodes to get there do not grow with the position (no skipping)."""
+    _, _, ((out, _), _) = created
+    files = sorted(glob.glob(os.path.join(out, "train-*")))
+    decoded = tf.Variable(0, dtype=tf.int64)
+
+    def counting_read(path):
+        def count(record):
+            decoded.assign_add(1)
+            return record
+        return tf.data.TFRecordDataset(path).map(count)
+
+    def pipeline(rank=0, size=1):
+        return iter(input_pipeline.make_dataset(files, 8, 64, 10, rank, size, seed=5, shuffle_buffer=64,
+                                                read=counting_read))
+    # positions 10 and 1,500 batches (12,000 records: several passes over these files)
+    near, far = 10, 1500
+    original = pipeline()
+    positions, expected = {}, {}
+    for consumed in range(1, far + 1):
+        next(original)
+        if consumed in (near, far):
+            positions[consumed] = input_pipeline.InputPosition()
+            positions[consumed].capture(original, consumed * 8, lambda b: [b])
+            expected[consumed] = [next(original)["input_ids"].numpy() for _ in range(3)]
+            original = pipeline()                                # back to `consumed`, through a restore too
+            positions[consumed].resume(original, 0, 1)
+    assert int(decoded.numpy()) > far * 8                        # what skipping to `far` would decode
+    cost = {}
+    for consumed, position in positions.items():
+        resumed = pipeline()
+        decoded.assign(0)
+        assert position.resume(resumed, 0, 1)
+        got = [next(resumed)["input_ids"].numpy() for _ in range(3)]
+        cost[consumed] = int(decoded.numpy())
+        for a, b in zip(got, expected[consumed]):
+            np.testing.assert_array_equal(a, b)                  # exact: the very next batches
+    # after restoring, only the batches asked for and what prefetching reads ahead are decoded
+    print("records decoded to resume:", cost)
+    assert cost[far] <= 40 * 8 and cost[near] <= 40 * 8, cost
+    # saved by 1 rank, resumed by 2: the states do not apply and the caller is told so
+    assert not positions[near].resume(pipeline(0, 2), 0, 2)
 
 
 # ----------------------------------------------------------------------------- dynamic masking
@@ -351,4 +547,10 @@ def test_two_ranks_write_disjoint_shards_that_match_one_process_but_for_random_p
     assert actual_next(per_rank[0] + per_rank[1]) == actual_next(one)
     assert len(per_rank[0]) + len(per_rank[1]) == len(one)
     summary = json.load(open(tmp_path / "two" / "summary.json"))
-    assert [s["documents"] for s in summary["per_rank"]] == [150, 150]     # every other document
+    # each rank read its own half of the file's bytes (plus one read buffer), not the whole file
+    size = os.path.getsize(corpus_dir / "lee_background.cor")
+    shares = [s["shares"] for s in summary["per_rank"]]
+    assert shares == [[[str(corpus_dir / "lee_background.cor"), 0, size // 2]],
+                      [[str(corpus_dir / "lee_background.cor"), size // 2, None]]]
+    assert all(s["bytes_read"] <= size // 2 + corpus.READ_BUFFER for s in summary["per_rank"])
+    assert sum(s["documents"] for s in summary["per_rank"]) == 300 and summary["per_rank"][1]["documents"] > 100

@@ -136,6 +136,17 @@ def test_sigterm_then_resume_matches_an_uninterrupted_run_and_horovodrun_end_to_
     assert a.keys() == b.keys() and len(a) == TINY_VARIABLES
     for k in a:
         np.testing.assert_allclose(a[k], b[k], rtol=1e-5, atol=1e-6, err_msg=k)
+    # the position is in the checkpoint: 2 ranks x 4 sequences x 20 updates
+    reader = tf.train.load_checkpoint(str(resumed / "ckpt-20"))
+    assert reader.get_tensor("input_position/samples_seen/.ATTRIBUTES/VARIABLE_VALUE") == 160
+    assert len(reader.get_tensor("input_position/iterator_states/.ATTRIBUTES/VARIABLE_VALUE")) == 2
+    # resumed on another rank count (1): a fresh pass, said so, and the sample count goes on
+    one = subprocess.run([sys.executable, str(PRETRAIN), *flags, "--total_steps=22", f"--checkpoint_dir={resumed}"],
+                         env=mpi_env(), capture_output=True, text=True, timeout=300)
+    assert one.returncode == 0, one.stderr[-2000:]
+    assert "saved by 2 ranks, this run has 1: a fresh pass over the training files starts at step 20" in one.stdout
+    last = [json.loads(line) for line in open(resumed / "metrics.jsonl") if '"train"' in line][-1]
+    assert last["step"] == 22 and last["samples_seen"] == 160 + 2 * 4
     # phase 2: a new run initialised from the checkpoint's model, with a fresh optimizer and schedule
     phase2 = subprocess.run([sys.executable, str(PRETRAIN), *flags, "--total_steps=2",
                              f"--init_checkpoint={straight / 'ckpt-20'}", f"--checkpoint_dir={tmp_path / 'phase2'}"],
