@@ -155,6 +155,30 @@ def run_rung(config, precision, xla, accumulation, batch_size, profile_dir=""):
     return timed_updates(lambda: float(trainer.train_step(micro)["loss"]))
 
 
+def op_time_shares(profile_dir, top=15):
+    """[(TensorFlow op type, share of op time)] of the newest trace in profile_dir: the events the
+    executor's compute threads ran (name "op_name:OpType"), wrappers such as
+    ExecutorState::Process left out so nothing is counted twice."""
+    import collections
+    import glob
+
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+    space = xplane_pb2.XSpace()
+    with open(sorted(glob.glob(os.path.join(profile_dir, "plugins", "profile", "*", "*.xplane.pb")))[-1], "rb") as f:
+        space.ParseFromString(f.read())
+    totals = collections.Counter()
+    for plane in space.planes:
+        for line in plane.lines:
+            if not line.name.startswith("tf_Compute"):
+                continue
+            for event in line.events:
+                name = plane.event_metadata[event.metadata_id].name
+                if ":" in name and "::" not in name:
+                    totals[name.rsplit(":", 1)[1]] += event.duration_ps
+    everything = sum(totals.values()) or 1
+    return [(op, ps / everything) for op, ps in totals.most_common(top)]
+
+
 def run_keras_hub(config, precision, xla, batch_size):
     """One update of keras_hub.models.BertMaskedLM (the peer) on the same shapes: same encoder
     size, dropout and masked positions; masked-LM loss only (no next-sentence head), AdamW."""
@@ -270,7 +294,9 @@ def main(_):
     if FLAGS.profile_dir and best:
         run_rung(config, best["precision"], best["xla"], best["accumulation_steps"], best["batch_size"],
                  profile_dir=FLAGS.profile_dir)
-        print(f"wrote a profiler trace of {best['rung']} to {FLAGS.profile_dir}")
+        print(f"wrote a profiler trace of {best['rung']} to {FLAGS.profile_dir}; op time by type:")
+        for op, share in op_time_shares(FLAGS.profile_dir):
+            print(f"  {share:6.1%}  {op}")
     peak_rss_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 ** 2
     if best:
         print(f"best bert_tf: {best['rung']} at {best['sequences_per_second']:.2f} seq/s, MFU {best['mfu']:.1%} "

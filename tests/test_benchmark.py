@@ -69,9 +69,11 @@ def test_bad_rungs_and_an_unwritable_flagfile_fail_before_measuring(tmp_path):
 def test_the_self_tuned_flagfile_is_taken_by_pretrain_after_the_recipe(tiny_data, tmp_path):
     node = tmp_path / "node.flags"
     out = benchmark([*QUICK, "--rungs=fp32,bf16,best-dropout", f"--output_dir={tmp_path / 'ladder'}",
-                     f"--write_flagfile={node}"], tmp_path)
+                     f"--write_flagfile={node}", f"--profile_dir={tmp_path / 'trace'}"], tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "hardware peak:" in out.stdout and "cpu_features" in out.stdout
+    shares = re.findall(r"^\s+([\d.]+)%\s+(\w+)$", out.stdout.split("op time by type:")[1], re.M)
+    assert any("MatMul" in op for _, op in shares) and 0 < sum(float(s) for s, _ in shares) <= 100.05
     assert {"ladder.json", "ladder.png"} <= {p.name for p in (tmp_path / "ladder").iterdir()}
     report = json.loads((tmp_path / "ladder" / "ladder.json").read_text())
     rows = {r["rung"]: r for r in report["rungs"]}
