@@ -193,11 +193,12 @@ def ensure_image():
         if proc.returncode != 0:
             raise RuntimeError(f"docker build failed after {seconds:.0f} s\n{proc.stdout[-6000:]}\n{proc.stderr[-3000:]}")
         say(f"built {keyed} in {seconds:.0f} s")
-        # Older keyed images and the builder stage: vfs stores every layer in full.
+        # Older keyed images: vfs stores every layer in full.
         for line in docker("images", "--format", "{{.Repository}}:{{.Tag}}", "bert_tf").stdout.split():
             if line.startswith(f"{IMAGE}-") and line != keyed:
                 docker("rmi", line, check=False)
-        docker("image", "prune", "-f", check=False)
+        # Dangling builder stages are the build cache; keep the recent ones only.
+        docker("image", "prune", "-f", "--filter", "until=3h", check=False)
         return keyed, seconds
 
 
@@ -254,6 +255,8 @@ SchedulerType=sched/backfill
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 ReturnToService=2
+# Refuse at submission what the partition can never run (default NO: the job would pend forever).
+EnforcePartLimits=ALL
 KillWait=30
 AccountingStorageType=accounting_storage/none
 JobCompType=jobcomp/none
