@@ -1,56 +1,61 @@
-# bert_tf node image. One Dockerfile, two targets, both installed by scripts/setup.sh (the same
-# script CI runs, so versions and the Horovod build have one source of truth):
-#   docker build -t bert_tf:cpu .                                    # Debian bookworm, Python 3.11
-#   docker build -t bert_tf:gpu --build-arg VARIANT=gpu .            # CUDA 12.5.1 + cuDNN 9 (TF 2.21's), NCCL
-# The Horovod wheel is built in the builder stage; only the wheel (and the venv's pins) reach the
-# runtime stage. Runs as the non-root user "bert". See docs/operations.md for multi-node use.
-ARG VARIANT=cpu
-
-FROM debian:bookworm-20241111 AS base-cpu
-ENV BERT_TF_HOROVOD_GPU=0
-
-FROM nvidia/cuda:12.5.1-cudnn-devel-ubuntu22.04 AS base-gpu
-ENV BERT_TF_HOROVOD_GPU=1
+# bert_tf node image. Both stages start from one base image chosen by build argument, so the
+# legacy builder (no BuildKit) pulls only that base, and both install through scripts/setup.sh
+# (the script CI runs: versions and the Horovod build have one source of truth).
+#   docker build -t bert_tf:cpu .                                              # Debian 12, Python 3.11
+#   docker build -t bert_tf:gpu --build-arg BASE_IMAGE=nvidia/cuda:12.5.1-cudnn-devel-ubuntu22.04 \
+#       --build-arg HOROVOD_GPU=1 .                                            # CUDA 12.5.1 + cuDNN 9, NCCL
+# Optional build inputs in docker/build-inputs/ (both builders; see its README.md): ca.crt, the CA
+# bundle of a TLS-inspecting proxy, and wheels/, a Horovod wheel cache from scripts/setup.sh. They
+# are used in the builder stage only; the runtime stage copies the venv, never them.
+# Runs as the non-root user "bert". See docs/operations.md for multi-node use.
+ARG BASE_IMAGE=debian:bookworm-20241111
 
 # ------------------------------------------------------------------------------------ builder
-# hadolint ignore=DL3006
-FROM base-${VARIANT} AS builder
+FROM ${BASE_IMAGE} AS builder
+ARG HOROVOD_GPU=0
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
-ENV DEBIAN_FRONTEND=noninteractive BERT_TF_CACHE=/opt/bert_tf/cache BERT_TF_VENV=/opt/bert_tf/venv
-# hadolint ignore=DL3008
-RUN apt-get update && apt-get install -y --no-install-recommends bash ca-certificates \
-    && if [ "$BERT_TF_HOROVOD_GPU" = 1 ]; then apt-get install -y --no-install-recommends libnccl-dev; fi \
-    && rm -rf /var/lib/apt/lists/*
+ENV DEBIAN_FRONTEND=noninteractive BERT_TF_CACHE=/opt/bert_tf/cache BERT_TF_VENV=/opt/bert_tf/venv \
+    BERT_TF_HOROVOD_GPU=${HOROVOD_GPU}
 WORKDIR /opt/bert_tf/src
 COPY requirements.txt requirements-dev.txt setup.py ./
 COPY scripts/ scripts/
 COPY bert_tf/ bert_tf/
-RUN bash scripts/setup.sh
+COPY docker/build-inputs/ /tmp/build-inputs/
+# NCCL headers for the GPU build come from CUDA's apt repository (the CUDA base has it configured).
+# hadolint ignore=DL3008
+RUN if [ -s /tmp/build-inputs/ca.crt ]; then export PIP_CERT=/tmp/build-inputs/ca.crt; echo "pip uses the CA bundle from docker/build-inputs/ca.crt"; fi \
+    && if [ -d /tmp/build-inputs/wheels ]; then mkdir -p "$BERT_TF_CACHE" && cp -r /tmp/build-inputs/wheels "$BERT_TF_CACHE/"; fi \
+    && if [ "$BERT_TF_HOROVOD_GPU" = 1 ]; then apt-get update && apt-get install -y --no-install-recommends libnccl-dev; fi \
+    && bash scripts/setup.sh \
+    && rm -rf /tmp/build-inputs /root/.cache/pip "$BERT_TF_CACHE/downloads" /opt/bert_tf/src/scripts/__pycache__
 
 # ------------------------------------------------------------------------------------ runtime
-# hadolint ignore=DL3006
-FROM base-${VARIANT} AS runtime
+FROM ${BASE_IMAGE} AS runtime
+ARG HOROVOD_GPU=0
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+# OMPI_MCA_btl_vader_single_copy_mechanism: vader's single copy (CMA) needs ptrace rights containers
+# lack ("Read -1, expected ..., errno = 1" from every MPI job).
 ENV DEBIAN_FRONTEND=noninteractive BERT_TF_CACHE=/opt/bert_tf/cache BERT_TF_VENV=/opt/bert_tf/venv \
-    SSH_PORT=12345 TF_CPP_MIN_LOG_LEVEL=2
-# hadolint ignore=DL3008
-RUN apt-get update && apt-get install -y --no-install-recommends bash ca-certificates openssh-server openssh-client \
-    && rm -rf /var/lib/apt/lists/* \
-    && useradd --create-home --shell /bin/bash --uid 1000 bert \
-    && mkdir -p /opt/bert_tf /run/sshd && chown bert /opt/bert_tf
-# Only the built wheel comes from the builder; setup.sh installs it instead of building (no compiler here).
-COPY --from=builder /opt/bert_tf/cache/wheels /opt/bert_tf/cache/wheels
-WORKDIR /opt/bert_tf/src
-COPY requirements.txt requirements-dev.txt setup.py README.md ./
-COPY scripts/ scripts/
-COPY bert_tf/ bert_tf/
-COPY run/ run/
-COPY configs/ configs/
-COPY hostfiles/ hostfiles/
-COPY docker/entrypoint.sh /usr/local/bin/bert-tf-entrypoint
-# The bundled demo corpus is fetched at build time, checked against scripts/corpus.sha256.
-RUN bash scripts/setup.sh && chown -R bert /opt/bert_tf
-USER 1000:1000
-ENV PATH=/opt/bert_tf/venv/bin:$PATH
+    BERT_TF_HOROVOD_GPU=${HOROVOD_GPU} SSH_PORT=12345 TF_CPP_MIN_LOG_LEVEL=2 PATH=/opt/bert_tf/venv/bin:$PATH \
+    OMPI_MCA_btl_vader_single_copy_mechanism=none
+# Settings first: the legacy builder commits every instruction as a layer, which storage drivers such
+# as vfs store as a full copy of the file system: cheap here, gigabytes after the venv.
 ENTRYPOINT ["/usr/local/bin/bert-tf-entrypoint"]
 CMD ["run", "bash", "scripts/demo.sh"]
+WORKDIR /opt/bert_tf/src
+COPY --chown=1000:1000 run/ run/
+COPY --chown=1000:1000 configs/ configs/
+COPY --chown=1000:1000 hostfiles/ hostfiles/
+COPY docker/entrypoint.sh /usr/local/bin/bert-tf-entrypoint
+# One COPY of the builder's /opt/bert_tf: its venv (with Horovod), wheel cache, corpus and the sources
+# it installed from. setup.sh below finds them in place and only installs the Debian packages (no
+# compiler, no PyPI, no CA bundle here). Owned by "bert" (uid 1000) as copied: a chown -R later would
+# store them twice.
+COPY --from=builder --chown=1000:1000 /opt/bert_tf /opt/bert_tf
+# hadolint ignore=DL3008
+RUN bash scripts/setup.sh \
+    && apt-get update && apt-get install -y --no-install-recommends openssh-server openssh-client \
+    && rm -rf /var/lib/apt/lists/* \
+    && useradd --create-home --shell /bin/bash --uid 1000 bert \
+    && mkdir -p /run/sshd && chown bert /opt/bert_tf /opt/bert_tf/src /opt/bert_tf/src/data
+USER 1000:1000

@@ -35,16 +35,15 @@ need libopenmpi-dev   command -v mpicxx
 need iproute2         command -v tc
 need bzip2            command -v bzip2
 need "python3.11"     command -v "$BERT_TF_PYTHON"
-if command -v "$BERT_TF_PYTHON" >/dev/null 2>&1; then
-  need python3.11-venv  "$BERT_TF_PYTHON" -c 'import ensurepip, venv'
-fi
+# venv and headers are checked with the interpreter; when it is missing, they are missing too
+# (a minimal Debian has neither: tests/test_docker.py replays this on a minbase root).
+need python3.11-venv  "$BERT_TF_PYTHON" -c 'import ensurepip, venv'
+# Python.h: Horovod's build, and pip building any sdist (e.g. mpi4py) needs it.
+need python3.11-dev   "$BERT_TF_PYTHON" -c 'import sysconfig, os, sys; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))'
 if [ "$wheel_cached" = 0 ]; then   # only to build Horovod
   need g++              command -v g++
   need make             command -v make
   need cmake            test -x /usr/bin/cmake
-  if command -v "$BERT_TF_PYTHON" >/dev/null 2>&1; then
-    need python3.11-dev "$BERT_TF_PYTHON" -c 'import sysconfig, os, sys; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))'
-  fi
 fi
 if ((${#missing[@]})); then
   say "missing Debian packages: ${missing[*]}"

@@ -1,14 +1,19 @@
-"""The Dockerfile (linted and parsed; no Docker engine needed) and the image's entry point."""
+"""The Dockerfile (linted and parsed), the image's entry point, and the image itself: built (cached by
+the files it copies), the demo inside it, a two-container horovodrun job, a worker killed mid-run,
+and the bad inputs of worker/launch. dockerd, the base image and the image are made by
+tests/services.py when missing (what it does is printed)."""
 import fnmatch
 import os
 import re
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 
 from conftest import REPO
+import services
 
 ENTRYPOINT = str(REPO / "docker" / "entrypoint.sh")
 
@@ -34,16 +39,18 @@ def test_both_stages_install_through_the_setup_script():
     runs = [args for op, args in instructions if op == "RUN"]
     assert sum("bash scripts/setup.sh" in r for r in runs) == 2
     copies_from_builder = [args for op, args in instructions if op == "COPY" and "--from=builder" in args]
-    assert copies_from_builder == ["--from=builder /opt/bert_tf/cache/wheels /opt/bert_tf/cache/wheels"]
+    assert copies_from_builder == ["--from=builder --chown=1000:1000 /opt/bert_tf /opt/bert_tf"]
+    assert ["USER", "1000:1000"] in instructions                          # the image runs as non-root
 
 
-def test_base_images_are_pinned_by_tag():
-    external = [args.split()[0] for op, args in dockerfile_instructions()
-                if op == "FROM" and "${" not in args.split()[0]]          # ${...}: an earlier stage
-    assert len(external) == 2                                             # the CPU and the GPU base
-    for image in external:
-        name, _, tag = image.rpartition(":")
-        assert name and tag and tag != "latest" and re.search(r"\d", tag), f"{image}: pin a versioned tag"
+def test_one_pinned_base_for_every_stage():
+    """The legacy builder pulls every stage's base: all stages use the one BASE_IMAGE build argument."""
+    instructions = dockerfile_instructions()
+    base = [args.split("=", 1)[1] for op, args in instructions if op == "ARG" and args.startswith("BASE_IMAGE=")]
+    assert base == [services.BASE_IMAGE]
+    name, _, tag = base[0].rpartition(":")
+    assert name and tag and tag != "latest" and re.search(r"\d", tag), f"{base[0]}: pin a versioned tag"
+    assert [args.split()[0] for op, args in instructions if op == "FROM"] == ["${BASE_IMAGE}"] * 2
 
 
 def dockerignore_patterns():
@@ -67,7 +74,7 @@ def test_no_copied_file_is_excluded_by_dockerignore():
     for op, args in dockerfile_instructions():
         if op != "COPY" or args.startswith("--from"):
             continue
-        *sources, _ = args.split()
+        *sources, _ = [a for a in args.split() if not a.startswith("--")]
         for source in sources:
             assert (REPO / source).exists(), source
             assert not ignored(source, patterns), f"COPY {source} is excluded by .dockerignore"
@@ -92,10 +99,22 @@ def test_entrypoint_rejects_bad_input(args, message, tmp_path):
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
 
 
+def test_launch_without_a_private_key_says_where_to_mount_it(tmp_path):
+    hosts = tmp_path / "hosts"
+    hosts.write_text("localhost slots=2\n")
+    proc = subprocess.run(["bash", ENTRYPOINT, "launch", str(hosts)], capture_output=True, text=True,
+                          env={**os.environ, "HOME": str(tmp_path), "BERT_TF_PRIVATE_KEY": str(tmp_path / "none")})
+    assert proc.returncode == 2
+    assert f"launch mode needs the private key whose public half the workers hold, at {tmp_path / 'none'}" in proc.stderr
+
+
 def test_entrypoint_names_a_host_that_does_not_resolve(tmp_path):
     hosts = tmp_path / "hosts"
     hosts.write_text("# two nodes\nlocalhost slots=2\nnode-that-does-not-exist.invalid slots=4\n")
-    proc = subprocess.run(["bash", ENTRYPOINT, "launch", str(hosts), "--flagfile=x"], capture_output=True, text=True)
+    key = tmp_path / "key"
+    key.write_text("not used before the hosts are checked\n")
+    proc = subprocess.run(["bash", ENTRYPOINT, "launch", str(hosts), "--flagfile=x"], capture_output=True, text=True,
+                          env={**os.environ, "HOME": str(tmp_path), "BERT_TF_PRIVATE_KEY": str(key)})
     assert proc.returncode == 2
     assert f"host 'node-that-does-not-exist.invalid' in {hosts} does not resolve" in proc.stderr
 
@@ -103,3 +122,204 @@ def test_entrypoint_names_a_host_that_does_not_resolve(tmp_path):
 def test_entrypoint_runs_a_command():
     proc = subprocess.run(["bash", ENTRYPOINT, "run", "echo", "hello"], capture_output=True, text=True)
     assert proc.returncode == 0 and proc.stdout == "hello\n"
+
+
+# ------------------------------------------------------------------------------- the image, for real
+
+PREFIX = f"bert-tf-test-{os.getpid()}"
+SHORT = ["--total_steps=30", "--warmup_steps=3", "--log_interval=10"]
+
+
+@pytest.fixture(scope="module")
+def image():
+    with services.dockerd():
+        start = time.time()
+        name, built = services.ensure_image()
+        print(f"image {name}: {'built in %.0f s' % built if built else 'cached'}; size "
+              f"{int(services.docker('image', 'inspect', '-f', '{{.Size}}', name).stdout) / 1e9:.2f} GB "
+              f"(ready after {time.time() - start:.0f} s)")
+        try:
+            yield name
+        finally:
+            ids = services.docker("ps", "-aq", "--filter", f"name={PREFIX}").stdout.split()
+            if ids:
+                services.docker("rm", "-f", *ids, check=False)
+            services.docker("network", "rm", f"{PREFIX}-net", check=False)
+
+
+@pytest.fixture(scope="module")
+def net(image):
+    """A user-defined network without outside access, in 198.18.0.0/15 like everything Docker makes here."""
+    services.docker("network", "create", "--internal", "--subnet", "198.19.250.0/24", f"{PREFIX}-net")
+    return f"{PREFIX}-net"
+
+
+def shared_dir(path):
+    """A host folder the image's user (uid 1000) can write."""
+    path.mkdir(parents=True, exist_ok=True)
+    os.chown(path, 1000, 1000)
+    return path
+
+
+@pytest.fixture(scope="module")
+def demo_data(tmp_path_factory):
+    return shared_dir(tmp_path_factory.mktemp("image_demo_data") / "demo")
+
+
+@pytest.fixture(scope="module")
+def keys(image, tmp_path_factory):
+    """A key pair (host ssh-keygen, else the image's): id_ed25519 for the launcher, .pub for workers."""
+    d = shared_dir(tmp_path_factory.mktemp("keys") / "k")
+    if shutil.which("ssh-keygen"):
+        services.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / "id_ed25519")])
+        for f in d.iterdir():
+            os.chown(f, 1000, 1000)
+    else:
+        services.docker("run", "--rm", "--network", "none", "-v", f"{d}:/out", image,
+                        "run", "ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", "/out/id_ed25519")
+    return d
+
+
+def test_the_image_runs_as_non_root_and_holds_no_build_input(image):
+    ca = services.pip_cert()
+    size = os.path.getsize(ca) if ca else 0
+    script = ("id -u; ls /tmp/build-inputs /opt/bert_tf/cache/downloads 2>&1 | head -2; "
+              f"find / -xdev -type f -size {size}c -exec sha256sum {{}} + 2>/dev/null | cut -d' ' -f1; "
+              "dpkg -s python3.11-venv python3.11-dev | grep -c '^Status: install ok installed'; "
+              "python -m venv /tmp/v && echo venv-ok")
+    out = services.docker("run", "--rm", "--network", "none", image, "run", "bash", "-c", script).stdout.splitlines()
+    print("\n".join(out))
+    assert out[0] == "1000"
+    assert "No such file or directory" in out[1] and "No such file or directory" in out[2]
+    if ca:     # the proxy's CA bundle fed to the build: no file in the image has its content
+        import hashlib
+        digest = hashlib.sha256(open(ca, "rb").read()).hexdigest()
+        assert digest not in out
+        history = services.docker("history", "--no-trunc", image).stdout
+        assert "PIP_CERT=" not in services.docker("inspect", "-f", "{{.Config.Env}}", image).stdout
+        assert "build-inputs/ca.crt" not in history.split("AS runtime")[0] if "AS runtime" in history else True
+    # the minimal-Debian replay: setup.sh installed venv and headers on the minbase base
+    assert out[-2] == "2" and out[-1] == "venv-ok"
+
+
+def test_demo_in_the_image(image, demo_data):
+    """docker run bert_tf:cpu run bash scripts/demo.sh --total_steps=30 (+ a warmup that fits in 30)."""
+    start = time.time()
+    proc = services.docker("run", "--rm", "--network", "none", "-v", f"{demo_data}:/opt/bert_tf/src/data/demo",
+                           image, "run", "bash", "scripts/demo.sh", *SHORT, check=False, timeout=1800)
+    out = proc.stdout + proc.stderr
+    print(out[-1500:])
+    assert proc.returncode == 0, out[-5000:]
+    assert "held-out MLM accuracy" in out and "demo finished in" in out
+    assert (demo_data / "vocab.txt").exists() and (demo_data / "seq128" / "summary.json").exists()
+    print(f"demo in the image: {time.time() - start:.0f} s")
+
+
+def start_worker(image, net, keys, demo_data, ckpt, name):
+    services.docker("run", "-d", "--name", name, "--hostname", name, "--network", net,
+                    "-v", f"{keys}/id_ed25519.pub:/keys/authorized_keys:ro",
+                    "-v", f"{demo_data}:/opt/bert_tf/src/data/demo", "-v", f"{ckpt}:/ckpt", image, "worker")
+    services.wait_for(lambda: "listening for ssh" in services.docker("logs", name).stderr, 30, f"{name}'s sshd")
+
+
+def launch_cmd(image, net, keys, demo_data, ckpt, hosts, name, *args):
+    return ["docker", "run", "--name", name, "--hostname", name, "--network", net,
+            "-v", f"{keys}/id_ed25519:/keys/id_ed25519:ro", "-v", f"{hosts}:/hosts:ro",
+            "-v", f"{demo_data}:/opt/bert_tf/src/data/demo", "-v", f"{ckpt}:/ckpt", image,
+            "launch", "/hosts", "--flagfile=configs/demo.flags", "--checkpoint_dir=/ckpt/run", *args]
+
+
+def two_node_hostfile(tmp_path, launcher, worker):
+    hosts = tmp_path / "hosts"
+    hosts.write_text(f"# rank 0 on the launcher: it writes the checkpoints\n{launcher} slots=1\n{worker} slots=1\n")
+    return hosts
+
+
+def test_two_containers_pretrain_with_horovodrun(image, net, keys, demo_data, tmp_path):
+    """worker (sshd, key mounted) + launch hostfile: horovodrun across both containers, 30 updates."""
+    if not (demo_data / "seq128" / "summary.json").exists():
+        pytest.fail("needs the data test_demo_in_the_image writes into the shared folder (run the module)")
+    ckpt = shared_dir(tmp_path / "ckpt")
+    worker, launcher = f"{PREFIX}-worker", f"{PREFIX}-launcher"
+    start_worker(image, net, keys, demo_data, ckpt, worker)
+    cmd = launch_cmd(image, net, keys, demo_data, ckpt, two_node_hostfile(tmp_path, launcher, worker), launcher,
+                     *SHORT, "--save_interval=10")
+    print("running:", " ".join(cmd))
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
+    out = proc.stdout + proc.stderr
+    print(out[-2500:])
+    assert proc.returncode == 0, out[-6000:]
+    assert f"2 ranks on {launcher},{worker}" in out and "ranks 2 " in out
+    assert "[1,0]<stdout>" in out and "[1,1]<" in out, out[-3000:]                   # both ranks logged
+    assert "Accepted publickey for bert" in services.docker("logs", worker).stderr     # rank 1 ran there
+    import tensorflow as tf
+    assert (tf.train.latest_checkpoint(str(ckpt / "run")) or "").endswith("-30"), os.listdir(ckpt / "run")
+    services.docker("rm", "-f", worker, launcher)
+
+
+def test_killing_the_worker_mid_run_ends_the_launcher_naming_the_host(image, net, keys, demo_data, tmp_path):
+    if not (demo_data / "seq128" / "summary.json").exists():
+        pytest.fail("needs the data test_demo_in_the_image writes into the shared folder (run the module)")
+    ckpt = shared_dir(tmp_path / "ckpt")
+    worker, launcher = f"{PREFIX}-kworker", f"{PREFIX}-klauncher"
+    start_worker(image, net, keys, demo_data, ckpt, worker)
+    cmd = launch_cmd(image, net, keys, demo_data, ckpt, two_node_hostfile(tmp_path, launcher, worker), launcher,
+                     "--total_steps=100000", "--warmup_steps=3", "--log_interval=1")
+    log = open(tmp_path / "launch.log", "w+")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        services.wait_for(lambda: proc.poll() is not None or "step 3" in (tmp_path / "launch.log").read_text(),
+                          600, "the two-container job's first updates")
+        assert proc.poll() is None, (tmp_path / "launch.log").read_text()[-4000:]
+        services.docker("kill", worker)
+        killed = time.time()
+        try:
+            rc = proc.wait(90)
+        except subprocess.TimeoutExpired:
+            rc = None
+        took = time.time() - killed
+    finally:
+        if proc.poll() is None:
+            services.docker("rm", "-f", launcher, check=False)
+            proc.wait(30)
+    out = (tmp_path / "launch.log").read_text()
+    print(out[-2500:], f"\nlauncher exited {rc} {took:.0f} s after the worker was killed")
+    assert rc not in (None, 0) and took < 60, out[-4000:]
+    assert worker in out.split("step 3", 1)[1], out[-4000:]            # the error names the lost host
+    services.docker("rm", "-f", worker, launcher, check=False)
+
+
+BAD_INPUT_SCRIPT = r"""
+check() {  # check NAME ARGS...: the entry point as `docker run IMAGE ARGS...` would call it, timed
+  local start=$EPOCHREALTIME rc=0
+  bert-tf-entrypoint "${@:2}" 2>"/tmp/$1.err" >/dev/null || rc=$?
+  echo "$1 rc=$rc seconds=$(awk "BEGIN {printf \"%.2f\", $EPOCHREALTIME - $start}")"
+  sed "s/^/$1: /" "/tmp/$1.err"
+}
+check nokey worker
+check nossh launch /hosts-ghost --flagfile=configs/demo.flags
+check novolume launch /hosts-self --flagfile=configs/demo.flags --checkpoint_dir=/ckpt/run
+"""
+
+
+def test_bad_input_in_the_image_gets_a_message_within_seconds(image, net, keys, tmp_path):
+    """In one container (each container is a full copy of the image on vfs): a worker without a key,
+    a hostfile naming a host that does not answer ssh (an unused address of the test network: a
+    dead node), and no volume for --checkpoint_dir. Each must end with exit 2 and its message."""
+    me = f"{PREFIX}-bad"
+    (tmp_path / "hosts-ghost").write_text(f"{me} slots=1\nghost slots=1\n")
+    (tmp_path / "hosts-self").write_text(f"{me} slots=1\n")
+    proc = services.docker("run", "--rm", "--name", me, "--hostname", me, "--network", net,
+                           "--add-host", "ghost:198.19.250.250", "-v", f"{keys}/id_ed25519:/keys/id_ed25519:ro",
+                           "-v", f"{tmp_path}/hosts-ghost:/hosts-ghost:ro", "-v", f"{tmp_path}/hosts-self:/hosts-self:ro",
+                           image, "run", "bash", "-c", BAD_INPUT_SCRIPT, timeout=600)
+    out = proc.stdout
+    print(out)
+    results = dict(re.findall(r"^(\w+) rc=2 seconds=([\d.]+)$", out, re.M))
+    assert set(results) == {"nokey", "nossh", "novolume"}, out
+    assert float(results["nokey"]) < 5 and float(results["novolume"]) < 5
+    assert float(results["nossh"]) < 20                                   # ssh ConnectTimeout 10 s
+    assert "nokey: bert-tf-entrypoint: worker mode needs the launcher's public key in /keys/authorized_keys" in out
+    assert "nossh: bert-tf-entrypoint: host 'ghost' in /hosts-ghost does not answer ssh on port 12345: ssh: connect to host ghost port 12345: " in out
+    assert ("novolume: bert-tf-entrypoint: --checkpoint_dir=/ckpt/run cannot be created or written in this "
+            "container: mount a volume there, e.g. -v /shared/ckpt:/ckpt") in out
