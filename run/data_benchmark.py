@@ -5,6 +5,7 @@ on 1 and 2 ranks, and prints wall time, MB/s and instances/s per rank, peak RSS 
 2-rank speed-up, and the time extrapolated to the English Wikipedia on 16 ranks.
 
     python run/data_benchmark.py --vocab_file=vocab.txt --size_mb=1000 --work_dir=/tmp/data_bench
+    python run/data_benchmark.py --resume_files='data/seq128/train-*' --resume_positions=10,100000
 
 Generated files and outputs live under --work_dir and are deleted at the end (--keep to keep them).
 """
@@ -22,7 +23,7 @@ from absl import flags
 
 from bert_tf import cli
 
-flags.DEFINE_string("vocab_file", None, "WordPiece vocab.txt.")
+flags.DEFINE_string("vocab_file", "", "WordPiece vocab.txt (the creation benchmark).")
 flags.DEFINE_integer("size_mb", 1000, "Size of each generated corpus, MB.")
 flags.DEFINE_list("formats", ["sentences", "documents", "jsonl", "mediawiki"], "Formats to generate and time.")
 flags.DEFINE_list("ranks", ["1", "2"], "Rank counts to time.")
@@ -31,7 +32,11 @@ flags.DEFINE_integer("dupe_factor", 1, "Passed to creation.")
 flags.DEFINE_integer("max_seq_length", 128, "Passed to creation.")
 flags.DEFINE_float("wikipedia_gb", 20.0, "Size of the English Wikipedia XML dump used for the extrapolation.")
 flags.DEFINE_bool("keep", False, "Keep the generated corpora and outputs.")
-flags.mark_flags_as_required(["vocab_file"])
+flags.DEFINE_string("resume_files", "", "Instead of the creation benchmark: time restoring the training input "
+                    "position (InputPosition) in these TFRecords at each of --resume_positions batches.")
+flags.DEFINE_list("resume_positions", ["10", "100000"], "Batches consumed before the position is saved.")
+flags.DEFINE_integer("resume_max_seq_length", 128, "Sequence length of --resume_files.")
+flags.DEFINE_integer("resume_max_predictions", 20, "max_predictions_per_seq of --resume_files.")
 FLAGS = flags.FLAGS
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -94,8 +99,42 @@ def create(path, fmt, ranks, out):
     return wall, summary
 
 
+def time_resume():
+    """Restore time of the input position after few and after many batches (batch 32, the
+    training pipeline's default shuffle buffer), and what decoding and skipping would cost."""
+    from bert_tf import input_pipeline
+    files = input_pipeline.list_files(FLAGS.resume_files)
+
+    def pipeline():
+        return input_pipeline.make_dataset(files, 32, FLAGS.resume_max_seq_length, FLAGS.resume_max_predictions,
+                                           seed=1)
+    it, consumed = iter(pipeline()), 0
+    print("| batches consumed | save s | state MB | restore + first batch s | skip + first batch s (old way) |")
+    print("|---|---|---|---|---|")
+    for target in sorted(map(int, FLAGS.resume_positions)):
+        while consumed < target:
+            next(it)
+            consumed += 1
+        position = input_pipeline.InputPosition()
+        start = time.time()
+        position.capture(it, consumed * 32, lambda b: [b])
+        save = time.time() - start
+        mb = len(position.iterator_states.numpy()[0]) / 1e6
+        start = time.time()
+        resumed = iter(pipeline())
+        position.resume(resumed, 0, 1)
+        next(resumed)
+        restore = time.time() - start
+        start = time.time()
+        next(iter(pipeline().skip(consumed)))
+        skip = time.time() - start
+        print(f"| {consumed} | {save:.2f} | {mb:.1f} | {restore:.2f} | {skip:.2f} |", flush=True)
+
+
 def main(_):
     from bert_tf import ConfigError, corpus
+    if FLAGS.resume_files:
+        return time_resume()
     if not os.path.isfile(FLAGS.vocab_file):
         raise ConfigError(f"--vocab_file={FLAGS.vocab_file}: no such file")
     unknown = set(FLAGS.formats) - set(corpus.FORMATS)
