@@ -15,8 +15,9 @@ counted in `ReadStats.bad_bytes_lines`, never fatal. Nothing loads a whole file.
 Ranks split the corpus by bytes (`plan_shares`): a rank reads only the documents that begin
 in its byte ranges (after a blank line for google format, at a line start for one document
 per line, at `<page>` for MediaWiki XML), reading at most READ_BUFFER bytes beyond its last
-document; a compressed file is read whole by one rank. A document is named by its file and
-byte offset (`read_share`), whatever the rank count.
+document; a compressed file is read whole by one rank, except a Wikipedia multistream dump
+with its index beside it (`multistream_index`), whose bz2 streams are shared out. A document is
+named by its file and byte offset (`read_share`), whatever the rank count.
 
 Sentence splitting rules (`split_sentences`), for text that is not split already:
   a sentence ends at '.', '!' or '?' (plus closing quotes/brackets) followed by white space
@@ -117,6 +118,7 @@ class Share:
     start: int = 0
     end: int | None = None
     text_field: str = "text"       # jsonl: the field holding a document's text
+    streams: tuple = ()            # multistream .bz2: offsets of the bz2 streams in [start, end), from the index
 
 
 def plan_shares(specs, size, fmt="auto", text_field="text"):
@@ -136,12 +138,20 @@ def plan_shares(specs, size, fmt="auto", text_field="text"):
         if kind not in FORMATS:
             raise ConfigError(f"unknown input format {kind!r} for {path}; valid: auto, {', '.join(FORMATS)}")
         files.append((path, kind, os.path.getsize(path)))
+    streams = {path: read_stream_index(path) for path, kind, _ in files if multistream_index(path)}
     total = sum(n for _, _, n in files)
     bounds = [total * r // size for r in range(size + 1)]      # rank r owns global bytes [bounds[r], bounds[r+1])
     shares = [[] for _ in range(size)]
     offset = 0
     for i, (path, kind, n) in enumerate(files):
-        if is_compressed(path) or n == 0:
+        if path in streams:        # a multistream dump: whole streams to the rank their first byte falls to
+            offsets = streams[path] + [n]
+            for r in range(size):
+                mine = tuple(o for o in offsets[:-1] if bounds[r] <= offset + o < bounds[r + 1])
+                if mine:
+                    end = offsets[offsets.index(mine[-1]) + 1]
+                    shares[r].append(Share(i, path, kind, mine[0], end, text_field, mine))
+        elif is_compressed(path) or n == 0:
             owner = max(r for r in range(size) if bounds[r] <= offset) if n else 0
             shares[owner].append(Share(i, path, kind, text_field=text_field))
         else:
@@ -167,7 +177,8 @@ def read_share(shares, stats: ReadStats | None = None):
             if doc:
                 stats.documents += 1
                 stats.sentences += len(doc)
-                yield (share.file_index, number if is_compressed(share.path) else offset), doc
+                named_by_offset = share.streams or not is_compressed(share.path)
+                yield (share.file_index, offset if named_by_offset else number), doc
 
 
 class _CountingReader(io.RawIOBase):
@@ -198,8 +209,67 @@ class _CountingReader(io.RawIOBase):
         super().close()
 
 
+def multistream_index(path):
+    """Wikipedia's index beside a multistream dump (…-multistream.xml.bz2 -> …-multistream-index.txt.bz2), or None."""
+    if not path.endswith("multistream.xml.bz2"):
+        return None
+    index = path[:-len(".xml.bz2")] + "-index.txt.bz2"
+    return index if os.path.isfile(index) else None
+
+
+def read_stream_index(path):
+    """Sorted offsets of the bz2 streams of a multistream dump, from its index (offset:page id:title
+    lines); the first stream (the <siteinfo> header) is at 0. A mismatch is an error: reading
+    with wrong offsets would be wrong."""
+    index = multistream_index(path)
+    offsets = {0}
+    with bz2.open(index, "rb") as f:
+        for number, line in enumerate(f, 1):
+            head = line.split(b":", 1)[0]
+            if not head.strip().isdigit():
+                raise ConfigError(f"{index}: line {number} is not offset:page id:title: {line[:80]!r}")
+            offsets.add(int(head))
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        for o in sorted(offsets):
+            f.seek(o)
+            if o >= size or f.read(3) != b"BZh":
+                raise ConfigError(f"{index} does not match {path}: no bz2 stream starts at byte {o}")
+    return sorted(offsets)
+
+
+def _stream_lines(share, stats):
+    """(offset, raw line) of the pages in a multistream share: each stream decompressed on its own;
+    offsets are stream offset * 2**32 + offset inside the stream (a name, not a position)."""
+    bounds = list(share.streams) + [share.end]
+    with open(share.path, "rb") as f:
+        for start, end in zip(bounds, bounds[1:]):
+            f.seek(start)
+            data = f.read(end - start)
+            stats.bytes_read += len(data)
+            chunks = []
+            while data:                    # usually one stream; the last also holds the closing </mediawiki>
+                decompressor = bz2.BZ2Decompressor()
+                try:
+                    chunks.append(decompressor.decompress(data))
+                except OSError as e:
+                    raise ConfigError(f"{share.path}: byte {start}: the stream the index names is not valid bz2 ({e})")
+                if not decompressor.eof:
+                    raise ConfigError(f"{share.path}: byte {start}: the stream does not end before the next index "
+                                      f"offset {end} (index and dump do not match, or the dump is truncated)")
+                data = decompressor.unused_data
+            text = b"".join(chunks)
+            inside = 0
+            for line in io.BytesIO(text):
+                yield start << 32 | inside, line
+                inside += len(line)
+
+
 def _lines_from(share, stats):
     """(byte offset, raw line) from the first line that starts at or after share.start."""
+    if share.streams:
+        yield from _stream_lines(share, stats)
+        return
     f = io.BufferedReader(_CountingReader(open(share.path, "rb"), stats), READ_BUFFER)
     if share.path.endswith(".gz"):
         f = gzip.GzipFile(fileobj=f, mode="rb")
@@ -299,7 +369,7 @@ def _pages_in_range(share, stats):
     for offset, raw in _lines_from(share, stats):
         at = raw.find(b"<page>")
         if page is None and at >= 0:
-            if share.end is not None and offset + at >= share.end:
+            if share.end is not None and not share.streams and offset + at >= share.end:
                 return
             page, page_start, raw = [], offset + at, raw[at:]
         if page is None:

@@ -330,7 +330,7 @@ def split_heldout(num_documents, heldout_fraction, seed):
 def document_seed(key):
     """An int naming a document by (file index, offset), the same whatever the rank count."""
     file_index, offset = key
-    return file_index << 40 | offset
+    return file_index << 64 | offset
 
 
 def is_heldout(doc_seed, heldout_fraction, seed):

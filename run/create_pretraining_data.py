@@ -7,6 +7,7 @@
 import dataclasses
 import json
 import os
+import resource
 
 from absl import flags
 
@@ -47,6 +48,7 @@ def main(_):
     summary = pretraining_data.create_pretraining_data(
         files, FLAGS.input_format, tokenizer, FLAGS.output_dir, config, rank=rank, size=size,
         num_shards=FLAGS.shards_per_rank, heldout_fraction=FLAGS.heldout_fraction, text_field=FLAGS.text_field)
+    summary["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024   # Linux: kB
     summaries = comm.gather(summary, root=0)
     if rank == 0 and not sum(s["documents"] for s in summaries):
         raise ConfigError(f"no text found in {', '.join(files)} (empty corpus?)")
@@ -71,7 +73,10 @@ def main(_):
                       f"NSP random-next {c['nsp_random_fraction']:.4f}  clamped {c['clamped']}  "
                       f"{c['instances_per_second']:.0f} instances/s")
         print(f"wall {total['seconds']:.1f} s on {size} rank(s); per rank instances/s: "
-              + ", ".join(f"{x:.0f}" for x in total["per_rank_instances_per_second"]))
+              + ", ".join(f"{x:.0f}" for x in total["per_rank_instances_per_second"])
+              + "; peak RSS MB: " + ", ".join(f"{s['peak_rss_mb']:.0f}" for s in summaries)
+              + (f"; parts reused: {sum(s['parts_reused'] for s in summaries)}"
+                 if any(s["parts_reused"] for s in summaries) else ""))
         print(f"summary: {path}")
 
 

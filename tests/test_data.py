@@ -117,6 +117,36 @@ def test_cleaned_wikipedia_sentences_are_almost_free_of_markup(corpus_dir):
     assert fraction < 0.0005        # measured 3 of 22,831 ('|' in quoted text and one broken link)
 
 
+def test_multistream_dump_shares_its_streams_and_a_wrong_index_stops_with_a_clear_error(tmp_path, corpus_dir):
+    data = bz2.decompress((corpus_dir / "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2")
+                          .read_bytes())
+    starts = [m.start() for m in re.finditer(b"<page>", data)]
+    end = data.rindex(b"</page>") + len(b"</page>\n")
+    pieces = [data[:starts[0]]] + [data[a:b] for a, b in zip(starts[::10], starts[10::10] + [end])] + [data[end:]]
+    dump, index = tmp_path / "x-multistream.xml.bz2", []
+    with open(dump, "wb") as f:
+        for n, piece in enumerate(pieces):       # Wikipedia's layout: header, streams of pages, footer
+            if 0 < n < len(pieces) - 1:
+                index.append(f"{f.tell()}:{n}:Title {n}\n")
+            f.write(bz2.compress(piece))
+    (tmp_path / "x-multistream-index.txt.bz2").write_bytes(bz2.compress("".join(index).encode()))
+    whole = list(corpus.read_documents([str(dump)], "mediawiki"))
+    assert len(whole) > 50
+    shares = corpus.plan_shares([str(dump)], 3)
+    assert all(len(r) == 1 and len(r[0].streams) >= 3 for r in shares)       # every rank has streams
+    got, read = [], 0
+    for rank in range(3):
+        stats = corpus.ReadStats()
+        got += [d for _, d in corpus.read_share(shares[rank], stats)]
+        read += stats.bytes_read
+    assert got == whole and read == dump.stat().st_size                      # each stream read by one rank
+    # an index whose offsets are not the dump's streams
+    (tmp_path / "x-multistream-index.txt.bz2").write_bytes(bz2.compress(b"1000:1:Wrong\n"))
+    with pytest.raises(ConfigError, match=r"x-multistream-index.txt.bz2 does not match .*x-multistream.xml.bz2: "
+                                          r"no bz2 stream starts at byte 1000"):
+        corpus.plan_shares([str(dump)], 2)
+
+
 @pytest.mark.parametrize("fmt", ["sentences", "documents", "mediawiki", "jsonl"])
 def test_ranks_read_disjoint_byte_ranges_whose_documents_make_the_corpus(tmp_path, corpus_dir, fmt):
     """Cut points fall inside documents; each document is read by the rank it begins with."""

@@ -1,0 +1,183 @@
+"""Scale benchmark of pre-training data creation (issue 14): generates a corpus of --size_mb in
+each format from the bundled text (documents shuffled and perturbed: sentences dropped and
+reordered, numbers changed, so it is not copies of one file), runs run/create_pretraining_data.py
+on 1 and 2 ranks, and prints wall time, MB/s and instances/s per rank, peak RSS per rank, the
+2-rank speed-up, and the time extrapolated to the English Wikipedia on 16 ranks.
+
+    python run/data_benchmark.py --vocab_file=vocab.txt --size_mb=1000 --work_dir=/tmp/data_bench
+    python run/data_benchmark.py --resume_files='data/seq128/train-*' --resume_positions=10,100000
+
+Generated files and outputs live under --work_dir and are deleted at the end (--keep to keep them).
+"""
+import json
+import os
+import random
+import re
+import shutil
+import subprocess
+import sys
+import time
+from xml.sax.saxutils import escape
+
+from absl import flags
+
+from bert_tf import cli
+
+flags.DEFINE_string("vocab_file", "", "WordPiece vocab.txt (the creation benchmark).")
+flags.DEFINE_integer("size_mb", 1000, "Size of each generated corpus, MB.")
+flags.DEFINE_list("formats", ["sentences", "documents", "jsonl", "mediawiki"], "Formats to generate and time.")
+flags.DEFINE_list("ranks", ["1", "2"], "Rank counts to time.")
+flags.DEFINE_string("work_dir", "/tmp/bert_tf_data_benchmark", "Scratch space (needs about 3 x size_mb per format).")
+flags.DEFINE_integer("dupe_factor", 1, "Passed to creation.")
+flags.DEFINE_integer("max_seq_length", 128, "Passed to creation.")
+flags.DEFINE_float("wikipedia_gb", 20.0, "Size of the English Wikipedia XML dump used for the extrapolation.")
+flags.DEFINE_bool("keep", False, "Keep the generated corpora and outputs.")
+flags.DEFINE_string("resume_files", "", "Instead of the creation benchmark: time restoring the training input "
+                    "position (InputPosition) in these TFRecords at each of --resume_positions batches.")
+flags.DEFINE_list("resume_positions", ["10", "100000"], "Batches consumed before the position is saved.")
+flags.DEFINE_integer("resume_max_seq_length", 128, "Sequence length of --resume_files.")
+flags.DEFINE_integer("resume_max_predictions", 20, "max_predictions_per_seq of --resume_files.")
+FLAGS = flags.FLAGS
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def bundled_documents():
+    from bert_tf import corpus
+    paths = sorted(os.path.join(REPO, "data", "corpus", f) for f in os.listdir(os.path.join(REPO, "data", "corpus")))
+    return list(corpus.read_documents([p + ("" if p.endswith(".bz2") else "@documents") for p in paths]))
+
+
+def perturbed(docs, rng):
+    """Endless documents: a random bundled document with sentences dropped, reordered in places
+    and its numbers changed."""
+    while True:
+        doc = [s for s in rng.choice(docs) if rng.random() > 0.15] or rng.choice(docs)
+        if len(doc) > 3 and rng.random() < 0.5:
+            i = rng.randrange(len(doc) - 1)
+            doc[i], doc[i + 1] = doc[i + 1], doc[i]
+        yield [re.sub(r"\d+", lambda m: str(rng.randrange(10 ** len(m.group(0)))), s) for s in doc]
+
+
+def generate(fmt, path, size_bytes, docs, seed=1):
+    rng = random.Random(seed)
+    written = 0
+    with open(path, "w", encoding="utf-8") as f:
+        if fmt == "mediawiki":
+            f.write('<mediawiki xmlns="http://www.mediawiki.org/xml/export-0.10/">\n')
+        for n, doc in enumerate(perturbed(docs, rng)):
+            if fmt == "sentences":
+                text = "\n".join(doc) + "\n\n"
+            elif fmt == "documents":
+                text = " ".join(doc) + "\n"
+            elif fmt == "jsonl":
+                text = json.dumps({"id": n, "text": " ".join(doc)}) + "\n"
+            else:
+                body = escape("\n\n".join(" ".join(doc[i:i + 4]) for i in range(0, len(doc), 4)))
+                text = (f"  <page>\n    <title>Doc {n}</title>\n    <ns>0</ns>\n    <id>{n}</id>\n    <revision>\n"
+                        f"      <text xml:space=\"preserve\">{body}</text>\n    </revision>\n  </page>\n")
+            f.write(text)
+            written += len(text.encode("utf-8"))
+            if written >= size_bytes:
+                break
+        if fmt == "mediawiki":
+            f.write("</mediawiki>\n")
+    return os.path.getsize(path)
+
+
+def create(path, fmt, ranks, out):
+    cmd = ["mpirun", "-np", str(ranks), "--oversubscribe", "--bind-to", "none"]
+    if os.geteuid() == 0:
+        cmd.append("--allow-run-as-root")
+    cmd += [sys.executable, os.path.join(REPO, "run", "create_pretraining_data.py"), f"--input_files={path}",
+            f"--input_format={fmt}", f"--vocab_file={FLAGS.vocab_file}", f"--output_dir={out}",
+            f"--max_seq_length={FLAGS.max_seq_length}", f"--dupe_factor={FLAGS.dupe_factor}", "--heldout_fraction=0"]
+    start = time.time()
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    wall = time.time() - start
+    with open(os.path.join(out, "summary.json")) as f:
+        summary = json.load(f)
+    return wall, summary
+
+
+def time_resume():
+    """Restore time of the input position after few and after many batches (batch 32, the
+    training pipeline's default shuffle buffer), and what decoding and skipping would cost."""
+    from bert_tf import input_pipeline
+    files = input_pipeline.list_files(FLAGS.resume_files)
+
+    def pipeline():
+        return input_pipeline.make_dataset(files, 32, FLAGS.resume_max_seq_length, FLAGS.resume_max_predictions,
+                                           seed=1)
+    it, consumed = iter(pipeline()), 0
+    print("| batches consumed | save s | state MB | restore + first batch s | skip + first batch s (old way) |")
+    print("|---|---|---|---|---|")
+    for target in sorted(map(int, FLAGS.resume_positions)):
+        while consumed < target:
+            next(it)
+            consumed += 1
+        position = input_pipeline.InputPosition()
+        start = time.time()
+        position.capture(it, consumed * 32, lambda b: [b])
+        save = time.time() - start
+        mb = len(position.iterator_states.numpy()[0]) / 1e6
+        start = time.time()
+        resumed = iter(pipeline())
+        position.resume(resumed, 0, 1)
+        next(resumed)
+        restore = time.time() - start
+        start = time.time()
+        next(iter(pipeline().skip(consumed)))
+        skip = time.time() - start
+        print(f"| {consumed} | {save:.2f} | {mb:.1f} | {restore:.2f} | {skip:.2f} |", flush=True)
+
+
+def main(_):
+    from bert_tf import ConfigError, corpus
+    if FLAGS.resume_files:
+        return time_resume()
+    if not os.path.isfile(FLAGS.vocab_file):
+        raise ConfigError(f"--vocab_file={FLAGS.vocab_file}: no such file")
+    unknown = set(FLAGS.formats) - set(corpus.FORMATS)
+    if unknown:
+        raise ConfigError(f"--formats: unknown {', '.join(sorted(unknown))}; valid: {', '.join(corpus.FORMATS)}")
+    os.makedirs(FLAGS.work_dir, exist_ok=True)
+    docs = bundled_documents()
+    rows = []
+    print(f"{len(docs)} bundled documents; corpora of {FLAGS.size_mb} MB in {FLAGS.work_dir}")
+    print("| format | MB | ranks | wall s | MB/s per rank | instances/s per rank | peak RSS per rank MB | speed-up |")
+    print("|---|---|---|---|---|---|---|---|")
+    for fmt in FLAGS.formats:
+        path = os.path.join(FLAGS.work_dir, f"corpus.{fmt}")
+        size = generate(fmt, path, FLAGS.size_mb * 1e6, docs)
+        base = None
+        for ranks in map(int, FLAGS.ranks):
+            out = os.path.join(FLAGS.work_dir, f"out-{fmt}-{ranks}")
+            shutil.rmtree(out, ignore_errors=True)
+            wall, summary = create(path, fmt, ranks, out)
+            per_rank = summary["per_rank"]
+            mb_s = [s["bytes_read"] / 1e6 / s["seconds"] for s in per_rank]
+            inst_s = summary["total"]["per_rank_instances_per_second"]
+            rss = [s["peak_rss_mb"] for s in per_rank]
+            base = base or wall
+            rows.append({"format": fmt, "mb": size / 1e6, "ranks": ranks, "wall": wall, "mb_s": mb_s,
+                         "instances_s": inst_s, "rss": rss, "speedup": base / wall})
+            print(f"| {fmt} | {size / 1e6:.0f} | {ranks} | {wall:.1f} | {', '.join(f'{x:.2f}' for x in mb_s)} | "
+                  f"{', '.join(f'{x:.0f}' for x in inst_s)} | {', '.join(f'{x:.0f}' for x in rss)} | "
+                  f"{base / wall:.2f} |", flush=True)
+            if not FLAGS.keep:
+                shutil.rmtree(out, ignore_errors=True)
+        if not FLAGS.keep:
+            os.remove(path)
+    for row in rows:
+        if row["format"] == "mediawiki" and row["ranks"] == max(map(int, FLAGS.ranks)):
+            rate = min(row["mb_s"])           # the slowest rank sets the pace
+            hours = FLAGS.wikipedia_gb * 1e3 / (rate * 16) / 3600
+            print(f"extrapolated: English Wikipedia ({FLAGS.wikipedia_gb:.0f} GB of XML) on 16 ranks at "
+                  f"{rate:.2f} MB/s per rank (this machine's slowest rank, {row['ranks']} ranks): {hours:.1f} h "
+                  f"(if ranks scale linearly; the dump must be decompressed or split so 16 ranks can share it)")
+    with open(os.path.join(FLAGS.work_dir, "data_benchmark.json"), "w") as f:
+        json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    cli.run(main)
