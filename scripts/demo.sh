@@ -25,6 +25,7 @@ if [ ! -f data/demo/seq128/summary.json ]; then
 fi
 node_flags=runs/node-tiny.flags   # self-tuned once per machine type: precision and XLA that run fastest here
 if [ ! -f "$node_flags" ]; then
+  mkdir -p "$(dirname "$node_flags")"
   echo "== self-tuning: timing tiny BERT's precision x XLA rungs on this machine -> $node_flags"
   python run/benchmark.py --model_preset=tiny --vocab_size=8192 --max_seq_length=128 --batch_size=16 \
     --rungs=fp32,fp32+xla,bf16,bf16+xla --updates=3 --warmup_updates=1 --peak_seconds=0.5 \

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, mpi_env
 import services
 
 HVDRUN = shutil.which("horovodrun", path=os.path.dirname(sys.executable)) or "horovodrun"
@@ -25,7 +25,9 @@ def mpirun_map(path, np_):
     cmd = ["mpirun", "-np", str(np_), "--hostfile", str(path), "--display-map", "--do-not-launch", "true"]
     if os.geteuid() == 0:
         cmd.insert(1, "--allow-run-as-root")
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    # env: os.environ's copy, not the C environment this process inherits by default, into which an
+    # in-process hvd.init() (an MPI singleton, earlier tests) writes variables that make mpirun exit 1
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=mpi_env())
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return {m[0]: int(m[1]) for m in re.findall(r"Data for node: (\S+)\s+Num slots: \d+\s+Max slots: \d+\s+Num procs: (\d+)",
                                                 proc.stdout)}
