@@ -204,7 +204,8 @@ def micro_batch_counts(micro_batches, size):
 class SharedStream:
     """One rank's copy of elastic mode's shared stream (module docstring): `next_update` takes an
     update's micro-batches and returns this rank's share, parsed; `state` / `restore` are the
-    position as bytes (the same on every rank after the same updates)."""
+    position as bytes (the same position on every rank after the same updates; the bytes also hold
+    what each rank happens to have prefetched, so they may differ)."""
 
     def __init__(self, dataset, max_seq_length, max_predictions_per_seq, masker=None):
         spec = feature_spec(max_seq_length, max_predictions_per_seq)
