@@ -99,6 +99,10 @@ class PretrainConfig(training.TrainConfig):
                 raise ConfigError("--elastic needs --global_batch (sequences per update, kept whatever the rank "
                                   "count; --accumulation_steps is then derived from it at every resize)")
             elastic.micro_batches_per_update(self.global_batch, self.batch_size)
+            if self.accumulation_steps != 1:
+                raise ConfigError(f"--accumulation_steps={self.accumulation_steps} with --elastic: each rank's "
+                                  f"micro-batches per update follow from --global_batch and the rank count; leave "
+                                  f"it at 1")
             if self.elastic_commit_interval < 1:
                 raise ConfigError(f"--elastic_commit_interval must be >= 1, got {self.elastic_commit_interval}")
         elif self.global_batch:
@@ -422,6 +426,9 @@ def train_elastic(cfg: PretrainConfig, job, log) -> dict:
         say = log if rank == 0 else silent
         mine, weight = elastic.rank_share(micro, rank, size)
         trainer.resize(mine, distributed.make_gradient_allreduce(cfg.comm.fp16_allreduce, weight=weight))
+        trainer.seed_offset = rank                  # this rank's dropout stream
+        for acc in trainer.accumulators:            # an update cut short by a failure leaves nothing behind
+            acc.assign(tf.zeros_like(acc))
         writer.set_active(rank == 0)
         job.ckpts.set_writer(rank == 0)
         start_step = step = int(trainer.step.numpy())

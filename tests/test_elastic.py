@@ -59,6 +59,8 @@ def test_elastic_flags_are_checked_at_start_up(tmp_path):
         pretraining.PretrainConfig(elastic=True, global_batch=30, **base)
     with pytest.raises(ConfigError, match="--elastic_commit_interval must be >= 1"):
         pretraining.PretrainConfig(elastic=True, global_batch=32, elastic_commit_interval=0, **base)
+    with pytest.raises(ConfigError, match="--accumulation_steps=4 with --elastic"):
+        pretraining.PretrainConfig(elastic=True, global_batch=32, accumulation_steps=4, **base)
     with pytest.raises(ConfigError, match="--global_batch is for --elastic"):
         pretraining.PretrainConfig(global_batch=32, **base)
 
