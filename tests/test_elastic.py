@@ -193,16 +193,18 @@ def _wait(metrics, condition, proc, what, timeout=240):
 
 
 @needs_namespaces
-def test_elastic_job_loses_a_node_takes_it_back_and_loses_its_link(tmp_path, tiny_data):
+def test_elastic_job_loses_a_node_takes_a_replacement_and_loses_a_link(tmp_path, tiny_data):
+    """3 of 4 emulated nodes listed, one rank each; node 2 killed (a preemption: Horovod blacklists it),
+    node 3 listed in its place (the replacement), node 1's link taken down; the job ends on 2 ranks."""
     ckpt = tmp_path / "run"
     metrics = ckpt / "metrics.jsonl"
     flags = tiny_data["flags"] + ["--elastic", "--global_batch=24", "--elastic_commit_interval=5",
                                   "--save_interval=10", "--total_steps=150", f"--checkpoint_dir={ckpt}"]
     figures = {}
-    with ec.EmulatedCluster(3, rate_gbit=1) as cluster:
+    with ec.EmulatedCluster(4, rate_gbit=1) as cluster:
         h = cluster.hosts
-        cmd = cluster.horovodrun_elastic_prefix(3, 2, 3, ["--blacklist-cooldown-range", "1", "2",
-                                                          "--elastic-timeout", "120"])
+        cluster.set_live(h[:3])
+        cmd = cluster.horovodrun_elastic_prefix(3, 2, 3, ["--elastic-timeout", "120"])
         job = subprocess.Popen(cmd + [sys.executable, str(PRETRAIN), *flags], env=mpi_env(), cwd=str(REPO),
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         try:
@@ -210,23 +212,21 @@ def test_elastic_job_loses_a_node_takes_it_back_and_loses_its_link(tmp_path, tin
                                             and r["time"] > after)
             first = _wait(metrics, train(3), job, "a first update on 3 ranks", timeout=300)
             _wait(metrics, lambda r: r["kind"] == "train" and r["step"] >= first["step"] + 12, job, "12 more updates")
-            # 1. every process of node 2 killed (a preemption); it leaves the discovery listing
+            # 1. every process of node 2 killed (a preemption)
             t_kill = time.time()
             cluster.kill_node(2)
-            cluster.set_live(h[:2])
             resumed = _wait(metrics, train(2, t_kill), job, "an update on 2 ranks after the kill")
             figures["kill: detection + restore + first update (s)"] = resumed["time"] - t_kill
             _wait(metrics, lambda r: r["kind"] == "train" and r["step"] >= resumed["step"] + 10, job, "10 more")
-            # 2. node 2 back
+            # 2. node 3 listed instead of node 2: the job grows back to 3 ranks
             t_add = time.time()
-            cluster.set_live(h)
-            grown = _wait(metrics, train(3, t_add), job, "an update on 3 ranks after the node came back")
+            cluster.set_live([h[0], h[1], h[3]])
+            grown = _wait(metrics, train(3, t_add), job, "an update on 3 ranks after the replacement came")
             figures["join: listed -> first update on 3 ranks (s)"] = grown["time"] - t_add
             _wait(metrics, lambda r: r["kind"] == "train" and r["step"] >= grown["step"] + 10, job, "10 more")
-            # 3. node 2's link down (its processes live on, cut off)
+            # 3. node 1's link down (its processes live on, cut off)
             t_link = time.time()
-            cluster.set_link(2, False)
-            cluster.set_live(h[:2])
+            cluster.set_link(1, False)
             relinked = _wait(metrics, train(2, t_link), job, "an update on 2 ranks after the link went down")
             figures["link down: detection + restore + first update (s)"] = relinked["time"] - t_link
             out, _ = job.communicate(timeout=600)
@@ -248,7 +248,7 @@ def test_elastic_job_loses_a_node_takes_it_back_and_loses_its_link(tmp_path, tin
     # each restart resumes at a commit (a multiple of 5 updates) with the samples of exactly its updates
     for r in starts[1:]:
         assert r["step"] % 5 == 0 and r["samples_seen"] == 24 * r["step"], r
-    # a newcomer's weights equal the others' after its first update (3 digests, one value)
+    # the newcomer's weights equal the others' after its first update (3 digests, one value)
     firsts = [r for r in events if r["event"] == "first update" and r["ranks"] == 3]
     assert len(firsts) == 2 and all(len(set(r["weights_digests"])) == 1 for r in firsts)
     trains = [r for r in records if r["kind"] == "train"]
@@ -260,3 +260,24 @@ def test_elastic_job_loses_a_node_takes_it_back_and_loses_its_link(tmp_path, tin
     assert "waiting for Horovod to re-form the ranks" in out
     import tensorflow as tf
     assert tf.train.latest_checkpoint(str(ckpt)).endswith("ckpt-150")
+
+
+@needs_namespaces
+def test_too_few_hosts_for_min_np_fail_after_the_elastic_timeout():
+    with ec.EmulatedCluster(2, rate_gbit=1) as cluster:
+        cluster.set_live(cluster.hosts[:1])
+        start = time.time()
+        proc = subprocess.run(cluster.horovodrun_elastic_prefix(2, 2, 2, ["--elastic-timeout", "5"])
+                              + [sys.executable, "-c", "print('never started')"],
+                              env=mpi_env(), capture_output=True, text=True, timeout=120)
+        assert proc.returncode != 0 and time.time() - start < 60
+        assert "Timed out waiting for minimum number of slots" in proc.stdout + proc.stderr
+        assert "at least 2 Horovod processes" in proc.stdout + proc.stderr and "never started" not in proc.stdout
+        # a discovery script that prints garbage stops the launch at once, naming the line
+        with open(cluster.live_hosts, "w") as f:
+            f.write(f"{cluster.hosts[0]}:1\nnot a host\n")
+        proc = subprocess.run(cluster.horovodrun_elastic_prefix(1, 1, 2, ["--elastic-timeout", "30"])
+                              + [sys.executable, "-c", "print('never started')"],
+                              env=mpi_env(), capture_output=True, text=True, timeout=120)
+        assert proc.returncode != 0 and "line 2 is not 'host:slots'" in proc.stderr, proc.stderr[-3000:]
+        assert "never started" not in proc.stdout
