@@ -455,7 +455,7 @@ def train_elastic(cfg: PretrainConfig, job, log) -> dict:
                 agree(say, step, "first update")
             if cfg.eval_interval and step % cfg.eval_interval == 0 and step != cfg.total_steps:
                 writer.write(job.evaluate(step))
-            if step % cfg.save_interval == 0 or step == cfg.total_steps:
+            if (step % cfg.save_interval == 0 or step == cfg.total_steps) and rank == 0:  # no collective
                 job.position.capture_shared(job.stream, samples_seen)
                 path = job.ckpts.save(step, {"step": step, "samples_seen": samples_seen,
                                              **job.checkpoint_extra, "ranks": size})

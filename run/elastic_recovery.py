@@ -38,7 +38,16 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _records(path):
-    return [json.loads(line) for line in open(path)] if os.path.exists(path) else []
+    """metrics.jsonl's records so far (a line being written is left for the next look)."""
+    if not os.path.exists(path):
+        return []
+    out = []
+    for line in open(path):
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            break
+    return out
 
 
 def _wait(path, condition, proc, what, timeout=300):

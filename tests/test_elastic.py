@@ -174,9 +174,16 @@ def test_discovery_script_reports_live_hosts_and_names_bad_lines(tmp_path):
 
 
 def _records(path):
+    """metrics.jsonl's records so far (a line being written is left for the next look)."""
     if not os.path.exists(path):
         return []
-    return [json.loads(line) for line in open(path)]
+    out = []
+    for line in open(path):
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            break
+    return out
 
 
 def _wait(metrics, condition, proc, what, timeout=240):
