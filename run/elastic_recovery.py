@@ -12,7 +12,8 @@ once per way of surviving; every process of node 2 is killed after --kill_after 
   elastic: horovodrun --host-discovery-script job (--elastic). Time lost = kill -> first update on
            the 2 survivors; plus the updates since the last commit, done again. Then node 3 (the
            replacement) is listed: time from listing to the first update on 3 ranks (the survivors
-           wait for its start-up).
+           wait for its start-up; the stall is the gap between the last update on 2 ranks and the
+           first on 3).
 
 A benchmark, not a test: it reports what it measured; run it on a quiet machine.
 """
@@ -129,6 +130,8 @@ def main(argv):
         cluster.set_live([cluster.hosts[0], cluster.hosts[1], cluster.hosts[3]])
         grown = _wait(metrics, train(t_add, 3), job, "an update on 3 ranks")
         figures["elastic: replacement listed -> first update on 3 ranks (s)"] = grown["time"] - t_add
+        last_on_2 = max(r["time"] for r in _records(metrics) if r["kind"] == "train" and r.get("ranks") == 2)
+        figures["elastic: join stall, last update on 2 ranks -> first on 3 (s)"] = grown["time"] - last_on_2
         steady = [r for r in _records(metrics) if r["kind"] == "train" and r.get("ranks") == 2]
         figures["seconds per update on 2 ranks"] = (steady[-1]["time"] - steady[0]["time"]) / max(
             steady[-1]["step"] - steady[0]["step"], 1)
