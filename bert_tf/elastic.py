@@ -79,8 +79,10 @@ def describe_share(micro_batches, batch_size, size):
 
 def make_state(variables, stream, samples_seen):
     """A TrainingState (Horovod imported here: the module's pure functions need no Horovod)."""
+    import tensorflow as tf
     import horovod.tensorflow as hvd
     from horovod.common.elastic import ObjectState
+    from horovod.common.exceptions import HorovodInternalError
     from bert_tf import distributed
 
     class TrainingState(ObjectState):
@@ -107,9 +109,14 @@ def make_state(variables, stream, samples_seen):
             self.stream.restore(self.stream_state)
 
         def sync(self):
-            distributed.broadcast_variables(self.variables, root_rank=0)
-            self._values = [v.numpy() for v in self.variables]
-            super().sync()                      # samples_seen and the stream's position, from rank 0
+            try:
+                distributed.broadcast_variables(self.variables, root_rank=0)
+                self._values = [v.numpy() for v in self.variables]
+                super().sync()                      # samples_seen and the stream's position, from rank 0
+            except tf.errors.OpError as e:          # a rank lost during the sync: roll back, re-form again
+                if "Horovod" not in (e.message or ""):
+                    raise
+                raise HorovodInternalError(e) from e
             self.stream.restore(self.stream_state)
 
     return TrainingState()
