@@ -278,8 +278,9 @@ def test_too_few_hosts_for_min_np_fail_after_the_elastic_timeout():
                               + [sys.executable, "-c", "print('never started')"],
                               env=mpi_env(), capture_output=True, text=True, timeout=120)
         assert proc.returncode != 0 and time.time() - start < 60
-        assert "Timed out waiting for minimum number of slots" in proc.stdout + proc.stderr
-        assert "at least 2 Horovod processes" in proc.stdout + proc.stderr and "never started" not in proc.stdout
+        # Horovod 0.28.1's words (its "{activity}" is left unformatted)
+        assert "enough resources to run at least 2 Horovod processes. Timeout after 5 seconds" in proc.stderr
+        assert "never started" not in proc.stdout
         # a discovery script that prints garbage stops the launch at once, naming the line
         with open(cluster.live_hosts, "w") as f:
             f.write(f"{cluster.hosts[0]}:1\nnot a host\n")
