@@ -25,7 +25,9 @@ link down (the bridge port, as if the cable were pulled) or up.
 from __future__ import annotations
 
 import os
+import glob
 import shutil
+import socket
 import subprocess
 import tempfile
 
@@ -34,6 +36,7 @@ from bert_tf import ConfigError
 PREFIX = "btc"
 SUBNET = "198.18.0"
 LAUNCHER_ADDRESS = f"{SUBNET}.254"
+NETNS_ETC = "/etc/netns"      # `ip netns exec NS` bind-mounts /etc/netns/NS/hosts over /etc/hosts
 
 
 class ClusterError(RuntimeError):
@@ -69,11 +72,12 @@ def existing_namespaces():
 
 
 def down():
-    """Deletes every namespace of ours (their veths and qdiscs go with them) and the hostfile/agent
-    folders. Safe to repeat."""
-    import glob
+    """Deletes every namespace of ours (their veths and qdiscs go with them), their /etc/netns files
+    and the hostfile/agent folders. Safe to repeat."""
     for ns in existing_namespaces():
         subprocess.run(["ip", "netns", "delete", ns], capture_output=True)
+    for folder in glob.glob(os.path.join(NETNS_ETC, PREFIX + "-*")):
+        shutil.rmtree(folder, ignore_errors=True)
     for folder in glob.glob(os.path.join(tempfile.gettempdir(), "bert_tf_cluster_*")):
         shutil.rmtree(folder, ignore_errors=True)
     return existing_namespaces() == []
@@ -114,6 +118,12 @@ class EmulatedCluster:
                 _ip("ip", "link", "set", f"p{i}", "master", "br0", "up", ns=bridge)
                 if ns != f"{PREFIX}-launch":            # the launcher's control traffic is not shaped
                     self._shape(ns)
+                # This machine's hostname resolves to the node's own address inside the node, as on a
+                # real cluster: Horovod 0.28.1 makes its process-set Gloo contexts on the hostname's
+                # address, not on HOROVOD_GLOO_IFACE (with 127.0.0.1 the elastic ranks cannot connect).
+                os.makedirs(os.path.join(NETNS_ETC, ns), exist_ok=True)
+                with open(os.path.join(NETNS_ETC, ns, "hosts"), "w") as f:
+                    f.write(f"127.0.0.1 localhost\n{address} {socket.gethostname()}\n")
             self.workdir = tempfile.mkdtemp(prefix="bert_tf_cluster_")
             self.hostfile = os.path.join(self.workdir, "hosts")
             with open(self.hostfile, "w") as f:
