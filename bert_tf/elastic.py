@@ -26,8 +26,13 @@ ranks on new hosts, and blacklists hosts whose ranks failed. This module is the 
 from __future__ import annotations
 
 import os
+import re
 
 from bert_tf import ConfigError
+
+# A TensorFlow error from a collective: Horovod's own words, or Gloo's (a peer's recv timing out names
+# only our op, e.g. "grad_43", and gloo/transport/tcp/...).
+COLLECTIVE_FAILURE = re.compile(r"horovod|gloo", re.IGNORECASE)
 
 # What horovodrun sets for the ranks of an elastic job (horovod/runner/gloo_run.py).
 ELASTIC_LAUNCH = {"HOROVOD_ELASTIC": "1", "HOROVOD_CONTROLLER": "gloo"}
@@ -114,7 +119,7 @@ def make_state(variables, stream, samples_seen):
                 self._values = [v.numpy() for v in self.variables]
                 super().sync()                      # samples_seen and the stream's position, from rank 0
             except tf.errors.OpError as e:          # a rank lost during the sync: roll back, re-form again
-                if "Horovod" not in (e.message or ""):
+                if not COLLECTIVE_FAILURE.search(e.message or ""):
                     raise
                 raise HorovodInternalError(e) from e
             self.stream.restore(self.stream_state)
@@ -123,8 +128,8 @@ def make_state(variables, stream, samples_seen):
 
 
 def run(func, log=print):
-    """hvd.elastic.run for our loop: a failed Horovod collective (any TensorFlow error naming a Horovod
-    op, eager or in a tf.function) is a HorovodInternalError: restore the commit, re-form, sync, go on.
+    """hvd.elastic.run for our loop: a failed collective (any TensorFlow error naming Horovod or Gloo,
+    eager or in a tf.function) is a HorovodInternalError: restore the commit, re-form, sync, go on.
     Every rank says why it stops and that it waits (Horovod's wait for --min-np ranks is silent)."""
     import tensorflow as tf
     import horovod.tensorflow as hvd
@@ -139,9 +144,10 @@ def run(func, log=print):
         try:
             return func(state, *args, **kwargs)
         except tf.errors.OpError as e:
-            if "Horovod" not in (e.message or ""):
+            if not COLLECTIVE_FAILURE.search(e.message or ""):
                 raise
-            reason = (e.message or "").strip().splitlines()[0][:200]
+            lines = [line for line in (e.message or "").splitlines() if COLLECTIVE_FAILURE.search(line)]
+            reason = lines[0].strip()[:200]
             log(f"elastic: rank {rank}: a collective failed ({type(e).__name__}: {reason}); rolling back to the "
                 f"last commit, {waiting}", flush=True)
             raise HorovodInternalError(e) from e

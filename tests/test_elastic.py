@@ -190,13 +190,13 @@ def _wait(metrics, condition, proc, what, timeout=240):
     deadline = time.time() + timeout
     while time.time() < deadline:
         if proc.poll() is not None:
-            raise AssertionError(f"job ended while waiting for {what}: {proc.returncode}\n{proc.stdout.read()[-6000:]}")
+            raise AssertionError(f"job ended while waiting for {what}: {proc.returncode}; its output: {proc.log}")
         found = [r for r in _records(metrics) if condition(r)]
         if found:
             return found[0]
         time.sleep(0.2)
     proc.kill()
-    raise AssertionError(f"no {what} within {timeout} s\n{proc.stdout.read()[-6000:]}")
+    raise AssertionError(f"no {what} within {timeout} s; the job's output: {proc.log}")
 
 
 @needs_namespaces
@@ -212,8 +212,11 @@ def test_elastic_job_loses_a_node_takes_a_replacement_and_loses_a_link(tmp_path,
         h = cluster.hosts
         cluster.set_live(h[:3])
         cmd = cluster.horovodrun_elastic_prefix(3, 2, 3, ["--elastic-timeout", "120"])
-        job = subprocess.Popen(cmd + [sys.executable, str(PRETRAIN), *flags], env=mpi_env(), cwd=str(REPO),
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        log = tmp_path / "job.log"
+        with open(log, "w") as out:
+            job = subprocess.Popen(cmd + [sys.executable, str(PRETRAIN), *flags], env=mpi_env(), cwd=str(REPO),
+                                   stdout=out, stderr=subprocess.STDOUT)
+        job.log = log
         try:
             train = lambda ranks, after=0: (lambda r: r["kind"] == "train" and r["ranks"] == ranks  # noqa: E731
                                             and r["time"] > after)
@@ -236,11 +239,12 @@ def test_elastic_job_loses_a_node_takes_a_replacement_and_loses_a_link(tmp_path,
             cluster.set_link(1, False)
             relinked = _wait(metrics, train(2, t_link), job, "an update on 2 ranks after the link went down")
             figures["link down: detection + restore + first update (s)"] = relinked["time"] - t_link
-            out, _ = job.communicate(timeout=600)
+            job.wait(timeout=600)
         finally:
             if job.poll() is None:
                 job.kill()
-                job.communicate()
+                job.wait()
+    out = log.read_text()
     print(json.dumps(figures, indent=1))
     assert job.returncode == 0, out[-6000:]
     records = _records(metrics)
