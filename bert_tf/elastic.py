@@ -146,8 +146,9 @@ def run(func, log=print):
         except tf.errors.OpError as e:
             if not COLLECTIVE_FAILURE.search(e.message or ""):
                 raise
-            lines = [line for line in (e.message or "").splitlines() if COLLECTIVE_FAILURE.search(line)]
-            reason = lines[0].strip()[:200]
+            lines = [line.strip() for line in (e.message or "").splitlines()
+                     if COLLECTIVE_FAILURE.search(line) and 'File "' not in line]
+            reason = (lines or ["?"])[-1][:300]
             log(f"elastic: rank {rank}: a collective failed ({type(e).__name__}: {reason}); rolling back to the "
                 f"last commit, {waiting}", flush=True)
             raise HorovodInternalError(e) from e
