@@ -244,9 +244,9 @@ def build(cfg: PretrainConfig, say):
         if samples_seen and not position.resume(batches, rank, size):
             saved_by = "elastic mode's shared stream" if saved_ranks == position.SHARED else \
                 f"{saved_ranks or 'an unknown number of'} ranks"
-            say(f"input: the checkpoint's position was saved by {saved_by}, this run has {size} ranks: a fresh "
-                f"pass over the training files starts at step {step} (records read since the last pass began "
-                f"may be read again)")
+            say(f"input: the checkpoint's position was saved by {saved_by}, this run has {size}: a fresh pass "
+                f"over the training files starts at step {step} (records read since the last pass began may be "
+                f"read again)")
     return types.SimpleNamespace(
         trainer=trainer, ckpts=ckpts, batches=batches, stream=stream, position=position, samples_seen=samples_seen,
         global_batch=global_batch,
