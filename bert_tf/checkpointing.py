@@ -25,10 +25,18 @@ class Checkpoints:
         self.is_writer = is_writer
         self.checkpoint = tf.train.Checkpoint(**items)
         self.items = items
+        self.keep_last = keep_last
         if is_writer:
             os.makedirs(directory, exist_ok=True)
         self.manager = tf.train.CheckpointManager(self.checkpoint, directory, max_to_keep=keep_last) \
             if is_writer else None
+
+    def set_writer(self, is_writer):
+        """Elastic mode: after a resize another process may be rank 0."""
+        if is_writer and self.manager is None:
+            os.makedirs(self.directory, exist_ok=True)
+            self.manager = tf.train.CheckpointManager(self.checkpoint, self.directory, max_to_keep=self.keep_last)
+        self.is_writer = is_writer
 
     def latest(self):
         return tf.train.latest_checkpoint(self.directory) if os.path.isdir(self.directory) else None

@@ -75,16 +75,19 @@ def broadcast_variables(variables, root_rank=0):
         hvd.broadcast_variables(variables, root_rank=root_rank)
 
 
-def make_gradient_allreduce(fp16_compression=False, name="grad"):
+def make_gradient_allreduce(fp16_compression=False, name="grad", weight=1.0):
     """Returns allreduce(grads) -> grads averaged over ranks, sent as float16 when asked.
 
     One allreduce op per tensor: Horovod's background thread fuses those that are ready in
     the same cycle into buffers of HOROVOD_FUSION_THRESHOLD bytes (tensor fusion).
+    weight: this rank's gradients are multiplied by it first (elastic mode's uneven shares).
     """
     import horovod.tensorflow as hvd
     compression = hvd.Compression.fp16 if fp16_compression else hvd.Compression.none
 
     def allreduce(grads):
+        if weight != 1.0:
+            grads = [g * weight for g in grads]
         if hvd.size() == 1:
             return list(grads)
         return [hvd.allreduce(g, op=hvd.Average, compression=compression, name=f"{name}_{i}")

@@ -13,11 +13,21 @@ anywhere else. mpirun runs inside the launcher namespace with an OpenMPI launch 
 (`plm_rsh_agent`) that starts each host's daemon inside that host's namespace, so ranks on
 different emulated nodes talk over TCP through the shaped links (OpenMPI's TCP transport is
 pinned to 198.18.0.0/24; shared memory is off). Needs root and iproute2.
+
+Elastic jobs (`horovodrun_elastic_prefix`): horovodrun's Gloo launcher starts a rank on a host with
+`ssh HOST COMMAND` unless the host is local; the launcher namespace gets an `ssh` of ours first on
+PATH that runs COMMAND in HOST's namespace instead and, like ssh with ServerAliveInterval=1 and
+ServerAliveCountMax=3, gives up (exit 255, the remote command killed as sshd would on a lost session)
+when the host's link has been down for 3 s. Hosts are discovered by scripts/discover_hosts.sh from
+the file `live_hosts` (`set_live`); `kill_node` kills every process of a node, `set_link` takes its
+link down (the bridge port, as if the cable were pulled) or up.
 """
 from __future__ import annotations
 
 import os
+import glob
 import shutil
+import socket
 import subprocess
 import tempfile
 
@@ -26,6 +36,7 @@ from bert_tf import ConfigError
 PREFIX = "btc"
 SUBNET = "198.18.0"
 LAUNCHER_ADDRESS = f"{SUBNET}.254"
+NETNS_ETC = "/etc/netns"      # `ip netns exec NS` bind-mounts /etc/netns/NS/hosts over /etc/hosts
 
 
 class ClusterError(RuntimeError):
@@ -61,11 +72,12 @@ def existing_namespaces():
 
 
 def down():
-    """Deletes every namespace of ours (their veths and qdiscs go with them) and the hostfile/agent
-    folders. Safe to repeat."""
-    import glob
+    """Deletes every namespace of ours (their veths and qdiscs go with them), their /etc/netns files
+    and the hostfile/agent folders. Safe to repeat."""
     for ns in existing_namespaces():
         subprocess.run(["ip", "netns", "delete", ns], capture_output=True)
+    for folder in glob.glob(os.path.join(NETNS_ETC, PREFIX + "-*")):
+        shutil.rmtree(folder, ignore_errors=True)
     for folder in glob.glob(os.path.join(tempfile.gettempdir(), "bert_tf_cluster_*")):
         shutil.rmtree(folder, ignore_errors=True)
     return existing_namespaces() == []
@@ -106,6 +118,12 @@ class EmulatedCluster:
                 _ip("ip", "link", "set", f"p{i}", "master", "br0", "up", ns=bridge)
                 if ns != f"{PREFIX}-launch":            # the launcher's control traffic is not shaped
                     self._shape(ns)
+                # This machine's hostname resolves to the node's own address inside the node, as on a
+                # real cluster: Horovod 0.28.1 makes its process-set Gloo contexts on the hostname's
+                # address, not on HOROVOD_GLOO_IFACE (with 127.0.0.1 the elastic ranks cannot connect).
+                os.makedirs(os.path.join(NETNS_ETC, ns), exist_ok=True)
+                with open(os.path.join(NETNS_ETC, ns, "hosts"), "w") as f:
+                    f.write(f"127.0.0.1 localhost\n{address} {socket.gethostname()}\n")
             self.workdir = tempfile.mkdtemp(prefix="bert_tf_cluster_")
             self.hostfile = os.path.join(self.workdir, "hosts")
             with open(self.hostfile, "w") as f:
@@ -114,6 +132,16 @@ class EmulatedCluster:
             with open(self.agent, "w") as f:
                 f.write(AGENT.format(mapping=" ".join(f"{h}={ns}" for h, ns in zip(self.hosts, self.namespaces))))
             os.chmod(self.agent, 0o755)
+            bin_dir = os.path.join(self.workdir, "bin")
+            os.makedirs(bin_dir)
+            with open(os.path.join(bin_dir, "ssh"), "w") as f:
+                f.write(SSH_SHIM.format(
+                    mapping=" ".join(f"{h}={ns}" for h, ns in zip(self.hosts, self.namespaces)),
+                    ports=" ".join(f"{h}=p{i}" for i, h in enumerate(self.hosts)), bridge=f"{PREFIX}-br"))
+            os.chmod(os.path.join(bin_dir, "ssh"), 0o755)
+            self.ssh_dir = bin_dir
+            self.live_hosts = os.path.join(self.workdir, "live_hosts")
+            self.set_live(self.hosts)
         except BaseException:
             self.down()
             raise
@@ -168,6 +196,43 @@ class EmulatedCluster:
             cmd.append("--allow-run-as-root")
         return cmd
 
+    def horovodrun_elastic_prefix(self, np_, min_np, max_np, extra_args=()):
+        """horovodrun in elastic mode (Gloo) from the launcher namespace: hosts from `live_hosts`, ranks
+        started in the hosts' namespaces by the ssh shim, Gloo on the emulated links (eth0)."""
+        import sys
+        hvdrun = shutil.which("horovodrun", path=os.path.dirname(sys.executable)) or "horovodrun"
+        discover = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts",
+                                "discover_hosts.sh")
+        return ["ip", "netns", "exec", f"{PREFIX}-launch", "env", f"PATH={self.ssh_dir}:{os.environ.get('PATH', '')}",
+                hvdrun, "-np", str(np_), "--min-np", str(min_np), "--max-np", str(max_np), "--gloo",
+                "--network-interface", "eth0", "--host-discovery-script", f"{discover} {self.live_hosts}",
+                *extra_args]
+
+    def set_live(self, hosts):
+        """The hosts the discovery script reports from now on (replaced atomically)."""
+        tmp = self.live_hosts + ".tmp"
+        with open(tmp, "w") as f:
+            f.write("".join(f"{h}:{self.slots}\n" for h in hosts))
+        os.replace(tmp, self.live_hosts)
+
+    def node_pids(self, node):
+        return [int(p) for p in _ip("ip", "netns", "pids", self.namespaces[node]).split()]
+
+    def kill_node(self, node):
+        """SIGKILL every process of the node (a preempted machine); returns their pids."""
+        import signal
+        pids = self.node_pids(node)
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        return pids
+
+    def set_link(self, node, up):
+        """The node's cable, pulled or plugged back (its bridge port down or up)."""
+        _ip("ip", "link", "set", f"p{node}", "up" if up else "down", ns=f"{PREFIX}-br")
+
     def tx_bytes(self):
         """Bytes each emulated node has sent on its link so far (interface counters)."""
         return [int(_ip("cat", "/sys/class/net/eth0/statistics/tx_bytes", ns=ns)) for ns in self.namespaces]
@@ -182,4 +247,40 @@ host=$1; shift
 ns=${{ns_of[$host]:-}}
 [ -n "$ns" ] || {{ echo "netns agent: unknown host $host" >&2; exit 1; }}
 exec ip netns exec "$ns" bash -c "$*"
+"""
+
+
+# horovodrun's Gloo launcher runs `ssh -o ... HOST [-p PORT] [-i FILE] COMMAND` for a remote host.
+SSH_SHIM = """#!/usr/bin/env bash
+declare -A ns_of=() port_of=()
+for pair in {mapping}; do ns_of[${{pair%%=*}}]=${{pair#*=}}; done
+for pair in {ports}; do port_of[${{pair%%=*}}]=${{pair#*=}}; done
+while [[ "$1" == -* ]]; do
+  case "$1" in -o|-p|-i|-l|-F) shift 2 ;; *) shift ;; esac
+done
+host=$1; shift
+ns=${{ns_of[$host]:-}}
+[ -n "$ns" ] || {{ echo "ssh shim: unknown host $host" >&2; exit 255; }}
+link_up() {{ ip -n {bridge} -o link show "${{port_of[$host]}}" | grep -Eq '[<,]UP[,>]'; }}
+link_up || {{ echo "ssh: connect to host $host port 22: No route to host" >&2; exit 255; }}
+ip netns exec "$ns" setsid bash -c "$*" &
+child=$!
+lost=$(mktemp)
+trap 'kill -KILL -- -$child 2>/dev/null; rm -f "$lost"; exit 143' TERM INT
+(down=0
+ while sleep 1; do
+   if link_up; then down=0; else down=$((down + 1)); fi
+   if [ $down -ge 3 ]; then echo lost > "$lost"; kill -KILL -- -$child 2>/dev/null; exit 0; fi
+ done) &
+watchdog=$!
+wait $child
+rc=$?
+kill $watchdog 2>/dev/null
+if [ -s "$lost" ]; then
+  rm -f "$lost"
+  echo "Connection to $host closed by remote host (link down for 3 s)." >&2
+  exit 255
+fi
+rm -f "$lost"
+exit $rc
 """

@@ -11,6 +11,18 @@ input continues exactly (no record twice, none skipped). On another rank count t
 states do not apply: the input starts a fresh pass, reshuffled with a seed taken from the
 step; ranks are disjoint in it and each record is read once per pass, but records the old
 ranks read in their unfinished pass can be read again (at most once more each).
+
+Elastic mode (`SharedStream`, run/pretrain.py --elastic) reads differently, so that the rank count
+may change between any two updates: every rank reads the same single stream of serialized
+micro-batches, whose order depends on the seed and the files only (never on the rank count); update
+u takes the next `size x accumulation` micro-batches of it (whatever the size is at u) and rank r
+parses and trains on micro-batches r, r + size, ... of those. All ranks' streams are at the same
+position after every update, so one state (the committed one, or the one in the checkpoint) puts
+any number of ranks at the same place. Guarantee: the micro-batches that went into the committed
+weights are exactly the first `samples_seen / batch_size` micro-batches of the stream, in order,
+each in one update; a failure rolls weights and stream back to the commit together, so the
+micro-batches read by the lost updates are read again (replayed), none is skipped, none counted
+twice. The price: every rank reads (not parses) all records, `size` times the I/O of sharded files.
 """
 from __future__ import annotations
 
@@ -172,14 +184,71 @@ def make_dataset(files, batch_size, max_seq_length, max_predictions_per_seq, ran
     return ds.prefetch(tf.data.AUTOTUNE).with_options(options)
 
 
+def make_shared_stream(files, batch_size, seed=0, shuffle_buffer=10000, read=tf.data.TFRecordDataset):
+    """Elastic mode's stream (module docstring): serialized micro-batches of `batch_size` records,
+    the files reshuffled every pass and the records through a seeded buffer, repeated forever. It has
+    no rank or size in it, so every rank builds the same one."""
+    files = sorted(files)
+    ds = tf.data.Dataset.from_tensor_slices(files).shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
+    ds = ds.repeat().interleave(read, cycle_length=min(4, len(files)), num_parallel_calls=tf.data.AUTOTUNE,
+                                deterministic=True)
+    ds = ds.shuffle(shuffle_buffer, seed=seed + 1, reshuffle_each_iteration=True)
+    return ds.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+
+
+def micro_batch_counts(micro_batches, size):
+    """How many of an update's `micro_batches` each of `size` ranks takes (rank r: r, r + size, ...)."""
+    return [len(range(r, micro_batches, size)) for r in range(size)]
+
+
+class SharedStream:
+    """One rank's copy of elastic mode's shared stream (module docstring): `next_update` takes an
+    update's micro-batches and returns this rank's share, parsed; `state` / `restore` are the
+    position as bytes (the same position on every rank after the same updates; the bytes also hold
+    what each rank happens to have prefetched, so they may differ)."""
+
+    def __init__(self, dataset, max_seq_length, max_predictions_per_seq, masker=None):
+        spec = feature_spec(max_seq_length, max_predictions_per_seq)
+        if masker is not None:
+            spec = {k: v for k, v in spec.items() if not k.startswith("masked_lm")}
+
+        def parse(serialized):
+            example = tf.io.parse_example(serialized, spec)
+            features = {k: tf.cast(v, tf.int32) if v.dtype == tf.int64 else v for k, v in example.items()}
+            return masker(features) if masker is not None else features
+
+        self.dataset = dataset
+        self.parse = tf.function(parse)
+        self.iterator = iter(dataset)
+
+    def next_update(self, rank, size, micro_batches):
+        """This rank's share of the next `micro_batches` micro-batches (all ranks read all of them)."""
+        mine = []
+        for m in range(micro_batches):
+            serialized = next(self.iterator)
+            if m % size == rank:
+                mine.append(self.parse(serialized))
+        return mine
+
+    def state(self) -> bytes:
+        return tf.io.serialize_tensor(self.iterator._serialize_to_tensors()["_STATE"]).numpy()
+
+    def restore(self, state: bytes):
+        self.iterator = iter(self.dataset)
+        self.iterator._restore_from_tensors({"_STATE": tf.io.parse_tensor(state, tf.variant)})
+
+
 class InputPosition(tf.Module):
     """The training input's position, as checkpoint variables (module docstring: what resume keeps).
 
     samples_seen: sequences consumed by all ranks; ranks: the rank count that saved it;
     iterator_states[r]: rank r's serialized tf.data iterator, gathered to the writer at each save.
+    Elastic mode saves its one SharedStream state instead, with ranks = SHARED (any rank count resumes it).
     A state holds the records in the shuffle buffer, so a checkpoint grows by about
     ranks x shuffle_buffer x record size (16 x 10,000 x ~1.2 KB at sequence length 128).
     """
+
+    SHARED = -1
 
     def __init__(self):
         super().__init__(name="input_position")
@@ -195,6 +264,19 @@ class InputPosition(tf.Module):
         self.samples_seen.assign(samples_seen)
         self.ranks.assign(len(states))
         self.iterator_states.assign(tf.constant(states, tf.string))
+
+    def capture_shared(self, stream: SharedStream, samples_seen):
+        """Elastic mode, no collective: every rank's stream is at the same place; the writer saves its own."""
+        self.samples_seen.assign(samples_seen)
+        self.ranks.assign(self.SHARED)
+        self.iterator_states.assign(tf.constant([stream.state()], tf.string))
+
+    def resume_shared(self, stream: SharedStream) -> bool:
+        """Puts `stream` at the saved shared position; False when the checkpoint holds per-rank states."""
+        if int(self.ranks.numpy()) != self.SHARED:
+            return False
+        stream.restore(self.iterator_states[0].numpy())
+        return True
 
     def resume(self, iterator, rank, size):
         """Puts `iterator` (fresh, same pipeline) at the saved position of `rank`; returns False

@@ -40,6 +40,13 @@ class MetricsWriter:
             os.makedirs(directory, exist_ok=True)
             self.summary = tf.summary.create_file_writer(os.path.join(directory, "tensorboard"))
 
+    def set_active(self, active):
+        """Elastic mode: after a resize another process may be rank 0."""
+        if active and not self.active:
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            self.summary = tf.summary.create_file_writer(os.path.join(os.path.dirname(self.path), "tensorboard"))
+        self.active = active
+
     def write(self, record: dict):
         if not self.active:
             return

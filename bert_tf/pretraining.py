@@ -7,10 +7,15 @@ every rank reads checkpoints. Order of events:
     -> build: check the records, model + optimizer variables, restore (resume) or
        --init_checkpoint, broadcast from rank 0, input at the restored position
     -> train: accumulate micro-batches, allreduce once, update; log / eval / save / stop
+
+--elastic (bert_tf/elastic.py): build leaves the agreement to the elastic state's first sync (no
+collective before it, so a rank that joins later runs the same code), and `train_elastic` commits the
+state every --elastic_commit_interval updates and re-forms after a rank is lost or a host is added.
 """
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import signal
 import time
@@ -19,8 +24,8 @@ import types
 import numpy as np
 import tensorflow as tf
 
-from bert_tf import (ConfigError, checkpoint_formats, checkpointing, distributed, flops, input_pipeline, metrics,
-                     modeling, tokenization, training)
+from bert_tf import (ConfigError, checkpoint_formats, checkpointing, distributed, elastic, flops, input_pipeline,
+                     metrics, modeling, tokenization, training)
 
 
 @dataclasses.dataclass
@@ -59,6 +64,10 @@ class PretrainConfig(training.TrainConfig):
     ladder_sequences_per_second: float = 0.0  # run/benchmark.py's figure for this configuration (its flagfile)
     eval_interval: int = 0
     eval_batches: int = 0
+    # elastic mode (bert_tf/elastic.py)
+    elastic: bool = False
+    global_batch: int = 0             # elastic: sequences per update, whatever the rank count
+    elastic_commit_interval: int = 10
 
     def validate(self):
         super().validate()
@@ -96,6 +105,20 @@ class PretrainConfig(training.TrainConfig):
                 checkpoint_formats.locate(self.init_checkpoint)  # exists and is a format we read
             except ConfigError as e:
                 raise ConfigError(f"--init_checkpoint={self.init_checkpoint}: {e}") from None
+        if self.elastic:
+            if not self.global_batch:
+                raise ConfigError("--elastic needs --global_batch (sequences per update, kept whatever the rank "
+                                  "count; --accumulation_steps is then derived from it at every resize)")
+            elastic.micro_batches_per_update(self.global_batch, self.batch_size)
+            if self.accumulation_steps != 1:
+                raise ConfigError(f"--accumulation_steps={self.accumulation_steps} with --elastic: each rank's "
+                                  f"micro-batches per update follow from --global_batch and the rank count; leave "
+                                  f"it at 1")
+            if self.elastic_commit_interval < 1:
+                raise ConfigError(f"--elastic_commit_interval must be >= 1, got {self.elastic_commit_interval}")
+        elif self.global_batch:
+            raise ConfigError("--global_batch is for --elastic; otherwise the global batch is --batch_size x "
+                              "--accumulation_steps x ranks")
         if self.network_interface and not os.path.exists(metrics.tx_counter(self.network_interface)):
             raise ConfigError(f"--network_interface={self.network_interface}: no such interface here "
                               f"({metrics.tx_counter(self.network_interface)} not found)")
@@ -142,11 +165,15 @@ class StopSignal:
 
 def run(cfg: PretrainConfig, log=print):
     """Pre-trains; returns (trainer, final metrics dict)."""
+    if cfg.elastic:
+        elastic.check_launch()            # before hvd.init: without an elastic launch it would wait forever
     knobs = distributed.configure(cfg.comm, cfg.horovod_timeline or None, cfg.horovod_autotune)
     distributed.init()
     say = log if distributed.rank() == 0 else (lambda *a, **k: None)
     job = build(cfg, say)
     say("horovod: " + ", ".join(f"{k}={v} ({src})" for k, (v, src) in knobs.items()))
+    if cfg.elastic:   # no stop handlers: a signal to a rank is its node leaving (the default action ends it)
+        return job.trainer, train_elastic(cfg, job, log)
     with StopSignal() as stop:
         last = train(cfg, job, stop, say)
     return job.trainer, last
@@ -170,9 +197,11 @@ def build(cfg: PretrainConfig, say):
     if eval_files:
         input_pipeline.check_files(eval_files, cfg.max_seq_length, cfg.max_predictions_per_seq, cfg.dynamic_masking)
 
-    global_batch = cfg.batch_size * cfg.accumulation_steps * size
-    say(f"ranks {size}  micro-batch {cfg.batch_size}/rank  accumulation {cfg.accumulation_steps}  "
-        f"global batch {global_batch} sequences  seq {cfg.max_seq_length}  precision {cfg.precision}  "
+    global_batch = cfg.global_batch if cfg.elastic else cfg.batch_size * cfg.accumulation_steps * size
+    say(("elastic  " if cfg.elastic else f"ranks {size}  ")
+        + f"micro-batch {cfg.batch_size}/rank  "
+        + ("" if cfg.elastic else f"accumulation {cfg.accumulation_steps}  ")
+        + f"global batch {global_batch} sequences  seq {cfg.max_seq_length}  precision {cfg.precision}  "
         f"xla {cfg.xla}  fp16 allreduce {cfg.comm.fp16_allreduce}"
         + ("  allreduce every micro-batch" if cfg.comm.allreduce_every_micro_batch else "")
         + (f"  (ladder: {cfg.ladder_sequences_per_second:.2f} seq/s per rank)" if cfg.ladder_sequences_per_second
@@ -192,10 +221,12 @@ def build(cfg: PretrainConfig, say):
     position = input_pipeline.InputPosition()
     ckpts = checkpointing.Checkpoints(cfg.checkpoint_dir, {**trainer.checkpoint_items(), "input_position": position},
                                       cfg.keep_last, is_writer=rank == 0)
-    samples_seen = restore(cfg, trainer, ckpts, global_batch, init, say)
+    # elastic: rank 0 alone reads the checkpoint; the others (and later newcomers) get the state by broadcast
+    samples_seen = restore(cfg, trainer, ckpts, global_batch, init, say) if rank == 0 or not cfg.elastic else 0
     if rank == 0:
         model_config.to_json_file(os.path.join(cfg.checkpoint_dir, "bert_config.json"))
-    distributed.broadcast_variables(trainer.state_variables(), root_rank=0)
+    if not cfg.elastic:
+        distributed.broadcast_variables(trainer.state_variables(), root_rank=0)
 
     masker = None
     if cfg.dynamic_masking:
@@ -205,17 +236,30 @@ def build(cfg: PretrainConfig, say):
     # Resume position: the saved iterator states (a seek, whatever the step); on another rank
     # count a fresh pass, reshuffled by the step so it does not replay the first pass's order.
     step = int(trainer.step.numpy())
-    resumable = samples_seen == 0 or int(position.ranks.numpy()) == size
-    dataset = input_pipeline.make_dataset(train_files, cfg.batch_size, cfg.max_seq_length,
-                                          cfg.max_predictions_per_seq, rank, size,
-                                          seed=cfg.seed if resumable else cfg.seed + step, masker=masker)
-    batches = iter(dataset)
-    if samples_seen and not position.resume(batches, rank, size):
-        say(f"input: the checkpoint's position was saved by {int(position.ranks.numpy()) or 'an unknown number of'} "
-            f"ranks, this run has {size}: a fresh pass over the training files starts at step {step} "
-            f"(records read since the last pass began may be read again)")
+    saved_ranks = int(position.ranks.numpy())
+    batches = stream = None
+    if cfg.elastic:   # one shared stream, the same seed on every rank (newcomers included)
+        stream = input_pipeline.SharedStream(
+            input_pipeline.make_shared_stream(train_files, cfg.batch_size, seed=cfg.seed),
+            cfg.max_seq_length, cfg.max_predictions_per_seq, masker)
+        if samples_seen and not position.resume_shared(stream):
+            say(f"input: the checkpoint's position was saved by {saved_ranks or 'an unknown number of'} ranks "
+                f"without --elastic: elastic mode's shared stream starts a fresh pass at step {step} (records "
+                f"read since the last pass began may be read again)")
+    else:
+        resumable = samples_seen == 0 or saved_ranks == size
+        dataset = input_pipeline.make_dataset(train_files, cfg.batch_size, cfg.max_seq_length,
+                                              cfg.max_predictions_per_seq, rank, size,
+                                              seed=cfg.seed if resumable else cfg.seed + step, masker=masker)
+        batches = iter(dataset)
+        if samples_seen and not position.resume(batches, rank, size):
+            saved_by = "elastic mode's shared stream" if saved_ranks == position.SHARED else \
+                f"{saved_ranks or 'an unknown number of'} ranks"
+            say(f"input: the checkpoint's position was saved by {saved_by}, this run has {size}: a fresh pass "
+                f"over the training files starts at step {step} (records read since the last pass began may be "
+                f"read again)")
     return types.SimpleNamespace(
-        trainer=trainer, ckpts=ckpts, batches=batches, position=position, samples_seen=samples_seen,
+        trainer=trainer, ckpts=ckpts, batches=batches, stream=stream, position=position, samples_seen=samples_seen,
         global_batch=global_batch,
         parameters=parameters, eval_files=eval_files, started_from_init=init is not None,
         evaluate=make_evaluator(trainer, cfg, eval_files, len(tokenizer), masker),
@@ -358,6 +402,88 @@ def train(cfg: PretrainConfig, job, stop: StopSignal, say) -> dict:
         say(f"measured {last['sequences_per_second'] / distributed.size():.2f} seq/s per rank (last interval) vs "
             f"the ladder's {cfg.ladder_sequences_per_second:.2f} for this configuration")
     return last
+
+
+def weights_digest(trainer) -> str:
+    """A short hash of every model weight's bytes on this rank (elastic mode checks that ranks agree)."""
+    h = hashlib.blake2b(digest_size=8)
+    for v in trainer.model.variables:
+        h.update(v.numpy().tobytes())
+    return h.hexdigest()
+
+
+def train_elastic(cfg: PretrainConfig, job, log) -> dict:
+    """The loop of --elastic (bert_tf/elastic.py): like `train`, but every --elastic_commit_interval
+    updates the state is committed to memory, and when a rank is lost or a host is added the ranks
+    re-form, take the committed state from rank 0 and go on at the new size. After every (re)start and
+    after its first update, and at the end, metrics.jsonl gets a "elastic" record with every rank's
+    weights digest (they must be equal). Returns the last record."""
+    trainer, writer = job.trainer, job.writer
+    micro = elastic.micro_batches_per_update(cfg.global_batch, cfg.batch_size)
+    state = elastic.make_state(trainer.state_variables(), job.stream, job.samples_seen)
+    silent = lambda *a, **k: None  # noqa: E731
+
+    def agree(say, step, event):
+        """A collective: every rank's weights digest, written by rank 0; a disagreement stops the job."""
+        digests = [d.decode() for d in distributed.gather_bytes(weights_digest(trainer).encode())]
+        writer.write({"kind": "elastic", "event": event, "step": step, "ranks": distributed.size(),
+                      "weights_digests": digests, "samples_seen": state.samples_seen})
+        if len(set(digests)) != 1:
+            raise RuntimeError(f"elastic: ranks disagree on the weights after {event} at step {step}: {digests}")
+        say(f"elastic: {event} at step {step}: all {len(digests)} ranks hold the same weights ({digests[0]})")
+
+    def loop(state):
+        rank, size = distributed.rank(), distributed.size()
+        say = log if rank == 0 else silent
+        mine, weight = elastic.rank_share(micro, rank, size)
+        trainer.resize(mine, distributed.make_gradient_allreduce(cfg.comm.fp16_allreduce, weight=weight))
+        trainer.seed_offset = rank                  # this rank's dropout stream
+        for acc in trainer.accumulators:            # an update cut short by a failure leaves nothing behind
+            acc.assign(tf.zeros_like(acc))
+        writer.set_active(rank == 0)
+        job.ckpts.set_writer(rank == 0)
+        start_step = step = int(trainer.step.numpy())
+        samples_seen = state.samples_seen
+        say(f"elastic: {elastic.describe_share(micro, cfg.batch_size, size)}; from step {step} "
+            f"({samples_seen} samples seen), committing every {cfg.elastic_commit_interval} updates")
+        writer.write({"kind": "run", "step": step, "ranks": size, "global_batch": job.global_batch,
+                      "parameters": job.parameters, "config": dataclasses.asdict(cfg)})
+        agree(say, step, "start")
+        interval = IntervalMetrics(job.global_batch, cfg.max_seq_length, cfg.network_interface)
+        last = {}
+        while step < cfg.total_steps:
+            logging = (step + 1) % cfg.log_interval == 0 or step + 1 == cfg.total_steps
+            out = trainer.train_step(job.stream.next_update(rank, size, micro), timed=logging)
+            step += 1
+            samples_seen += job.global_batch
+            interval.add(out, trainer.timing)
+            if logging:
+                last = interval.record(step, out)
+                last.update(skipped_steps=int(trainer.skipped_steps.numpy()), samples_seen=samples_seen, ranks=size)
+                writer.write(last)
+                writer.progress(step, cfg.total_steps, last, start_step)
+            if step == start_step + 1:
+                agree(say, step, "first update")
+            if cfg.eval_interval and step % cfg.eval_interval == 0 and step != cfg.total_steps:
+                writer.write(job.evaluate(step))
+            if (step % cfg.save_interval == 0 or step == cfg.total_steps) and rank == 0:  # no collective
+                job.position.capture_shared(job.stream, samples_seen)
+                path = job.ckpts.save(step, {"step": step, "samples_seen": samples_seen,
+                                             **job.checkpoint_extra, "ranks": size})
+                if path:
+                    say(f"saved {path}")
+            if step % cfg.elastic_commit_interval == 0 or step == cfg.total_steps:
+                state.samples_seen = samples_seen
+                state.commit()          # may raise HostsUpdatedInterrupt: the ranks re-form with the new hosts
+        agree(say, step, "end")
+        if job.eval_files and step == cfg.total_steps:
+            final_eval = job.evaluate(step)
+            writer.write(final_eval)
+            last.update({k: v for k, v in final_eval.items() if k.startswith("eval_")})
+        last["stopped_early"] = False
+        return last
+
+    return elastic.run(loop, log)(state)
 
 
 def make_evaluator(trainer, cfg, eval_files, vocab_size, masker):

@@ -24,6 +24,7 @@ Everything the model computes is float32 at the edges: variables, gradients, los
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import time
 
@@ -120,18 +121,36 @@ class Trainer:
         self.accumulators = [tf.Variable(tf.zeros_like(v), trainable=False) for v in self.variables] \
             if config.accumulation_steps > 1 else []
         self.seed_offset = seed_offset
+        self._apply = tf.function(self._apply_impl, jit_compile=bool(config.xla))
+        self._compile(allreduce)
+        self.timing = {}
+
+    def _compile(self, allreduce):
+        """The functions that depend on accumulation_steps and on the allreduce (new ones retrace)."""
+        config, jit = self.config, bool(self.config.xla)
         # micro-batch indices as device tensors made once: no Python value enters the hot loop
         self._indices = [tf.constant(i, tf.int64) for i in range(config.accumulation_steps)]
-        jit = bool(config.xla)
         self._accumulate = tf.function(self._accumulate_impl, jit_compile=jit)
         self._finish = tf.function(self._finish_impl, jit_compile=jit)
         self._allreduce = tf.function(allreduce)
-        self._apply = tf.function(self._apply_impl, jit_compile=jit)
         if config.comm.allreduce_every_micro_batch:
             self._local = tf.function(self._gradients, jit_compile=jit)
             self._add = tf.function(self._add_impl, jit_compile=jit)
             self._mean = tf.function(self._mean_impl, jit_compile=jit)
-        self.timing = {}
+
+    def resize(self, accumulation_steps, allreduce):
+        """Elastic mode, after the rank count changed: this rank's micro-batches per update and the
+        allreduce (rank count, weight) change; every variable stays. Retraces (and with --xla
+        recompiles) the forward/backward only when accumulation_steps changed."""
+        if accumulation_steps == self.config.accumulation_steps:
+            self._allreduce = tf.function(allreduce)
+            return
+        config = copy.copy(self.config)          # not dataclasses.replace: no re-validation of files
+        config.accumulation_steps = accumulation_steps
+        self.config = config
+        if accumulation_steps > 1 and not self.accumulators:
+            self.accumulators = [tf.Variable(tf.zeros_like(v), trainable=False) for v in self.variables]
+        self._compile(allreduce)
 
     def checkpoint_items(self) -> dict:
         """The trainer's state: what a checkpoint holds to resume exactly, and what every rank

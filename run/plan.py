@@ -8,12 +8,26 @@ Defaults are NVIDIA's LAMB recipe for BERT-large (phase 1: 7,506 updates x 61,44
 throughputs, mixed precision (206.5 and 40.95 sequences/s): NVIDIA DeepLearningExamples,
 TensorFlow2/LanguageModeling/BERT/README.md, 21.02 container. Measure your own device's with
 run/benchmark.py.
+
+With --spot_price_per_device_hour it also prices preemptible capacity: on demand, spot with a restart
+from the last checkpoint after each preemption, and spot with elastic training (bert_tf/elastic.py),
+and says which is cheapest (equations in bert_tf/planner.py):
+
+    python run/plan.py --model_preset=large --price_per_device_hour=2.48 --spot_price_per_device_hour=0.74 \
+        --mtbp_hours=24
 """
 import json
 
 from absl import flags
 
 from bert_tf import cli, comm, modeling, planner
+
+# run/elastic_recovery.py on this project's 2-core machine (docs/results.md, "Elastic training"): tiny BERT,
+# 3 emulated nodes. Restart: kill -> first update of the relaunched job 50.6 s; elastic: kill -> first
+# update on the survivors 35.4 s (30 s of it Gloo's timeout); a replacement joining stalls the ranks 18.0 s.
+MEASURED_RESTART_MINUTES = 50.6 / 60
+MEASURED_ELASTIC_MINUTES = 35.4 / 60
+MEASURED_JOIN_MINUTES = 18.0 / 60
 
 cli.define_model_preset("large")
 flags.DEFINE_integer("vocab_size", 30522, "Vocabulary size.")
@@ -34,8 +48,29 @@ flags.DEFINE_integer("phase2_global_batch", 30720, "Phase-2 global batch.")
 flags.DEFINE_integer("phase1_accumulation", 64, "Phase-1 accumulation steps.")
 flags.DEFINE_integer("phase2_accumulation", 192, "Phase-2 accumulation steps.")
 cli.define_comm(comm.CommConfig(fp16_allreduce=True))
+flags.DEFINE_float("spot_price_per_device_hour", 0.0, "Spot (preemptible) price of one device-hour; > 0 adds the "
+                   "on-demand / spot + checkpoint restart / spot + elastic comparison.")
+flags.DEFINE_float("mtbp_hours", 24.0, "Mean time between preemptions of one node, hours (default: GCP preemptible "
+                   "VMs are always stopped within 24 h, cloud.google.com/compute/docs/instances/preemptible).")
+# Measured on this project's emulated cluster (3 nodes, tiny model, CPU; docs/results.md, tests/test_elastic.py):
+# a GPU cluster's restart adds XLA compilation and a larger checkpoint to read: give your own figures.
+flags.DEFINE_float("restart_minutes", MEASURED_RESTART_MINUTES,
+                   "Time a kill-and-restart from the last checkpoint loses beyond the updates since it: "
+                   "start-up, restore, first update (default: measured on the emulated cluster).")
+flags.DEFINE_float("elastic_minutes", MEASURED_ELASTIC_MINUTES,
+                   "Time an elastic event loses: detection + restore + first update at the new size "
+                   "(default: measured on the emulated cluster).")
+flags.DEFINE_float("join_minutes", MEASURED_JOIN_MINUTES,
+                   "Time the ranks wait when a replacement node joins (default: measured on the emulated cluster).")
+flags.DEFINE_float("replacement_minutes", 10.0, "Minutes until a preempted node is replaced (an assumption: "
+                   "launch and boot of a spot instance; measure yours).")
+flags.DEFINE_integer("save_interval", 200, "Updates between checkpoints (configs/large_phase1.flags).")
+flags.DEFINE_integer("elastic_commit_interval", 10, "Updates between elastic commits (run/pretrain.py's default).")
+flags.DEFINE_float("host_copy_gbytes_per_s", 10.0, "Device-to-host copy bandwidth of a commit, GB/s "
+                   "(PCIe 3.0 x16: 15.75 GB/s theoretical).")
 flags.DEFINE_string("output_json", "", "Write the plan here.")
 FLAGS = flags.FLAGS
+
 
 
 def main(_):
@@ -61,9 +96,26 @@ def main(_):
               f"{r['scaling_efficiency']:.1%}; {r['days']:.2f} days, cost {r['cost']:.0f}")
     print(f"total: {result['days']:.2f} days, cost {result['cost']:.0f}")
     print("single changes, best first: " + "; ".join(f"{name}: {days:.2f} days" for days, name in knobs))
+    spot = None
+    if FLAGS.spot_price_per_device_hour > 0:
+        pre = planner.Preemption(FLAGS.price_per_device_hour, FLAGS.spot_price_per_device_hour, FLAGS.mtbp_hours,
+                                 FLAGS.restart_minutes, FLAGS.elastic_minutes, FLAGS.join_minutes,
+                                 FLAGS.replacement_minutes, FLAGS.save_interval, FLAGS.elastic_commit_interval,
+                                 FLAGS.host_copy_gbytes_per_s)
+        spot = planner.preemptible(result["phases"], cluster, pre, params)
+        print(f"preemptible capacity: a node preempted every {FLAGS.mtbp_hours:g} h on average "
+              f"({cluster.nodes / FLAGS.mtbp_hours:.3g} preemptions per hour), replaced in "
+              f"{FLAGS.replacement_minutes:g} min; restart {FLAGS.restart_minutes:.2f} min + half of "
+              f"{FLAGS.save_interval} updates, elastic {FLAGS.elastic_minutes:.2f} + join {FLAGS.join_minutes:.2f} "
+              f"min + half of {FLAGS.elastic_commit_interval} updates")
+        for name, r in spot.items():
+            print(f"  {name:26s} {r['days']:8.2f} days  cost {r['cost']:10.0f}")
+        ranked = sorted(spot, key=lambda k: spot[k]["cost"])
+        close = [k for k in ranked[1:] if spot[k]["cost"] <= 1.01 * spot[ranked[0]]["cost"]]
+        print(f"cheapest: {ranked[0]}" + (f" ({', '.join(close)} within 1%)" if close else ""))
     if FLAGS.output_json:
         with open(FLAGS.output_json, "w") as f:
-            json.dump({"plan": result, "knobs": knobs, "parameters": params}, f, indent=1)
+            json.dump({"plan": result, "knobs": knobs, "parameters": params, "preemptible": spot}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,9 @@
         --flagfile=node.flags      # optional: run/benchmark.py --write_flagfile=node.flags, once per node type
     mpirun -np 2 python run/pretrain.py --flagfile=configs/demo.flags
     python run/pretrain.py --flagfile=configs/demo.flags          # one process
+    horovodrun -np 3 --min-np 2 --max-np 4 --gloo --network-interface eth0 \
+        --host-discovery-script 'scripts/discover_hosts.sh hosts.live' \
+        python run/pretrain.py --elastic --global_batch=... ...  # elastic: nodes may come and go
 
 Global batch = --batch_size x --accumulation_steps x ranks. Learning-rate scaling rule: the
 learning rate is NOT scaled with the number of ranks; it belongs to the global batch. When you
@@ -62,6 +65,13 @@ flags.DEFINE_integer("eval_batches", D.eval_batches, "Limit evaluation to N batc
 flags.DEFINE_float("ladder_sequences_per_second", D.ladder_sequences_per_second,
                    "run/benchmark.py's sequences/s for this configuration (its --write_flagfile sets it): "
                    "logged next to the measured figure.")
+flags.DEFINE_bool("elastic", D.elastic, "Elastic mode: ranks may leave and join (horovodrun --host-discovery-script "
+                  "... --gloo; bert_tf/elastic.py). Needs --global_batch.")
+flags.DEFINE_integer("global_batch", D.global_batch, "Elastic mode: sequences per update, kept whatever the rank "
+                     "count (each rank's micro-batches per update follow from it).")
+flags.DEFINE_integer("elastic_commit_interval", D.elastic_commit_interval,
+                     "Elastic mode: commit the state to memory every N updates (a lost rank costs the updates "
+                     "since the last commit).")
 FLAGS = flags.FLAGS
 
 

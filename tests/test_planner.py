@@ -1,5 +1,6 @@
 """The cost-to-train planner: arithmetic on hand-computed cases, bad input, the model's tensors,
 and NVIDIA's published multi-node throughput reproduced from their single-GPU figures."""
+import dataclasses
 import subprocess
 import sys
 
@@ -128,3 +129,48 @@ def test_reproduces_nvidia_dgx2h_32_nodes_within_25_percent():
     # and a row that misses is reported
     assert comm_study.nvidia_misses([dict(r, error=r["error"] + 0.3) for r in rows], 0.25) == [
         "DGX-2H 32 nodes seq 128", "DGX-2H 32 nodes seq 512"]
+
+
+def test_preemptible_capacity_by_hand():
+    # 4 nodes x 4 devices; one phase of 100 h with 36 s updates (u = 0.01 h); a node preempted every 40 h
+    # on average: 4 / 40 = 0.1 preemptions per hour.
+    cluster = planner.Cluster(nodes=4, devices_per_node=4, inter_gbps=10)
+    rows = [{"days": 100 / 24, "update_seconds": 36.0}]
+    pre = planner.Preemption(price_on_demand=3, price_spot=1, mtbp_hours=40, restart_minutes=10, elastic_minutes=3,
+                             join_minutes=3, replacement_minutes=20, save_interval=100, elastic_commit_interval=10)
+    # 1.5e9 parameters: a commit copies 12 x 1.5e9 B at 10 GB/s = 1.8 s, every 10 x 36 s: 0.5% more time
+    out = planner.preemptible(rows, cluster, pre, parameters=1.5e9)
+    assert out["on-demand"]["days"] * 24 == pytest.approx(100)
+    assert out["on-demand"]["cost"] == pytest.approx(100 * 16 * 3)
+    # restart: 10 min + 20 min + 100 / 2 x 0.01 h = 1 h per preemption: 100 / (1 - 0.1 x 1)
+    assert out["spot + checkpoint restart"]["days"] * 24 == pytest.approx(100 / 0.9)
+    # elastic: 3 + 3 min + 10 / 2 x 0.01 h + 20 min / 4 nodes = 0.2333 h per preemption
+    assert out["spot + elastic"]["days"] * 24 == pytest.approx(100 * 1.005 / (1 - 0.1 * (0.1 + 0.05 + 1 / 12)))
+    # the preempted node is not billed for its 20 min: 0.1 x (1/3) / 4 of the node-hours
+    billed = 1 - 0.1 * (1 / 3) / 4
+    assert out["spot + checkpoint restart"]["cost"] == pytest.approx(100 / 0.9 * 16 * 1 * billed)
+    assert out["spot + elastic"]["cost"] == pytest.approx(100 * 1.005 / (1 - 0.1 * (0.1 + 0.05 + 1 / 12)) * 16 * billed)
+    # a node every 4 h: restarts lose 1 h per 1 h of progress: the run never ends
+    worse = planner.preemptible(rows, cluster, dataclasses.replace(pre, mtbp_hours=4), parameters=1.5e9)
+    assert worse["spot + checkpoint restart"]["days"] == float("inf")
+    assert worse["spot + elastic"]["days"] < float("inf")
+
+
+def test_impossible_preemption_inputs_name_the_flag():
+    values = dict(price_on_demand=3, price_spot=1, mtbp_hours=40, restart_minutes=10, elastic_minutes=3,
+                  join_minutes=3, replacement_minutes=20, save_interval=100, elastic_commit_interval=10)
+    for change, message in ((dict(mtbp_hours=0), "--mtbp_hours must be > 0"),
+                            (dict(restart_minutes=-1), "--restart_minutes must be >= 0"),
+                            (dict(elastic_commit_interval=0), "--elastic_commit_interval must be >= 1")):
+        with pytest.raises(ConfigError, match=message):
+            planner.Preemption(**{**values, **change})
+
+
+def test_plan_cli_compares_on_demand_spot_restart_and_spot_elastic():
+    proc = subprocess.run([sys.executable, str(REPO / "run" / "plan.py"), "--price_per_device_hour=2.48",
+                           "--spot_price_per_device_hour=0.74", "--mtbp_hours=24"], env=mpi_env(),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = {line.split("  ")[1].strip(): line for line in proc.stdout.splitlines() if line.startswith("  ")}
+    assert set(rows) == {"on-demand", "spot + checkpoint restart", "spot + elastic"}, proc.stdout
+    assert "cheapest: spot + elastic" in proc.stdout         # a node lost every 24 h: restarts cost more

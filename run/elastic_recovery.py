@@ -1,0 +1,147 @@
+"""Time lost when a node is lost: elastic training vs a kill-and-restart from the last checkpoint.
+
+    python run/elastic_recovery.py --output_json=runs/elastic_recovery.json    # root + iproute2, ~5 min
+
+The same tiny-BERT job (global batch 24 = micro-batches of 4, checkpoint every --save_interval
+updates, commit every --elastic_commit_interval) on a 3-node emulated cluster (bert_tf/emulated_cluster.py),
+once per way of surviving; every process of node 2 is killed after --kill_after updates:
+
+  restart: mpirun job (no --elastic). Time lost = kill -> the job has ended (detection) -> the same
+           command started again at once (a scheduler that restarts instantly, node replaced at once)
+           -> its first update; plus the updates since the last checkpoint, done again.
+  elastic: horovodrun --host-discovery-script job (--elastic). Time lost = kill -> first update on
+           the 2 survivors; plus the updates since the last commit, done again. Then node 3 (the
+           replacement) is listed: time from listing to the first update on 3 ranks (the survivors
+           wait for its start-up; the stall is the gap between the last update on 2 ranks and the
+           first on 3).
+
+A benchmark, not a test: it reports what it measured; run it on a quiet machine.
+"""
+import json
+import os
+import subprocess
+import sys
+import time
+
+from absl import flags
+
+from bert_tf import cli
+
+flags.DEFINE_string("vocab_file", "data/demo/vocab.txt", "Vocabulary of the records.")
+flags.DEFINE_string("train_files", "data/demo/seq128/train-*", "Training records (sequence length 128).")
+flags.DEFINE_integer("kill_after", 20, "Updates before node 2 is killed.")
+flags.DEFINE_integer("save_interval", 10, "Checkpoint interval (updates).")
+flags.DEFINE_integer("elastic_commit_interval", 5, "Elastic commit interval (updates).")
+flags.DEFINE_string("output_json", "", "Write the figures here.")
+FLAGS = flags.FLAGS
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _records(path):
+    """metrics.jsonl's records so far (a line being written is left for the next look)."""
+    if not os.path.exists(path):
+        return []
+    out = []
+    for line in open(path):
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            break
+    return out
+
+
+def _wait(path, condition, proc, what, timeout=300):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        found = [r for r in _records(path) if condition(r)]
+        if found:
+            return found[0]
+        if proc is not None and proc.poll() is not None:
+            raise SystemExit(f"error: the job ended while waiting for {what} (exit {proc.returncode})")
+        time.sleep(0.1)
+    raise SystemExit(f"error: no {what} within {timeout} s")
+
+
+def _start(cmd, log):
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.Popen(cmd, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+
+
+def _stop(proc):
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def main(argv):
+    from bert_tf import emulated_cluster as ec
+    work = os.path.abspath(os.path.join(REPO, "runs", "elastic_recovery"))
+    os.makedirs(work, exist_ok=True)
+    common = ["--model_preset=tiny", f"--vocab_file={os.path.abspath(FLAGS.vocab_file)}",
+              f"--train_files={os.path.abspath(FLAGS.train_files)}", "--max_seq_length=128",
+              "--max_predictions_per_seq=20", "--batch_size=4", "--log_interval=1", "--total_steps=100000",
+              f"--save_interval={FLAGS.save_interval}"]
+    figures = {}
+    train = lambda after, ranks=None: (lambda r: r["kind"] == "train" and r["time"] > after  # noqa: E731
+                                       and (ranks is None or r.get("ranks") == ranks))
+    with ec.EmulatedCluster(4, rate_gbit=10) as cluster, open(os.path.join(work, "log.txt"), "w") as log:
+        cluster.set_live(cluster.hosts[:3])        # node 3: the replacement the elastic job takes in
+        # restart from a checkpoint
+        ckpt = os.path.join(work, "restart")
+        os.system(f"rm -rf {ckpt}")
+        args = [sys.executable, os.path.join(REPO, "run", "pretrain.py"), *common, "--accumulation_steps=2",
+                f"--checkpoint_dir={ckpt}"]
+        metrics = os.path.join(ckpt, "metrics.jsonl")
+        job = _start(cluster.mpirun_prefix(3) + args, log)   # the hostfile's first 3 nodes
+        at = _wait(metrics, lambda r: r["kind"] == "train" and r["step"] >= FLAGS.kill_after, job, "the kill step")
+        t_kill = time.time()
+        cluster.kill_node(2)
+        job.wait(300)
+        t_ended = time.time()
+        step_at_kill = max(r["step"] for r in _records(metrics) if r["kind"] == "train")
+        job = _start(cluster.mpirun_prefix(3) + args, log)   # the hostfile's first 3 nodes
+        first = _wait(metrics, train(t_ended), job, "the restarted job's first update")
+        _stop(job)
+        figures["restart: kill -> job ended (s)"] = t_ended - t_kill
+        figures["restart: kill -> first update after restart (s)"] = first["time"] - t_kill
+        figures["restart: updates done again"] = step_at_kill - (first["step"] - 1)
+        # elastic
+        ckpt = os.path.join(work, "elastic")
+        os.system(f"rm -rf {ckpt}")
+        metrics = os.path.join(ckpt, "metrics.jsonl")
+        cmd = cluster.horovodrun_elastic_prefix(3, 2, 3)
+        job = _start(cmd + [sys.executable, os.path.join(REPO, "run", "pretrain.py"), *common, "--elastic",
+                            "--global_batch=24", f"--elastic_commit_interval={FLAGS.elastic_commit_interval}",
+                            f"--checkpoint_dir={ckpt}"], log)
+        _wait(metrics, lambda r: r["kind"] == "train" and r["step"] >= FLAGS.kill_after, job, "the kill step")
+        t_kill = time.time()
+        cluster.kill_node(2)
+        step_at_kill = max(r["step"] for r in _records(metrics) if r["kind"] == "train")
+        resumed = _wait(metrics, train(t_kill, 2), job, "an update on 2 ranks")
+        figures["elastic: kill -> first update on 2 ranks (s)"] = resumed["time"] - t_kill
+        figures["elastic: updates done again"] = step_at_kill - (resumed["step"] - 1)
+        _wait(metrics, lambda r: r["kind"] == "train" and r["step"] >= resumed["step"] + 10, job, "10 more updates")
+        t_add = time.time()
+        cluster.set_live([cluster.hosts[0], cluster.hosts[1], cluster.hosts[3]])
+        grown = _wait(metrics, train(t_add, 3), job, "an update on 3 ranks")
+        figures["elastic: replacement listed -> first update on 3 ranks (s)"] = grown["time"] - t_add
+        last_on_2 = max(r["time"] for r in _records(metrics) if r["kind"] == "train" and r.get("ranks") == 2)
+        figures["elastic: join stall, last update on 2 ranks -> first on 3 (s)"] = grown["time"] - last_on_2
+        steady = [r for r in _records(metrics) if r["kind"] == "train" and r.get("ranks") == 2]
+        figures["seconds per update on 2 ranks"] = (steady[-1]["time"] - steady[0]["time"]) / max(
+            steady[-1]["step"] - steady[0]["step"], 1)
+        _stop(job)
+    for key, value in figures.items():
+        print(f"{key}: {value:.2f}")
+    if FLAGS.output_json:
+        with open(FLAGS.output_json, "w") as f:
+            json.dump(figures, f, indent=1)
+
+
+if __name__ == "__main__":
+    cli.run(main)

@@ -1,0 +1,295 @@
+"""Elastic pre-training: the launch checks, the exact global batch at any rank count, the shared input
+stream's guarantee (replayed, never skipped), the discovery script, and one elastic job on the
+emulated cluster that loses a node, takes it back and loses its link."""
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from bert_tf import ConfigError, elastic
+from bert_tf import emulated_cluster as ec
+from conftest import REPO, mpi_env
+
+PRETRAIN = REPO / "run" / "pretrain.py"
+DISCOVER = REPO / "scripts" / "discover_hosts.sh"
+PROBLEM = ec.preflight()
+needs_namespaces = pytest.mark.skipif(PROBLEM is not None, reason=f"emulated cluster unavailable: {PROBLEM}")
+
+
+def test_elastic_needs_an_elastic_gloo_launch():
+    launched = {"HOROVOD_ELASTIC": "1", "HOROVOD_CONTROLLER": "gloo"}
+    elastic.check_launch(launched, gloo_built=True)
+    with pytest.raises(ConfigError, match="--elastic needs Horovod built with Gloo"):
+        elastic.check_launch(launched, gloo_built=False)
+    with pytest.raises(ConfigError, match="--elastic needs an elastic launch: horovodrun .*--host-discovery-script"):
+        elastic.check_launch({}, gloo_built=True)
+    with pytest.raises(ConfigError, match="Gloo controller .*HOROVOD_CONTROLLER=mpi"):
+        elastic.check_launch({"HOROVOD_ELASTIC": "1", "HOROVOD_CONTROLLER": "mpi"}, gloo_built=True)
+
+
+def test_rank_shares_make_the_exact_mean_of_the_global_batch_at_any_size():
+    rng = np.random.RandomState(0)
+    for micro in range(1, 13):
+        grads = rng.randn(micro, 5)                  # one gradient per micro-batch of the update
+        for size in range(1, micro + 1):
+            # rank r averages its micro-batches r, r + size, ...; the allreduce averages the weighted ranks
+            ranks = []
+            for r in range(size):
+                mine, weight = elastic.rank_share(micro, r, size)
+                assert mine == len(range(r, micro, size))
+                ranks.append(weight * grads[r::size].mean(axis=0))
+            np.testing.assert_allclose(np.mean(ranks, axis=0), grads.mean(axis=0), rtol=1e-12)
+        with pytest.raises(ConfigError, match=f"{micro + 1} ranks but an update has only {micro} micro-batches"):
+            elastic.rank_share(micro, 0, micro + 1)
+    assert elastic.describe_share(6, 4, 3) == "3 ranks: global batch 24 = 6 micro-batches of 4, 2 micro-batches per rank"
+    assert elastic.describe_share(6, 4, 4) == ("4 ranks: global batch 24 = 6 micro-batches of 4, 2 micro-batches on "
+                                               "ranks 0-1, 1 on the others (their gradients weighted to an exact mean)")
+
+
+def test_elastic_flags_are_checked_at_start_up(tmp_path):
+    from bert_tf import pretraining
+    base = dict(vocab_file="v", checkpoint_dir=str(tmp_path), batch_size=4)
+    with pytest.raises(ConfigError, match="--elastic needs --global_batch"):
+        pretraining.PretrainConfig(elastic=True, **base)
+    with pytest.raises(ConfigError, match="--global_batch=30 must be a positive multiple of --batch_size=4"):
+        pretraining.PretrainConfig(elastic=True, global_batch=30, **base)
+    with pytest.raises(ConfigError, match="--elastic_commit_interval must be >= 1"):
+        pretraining.PretrainConfig(elastic=True, global_batch=32, elastic_commit_interval=0, **base)
+    with pytest.raises(ConfigError, match="--accumulation_steps=4 with --elastic"):
+        pretraining.PretrainConfig(elastic=True, global_batch=32, accumulation_steps=4, **base)
+    with pytest.raises(ConfigError, match="--global_batch is for --elastic"):
+        pretraining.PretrainConfig(global_batch=32, **base)
+
+
+def test_pretrain_with_elastic_but_not_launched_elastically_fails_at_once(tmp_path, tiny_data):
+    proc = subprocess.run([sys.executable, str(PRETRAIN), *tiny_data["flags"], "--elastic", "--global_batch=8",
+                           f"--checkpoint_dir={tmp_path}"], env=mpi_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and "error: --elastic needs an elastic launch" in proc.stderr, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr and not os.listdir(tmp_path)       # nothing written
+
+
+def _write_records(folder, files=3, per_file=40, seq=16, preds=3):
+    """TFRecords whose input_ids[0] numbers the record (0, 1, ...)."""
+    import tensorflow as tf
+    from conftest import random_features
+    paths, n = [], 0
+    for f in range(files):
+        path = str(folder / f"train-{f}.tfrecord")
+        with tf.io.TFRecordWriter(path) as w:
+            for i in range(per_file):
+                feats = {k: v[0] for k, v in random_features(1, seq, preds, seed=n).items()}
+                feats["input_ids"][0] = n
+                n += 1
+                w.write(tf.train.Example(features=tf.train.Features(feature={
+                    k: tf.train.Feature(float_list=tf.train.FloatList(value=v.tolist())) if v.dtype == np.float32
+                    else tf.train.Feature(int64_list=tf.train.Int64List(value=v.tolist()))
+                    for k, v in feats.items()})).SerializeToString())
+        paths.append(path)
+    return paths
+
+
+def test_shared_stream_after_a_resize_replays_what_was_not_committed_and_skips_nothing(tmp_path):
+    """The guarantee of input_pipeline.SharedStream, exactly: the micro-batches behind the weights are the
+    stream's, in order, whatever the sizes; a failure replays the lost updates' micro-batches."""
+    import tensorflow as tf
+    from bert_tf import input_pipeline as ip
+    files = _write_records(tmp_path)
+    batch, micro = 4, 6                               # global batch 24
+
+    def stream():
+        return ip.SharedStream(ip.make_shared_stream(files, batch, seed=7, shuffle_buffer=50), 16, 3)
+
+    def ids(features):
+        return [int(i) for i in features["input_ids"][:, 0].numpy()]
+
+    reference = stream()                             # one rank: the stream's order
+    order = [ids(mb) for _ in range(12) for mb in reference.next_update(0, 1, micro)]
+    assert len({i for mb in order for i in mb}) == 120  # 12 updates x 24 = one pass of the 120 records
+
+    trained = []                                       # micro-batches in the order the weights saw them
+
+    def update(streams, size):
+        shares = [s.next_update(r, size, micro) for r, s in enumerate(streams)]
+        got = [None] * micro
+        for r, share in enumerate(shares):
+            assert len(share) == len(range(r, micro, size))
+            for k, mb in enumerate(share):
+                got[r + k * size] = ids(mb)              # rank r holds micro-batches r, r + size, ...
+        return got
+
+    ranks = [stream() for _ in range(3)]
+    for _ in range(2):
+        trained += update(ranks, 3)
+    committed = ranks[0].state()
+    # every rank is at the same place (the bytes differ with what each has prefetched, not the position)
+    peeks = []
+    for r in ranks:
+        twin = stream()
+        twin.restore(r.state())
+        peeks.append(update([twin], 1))
+    assert peeks[0] == peeks[1] == peeks[2]
+    lost = update(ranks, 3)                            # an update a failure loses before the next commit
+    survivors = ranks[:2]
+    for r in survivors:
+        r.restore(committed)
+    replayed = update(survivors, 2)
+    assert replayed == lost                            # the lost update's micro-batches, again, none skipped
+    trained += replayed
+    newcomer = stream()                                # a host joins: it gets the committed state
+    trained += update(survivors, 2)
+    grown = survivors + [newcomer]
+    state = survivors[0].state()
+    for r in grown:
+        r.restore(state)
+    for _ in range(3):
+        trained += update(grown, 3)
+    assert trained == order[:len(trained)]             # in order, none twice, none skipped
+    # the position survives a disk checkpoint and puts a fresh stream (any rank count) at the same place
+    position = ip.InputPosition()
+    position.capture_shared(grown[0], 24 * 7)
+    path = tf.train.Checkpoint(input_position=position).write(str(tmp_path / "ckpt"))
+    loaded = ip.InputPosition()
+    tf.train.Checkpoint(input_position=loaded).read(path).assert_consumed()
+    resumed = stream()
+    assert loaded.resume_shared(resumed) and int(loaded.samples_seen.numpy()) == 24 * 7
+    assert update([resumed], 1) == order[len(trained):len(trained) + micro]
+    # a run without --elastic cannot use it: a fresh pass instead (pretraining says so)
+    assert not loaded.resume(iter(tf.data.Dataset.range(3)), 0, 1)
+
+
+def test_discovery_script_reports_live_hosts_and_names_bad_lines(tmp_path):
+    live = tmp_path / "live"
+    live.write_text("198.18.0.1:1\n# spare\n\nnode-2 slots=4\n  node-3  \n")
+    out = subprocess.run(["bash", str(DISCOVER), str(live)], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout == "198.18.0.1:1\nnode-2:4\nnode-3:1\n"
+    live.write_text("node-1:2\nnode 2 3\n")
+    out = subprocess.run(["bash", str(DISCOVER), str(live)], capture_output=True, text=True)
+    assert out.returncode != 0 and f"{live} line 2 is not 'host:slots'" in out.stderr
+    out = subprocess.run(["bash", str(DISCOVER), str(tmp_path / "missing")], capture_output=True, text=True)
+    assert out.returncode != 0 and "cannot read the live-hosts file" in out.stderr
+
+
+def _records(path):
+    """metrics.jsonl's records so far (a line being written is left for the next look)."""
+    if not os.path.exists(path):
+        return []
+    out = []
+    for line in open(path):
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            break
+    return out
+
+
+def _wait(metrics, condition, proc, what, timeout=240):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"job ended while waiting for {what}: {proc.returncode}; its output: {proc.log}")
+        found = [r for r in _records(metrics) if condition(r)]
+        if found:
+            return found[0]
+        time.sleep(0.2)
+    proc.kill()
+    raise AssertionError(f"no {what} within {timeout} s; the job's output: {proc.log}")
+
+
+@needs_namespaces
+def test_elastic_job_loses_a_node_takes_a_replacement_and_loses_a_link(tmp_path, tiny_data):
+    """3 of 4 emulated nodes listed, one rank each; node 2 killed (a preemption: Horovod blacklists it),
+    node 3 listed in its place (the replacement), node 1's link taken down; the job ends on 2 ranks."""
+    ckpt = tmp_path / "run"
+    metrics = ckpt / "metrics.jsonl"
+    flags = tiny_data["flags"] + ["--elastic", "--global_batch=24", "--elastic_commit_interval=5",
+                                  "--save_interval=10", "--total_steps=150", f"--checkpoint_dir={ckpt}"]
+    figures = {}
+    with ec.EmulatedCluster(4, rate_gbit=1) as cluster:
+        h = cluster.hosts
+        cluster.set_live(h[:3])
+        cmd = cluster.horovodrun_elastic_prefix(3, 2, 3, ["--elastic-timeout", "120"])
+        log = tmp_path / "job.log"
+        with open(log, "w") as out:
+            job = subprocess.Popen(cmd + [sys.executable, str(PRETRAIN), *flags], env=mpi_env(), cwd=str(REPO),
+                                   stdout=out, stderr=subprocess.STDOUT)
+        job.log = log
+        try:
+            train = lambda ranks, after=0: (lambda r: r["kind"] == "train" and r["ranks"] == ranks  # noqa: E731
+                                            and r["time"] > after)
+            first = _wait(metrics, train(3), job, "a first update on 3 ranks", timeout=300)
+            _wait(metrics, lambda r: r["kind"] == "train" and r["step"] >= first["step"] + 12, job, "12 more updates")
+            # 1. every process of node 2 killed (a preemption)
+            t_kill = time.time()
+            cluster.kill_node(2)
+            resumed = _wait(metrics, train(2, t_kill), job, "an update on 2 ranks after the kill")
+            figures["kill: detection + restore + first update (s)"] = resumed["time"] - t_kill
+            _wait(metrics, lambda r: r["kind"] == "train" and r["step"] >= resumed["step"] + 10, job, "10 more")
+            # 2. node 3 listed instead of node 2: the job grows back to 3 ranks
+            t_add = time.time()
+            cluster.set_live([h[0], h[1], h[3]])
+            grown = _wait(metrics, train(3, t_add), job, "an update on 3 ranks after the replacement came")
+            figures["join: listed -> first update on 3 ranks (s)"] = grown["time"] - t_add
+            _wait(metrics, lambda r: r["kind"] == "train" and r["step"] >= grown["step"] + 10, job, "10 more")
+            # 3. node 1's link down (its processes live on, cut off)
+            t_link = time.time()
+            cluster.set_link(1, False)
+            relinked = _wait(metrics, train(2, t_link), job, "an update on 2 ranks after the link went down")
+            figures["link down: detection + restore + first update (s)"] = relinked["time"] - t_link
+            job.wait(timeout=600)
+        finally:
+            if job.poll() is None:
+                job.kill()
+                job.wait()
+    out = log.read_text()
+    print(json.dumps(figures, indent=1))
+    assert job.returncode == 0, out[-6000:]
+    records = _records(metrics)
+    events = [r for r in records if r["kind"] == "elastic"]
+    # every (re)start, every first update after it and the end: all ranks hold the same weights
+    for r in events:
+        assert len(r["weights_digests"]) == r["ranks"] and len(set(r["weights_digests"])) == 1, r
+    sizes = [(r["event"], r["ranks"]) for r in events]
+    assert sizes[0] == ("start", 3) and sizes[-1] == ("end", 2), sizes
+    starts = [r for r in events if r["event"] == "start"]
+    assert [r["ranks"] for r in starts] == [3, 2, 3, 2], sizes
+    # each restart resumes at a commit (a multiple of 5 updates) with the samples of exactly its updates
+    for r in starts[1:]:
+        assert r["step"] % 5 == 0 and r["samples_seen"] == 24 * r["step"], r
+    # the newcomer's weights equal the others' after its first update (3 digests, one value)
+    firsts = [r for r in events if r["event"] == "first update" and r["ranks"] == 3]
+    assert len(firsts) == 2 and all(len(set(r["weights_digests"])) == 1 for r in firsts)
+    trains = [r for r in records if r["kind"] == "train"]
+    assert all(r["samples_seen"] == 24 * r["step"] for r in trains)       # the global batch never changed
+    assert trains[-1]["step"] == 150
+    for r in starts[1:]:                                               # the curve goes on from the commit
+        after = next(t for t in trains if t["time"] > r["time"])
+        assert after["step"] == r["step"] + 1
+    assert "waiting for Horovod to re-form the ranks" in out
+    import tensorflow as tf
+    assert tf.train.latest_checkpoint(str(ckpt)).endswith("ckpt-150")
+
+
+@needs_namespaces
+def test_too_few_hosts_for_min_np_fail_after_the_elastic_timeout():
+    with ec.EmulatedCluster(2, rate_gbit=1) as cluster:
+        cluster.set_live(cluster.hosts[:1])
+        start = time.time()
+        proc = subprocess.run(cluster.horovodrun_elastic_prefix(2, 2, 2, ["--elastic-timeout", "5"])
+                              + [sys.executable, "-c", "print('never started')"],
+                              env=mpi_env(), capture_output=True, text=True, timeout=120)
+        assert proc.returncode != 0 and time.time() - start < 60
+        # Horovod 0.28.1's words (its "{activity}" is left unformatted)
+        assert "enough resources to run at least 2 Horovod processes. Timeout after 5 seconds" in proc.stderr
+        assert "never started" not in proc.stdout
+        # a discovery script that prints garbage stops the launch at once, naming the line
+        with open(cluster.live_hosts, "w") as f:
+            f.write(f"{cluster.hosts[0]}:1\nnot a host\n")
+        proc = subprocess.run(cluster.horovodrun_elastic_prefix(1, 1, 2, ["--elastic-timeout", "30"])
+                              + [sys.executable, "-c", "print('never started')"],
+                              env=mpi_env(), capture_output=True, text=True, timeout=120)
+        assert proc.returncode != 0 and "line 2 is not 'host:slots'" in proc.stderr, proc.stderr[-3000:]
+        assert "never started" not in proc.stdout
