@@ -81,6 +81,10 @@ class PretrainConfig(training.TrainConfig):
                      "keep_last", "stop_check_interval"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name} must be >= 1, got {getattr(self, name)}")
+        if self.fit_micro_batch and self.elastic:   # --global_batch fixes the update; only the micro-batch changes
+            if self.fit_micro_batch < 0:
+                raise ConfigError(f"--fit_micro_batch must be >= 0, got {self.fit_micro_batch}")
+            self.batch_size, self.fit_micro_batch = self.fit_micro_batch, 0
         if self.fit_micro_batch:      # the self-tuned flagfile's micro-batch; the per-rank batch stays the recipe's
             per_rank = self.batch_size * self.accumulation_steps
             if self.fit_micro_batch < 0 or per_rank % self.fit_micro_batch:

@@ -89,3 +89,5 @@ def test_fit_micro_batch_re_splits_the_per_rank_batch_or_names_why_it_cannot(tin
     with pytest.raises(ConfigError, match=r"--fit_micro_batch=3: the per-rank batch --batch_size x "
                                           r"--accumulation_steps = 8 x 2 = 16 is not a positive multiple"):
         config(tiny_data, tmp_path, batch_size=8, accumulation_steps=2, fit_micro_batch=3)
+    elastic = config(tiny_data, tmp_path, batch_size=8, elastic=True, global_batch=32, fit_micro_batch=4)
+    assert (elastic.batch_size, elastic.accumulation_steps, elastic.global_batch) == (4, 1, 32)
