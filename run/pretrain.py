@@ -4,6 +4,7 @@
         --flagfile=node.flags      # optional: run/benchmark.py --write_flagfile=node.flags, once per node type
     mpirun -np 2 python run/pretrain.py --flagfile=configs/demo.flags
     python run/pretrain.py --flagfile=configs/demo.flags          # one process
+    python run/pretrain.py --flagfile=configs/base_phase1.flags --dry_run   # check flags and inputs, then exit
 
 Global batch = --batch_size x --accumulation_steps x ranks. Learning-rate scaling rule: the
 learning rate is NOT scaled with the number of ranks; it belongs to the global batch. When you
@@ -59,6 +60,9 @@ flags.DEFINE_integer("eval_batches", D.eval_batches, "Limit evaluation to N batc
 flags.DEFINE_float("ladder_sequences_per_second", D.ladder_sequences_per_second,
                    "run/benchmark.py's sequences/s for this configuration (its --write_flagfile sets it): "
                    "logged next to the measured figure.")
+flags.DEFINE_bool("dry_run", False, "Check the flags, vocabulary, --init_checkpoint, every record file and that "
+                  "--checkpoint_dir can be written, print what the run would be, and exit: no Horovod, no model, "
+                  "nothing written.")
 FLAGS = flags.FLAGS
 
 
@@ -67,6 +71,9 @@ def main(argv):
         sys.exit(f"error: unexpected arguments {argv[1:]}")
     cfg = pretraining.PretrainConfig(comm=cli.comm_config(), **{
         f.name: FLAGS[f.name].value for f in dataclasses.fields(pretraining.PretrainConfig) if f.name != "comm"})
+    if FLAGS.dry_run:
+        pretraining.dry_run(cfg)
+        return
     _, last = pretraining.run(cfg)
     from bert_tf import distributed
     if distributed.rank() == 0 and "eval_mlm_accuracy" in last:
