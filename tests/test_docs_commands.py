@@ -494,7 +494,14 @@ def horovodrun_mpirun_command(args, cwd, monkeypatch):
         num_proc=parsed_args.num_proc, hosts=parsed_args.hosts, output_filename=parsed_args.output_filename,
         run_func_mode=False, nics=parsed_args.nics, prefix_output_with_timestamp=False)
     started = []
-    monkeypatch.setattr(mpi_run.os, "execve", lambda path, argv, env: started.append(argv[2]))
+
+    class OsThatRecordsExecve:      # mpi_run ends with os.execve('/bin/sh', ['/bin/sh', '-c', mpirun_command])
+        def __getattr__(self, name):
+            return getattr(os, name)
+
+        def execve(self, path, argv, env):
+            started.append(argv[2])
+    monkeypatch.setattr(mpi_run, "os", OsThatRecordsExecve())
     launch._launch_job(parsed_args, settings, parsed_args.nics, parsed_args.command)
     assert len(started) == 1, started
     return parsed_args, shlex.split(started[0])
