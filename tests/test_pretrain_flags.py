@@ -1,5 +1,6 @@
 """run/pretrain.py fails at start-up, naming the flag, when its inputs cannot work."""
 import dataclasses
+import glob
 import json
 import subprocess
 import sys
@@ -58,9 +59,12 @@ def test_dry_run_finds_what_a_run_would_stop_at_and_writes_nothing(tiny_data, tm
 def test_dry_run_says_what_the_run_would_be(tiny_data, tmp_path):
     lines = []
     pretraining.dry_run(config(tiny_data, tmp_path, batch_size=3, accumulation_steps=5), log=lines.append)
-    assert lines[0].startswith("dry run: flags and inputs check out: model 2 layers, hidden 128, vocab 2000; "
-                               "2 training and 1 evaluation files of 64-token records; 3 x 5 sequences per rank "
-                               "per update (x ranks = global batch); starts from random weights; checkpoints in "), lines
+    vocab = len(open(tiny_data["vocab_file"]).read().splitlines())
+    train, evaluation = len(glob.glob(tiny_data["train"])), len(glob.glob(tiny_data["eval"]))
+    assert train >= 2 and evaluation >= 1
+    assert lines[0].startswith(f"dry run: flags and inputs check out: model 2 layers, hidden 128, vocab {vocab}; "
+                               f"{train} training and {evaluation} evaluation files of 64-token records; 3 x 5 "
+                               "sequences per rank per update (x ranks = global batch); starts from random weights; checkpoints in "), lines
     assert not (tmp_path / "ckpt").exists()
 
 
