@@ -381,7 +381,7 @@ def phase1_checkpoint_stand_in(demo_runs, workdir):
     return target / "ckpt-7506"
 
 
-def test_recipe_dry_runs(workdir, ranks_dry_runs):
+def test_recipe_dry_runs(workdir, ranks_dry_runs, phase1_checkpoint_stand_in):
     """--dry_run of the recipes the cluster commands run: flags, data and paths check out, nothing written."""
     [command] = commands_of("test_recipe_dry_runs")
     vocab = len((workdir / "data" / "demo" / "vocab.txt").read_text().splitlines())
@@ -469,13 +469,19 @@ def mpirun_map(args, cwd):
         r"Data for node: (\S+)\s+Num slots: \d+\s+Max slots: \d+\s+Num procs: (\d+)", proc.stdout)}
 
 
+def command_id(command):
+    """A short test id: launcher, recipe, interface."""
+    recipe = re.search(r"configs/(\w+)\.flags", command)[1]
+    return "-".join([command.split()[0], recipe] + (["eth0"] if "eth0" in command else []))
+
+
 def ranks_command(args):
     """The command a launcher starts on every rank: from `python` on."""
     return args[args.index("python"):]
 
 
 @pytest.fixture(scope="module")
-def ranks_dry_runs(workdir, phase1_checkpoint_stand_in):
+def ranks_dry_runs(workdir):
     """--dry_run of each command the 16-rank launches would start (and of the README's dry run), once each."""
     cache = {}
 
@@ -519,9 +525,12 @@ def horovodrun_mpirun_command(args, cwd, monkeypatch):
     return parsed_args, shlex.split(started[0])
 
 
-@pytest.mark.parametrize("command", commands_of("test_horovodrun_on_16_ranks_parses_and_maps_4_per_node"))
-def test_horovodrun_on_16_ranks_parses_and_maps_4_per_node(command, workdir, ranks_dry_runs, monkeypatch):
+@pytest.mark.parametrize("command", commands_of("test_horovodrun_on_16_ranks_parses_and_maps_4_per_node"),
+                         ids=command_id)
+def test_horovodrun_on_16_ranks_parses_and_maps_4_per_node(command, workdir, ranks_dry_runs, monkeypatch, request):
     args = shlex.split(command)
+    if "base_phase2" in command:           # phase 2 starts from phase 1's checkpoint
+        request.getfixturevalue("phase1_checkpoint_stand_in")
     parsed_args, mpirun = horovodrun_mpirun_command(args, workdir, monkeypatch)
     assert parsed_args.num_proc == 16 and parsed_args.hosts == "node1:4,node2:4,node3:4,node4:4"
     print("horovodrun would start:", shlex.join(mpirun[:12]), "...")
@@ -532,7 +541,7 @@ def test_horovodrun_on_16_ranks_parses_and_maps_4_per_node(command, workdir, ran
     assert "dry run: flags and inputs check out" in ranks_dry_runs(ranks_command(args))
 
 
-@pytest.mark.parametrize("command", commands_of("test_mpirun_on_16_ranks_maps_4_per_node"))
+@pytest.mark.parametrize("command", commands_of("test_mpirun_on_16_ranks_maps_4_per_node"), ids=command_id)
 def test_mpirun_on_16_ranks_maps_4_per_node(command, workdir, ranks_dry_runs):
     args = shlex.split(command)
     assert mpirun_map(args, workdir) == FOUR_BY_FOUR
