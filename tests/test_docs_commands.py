@@ -425,8 +425,9 @@ def test_finetune_commands(demo_runs, workdir):
     out = ok(run_doc_command(baseline, workdir, ["--epochs=1"]))
     assert "accuracy" in out, out[-3000:]
     ok(run_doc_command(probe, workdir, ["--epochs=1"]))
-    metrics = (workdir / "runs" / "demo" / "metrics.jsonl").read_text()
-    assert '"kind": "probe"' in metrics, metrics[-2000:]
+    records = [json.loads(line) for line in (workdir / "runs" / "demo" / "metrics.jsonl").read_text().splitlines()]
+    probed = sorted(r["step"] for r in records if r.get("kind") == "probe")
+    assert probed == [10, 20], records[-3:]          # every checkpoint of the two demo runs
 
 
 # -------------------------------------------------------------------------------- the data commands
@@ -442,7 +443,7 @@ def test_data_commands_on_the_bundled_wikipedia_excerpt(tmp_path, corpus_dir):
     vocab, create = commands_of("test_data_commands_on_the_bundled_wikipedia_excerpt")
     ok(run_doc_command(vocab, tmp_path))
     words = (tmp_path / "data" / "wiki" / "vocab.txt").read_text().split("\n")
-    assert words[0] == "[PAD]" and len(words) > 5000
+    assert words[0] == "[PAD]" and len(words) > 1000
     out = ok(run_doc_command(create, tmp_path, ["--dupe_factor=1"],
                              env=services.run_env(tmp_path, {"OMPI_MCA_rmaps_base_oversubscribe": "1"})))
     print(out[-2000:])
