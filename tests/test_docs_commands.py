@@ -298,7 +298,7 @@ def test_emulated_cluster_up_and_down():
     up, down = commands_of("test_emulated_cluster_up_and_down")
     try:
         out = ok(run_doc_command(up, REPO))
-        assert "up: 2 nodes at 1 Gbit/s; hostfile " in out and "run ranks with:  mpirun" in out, out
+        assert "up: 2 nodes at 1 Gbit/s; hostfile " in out and "run ranks with:  ip netns exec btc-launch mpirun -np 2" in out, out
         hostfile = re.search(r"hostfile (\S+)", out)[1]
         assert open(hostfile).read() == "198.18.0.1 slots=1\n198.18.0.2 slots=1\n"
         status = ok(run_doc_command("python run/emulated_cluster.py status", REPO))
