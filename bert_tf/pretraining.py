@@ -44,6 +44,7 @@ class PretrainConfig(training.TrainConfig):
     masked_lm_prob: float = 0.15
     mlm_only: bool = False
     batch_size: int = 32
+    fit_micro_batch: int = 0          # re-split batch_size x accumulation_steps into micro-batches of this size
     # Horovod (the communication knobs are training.TrainConfig.comm)
     horovod_timeline: str = ""
     horovod_autotune: bool = False
@@ -71,6 +72,16 @@ class PretrainConfig(training.TrainConfig):
                      "keep_last", "stop_check_interval"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name} must be >= 1, got {getattr(self, name)}")
+        if self.fit_micro_batch:      # the self-tuned flagfile's micro-batch; the per-rank batch stays the recipe's
+            per_rank = self.batch_size * self.accumulation_steps
+            if self.fit_micro_batch < 0 or per_rank % self.fit_micro_batch:
+                raise ConfigError(
+                    f"--fit_micro_batch={self.fit_micro_batch}: the per-rank batch --batch_size x "
+                    f"--accumulation_steps = {self.batch_size} x {self.accumulation_steps} = {per_rank} is not a "
+                    f"positive multiple of it; tune with run/benchmark.py --tune_batch_sizes=<divisors of "
+                    f"{per_rank}> or drop the line")
+            self.batch_size, self.accumulation_steps = self.fit_micro_batch, per_rank // self.fit_micro_batch
+            self.fit_micro_batch = 0  # applied: validating again must not split again
         if self.ladder_sequences_per_second < 0:
             raise ConfigError(f"--ladder_sequences_per_second must be >= 0, got {self.ladder_sequences_per_second}")
         if self.eval_interval < 0 or self.eval_batches < 0:

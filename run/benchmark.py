@@ -91,11 +91,14 @@ def write_flagfile(path, best, report):
     lines = [f"# run/benchmark.py on {report['device'].get('cpu') or report['device'].get('gpus')}, "
              f"{report['model_preset']} seq {report['seq_length']}: fastest bert_tf rung {best['rung']}",
              f"# command: {report['command']}",
-             f"# micro-batch measured {best['batch_size']}: keep --batch_size x --accumulation_steps at your "
-             "recipe's per-rank batch",
+             f"# micro-batch measured {best['batch_size']}"
+             + (" (fastest of --tune_batch_sizes; --fit_micro_batch keeps the recipe's per-rank batch)"
+                if report.get("tune_batch_sizes") else ""),
              f"--precision={best['precision']}",
              f"--{'' if best['xla'] else 'no'}xla",
              f"--ladder_sequences_per_second={best['sequences_per_second']:.3f}"]
+    if report.get("tune_batch_sizes"):  # the micro-batch was tuned: keep the recipe's per-rank batch, split it so
+        lines.append(f"--fit_micro_batch={best['batch_size']}")
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "w") as f:
         f.write("\n".join(lines) + "\n")
@@ -321,6 +324,7 @@ def main(_):
               "ratio_to_keras_hub": best["sequences_per_second"] / peer["sequences_per_second"]
               if best and peer else None,
               "input_pipeline_sequences_per_second": headroom, "peak_host_memory_gb": peak_rss_gb, "cpu_count": os.cpu_count(),
+              "tune_batch_sizes": batch_sizes,
               "command": "python run/benchmark.py " + " ".join(
                   f"--{k}={FLAGS[k].value if not isinstance(FLAGS[k].value, list) else ','.join(FLAGS[k].value)}"
                   for k in ("model_preset", "max_seq_length", "batch_size", "accumulation_steps", "updates",

@@ -31,6 +31,9 @@ flags.DEFINE_float("masked_lm_prob", D.masked_lm_prob, "Masking rate for --dynam
 flags.DEFINE_bool("mlm_only", D.mlm_only, "Train the masked-LM objective only (no next-sentence head).")
 flags.DEFINE_integer("batch_size", D.batch_size, "Micro-batch per rank, in sequences.")
 flags.DEFINE_integer("accumulation_steps", D.accumulation_steps, "Micro-batches per optimizer update (and per allreduce).")
+flags.DEFINE_integer("fit_micro_batch", D.fit_micro_batch,
+                     "Re-split the per-rank batch (--batch_size x --accumulation_steps) into micro-batches of this "
+                     "size, keeping the global batch (run/benchmark.py --tune_batch_sizes writes it); 0: off.")
 flags.DEFINE_enum("optimizer", D.optimizer, list(optimization.OPTIMIZERS), "Optimizer.")
 flags.DEFINE_float("learning_rate", D.learning_rate, "Peak learning rate (for the global batch; see the module doc).")
 flags.DEFINE_integer("warmup_steps", D.warmup_steps, "Linear warmup updates.")

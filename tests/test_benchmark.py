@@ -69,7 +69,8 @@ def test_bad_rungs_and_an_unwritable_flagfile_fail_before_measuring(tmp_path):
 def test_the_self_tuned_flagfile_is_taken_by_pretrain_after_the_recipe(tiny_data, tmp_path):
     node = tmp_path / "node.flags"
     out = benchmark([*QUICK, "--rungs=fp32,bf16,best-dropout", f"--output_dir={tmp_path / 'ladder'}",
-                     f"--write_flagfile={node}", f"--profile_dir={tmp_path / 'trace'}"], tmp_path)
+                     f"--write_flagfile={node}", f"--profile_dir={tmp_path / 'trace'}", "--tune_batch_sizes=1,4"],
+                    tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "hardware peak:" in out.stdout and "cpu_features" in out.stdout
     shares = re.findall(r"^\s+([\d.]+)%\s+(\w+)$", out.stdout.split("op time by type:")[1], re.M)
@@ -77,8 +78,11 @@ def test_the_self_tuned_flagfile_is_taken_by_pretrain_after_the_recipe(tiny_data
     assert {"ladder.json", "ladder.png"} <= {p.name for p in (tmp_path / "ladder").iterdir()}
     report = json.loads((tmp_path / "ladder" / "ladder.json").read_text())
     rows = {r["rung"]: r for r in report["rungs"]}
-    assert list(rows) == ["fp32", "bf16", "best-dropout"] and rows["best-dropout"]["diagnostic"]
-    fastest = max(("fp32", "bf16"), key=lambda r: rows[r]["sequences_per_second"])
+    names = list(rows)
+    assert names[:3] == ["fp32", "bf16", "best-dropout"] and rows["best-dropout"]["diagnostic"]
+    base = max(("fp32", "bf16"), key=lambda r: rows[r]["sequences_per_second"])
+    assert names[3:] == [f"{base} b1", f"{base} b4"]                     # --tune_batch_sizes on the fastest rung
+    fastest = max([base] + names[3:], key=lambda r: rows[r]["sequences_per_second"])
     assert f"fastest bert_tf rung {fastest}" in node.read_text()          # never the diagnostic rung
     assert report["hardware_peak_flops"] == max(v for ways in report["matmul_peak_flops"].values()
                                                 for v in ways.values())
@@ -87,6 +91,8 @@ def test_the_self_tuned_flagfile_is_taken_by_pretrain_after_the_recipe(tiny_data
     assert lines[0] in ("--precision=float32", "--precision=mixed_bfloat16") and lines[1] in ("--xla", "--noxla")
     ladder = float(lines[2].split("=")[1])
     assert lines[2].startswith("--ladder_sequences_per_second=") and ladder > 0
+    micro = int(lines[3].removeprefix("--fit_micro_batch="))                # the fastest of 2 (--batch_size), 1, 4
+    assert micro in (1, 2, 4) and len(lines) == 4
     recipe = tmp_path / "recipe.flags"
     recipe.write_text("\n".join(tiny_data["flags"] + ["--precision=mixed_float16", "--xla", "--total_steps=2"]))
     run = subprocess.run([sys.executable, str(PRETRAIN), f"--flagfile={recipe}", f"--flagfile={node}",
@@ -95,6 +101,7 @@ def test_the_self_tuned_flagfile_is_taken_by_pretrain_after_the_recipe(tiny_data
     assert run.returncode == 0, run.stderr[-2000:]
     precision = lines[0].split("=")[1]
     assert f"precision {precision}  xla {lines[1] == '--xla'}" in run.stdout               # the node's flags won
+    assert f"micro-batch {micro}/rank  accumulation {4 // micro}" in run.stdout      # the recipe's 4 per rank, re-split
     assert f"(ladder: {ladder:.2f} seq/s per rank)" in run.stdout
     assert re.search(rf"measured [\d.]+ seq/s per rank \(last interval\) vs the ladder's {ladder:.2f}", run.stdout)
 

@@ -99,3 +99,21 @@ def test_features_that_do_not_fit_fail_before_training():
         modeling.check_features_fit(config, 128)
     with pytest.raises(ValueError, match="vocabulary has 120 tokens but the model's vocab_size is 100"):
         modeling.check_features_fit(config, 64, vocab_size=120)
+
+
+def test_dropout_keeps_the_configured_fraction_unbiased_the_same_under_xla_and_per_seed():
+    """16 random bits per element: the kept fraction is 1 - rate to within 5 standard deviations
+    (1e6 elements: 1.5e-3), the mean is unchanged, XLA draws the same mask, and a seed is a mask."""
+    x = tf.ones([1000, 1001])
+    seed = tf.constant([3, 4], tf.int32)
+    for rate in (0.1, 0.5):
+        y = modeling.dropout(x, rate, seed, training=True)
+        kept = float(tf.reduce_mean(tf.cast(y != 0, tf.float32)))
+        assert abs(kept - (1 - rate)) < 1.5e-3
+        assert abs(float(tf.reduce_mean(y)) - 1.0) < 5 * (rate / (1 - rate) / 1001e3) ** 0.5
+    small = tf.random.normal([3, 5, 7], dtype=tf.float32)          # an odd element count
+    compiled = tf.function(lambda v, s: modeling.dropout(v, 0.1, s, True), jit_compile=True)
+    assert bool(tf.reduce_all(compiled(small, seed) == modeling.dropout(small, 0.1, seed, True)))
+    assert bool(tf.reduce_all(modeling.dropout(x, 0.1, seed, True) == modeling.dropout(x, 0.1, seed, True)))
+    assert not bool(tf.reduce_all(modeling.dropout(x, 0.1, seed + 1, True) == modeling.dropout(x, 0.1, seed, True)))
+    assert modeling.dropout(x, 0.1, seed, training=False) is x

@@ -108,3 +108,12 @@ def test_recipes_give_their_stated_global_batch():
             assert set(flags) <= known
             assert int(flags["batch_size"]) * int(flags["accumulation_steps"]) * 16 == batch
     assert read("demo.flags")["model_preset"] == "tiny"
+
+
+def test_fit_micro_batch_re_splits_the_per_rank_batch_or_names_why_it_cannot(tiny_data, tmp_path):
+    cfg = config(tiny_data, tmp_path, batch_size=8, accumulation_steps=2, fit_micro_batch=4)
+    assert (cfg.batch_size, cfg.accumulation_steps, cfg.fit_micro_batch) == (4, 4, 0)
+    assert dataclasses.replace(cfg).batch_size == 4                        # validating again changes nothing
+    with pytest.raises(ConfigError, match=r"--fit_micro_batch=3: the per-rank batch --batch_size x "
+                                          r"--accumulation_steps = 8 x 2 = 16 is not a positive multiple"):
+        config(tiny_data, tmp_path, batch_size=8, accumulation_steps=2, fit_micro_batch=3)

@@ -77,3 +77,30 @@ def test_a_short_run_logs_saves_and_restores_the_signal_handlers(tiny_data, tmp_
                                             "fusion_threshold_mb": None, "cycle_time_ms": None}
     assert records[2]["samples_seen"] == 3 * 8 and "eval_mlm_accuracy" in last
     assert tf.train.latest_checkpoint(str(tmp_path)).endswith("ckpt-3")
+
+
+def test_a_checkpoint_from_before_the_input_position_resumes_from_its_json_with_a_fresh_pass(tiny_data, tmp_path):
+    """Checkpoints written before the data position moved into them hold only the trainer's items and
+    `samples_seen` in the JSON beside them: resuming takes the count from there and says the input
+    starts a fresh pass (nothing to seek to), instead of failing or restarting the count at zero."""
+    def config(directory, total_steps):
+        return pretraining.PretrainConfig(
+            model_preset="tiny", vocab_file=tiny_data["vocab_file"], train_files=tiny_data["train"],
+            eval_files=tiny_data["eval"], max_seq_length=64, max_predictions_per_seq=10, batch_size=4,
+            total_steps=total_steps, log_interval=1, eval_batches=1, checkpoint_dir=str(directory))
+
+    trainer, _ = pretraining.run(config(tmp_path / "new", 3), log=lambda *a, **k: None)
+    old = tmp_path / "old"     # what an older version left: no input_position, the count in ckpt-3.json
+    tf.train.CheckpointManager(tf.train.Checkpoint(**trainer.checkpoint_items()), str(old), 1).save(3)
+    (old / "ckpt-3.json").write_text(json.dumps({"step": 3, "samples_seen": 12}))
+    assert not any(name.startswith("input_position") for name, _ in tf.train.list_variables(str(old / "ckpt-3")))
+
+    lines = []
+    resumed, last = pretraining.run(config(old, 5), log=lambda *a, **k: lines.append(" ".join(map(str, a))))
+    assert any("resumed from" in line and "at step 3" in line for line in lines)
+    assert any("fresh pass over the training files starts at step 3" in line for line in lines)
+    assert int(resumed.step.numpy()) == 5
+    records = [json.loads(line) for line in (old / "metrics.jsonl").read_text().splitlines()]
+    assert [r["samples_seen"] for r in records if r["kind"] == "train"] == [16, 20]   # counted on from 12
+    saved = dict(tf.train.list_variables(tf.train.latest_checkpoint(str(old))))
+    assert any(name.startswith("input_position/samples_seen") for name in saved)   # new saves carry it
