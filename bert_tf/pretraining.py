@@ -183,12 +183,12 @@ def run(cfg: PretrainConfig, log=print):
     return job.trainer, last
 
 
-def build(cfg: PretrainConfig, say):
-    """Everything the loop needs, on every rank: checked inputs, the trainer restored (or
-    initialised) and equal on all ranks, the input at the restored position, the outputs."""
-    rank, size = distributed.rank(), distributed.size()
+def check_inputs(cfg: PretrainConfig, rank: int, size: int):
+    """What a run reads, checked before anything is built or written: the vocabulary,
+    --init_checkpoint (read, unless resuming, and checked against the model config), the records of
+    this rank's training files and every evaluation file. Returns a namespace of tokenizer, init
+    (or None), model_config, train_files, eval_files."""
     tokenizer = tokenization.Tokenizer.from_file(cfg.vocab_file, cfg.do_lower_case)
-    # --init_checkpoint is read and checked before anything is written to --checkpoint_dir.
     init = checkpoint_formats.read(cfg.init_checkpoint) \
         if cfg.init_checkpoint and not tf.train.latest_checkpoint(cfg.checkpoint_dir) else None
     model_config = build_model_config(cfg, len(tokenizer), init)
@@ -200,6 +200,41 @@ def build(cfg: PretrainConfig, say):
     eval_files = input_pipeline.list_files(cfg.eval_files) if cfg.eval_files else []
     if eval_files:
         input_pipeline.check_files(eval_files, cfg.max_seq_length, cfg.max_predictions_per_seq, cfg.dynamic_masking)
+    return types.SimpleNamespace(tokenizer=tokenizer, init=init, model_config=model_config,
+                                 train_files=train_files, eval_files=eval_files)
+
+
+def dry_run(cfg: PretrainConfig, log=print):
+    """--dry_run: check_inputs as a single rank that reads every file, and whether --checkpoint_dir
+    can be written; then one line saying what the run would be. No Horovod, no model, nothing
+    written: for checking a flagfile on a login node before the job waits in a queue."""
+    inputs = check_inputs(cfg, rank=0, size=1)
+    target = os.path.abspath(cfg.checkpoint_dir)
+    while "://" not in cfg.checkpoint_dir and not os.path.exists(target):
+        target = os.path.dirname(target)
+    if "://" not in cfg.checkpoint_dir and not (os.path.isdir(target) and os.access(target, os.W_OK | os.X_OK)):
+        raise ConfigError(f"--checkpoint_dir={cfg.checkpoint_dir} cannot be created: {target} is not a writable folder")
+    latest = tf.train.latest_checkpoint(cfg.checkpoint_dir)
+    config = inputs.model_config
+    start = (f"resumes from {latest}" if latest else f"starts from {inputs.init.path} ({inputs.init.format} format)"
+             if inputs.init else "starts from random weights")
+    log(f"dry run: flags and inputs check out: model {config.num_hidden_layers} layers, hidden {config.hidden_size}, "
+        f"vocab {config.vocab_size}; {len(inputs.train_files)} training and {len(inputs.eval_files)} evaluation "
+        f"files of {cfg.max_seq_length}-token records; {cfg.batch_size} x {cfg.accumulation_steps} sequences per rank "
+        f"per update (x ranks = global batch); {start}; checkpoints in {cfg.checkpoint_dir}")
+    warning = precision_warning(cfg.precision, flops.device_description(), cfg.ladder_sequences_per_second)
+    if warning:
+        log(warning)
+
+
+def build(cfg: PretrainConfig, say):
+    """Everything the loop needs, on every rank: checked inputs, the trainer restored (or
+    initialised) and equal on all ranks, the input at the restored position, the outputs."""
+    rank, size = distributed.rank(), distributed.size()
+    # --init_checkpoint and the records are read and checked before anything is written to --checkpoint_dir.
+    inputs = check_inputs(cfg, rank, size)
+    tokenizer, init, model_config = inputs.tokenizer, inputs.init, inputs.model_config
+    train_files, eval_files = inputs.train_files, inputs.eval_files
 
     global_batch = cfg.global_batch if cfg.elastic else cfg.batch_size * cfg.accumulation_steps * size
     say(("elastic  " if cfg.elastic else f"ranks {size}  ")

@@ -7,6 +7,7 @@
     horovodrun -np 3 --min-np 2 --max-np 4 --gloo --network-interface eth0 \
         --host-discovery-script 'scripts/discover_hosts.sh hosts.live' \
         python run/pretrain.py --elastic --global_batch=... ...  # elastic: nodes may come and go
+    python run/pretrain.py --flagfile=configs/base_phase1.flags --dry_run   # check flags and inputs, then exit
 
 Global batch = --batch_size x --accumulation_steps x ranks. Learning-rate scaling rule: the
 learning rate is NOT scaled with the number of ranks; it belongs to the global batch. When you
@@ -72,6 +73,9 @@ flags.DEFINE_integer("global_batch", D.global_batch, "Elastic mode: sequences pe
 flags.DEFINE_integer("elastic_commit_interval", D.elastic_commit_interval,
                      "Elastic mode: commit the state to memory every N updates (a lost rank costs the updates "
                      "since the last commit).")
+flags.DEFINE_bool("dry_run", False, "Check the flags, vocabulary, --init_checkpoint, every record file and that "
+                  "--checkpoint_dir can be written, print what the run would be, and exit: no Horovod, no model, "
+                  "nothing written.")
 FLAGS = flags.FLAGS
 
 
@@ -80,6 +84,9 @@ def main(argv):
         sys.exit(f"error: unexpected arguments {argv[1:]}")
     cfg = pretraining.PretrainConfig(comm=cli.comm_config(), **{
         f.name: FLAGS[f.name].value for f in dataclasses.fields(pretraining.PretrainConfig) if f.name != "comm"})
+    if FLAGS.dry_run:
+        pretraining.dry_run(cfg)
+        return
     _, last = pretraining.run(cfg)
     from bert_tf import distributed
     if distributed.rank() == 0 and "eval_mlm_accuracy" in last:

@@ -263,9 +263,53 @@ EnforcePartLimits=ALL
 KillWait=30
 AccountingStorageType=accounting_storage/none
 JobCompType=jobcomp/none
-NodeName={host} NodeAddr=127.0.0.1 CPUs={cpus} State=UNKNOWN
+{nodes}
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 """
+
+
+def write_slurm_conf(tmp, munge_socket, nodes):
+    """tmp/slurm.conf (SLURM_CONF with free ports and this machine as the controller); returns sbatch's env."""
+    for d in ("state", "spool"):
+        (tmp / d).mkdir(exist_ok=True)
+    conf = tmp / "slurm.conf"
+    conf.write_text(SLURM_CONF.format(host=socket.gethostname().split(".")[0], ctld_port=free_port(),
+                                      d_port=free_port(), tmp=tmp, munge_socket=munge_socket, nodes=nodes))
+    return {**os.environ, "SLURM_CONF": str(conf)}
+
+
+def stop(procs):
+    for p in procs:
+        p.terminate()
+        try:
+            p.wait(30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
+@contextlib.contextmanager
+def slurm_controller(tmp, nodes=4, cpus=4, gpus=4):
+    """A Slurm controller alone, for `sbatch --test-only`: it schedules on `nodes` nodes of `cpus` CPUs
+    and `gpus` GPUs each (node1, node2, ...; declared idle, no slurmd behind them), so it answers
+    whether and where a multi-node job would start without running anything. Yields sbatch's env."""
+    apt_install(["slurm-wlm"], ["slurmctld"])
+    tmp = pathlib.Path(tmp)
+    with munged(tmp) as munge_socket:
+        env = write_slurm_conf(tmp, munge_socket, f"GresTypes=gpu\nNodeName=node[1-{nodes}] NodeAddr=127.0.0.1 "
+                                                  f"CPUs={cpus} Gres=gpu:{gpus} State=IDLE")
+        say(f"starting slurmctld alone ({env['SLURM_CONF']}: {nodes} nodes x {cpus} CPUs x {gpus} GPUs, no slurmd)")
+        ctld = subprocess.Popen(["slurmctld", "-D", "-i", "-f", env["SLURM_CONF"]], env=env, start_new_session=True,
+                                stdout=subprocess.DEVNULL, stderr=open(tmp / "slurmctld.err", "w"))
+        try:
+            wait_for(lambda: ctld.poll() is not None
+                     or subprocess.run(["scontrol", "ping"], env=env, capture_output=True).returncode == 0,
+                     60, "slurmctld")
+            if ctld.poll() is not None:
+                raise RuntimeError(f"slurmctld exited {ctld.returncode}: {(tmp / 'slurmctld.err').read_text()[-2000:]}")
+            yield env
+        finally:
+            say("stopping slurmctld")
+            stop([ctld])
 
 
 @contextlib.contextmanager
@@ -274,14 +318,11 @@ def slurm_cluster(tmp):
     Yields the environment for sbatch/squeue/scancel (SLURM_CONF)."""
     apt_install(["slurm-wlm"], ["slurmctld"])
     tmp = pathlib.Path(tmp)
-    for d in ("state", "spool"):
-        (tmp / d).mkdir(exist_ok=True)
     host = socket.gethostname().split(".")[0]
     with munged(tmp) as munge_socket:
-        conf = tmp / "slurm.conf"
-        conf.write_text(SLURM_CONF.format(host=host, ctld_port=free_port(), d_port=free_port(), tmp=tmp,
-                                          cpus=os.cpu_count(), munge_socket=munge_socket))
-        env = {**os.environ, "SLURM_CONF": str(conf)}
+        env = write_slurm_conf(tmp, munge_socket, f"NodeName={host} NodeAddr=127.0.0.1 CPUs={os.cpu_count()} "
+                                                  "State=UNKNOWN")
+        conf = env["SLURM_CONF"]
         say(f"starting slurmctld and slurmd ({conf}: one node '{host}', {os.cpu_count()} CPUs)")
         ctld = subprocess.Popen(["slurmctld", "-D", "-i", "-f", str(conf)], env=env, start_new_session=True,
                                 stdout=subprocess.DEVNULL, stderr=open(tmp / "slurmctld.err", "w"))
@@ -301,12 +342,7 @@ def slurm_cluster(tmp):
             yield env
         finally:
             say("stopping slurmd and slurmctld")
-            for p in (slurmd, ctld):
-                p.terminate()
-                try:
-                    p.wait(30)
-                except subprocess.TimeoutExpired:
-                    p.kill()
+            stop([slurmd, ctld])
 
 
 # ------------------------------------------------------------------------------------ demo work dir

@@ -116,6 +116,11 @@ def test_planner_predicts_the_emulated_study_within_25_percent(tiny_data, tmp_pa
     assert rows["fp16/accum"]["speedup_vs_baseline"] > 1.0
     assert (out / "study.png").stat().st_size > 10_000
     assert "fp32/every-mb" in proc.stdout and "planner" in proc.stdout
+    # README: python run/validate_planner.py --study=runs/comm_study/study.json (this study's folder)
+    proc = subprocess.run([sys.executable, str(REPO / "run" / "validate_planner.py"), f"--study={out / 'study.json'}"],
+                          env=mpi_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "| DGX-2H nodes |" in proc.stdout and "Emulated cluster, BERT-mini" in proc.stdout, proc.stdout
 
 
 NO_UNSHARE = pytest.mark.skipif(shutil.which("unshare") is None, reason="needs unshare (util-linux)")

@@ -1,5 +1,6 @@
 """run/pretrain.py fails at start-up, naming the flag, when its inputs cannot work."""
 import dataclasses
+import glob
 import json
 import subprocess
 import sys
@@ -20,7 +21,7 @@ def config(tiny_data, tmp_path, **overrides):
     return pretraining.PretrainConfig(**values)
 
 
-@pytest.mark.parametrize("overrides,error", [
+BAD_CONFIGURATIONS = [
     (dict(max_seq_length=128), r"feature 'input_ids' has length 64 but the run expects 128 \(--max_seq_length\)"),
     (dict(max_predictions_per_seq=20), r"'masked_lm_positions' has length 10 .*--max_predictions_per_seq"),
     (dict(train_files="/nonexistent/train-*"), "no input files match '/nonexistent/train-\\*'"),
@@ -33,11 +34,38 @@ def config(tiny_data, tmp_path, **overrides):
     (dict(network_interface="nonexistent0"), "--network_interface=nonexistent0: no such interface here"),
     (dict(accumulation_steps=0), "--accumulation_steps must be >= 1, got 0"),
     (dict(comm=dict(cycle_time_ms=-1)), "--cycle_time_ms must be >= 0, got -1"),
-])
+]
+
+
+@pytest.mark.parametrize("overrides,error", BAD_CONFIGURATIONS)
 def test_bad_configuration_fails_before_training(tiny_data, tmp_path, overrides, error):
     with pytest.raises(ConfigError, match=error):
         pretraining.run(config(tiny_data, tmp_path, **overrides))
     assert not (tmp_path / "ckpt").exists() or not any((tmp_path / "ckpt").glob("ckpt-*"))
+
+
+@pytest.mark.parametrize("overrides,error", BAD_CONFIGURATIONS + [
+    (dict(checkpoint_dir="{tmp}/a_file/ckpt"), "--checkpoint_dir=.*/a_file/ckpt cannot be created: .*/a_file is not a "
+                                               "writable folder")])
+def test_dry_run_finds_what_a_run_would_stop_at_and_writes_nothing(tiny_data, tmp_path, overrides, error):
+    """--dry_run (no Horovod, no model) stops at the same bad inputs, plus a --checkpoint_dir it cannot make."""
+    (tmp_path / "a_file").write_text("not a folder\n")
+    overrides = {k: v.format(tmp=tmp_path) if isinstance(v, str) else v for k, v in overrides.items()}
+    with pytest.raises(ConfigError, match=error):
+        pretraining.dry_run(config(tiny_data, tmp_path, **overrides))
+    assert not (tmp_path / "ckpt").exists()
+
+
+def test_dry_run_says_what_the_run_would_be(tiny_data, tmp_path):
+    lines = []
+    pretraining.dry_run(config(tiny_data, tmp_path, batch_size=3, accumulation_steps=5), log=lines.append)
+    vocab = len(open(tiny_data["vocab_file"]).read().splitlines())
+    train, evaluation = len(glob.glob(tiny_data["train"])), len(glob.glob(tiny_data["eval"]))
+    assert train >= 2 and evaluation >= 1
+    assert lines[0].startswith(f"dry run: flags and inputs check out: model 2 layers, hidden 128, vocab {vocab}; "
+                               f"{train} training and {evaluation} evaluation files of 64-token records; 3 x 5 "
+                               "sequences per rank per update (x ranks = global batch); starts from random weights; checkpoints in "), lines
+    assert not (tmp_path / "ckpt").exists()
 
 
 def test_model_too_small_for_data(tiny_data, tmp_path):

@@ -70,15 +70,15 @@ def test_more_tasks_than_the_cluster_has_is_refused_at_once(slurm, workdir):
 
 def test_job_completes_scancel_keeps_the_checkpoint_and_a_resubmission_resumes(slurm, workdir, tmp_path):
     ckpt = tmp_path / "ckpt"
-    # 1. sbatch run/slurm/pretrain.sbatch --flagfile=configs/demo.flags (30 updates): COMPLETED, 2 ranks.
-    job = sbatch(slurm, workdir, SBATCH, "--flagfile=configs/demo.flags", *services.short_run_flags(30, ckpt))
+    # 1. sbatch --ntasks=2 run/slurm/pretrain.sbatch --flagfile=configs/demo.flags (30 updates): COMPLETED, 2 ranks.
+    job = sbatch(slurm, workdir, "--ntasks=2", SBATCH, "--flagfile=configs/demo.flags", *services.short_run_flags(30, ckpt))
     state, out = wait_job(slurm, job, workdir)
     assert state == "COMPLETED", out[-5000:]
     assert "ranks 2 " in out and "held-out MLM accuracy" in out, out[-3000:]
     assert latest_step(ckpt) == 30
 
     # 2. The same command for many more updates, cancelled after it saved past 30.
-    job = sbatch(slurm, workdir, SBATCH, "--flagfile=configs/demo.flags", *services.short_run_flags(100000, ckpt))
+    job = sbatch(slurm, workdir, "--ntasks=2", SBATCH, "--flagfile=configs/demo.flags", *services.short_run_flags(100000, ckpt))
     deadline = time.time() + 600
     while latest_step(ckpt) < 40 and time.time() < deadline and job_state(slurm, job) in ("PENDING", "RUNNING"):
         time.sleep(1)
@@ -94,7 +94,7 @@ def test_job_completes_scancel_keeps_the_checkpoint_and_a_resubmission_resumes(s
     print(f"cancelled job {job}; its last checkpoint is step {step}")
 
     # 3. Resubmitted: resumes from that checkpoint and completes.
-    job = sbatch(slurm, workdir, SBATCH, "--flagfile=configs/demo.flags", *services.short_run_flags(step + 10, ckpt))
+    job = sbatch(slurm, workdir, "--ntasks=2", SBATCH, "--flagfile=configs/demo.flags", *services.short_run_flags(step + 10, ckpt))
     state, out = wait_job(slurm, job, workdir)
     assert state == "COMPLETED", out[-5000:]
     assert f"at step {step}" in out and "resumed from" in out, out[-3000:]
