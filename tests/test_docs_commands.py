@@ -139,6 +139,18 @@ COMMANDS = {
            "budget on 2 cores)"),
     "python run/plan.py --model_preset=large --nodes=4 --devices_per_node=4 --inter_gbps=10 "
     "--price_per_device_hour=2.5": here("test_plan"),
+    "python run/plan.py --model_preset=large --price_per_device_hour=2.48 --spot_price_per_device_hour=0.74 "
+    "--mtbp_hours=24": here("test_plan_preemptible"),
+    "python run/elastic_recovery.py":
+        by("test_elastic.py::test_elastic_job_loses_a_node_takes_a_replacement_and_loses_a_link",
+           "the test runs the same events on the same emulated cluster (a node killed, a replacement joining) and "
+           "asserts their outcome; the script, a benchmark, times them against a restart from the checkpoint"),
+    "horovodrun -np 16 --min-np 8 --max-np 16 --gloo --network-interface eth0 --host-discovery-script "
+    "\"scripts/discover_hosts.sh /shared/hosts.live\" python run/pretrain.py --flagfile=configs/large_phase1.flags "
+    "--accumulation_steps=1 --elastic --global_batch=61440 --elastic_commit_interval=10":
+        by("test_elastic.py::test_elastic_job_loses_a_node_takes_a_replacement_and_loses_a_link",
+           "3 emulated nodes of 1 slot (--min-np 2 --max-np 3), the tiny model with a global batch of 24, the "
+           "emulated cluster's live-hosts file through scripts/discover_hosts.sh"),
     "python run/emulated_cluster.py up --nodes=2 --rate_gbit=1": here("test_emulated_cluster_up_and_down"),
     "python run/emulated_cluster.py down": here("test_emulated_cluster_up_and_down"),
     "python run/comm_study.py --output_dir=runs/comm_study":
@@ -291,6 +303,19 @@ def test_plan():
     assert re.search(r"^BERT-large: 33\d\.\dM parameters; 4 nodes x 4 devices, 10 Gbit/s between nodes$", out, re.M), out
     days, cost = re.search(r"^total: ([\d.]+) days, cost (\d+)$", out, re.M).groups()
     assert float(cost) == pytest.approx(float(days) * 24 * 16 * 2.5, rel=0.01)     # 16 devices at 2.5 an hour
+
+
+def test_plan_preemptible():
+    [command] = commands_of("test_plan_preemptible")
+    out = ok(run_doc_command(command, REPO))
+    rows = {name.strip(): (float(days), float(cost)) for name, days, cost in
+            re.findall(r"^  (on-demand|spot \+ checkpoint restart|spot \+ elastic)\s+([\d.]+) days\s+cost\s+(\d+)$",
+                       out, re.M)}
+    assert len(rows) == 3, out
+    days, cost = rows["on-demand"]
+    assert cost == pytest.approx(days * 24 * 16 * 2.48, rel=0.01)                  # 16 devices at 2.48 an hour
+    assert all(d >= days for d, _ in rows.values())                                   # preemptions only cost time
+    assert re.search(rf"^cheapest: {re.escape(min(rows, key=lambda k: rows[k][1]))}$", out, re.M), out
 
 
 @pytest.mark.skipif(not (os.geteuid() == 0 and shutil.which("tc")), reason="the emulated cluster needs root and tc")
