@@ -97,6 +97,20 @@ def read_tx_bytes(interface):
         return int(f.read())
 
 
-def read_metrics(path):
+def read_metrics(path, growing=False):
+    """metrics.jsonl's records. growing: the file of a running job, which may not exist yet and
+    whose last line may be half-written (left for the next look)."""
+    if growing and not os.path.exists(path):
+        return []
+    records = []
     with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+        for line in f:
+            if not line.strip():
+                continue
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                if not growing:
+                    raise
+                break
+    return records

@@ -26,6 +26,7 @@ import time
 from absl import flags
 
 from bert_tf import cli
+from bert_tf.metrics import read_metrics
 
 flags.DEFINE_string("vocab_file", "data/demo/vocab.txt", "Vocabulary of the records.")
 flags.DEFINE_string("train_files", "data/demo/seq128/train-*", "Training records (sequence length 128).")
@@ -39,16 +40,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _records(path):
-    """metrics.jsonl's records so far (a line being written is left for the next look)."""
-    if not os.path.exists(path):
-        return []
-    out = []
-    for line in open(path):
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            break
-    return out
+    return read_metrics(path, growing=True)
 
 
 def _wait(path, condition, proc, what, timeout=300):

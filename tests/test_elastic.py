@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from bert_tf import ConfigError, elastic
+from bert_tf.metrics import read_metrics
 from bert_tf import emulated_cluster as ec
 from conftest import REPO, mpi_env
 
@@ -174,16 +175,7 @@ def test_discovery_script_reports_live_hosts_and_names_bad_lines(tmp_path):
 
 
 def _records(path):
-    """metrics.jsonl's records so far (a line being written is left for the next look)."""
-    if not os.path.exists(path):
-        return []
-    out = []
-    for line in open(path):
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            break
-    return out
+    return read_metrics(path, growing=True)
 
 
 def _wait(metrics, condition, proc, what, timeout=240):
