@@ -292,7 +292,8 @@ def test_env_sh_puts_the_venv_on_path():
     env["PATH"] = "/usr/bin:/bin"
     out = subprocess.run(["bash", "-c", f"{command} && command -v python && echo \"root=${{OMPI_ALLOW_RUN_AS_ROOT:-}}\""],
                          cwd=REPO, env=env, capture_output=True, text=True, check=True).stdout.split()
-    venv = os.environ.get("BERT_TF_VENV", os.path.expanduser("~/.cache/bert_tf/venv-py311"))
+    cache = os.environ.get("BERT_TF_CACHE", os.path.expanduser("~/.cache/bert_tf"))
+    venv = os.environ.get("BERT_TF_VENV", f"{cache}/venv-py311")
     assert out[0] == f"{venv}/bin/python"
     assert out[1] == ("root=1" if os.geteuid() == 0 else "root=")
 
