@@ -476,7 +476,7 @@ def train_elastic(cfg: PretrainConfig, job, log) -> dict:
         say = log if rank == 0 else silent
         mine, weight = elastic.rank_share(micro, rank, size)
         trainer.resize(mine, distributed.make_gradient_allreduce(cfg.comm.fp16_allreduce, weight=weight))
-        trainer.seed_offset = rank                  # this rank's dropout stream
+        trainer.key_dropout_by_update_index(range(rank, micro, size), micro)
         for acc in trainer.accumulators:            # an update cut short by a failure leaves nothing behind
             acc.assign(tf.zeros_like(acc))
         writer.set_active(rank == 0)

@@ -130,6 +130,7 @@ class Trainer:
         config, jit = self.config, bool(self.config.xla)
         # micro-batch indices as device tensors made once: no Python value enters the hot loop
         self._indices = [tf.constant(i, tf.int64) for i in range(config.accumulation_steps)]
+        self.seed_stride = config.accumulation_steps     # dropout streams per update
         self._accumulate = tf.function(self._accumulate_impl, jit_compile=jit)
         self._finish = tf.function(self._finish_impl, jit_compile=jit)
         self._allreduce = tf.function(allreduce)
@@ -151,6 +152,15 @@ class Trainer:
         if accumulation_steps > 1 and not self.accumulators:
             self.accumulators = [tf.Variable(tf.zeros_like(v), trainable=False) for v in self.variables]
         self._compile(allreduce)
+
+    def key_dropout_by_update_index(self, indices, per_update):
+        """Elastic mode: this rank's micro-batches are `indices` of the update's `per_update`. Keying
+        their dropout by that index instead of by rank gives an update the same masks at any rank
+        count, so an update replayed after a failure repeats the lost one (same data, same masks)."""
+        if len(indices) != self.config.accumulation_steps:
+            raise ValueError(f"{len(indices)} indices for {self.config.accumulation_steps} micro-batches")
+        self.seed_offset, self.seed_stride = 0, per_update
+        self._indices = [tf.constant(i, tf.int64) for i in indices]
 
     def checkpoint_items(self) -> dict:
         """The trainer's state: what a checkpoint holds to resume exactly, and what every rank
@@ -227,9 +237,9 @@ class Trainer:
 
     # -- one update -----------------------------------------------------------------------
     def micro_batch_seed(self, index):
-        """The stateless dropout seed [rank stream, update * accumulation_steps + index], computed
-        by device ops from the step variable, nothing fetched (index: an int64 tensor)."""
-        stream = (self.step * self.config.accumulation_steps + index) % (2 ** 31 - 1)
+        """The stateless dropout seed [rank stream, update * seed_stride + index], computed by
+        device ops from the step variable, nothing fetched (index: an int64 tensor)."""
+        stream = (self.step * self.seed_stride + index) % (2 ** 31 - 1)
         base = tf.constant((self.config.seed * 7919 + self.seed_offset) % (2 ** 31 - 1), tf.int32)
         return tf.stack([base, tf.cast(stream, tf.int32)])
 
