@@ -216,6 +216,16 @@ def _wait(metrics, condition, proc, what, timeout=240):
     raise AssertionError(f"no {what} within {timeout} s; the job's output: {proc.log}")
 
 
+def _start(horovodrun, flags, tmp_path):
+    """run/pretrain.py under an elastic horovodrun; output in tmp_path/job.log (the job's .log)."""
+    log = tmp_path / "job.log"
+    with open(log, "w") as out:
+        job = subprocess.Popen(horovodrun + [sys.executable, str(PRETRAIN), *flags], env=mpi_env(), cwd=str(REPO),
+                               stdout=out, stderr=subprocess.STDOUT)
+    job.log = log
+    return job
+
+
 def _train(ranks, after=0):
     return lambda r: r["kind"] == "train" and r["ranks"] == ranks and r["time"] > after
 
@@ -242,11 +252,8 @@ def test_elastic_job_loses_a_node_takes_it_back_and_loses_a_link(tmp_path, tiny_
         # a failed host is shut out for exactly 10 s (Horovod: min(MAX, MIN x 2^failures + U(0, MIN)))
         cmd = cluster.horovodrun_elastic_prefix(3, 2, 3, ["--elastic-timeout", "120",
                                                           "--blacklist-cooldown-range", "5", "10"])
-        log = tmp_path / "job.log"
-        with open(log, "w") as out:
-            job = subprocess.Popen(cmd + [sys.executable, str(PRETRAIN), *flags], env=mpi_env(), cwd=str(REPO),
-                                   stdout=out, stderr=subprocess.STDOUT)
-        job.log = log
+        job = _start(cmd, flags, tmp_path)
+        log = job.log
         try:
             first = _wait(metrics, _train(3), job, "a first update on 3 ranks", timeout=300)
             _wait(metrics, _mid_interval(first["step"] + 12, commit), job, "12 more updates")
@@ -345,11 +352,8 @@ def test_min_np_lost_mid_run_ends_the_job_after_the_elastic_timeout_with_the_che
     with ec.EmulatedCluster(2, rate_gbit=1) as cluster:
         cluster.set_live(cluster.hosts)
         cmd = cluster.horovodrun_elastic_prefix(2, 2, 2, ["--elastic-timeout", "10"])
-        log = tmp_path / "job.log"
-        with open(log, "w") as out:
-            job = subprocess.Popen(cmd + [sys.executable, str(PRETRAIN), *flags], env=mpi_env(), cwd=str(REPO),
-                                   stdout=out, stderr=subprocess.STDOUT)
-        job.log = log
+        job = _start(cmd, flags, tmp_path)
+        log = job.log
         try:
             _wait(metrics, lambda r: r["kind"] == "train" and r["step"] >= 12, job, "12 updates", timeout=300)
             t_kill = time.time()
