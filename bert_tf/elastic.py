@@ -63,18 +63,24 @@ def micro_batches_per_update(global_batch, batch_size):
     return global_batch // batch_size
 
 
+def rank_micro_batches(micro_batches, rank, size):
+    """Which of an update's micro-batches rank `rank` of `size` takes (input_pipeline.SharedStream
+    hands out the same ones)."""
+    return range(rank, micro_batches, size)
+
+
 def rank_share(micro_batches, rank, size):
     """(micro-batches this rank takes per update, weight of its average in the ranks' average)."""
     if size > micro_batches:
         raise ConfigError(f"{size} ranks but an update has only {micro_batches} micro-batches (--global_batch / "
                           f"--batch_size): give horovodrun --max-np <= {micro_batches}, or a smaller --batch_size")
-    mine = len(range(rank, micro_batches, size))
+    mine = len(rank_micro_batches(micro_batches, rank, size))
     return mine, mine * size / micro_batches
 
 
 def describe_share(micro_batches, batch_size, size):
     """One log line: how the global batch is split at this size."""
-    counts = [len(range(r, micro_batches, size)) for r in range(size)]
+    counts = [len(rank_micro_batches(micro_batches, r, size)) for r in range(size)]
     split = f"{counts[0]} micro-batches per rank" if len(set(counts)) == 1 else \
         f"{max(counts)} micro-batches on ranks 0-{counts.count(max(counts)) - 1}, {min(counts)} on the others " \
         f"(their gradients weighted to an exact mean)"

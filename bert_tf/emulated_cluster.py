@@ -266,6 +266,7 @@ link_up || {{ echo "ssh: connect to host $host port 22: No route to host" >&2; e
 ip netns exec "$ns" setsid bash -c "$*" &
 child=$!
 lost=$(mktemp)
+trap 'kill -KILL -- -$child 2>/dev/null; kill ${{watchdog:-}} 2>/dev/null; rm -f "$lost"; exit 143' TERM INT
 # the watchdog must not hold the launcher's output pipe: horovodrun waits for its EOF
 (down=0
  while sleep 1; do
@@ -273,7 +274,6 @@ lost=$(mktemp)
    if [ $down -ge 3 ]; then echo lost > "$lost"; kill -KILL -- -$child 2>/dev/null; exit 0; fi
  done) </dev/null >/dev/null 2>&1 &
 watchdog=$!
-trap 'kill -KILL -- -$child 2>/dev/null; kill $watchdog 2>/dev/null; rm -f "$lost"; exit 143' TERM INT
 wait $child
 rc=$?
 kill $watchdog 2>/dev/null

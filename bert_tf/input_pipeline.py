@@ -196,11 +196,6 @@ def make_shared_stream(files, batch_size, seed=0, shuffle_buffer=10000, read=tf.
     return ds.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
 
 
-def micro_batch_counts(micro_batches, size):
-    """How many of an update's `micro_batches` each of `size` ranks takes (rank r: r, r + size, ...)."""
-    return [len(range(r, micro_batches, size)) for r in range(size)]
-
-
 class SharedStream:
     """One rank's copy of elastic mode's shared stream (module docstring): `next_update` takes an
     update's micro-batches and returns this rank's share, parsed; `state` / `restore` are the
@@ -222,7 +217,8 @@ class SharedStream:
         self.iterator = iter(dataset)
 
     def next_update(self, rank, size, micro_batches):
-        """This rank's share of the next `micro_batches` micro-batches (all ranks read all of them)."""
+        """This rank's share of the next `micro_batches` micro-batches (all ranks read all of them):
+        micro-batches rank, rank + size, ... (elastic.rank_micro_batches)."""
         mine = []
         for m in range(micro_batches):
             serialized = next(self.iterator)

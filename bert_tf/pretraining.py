@@ -350,8 +350,11 @@ class IntervalMetrics:
 
     SUMMED = ("loss", "mlm_loss", "nsp_loss", "mlm_correct", "mlm_weight", "nsp_correct", "nsp_count")
 
-    def __init__(self, global_batch, seq_length, network_interface=""):
+    def __init__(self, global_batch, seq_length, network_interface="", loss_weight=1.0):
         self.global_batch, self.seq_length, self.interface = global_batch, seq_length, network_interface
+        # elastic mode with uneven shares: this rank's losses weighted like its gradients, so the
+        # ranks' average is the mean over the whole global batch
+        self.loss_weight = loss_weight
         self.tx_start = metrics.read_tx_bytes(network_interface) if network_interface else 0
         self._reset()
 
@@ -363,7 +366,7 @@ class IntervalMetrics:
         self.updates += 1
         for key in self.SUMMED:
             if key in out:
-                value = tf.cast(out[key], tf.float64)
+                value = tf.cast(out[key], tf.float64) * (self.loss_weight if key.endswith("loss") else 1.0)
                 self.sums[key] = self.sums[key] + value if key in self.sums else value
         if timing:
             self.timed += 1
@@ -474,9 +477,9 @@ def train_elastic(cfg: PretrainConfig, job, log) -> dict:
     def loop(state):
         rank, size = distributed.rank(), distributed.size()
         say = log if rank == 0 else silent
-        mine, weight = elastic.rank_share(micro, rank, size)
-        trainer.resize(mine, distributed.make_gradient_allreduce(cfg.comm.fp16_allreduce, weight=weight))
-        trainer.key_dropout_by_update_index(range(rank, micro, size), micro)
+        _, weight = elastic.rank_share(micro, rank, size)
+        trainer.resize(elastic.rank_micro_batches(micro, rank, size), micro,
+                       distributed.make_gradient_allreduce(cfg.comm.fp16_allreduce, weight=weight))
         for acc in trainer.accumulators:            # an update cut short by a failure leaves nothing behind
             acc.assign(tf.zeros_like(acc))
         writer.set_active(rank == 0)
@@ -488,7 +491,7 @@ def train_elastic(cfg: PretrainConfig, job, log) -> dict:
         writer.write({"kind": "run", "step": step, "ranks": size, "global_batch": job.global_batch,
                       "parameters": job.parameters, "config": dataclasses.asdict(cfg)})
         agree(say, step, "start")
-        interval = IntervalMetrics(job.global_batch, cfg.max_seq_length, cfg.network_interface)
+        interval = IntervalMetrics(job.global_batch, cfg.max_seq_length, cfg.network_interface, loss_weight=weight)
         last = {}
         while step < cfg.total_steps:
             logging = (step + 1) % cfg.log_interval == 0 or step + 1 == cfg.total_steps

@@ -139,26 +139,22 @@ class Trainer:
             self._add = tf.function(self._add_impl, jit_compile=jit)
             self._mean = tf.function(self._mean_impl, jit_compile=jit)
 
-    def resize(self, accumulation_steps, allreduce):
-        """Elastic mode, after the rank count changed: this rank's micro-batches per update and the
-        allreduce (rank count, weight) change; every variable stays. Retraces (and with --xla
-        recompiles) the forward/backward only when accumulation_steps changed."""
-        if accumulation_steps == self.config.accumulation_steps:
+    def resize(self, indices, per_update, allreduce):
+        """Elastic mode, after the rank count changed: this rank now takes micro-batches `indices` of
+        the update's `per_update`, and the allreduce (rank count, weight) changes; every variable
+        stays. Dropout is keyed by those indices instead of by rank, so an update draws the same masks
+        at any rank count and one replayed after a failure repeats the lost one. Retraces (and with
+        --xla recompiles) the forward/backward only when the number of micro-batches changed."""
+        indices = list(indices)
+        if len(indices) == self.config.accumulation_steps:
             self._allreduce = tf.function(allreduce)
-            return
-        config = copy.copy(self.config)          # not dataclasses.replace: no re-validation of files
-        config.accumulation_steps = accumulation_steps
-        self.config = config
-        if accumulation_steps > 1 and not self.accumulators:
-            self.accumulators = [tf.Variable(tf.zeros_like(v), trainable=False) for v in self.variables]
-        self._compile(allreduce)
-
-    def key_dropout_by_update_index(self, indices, per_update):
-        """Elastic mode: this rank's micro-batches are `indices` of the update's `per_update`. Keying
-        their dropout by that index instead of by rank gives an update the same masks at any rank
-        count, so an update replayed after a failure repeats the lost one (same data, same masks)."""
-        if len(indices) != self.config.accumulation_steps:
-            raise ValueError(f"{len(indices)} indices for {self.config.accumulation_steps} micro-batches")
+        else:
+            config = copy.copy(self.config)      # not dataclasses.replace: no re-validation of files
+            config.accumulation_steps = len(indices)
+            self.config = config
+            if len(indices) > 1 and not self.accumulators:
+                self.accumulators = [tf.Variable(tf.zeros_like(v), trainable=False) for v in self.variables]
+            self._compile(allreduce)
         self.seed_offset, self.seed_stride = 0, per_update
         self._indices = [tf.constant(i, tf.int64) for i in indices]
 
@@ -237,8 +233,8 @@ class Trainer:
 
     # -- one update -----------------------------------------------------------------------
     def micro_batch_seed(self, index):
-        """The stateless dropout seed [rank stream, update * seed_stride + index], computed by
-        device ops from the step variable, nothing fetched (index: an int64 tensor)."""
+        """The stateless dropout seed [seed and rank (0 in elastic mode), update * seed_stride + index],
+        computed by device ops from the step variable, nothing fetched (index: an int64 tensor)."""
         stream = (self.step * self.seed_stride + index) % (2 ** 31 - 1)
         base = tf.constant((self.config.seed * 7919 + self.seed_offset) % (2 ** 31 - 1), tf.int32)
         return tf.stack([base, tf.cast(stream, tf.int32)])

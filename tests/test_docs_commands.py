@@ -143,14 +143,15 @@ COMMANDS = {
     "--mtbp_hours=24": here("test_plan_preemptible"),
     "python run/elastic_recovery.py":
         by("test_elastic.py::test_elastic_job_loses_a_node_takes_it_back_and_loses_a_link",
-           "the test runs the same kinds of event on the same emulated cluster (a node killed, a node joining) and "
+           "the test runs the same kinds of event (a node killed, a node joining) on an emulated cluster and "
            "asserts their outcome; the script, a benchmark, times them against a restart from the checkpoint"),
     "horovodrun -np 16 --min-np 8 --max-np 16 --gloo --network-interface eth0 --host-discovery-script "
-    "\"scripts/discover_hosts.sh /shared/hosts.live\" --blacklist-cooldown-range 120 600 python run/pretrain.py --flagfile=configs/large_phase1.flags "
+    "\"scripts/discover_hosts.sh /shared/hosts.live\" --blacklist-cooldown-range 120 600 "
+    "python run/pretrain.py --flagfile=configs/large_phase1.flags "
     "--accumulation_steps=1 --elastic --global_batch=61440 --elastic_commit_interval=10":
         by("test_elastic.py::test_elastic_job_loses_a_node_takes_it_back_and_loses_a_link",
-           "3 emulated nodes of 1 slot (--min-np 2 --max-np 3, cooldown 10-20 s), the tiny model with a global batch of 24, the "
-           "emulated cluster's live-hosts file through scripts/discover_hosts.sh"),
+           "3 emulated nodes of 1 slot (--min-np 2 --max-np 3, a 10 s cooldown), the tiny model with a "
+           "global batch of 20, the emulated cluster's live-hosts file through scripts/discover_hosts.sh"),
     "python run/emulated_cluster.py up --nodes=2 --rate_gbit=1": here("test_emulated_cluster_up_and_down"),
     "python run/emulated_cluster.py down": here("test_emulated_cluster_up_and_down"),
     "python run/comm_study.py --output_dir=runs/comm_study":
