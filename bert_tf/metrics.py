@@ -114,3 +114,18 @@ def read_metrics(path, growing=False):
                     raise
                 break
     return records
+
+
+def wait_for_record(path, condition, proc=None, what="a record", timeout=300.0, poll=0.2):
+    """The first record of a running job's metrics.jsonl for which `condition(record)` holds, as soon as
+    it is written. Raises RuntimeError when `proc` (a Popen) ends first or after `timeout` seconds."""
+    deadline = time.time() + timeout
+    while True:
+        found = next((r for r in read_metrics(path, growing=True) if condition(r)), None)
+        if found is not None:
+            return found
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"the job ended while waiting for {what} (exit {proc.returncode})")
+        if time.time() > deadline:
+            raise RuntimeError(f"no {what} within {timeout} s")
+        time.sleep(poll)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from bert_tf import ConfigError, elastic
-from bert_tf.metrics import read_metrics
+from bert_tf.metrics import read_metrics, wait_for_record
 from bert_tf import emulated_cluster as ec
 from conftest import REPO, mpi_env
 
@@ -205,16 +205,11 @@ def _records(path):
 
 
 def _wait(metrics, condition, proc, what, timeout=240):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"job ended while waiting for {what}: {proc.returncode}; its output: {proc.log}")
-        found = [r for r in _records(metrics) if condition(r)]
-        if found:
-            return found[0]
-        time.sleep(0.2)
-    proc.kill()
-    raise AssertionError(f"no {what} within {timeout} s; the job's output: {proc.log}")
+    try:
+        return wait_for_record(metrics, condition, proc, what, timeout)
+    except RuntimeError as e:
+        proc.kill()
+        raise AssertionError(f"{e}; the job's output: {proc.log}") from None
 
 
 def _start(horovodrun, flags, tmp_path):

@@ -39,6 +39,26 @@ def test_interval_metrics_average_losses_and_count_accuracies_over_the_interval(
     assert record["sequences_per_second"] > 0
     assert record["tokens_per_second"] == pytest.approx(16 * record["sequences_per_second"])
     assert interval.updates == 0 and interval.sums == {}                 # the next interval starts empty
+    # elastic mode, uneven shares: losses weighted like the gradients (x 0.5 here), counts as they are
+    interval = pretraining.IntervalMetrics(global_batch=8, seq_length=16, loss_weight=0.5)
+    interval.add({"loss": 3.0, "mlm_correct": 3, "mlm_weight": 10, **out}, {})
+    record = interval.record(step=3, out=out)
+    assert (record["loss"], record["mlm_accuracy"]) == (1.5, 0.3)
+
+
+def test_wait_for_record_returns_the_first_match_and_says_why_it_gave_up(tmp_path):
+    import subprocess
+    import sys
+    from bert_tf.metrics import wait_for_record
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"kind": "train", "step": 1}\n{"kind": "train", "step": 2}\n{"kind": "tr')  # last line half-written
+    assert wait_for_record(path, lambda r: r["step"] >= 1)["step"] == 1
+    ended = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    ended.wait()
+    with pytest.raises(RuntimeError, match=r"the job ended while waiting for step 5 \(exit 3\)"):
+        wait_for_record(path, lambda r: r["step"] >= 5, ended, "step 5")
+    with pytest.raises(RuntimeError, match="no step 5 within 0.3 s"):
+        wait_for_record(path, lambda r: r["step"] >= 5, None, "step 5", timeout=0.3, poll=0.1)
 
 
 @pytest.mark.parametrize("precision", ["float32", "mixed_float16"])
