@@ -201,6 +201,15 @@ def best_knob(tensor_sizes, phases, cluster, comm, accumulation):
     return base, sorted(((days, name) for name, days in results.items()), key=lambda x: x[0])
 
 
+# run/elastic_recovery.py on this project's 2-core machine (docs/results.md, "Elastic training"): tiny BERT,
+# 3 emulated nodes. Restart: kill -> first update of the relaunched job 50.6 s; elastic: kill -> first
+# update on the survivors 35.4 s (30 s of it Gloo's timeout); a replacement joining stalls the ranks 18.0 s.
+# run/plan.py's defaults for Preemption's restart_minutes, elastic_minutes and join_minutes.
+MEASURED_RESTART_MINUTES = 50.6 / 60
+MEASURED_ELASTIC_MINUTES = 35.4 / 60
+MEASURED_JOIN_MINUTES = 18.0 / 60
+
+
 @dataclasses.dataclass
 class Preemption:
     """Preemptible capacity and what a preemption costs (module docstring: the equations)."""
@@ -248,6 +257,12 @@ def preemptible(phase_rows, cluster: Cluster, pre: Preemption, parameters: int) 
     prices = {"on-demand": pre.price_on_demand, "spot + checkpoint restart": pre.price_spot * billed,
               "spot + elastic": pre.price_spot * billed}
     return {k: {"days": h / 24, "cost": h * N * prices[k]} for k, h in hours.items()}
+
+
+def cheapest(options: dict, within=0.01):
+    """(the cheapest option's name, the others costing at most `within` more), for preemptible()'s result."""
+    ranked = sorted(options, key=lambda k: options[k]["cost"])
+    return ranked[0], [k for k in ranked[1:] if options[k]["cost"] <= (1 + within) * options[ranked[0]]["cost"]]
 
 
 def _stretched(hours, lost_fraction):

@@ -22,13 +22,6 @@ from absl import flags
 
 from bert_tf import cli, comm, modeling, planner
 
-# run/elastic_recovery.py on this project's 2-core machine (docs/results.md, "Elastic training"): tiny BERT,
-# 3 emulated nodes. Restart: kill -> first update of the relaunched job 50.6 s; elastic: kill -> first
-# update on the survivors 35.4 s (30 s of it Gloo's timeout); a replacement joining stalls the ranks 18.0 s.
-MEASURED_RESTART_MINUTES = 50.6 / 60
-MEASURED_ELASTIC_MINUTES = 35.4 / 60
-MEASURED_JOIN_MINUTES = 18.0 / 60
-
 cli.define_model_preset("large")
 flags.DEFINE_integer("vocab_size", 30522, "Vocabulary size.")
 flags.DEFINE_integer("nodes", 4, "Nodes.")
@@ -54,13 +47,13 @@ flags.DEFINE_float("mtbp_hours", 24.0, "Mean time between preemptions of one nod
                    "VMs are always stopped within 24 h, cloud.google.com/compute/docs/instances/preemptible).")
 # Measured on this project's emulated cluster (3 nodes, tiny model, CPU; docs/results.md, tests/test_elastic.py):
 # a GPU cluster's restart adds XLA compilation and a larger checkpoint to read: give your own figures.
-flags.DEFINE_float("restart_minutes", MEASURED_RESTART_MINUTES,
+flags.DEFINE_float("restart_minutes", planner.MEASURED_RESTART_MINUTES,
                    "Time a kill-and-restart from the last checkpoint loses beyond the updates since it: "
                    "start-up, restore, first update (default: measured on the emulated cluster).")
-flags.DEFINE_float("elastic_minutes", MEASURED_ELASTIC_MINUTES,
+flags.DEFINE_float("elastic_minutes", planner.MEASURED_ELASTIC_MINUTES,
                    "Time an elastic event loses: detection + restore + first update at the new size "
                    "(default: measured on the emulated cluster).")
-flags.DEFINE_float("join_minutes", MEASURED_JOIN_MINUTES,
+flags.DEFINE_float("join_minutes", planner.MEASURED_JOIN_MINUTES,
                    "Time the ranks wait when a replacement node joins (default: measured on the emulated cluster).")
 flags.DEFINE_float("replacement_minutes", 10.0, "Minutes until a preempted node is replaced (an assumption: "
                    "launch and boot of a spot instance; measure yours).")
@@ -110,9 +103,8 @@ def main(_):
               f"min + half of {FLAGS.elastic_commit_interval} updates")
         for name, r in spot.items():
             print(f"  {name:26s} {r['days']:8.2f} days  cost {r['cost']:10.0f}")
-        ranked = sorted(spot, key=lambda k: spot[k]["cost"])
-        close = [k for k in ranked[1:] if spot[k]["cost"] <= 1.01 * spot[ranked[0]]["cost"]]
-        print(f"cheapest: {ranked[0]}" + (f" ({', '.join(close)} within 1%)" if close else ""))
+        best, close = planner.cheapest(spot)
+        print(f"cheapest: {best}" + (f" ({', '.join(close)} within 1%)" if close else ""))
     if FLAGS.output_json:
         with open(FLAGS.output_json, "w") as f:
             json.dump({"plan": result, "knobs": knobs, "parameters": params, "preemptible": spot}, f, indent=1)

@@ -318,6 +318,7 @@ def test_plan_preemptible():
     assert cost == pytest.approx(days * 24 * 16 * 2.48, rel=0.01)                  # 16 devices at 2.48 an hour
     assert all(d >= days for d, _ in rows.values())                                   # preemptions only cost time
     assert re.search(rf"^cheapest: {re.escape(min(rows, key=lambda k: rows[k][1]))}$", out, re.M), out
+    assert "cheapest: spot + elastic" in out          # a node lost every 24 h: restarts cost more than commits
 
 
 @pytest.mark.skipif(not (os.geteuid() == 0 and shutil.which("tc")), reason="the emulated cluster needs root and tc")
