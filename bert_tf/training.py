@@ -24,7 +24,6 @@ Everything the model computes is float32 at the edges: variables, gradients, los
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 import time
 
@@ -118,19 +117,20 @@ class Trainer:
         self.loss_scale = LossScale() if config.precision == "mixed_float16" else None
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         self.skipped_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="skipped_steps")
+        self.micro_batches = config.accumulation_steps    # per update on this rank (elastic: resize)
         self.accumulators = [tf.Variable(tf.zeros_like(v), trainable=False) for v in self.variables] \
-            if config.accumulation_steps > 1 else []
+            if self.micro_batches > 1 else []
         self.seed_offset = seed_offset
         self._apply = tf.function(self._apply_impl, jit_compile=bool(config.xla))
         self._compile(allreduce)
         self.timing = {}
 
     def _compile(self, allreduce):
-        """The functions that depend on accumulation_steps and on the allreduce (new ones retrace)."""
+        """The functions that depend on micro_batches and on the allreduce (new ones retrace)."""
         config, jit = self.config, bool(self.config.xla)
         # micro-batch indices as device tensors made once: no Python value enters the hot loop
-        self._indices = [tf.constant(i, tf.int64) for i in range(config.accumulation_steps)]
-        self.seed_stride = config.accumulation_steps     # dropout streams per update
+        self._indices = [tf.constant(i, tf.int64) for i in range(self.micro_batches)]
+        self.seed_stride = self.micro_batches     # dropout streams per update
         self._accumulate = tf.function(self._accumulate_impl, jit_compile=jit)
         self._finish = tf.function(self._finish_impl, jit_compile=jit)
         self._allreduce = tf.function(allreduce)
@@ -146,12 +146,10 @@ class Trainer:
         at any rank count and one replayed after a failure repeats the lost one. Retraces (and with
         --xla recompiles) the forward/backward only when the number of micro-batches changed."""
         indices = list(indices)
-        if len(indices) == self.config.accumulation_steps:
+        if len(indices) == self.micro_batches:
             self._allreduce = tf.function(allreduce)
         else:
-            config = copy.copy(self.config)      # not dataclasses.replace: no re-validation of files
-            config.accumulation_steps = len(indices)
-            self.config = config
+            self.micro_batches = len(indices)
             if len(indices) > 1 and not self.accumulators:
                 self.accumulators = [tf.Variable(tf.zeros_like(v), trainable=False) for v in self.variables]
             self._compile(allreduce)
@@ -192,7 +190,7 @@ class Trainer:
 
     def _finish_impl(self, features, seed):
         grads, out = self._gradients(features, seed)
-        n = self.config.accumulation_steps
+        n = self.micro_batches
         if n > 1:
             grads = [(acc + g) / n for acc, g in zip(self.accumulators, grads)]
             for acc in self.accumulators:
@@ -204,7 +202,7 @@ class Trainer:
             acc.assign_add(g)
 
     def _mean_impl(self):
-        grads = [acc / self.config.accumulation_steps for acc in self.accumulators]
+        grads = [acc / self.micro_batches for acc in self.accumulators]
         for acc in self.accumulators:
             acc.assign(tf.zeros_like(acc))
         return grads
@@ -240,10 +238,10 @@ class Trainer:
         return tf.stack([base, tf.cast(stream, tf.int32)])
 
     def train_step(self, micro_batches, timed=False):
-        """micro_batches: `accumulation_steps` feature dicts. Returns per-update metrics (tensors,
+        """micro_batches: `self.micro_batches` feature dicts. Returns per-update metrics (tensors,
         not fetched). timed: measure the compute / allreduce / update split into `self.timing`
         (waits for the device three times; otherwise `self.timing` is {})."""
-        n = self.config.accumulation_steps
+        n = self.micro_batches
         if len(micro_batches) != n:
             raise ValueError(f"expected {n} micro-batches, got {len(micro_batches)}")
         clock = _device_clock if timed else (lambda: 0.0)

@@ -65,7 +65,7 @@ def test_an_updates_dropout_masks_do_not_depend_on_the_rank_count():
         for rank in range(size):
             trainer = trainers[rank]
             trainer.resize(elastic.rank_micro_batches(micro, rank, size), micro, training.identity_allreduce)
-            assert trainer.config.accumulation_steps == elastic.rank_share(micro, rank, size)[0]
+            assert trainer.micro_batches == elastic.rank_share(micro, rank, size)[0]
             trainer.step.assign(7)
             for k, index in zip(elastic.rank_micro_batches(micro, rank, size), trainer._indices):  # as train_step
                 seeds[k] = tuple(trainer.micro_batch_seed(index).numpy())
