@@ -6,6 +6,7 @@ tf.functions (never XLA-compiled): on a CPU build Horovod's ops have no XLA kern
 from __future__ import annotations
 
 import os
+import queue
 
 import tensorflow as tf
 
@@ -61,6 +62,11 @@ def init():
 def rank():
     import horovod.tensorflow as hvd
     return hvd.rank()
+
+
+def gloo_built() -> bool:
+    import horovod.tensorflow as hvd
+    return hvd.gloo_built()
 
 
 def size():
@@ -134,6 +140,65 @@ def any_rank(flag: bool) -> bool:
     if hvd.size() == 1:
         return flag
     return bool(hvd.allreduce(tf.constant(int(flag)), op=hvd.Max, name="stop_flag").numpy())
+
+
+class ElasticWorld:
+    """What elastic mode (bert_tf/elastic.py) needs of Horovod's elastic runtime, in one place, so the
+    loop can be driven by a stand-in in one process (tests/test_elastic.py). `Failure` is what a
+    collective with a lost peer raises (Horovod's words; TensorFlow op errors naming Horovod or Gloo
+    count too: elastic.is_collective_failure); `HostsUpdated` is raised by `check_host_updates` on every
+    rank at the same commit when horovodrun's discovery added or removed a host (its `skip_sync`: removed
+    only, nobody new to sync)."""
+
+    def __init__(self):
+        import horovod.tensorflow as hvd
+        from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
+        from horovod.common.elastic import notification_manager
+        from horovod.runner.elastic.worker import HostUpdateResult
+        self._hvd, self._notifications, self._results = hvd, notification_manager, HostUpdateResult
+        self.Failure, self.HostsUpdated = HorovodInternalError, HostsUpdatedInterrupt
+        self._messages, self._last_timestamp = queue.Queue(), 0
+
+    rank = staticmethod(rank)
+    size = staticmethod(size)
+
+    def gradient_allreduce(self, fp16_compression, weight):
+        return make_gradient_allreduce(fp16_compression, weight=weight)
+
+    def broadcast_variables(self, variables):
+        broadcast_variables(variables, root_rank=0)
+
+    def broadcast_object(self, value):
+        return self._hvd.broadcast_object(value, root_rank=0)
+
+    def gather_bytes(self, data: bytes) -> list:
+        return gather_bytes(data)
+
+    def listen(self):
+        """Start taking horovodrun's host notifications (once, before the first sync)."""
+        self._notifications.init()
+        self._notifications.register_listener(self)
+
+    def on_hosts_updated(self, timestamp, update):       # called by Horovod's notification thread
+        self._messages.put((timestamp, update))
+
+    def check_host_updates(self):
+        """A collective: raises HostsUpdated on every rank when a notification newer than the last one
+        reached rank 0 (its view is broadcast, so all ranks raise at the same commit)."""
+        newest, update = self._last_timestamp, self._results.no_update
+        while not self._messages.empty():
+            timestamp, result = self._messages.get()
+            if timestamp > newest:
+                newest, update = timestamp, update | result
+        previous, self._last_timestamp, update = self.broadcast_object((self._last_timestamp, newest, update))
+        if self._last_timestamp > previous:
+            raise self.HostsUpdated(update == self._results.removed)
+
+    def reset(self):
+        """Re-form the ranks after a failure or a host change (blocks until horovodrun has them)."""
+        self._hvd.shutdown()
+        self._hvd.init()
+        self._messages = queue.Queue()
 
 
 def timeline_allreduce_dtypes(path) -> dict:

@@ -5,30 +5,45 @@
         python run/pretrain.py --elastic --global_batch=... --elastic_commit_interval=10 ...
 
 Horovod's elastic driver (horovodrun, Gloo controller) runs the discovery script every second, starts
-ranks on new hosts, and blacklists hosts whose ranks failed. This module is the rank's side:
+ranks on new hosts, and blacklists hosts whose ranks failed. This module is the rank's side, all of
+it; pretraining.train is the one loop, and `Elastic` is the mode object it calls at its few hooks.
+It reaches Horovod only through distributed.ElasticWorld (a test passes a stand-in).
 
 - `TrainingState` is what survives a failure: every variable of `Trainer.checkpoint_items()` (weights,
   optimizer slots, loss scale, step), the samples seen and the shared input stream's position, copied
   to host memory by `commit()` every --elastic_commit_interval updates. When a collective fails (a peer
   died or became unreachable), every survivor puts the committed copy back, Horovod re-forms the ring
   without the lost ranks, and rank 0 (the oldest survivor) broadcasts the state, so a newcomer
-  receives it too; training continues at the committed update.
-- The global batch never changes: the recipe's `--global_batch` is `micro_batches` micro-batches of
-  `--batch_size`; with `size` ranks, rank r takes micro-batches r, r + size, ... of each update
-  (input_pipeline.SharedStream), so ranks take ceil or floor(micro_batches / size) of them. Each rank
-  averages its own micro-batches and the allreduce averages ranks, so a rank's average is weighted by
-  `its micro-batches x size / micro_batches` before the allreduce: the update is the exact mean over
-  all `global_batch` sequences for any size (weight 1 when size divides micro_batches). The learning
-  rate therefore never changes. Every resize is logged (and written to metrics.jsonl, kind "elastic").
-- Disk checkpoints continue as before (rank 0, every --save_interval), holding the shared stream's
-  position, so a total loss resumes on any number of ranks.
+  receives it too; training continues at the committed update (`Elastic.run`).
+- The global batch never changes: --global_batch is `micro_batches` micro-batches of --batch_size; with
+  `size` ranks, rank r takes micro-batches r, r + size, ... of each update (`SharedStream`), so ranks
+  take ceil or floor(micro_batches / size) of them. Each rank averages its own micro-batches and the
+  allreduce averages ranks, so a rank's average is weighted by `its micro-batches x size /
+  micro_batches` before the allreduce: the update is the exact mean over all `global_batch` sequences
+  for any size (weight 1 when size divides micro_batches). The learning rate therefore never changes.
+  Every resize is logged; after every (re)start, after its first update and at the end, metrics.jsonl
+  gets an "elastic" record with every rank's weights digest (they must be equal).
+- `SharedStream`: every rank reads the same single stream of serialized micro-batches, whose order
+  depends on the seed and the files only (never on the rank count); update u takes the next
+  `micro_batches` of it and rank r parses and trains on its share. All ranks' streams are at the same
+  position after every update, so one state (the committed one, or the one in the checkpoint) puts any
+  number of ranks at the same place. Guarantee: the micro-batches behind the committed weights are
+  exactly the stream's first `samples_seen / batch_size`, in order, each in one update; a failure
+  rolls weights and stream back to the commit together, so the lost updates' micro-batches are read
+  again, none skipped, none counted twice. The price: every rank reads (not parses) all records,
+  `size` times the I/O of sharded files.
+- Disk checkpoints continue as before (rank 0, every --save_interval, no collective), holding the
+  shared stream's position, so a total loss resumes on any number of ranks.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 
-from bert_tf import ConfigError
+import tensorflow as tf
+
+from bert_tf import ConfigError, distributed, input_pipeline
 
 # A TensorFlow error from a collective: Horovod's own words, or Gloo's (a peer's recv timing out names
 # only our op, e.g. "grad_43", and gloo/transport/tcp/...).
@@ -42,8 +57,7 @@ def check_launch(environ=None, gloo_built=None):
     """Raises ConfigError when this process was not started by an elastic horovodrun (Gloo controller)."""
     environ = os.environ if environ is None else environ
     if gloo_built is None:
-        import horovod.tensorflow as hvd
-        gloo_built = hvd.gloo_built()
+        gloo_built = distributed.gloo_built()
     if not gloo_built:
         raise ConfigError("--elastic needs Horovod built with Gloo (horovodrun --check-build lists it; "
                           "scripts/setup.sh builds it unless BERT_TF_HOROVOD_GLOO=0)")
@@ -88,86 +102,212 @@ def describe_share(micro_batches, batch_size, size):
             f"{batch_size}, {split}")
 
 
-def make_state(variables, stream, samples_seen):
-    """A TrainingState (Horovod imported here: the module's pure functions need no Horovod)."""
-    import tensorflow as tf
-    import horovod.tensorflow as hvd
-    from horovod.common.elastic import ObjectState
-    from horovod.common.exceptions import HorovodInternalError
-    from bert_tf import distributed
-
-    class TrainingState(ObjectState):
-        """Variables, the shared stream's position and `samples_seen`, committed to host memory.
-
-        Horovod's own TensorFlowState does not broadcast variables in eager TensorFlow 2 (its sync
-        broadcasts only with a v1 session), so a newcomer would keep its fresh weights: this one does."""
-
-        def __init__(self):
-            self.variables, self.stream = variables, stream
-            self._values = [v.numpy() for v in variables]
-            super().__init__(bcast_object=hvd.broadcast_object, get_rank=hvd.rank,
-                             samples_seen=samples_seen, stream_state=stream.state())
-
-        def save(self):
-            self._values = [v.numpy() for v in self.variables]
-            self.stream_state = self.stream.state()
-            super().save()
-
-        def restore(self):
-            for v, value in zip(self.variables, self._values):
-                v.assign(value)
-            super().restore()
-            self.stream.restore(self.stream_state)
-
-        def sync(self):
-            try:
-                distributed.broadcast_variables(self.variables, root_rank=0)
-                self._values = [v.numpy() for v in self.variables]
-                super().sync()                      # samples_seen and the stream's position, from rank 0
-            except tf.errors.OpError as e:          # a rank lost during the sync: roll back, re-form again
-                if not COLLECTIVE_FAILURE.search(e.message or ""):
-                    raise
-                raise HorovodInternalError(e) from e
-            self.stream.restore(self.stream_state)
-
-    return TrainingState()
+def make_shared_stream(files, batch_size, seed=0, shuffle_buffer=10000, read=tf.data.TFRecordDataset):
+    """The shared stream's dataset: serialized micro-batches of `batch_size` records, the files
+    reshuffled every pass and the records through a seeded buffer, repeated forever. It has no rank
+    or size in it, so every rank builds the same one."""
+    files = sorted(files)
+    ds = tf.data.Dataset.from_tensor_slices(files).shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
+    ds = ds.repeat().interleave(read, cycle_length=min(4, len(files)), num_parallel_calls=tf.data.AUTOTUNE,
+                                deterministic=True)
+    ds = ds.shuffle(shuffle_buffer, seed=seed + 1, reshuffle_each_iteration=True)
+    return ds.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
 
 
-def run(func, log=print):
-    """hvd.elastic.run for our loop: a failed collective (any TensorFlow error naming Horovod or Gloo,
-    eager or in a tf.function) is a HorovodInternalError: restore the commit, re-form, sync, go on.
-    Every rank says why it stops and that it waits (Horovod's wait for --min-np ranks is silent)."""
-    import tensorflow as tf
-    import horovod.tensorflow as hvd
-    from horovod.common.elastic import run_fn
-    from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
+class SharedStream:
+    """One rank's copy of the shared stream (module docstring), with the loop's input interface:
+    `next_update()` reads an update's micro-batches and returns this rank's share (`set_share`), parsed;
+    `capture` / `resume` keep its position in a checkpoint's InputPosition; `state` / `restore` are
+    the position as bytes (the same position on every rank after the same updates; the bytes also
+    hold what each rank happens to have prefetched, so they may differ)."""
 
-    waiting = ("waiting for Horovod to re-form the ranks (at least horovodrun --min-np of them; it gives up "
+    def __init__(self, dataset, max_seq_length, max_predictions_per_seq, masker=None, micro_batches=1):
+        spec = input_pipeline.record_spec(max_seq_length, max_predictions_per_seq, masked=masker is None)
+
+        def parse(serialized):
+            features = input_pipeline.parse_features(serialized, spec)
+            return masker(features) if masker is not None else features
+
+        self.dataset, self.parse = dataset, tf.function(parse)
+        self.iterator = iter(dataset)
+        self.set_share(0, 1, micro_batches)
+
+    def set_share(self, rank, size, micro_batches=None):
+        """From now on this rank is `rank` of `size` (micro_batches: per update, kept if None)."""
+        self.rank, self.size = rank, size
+        self.micro_batches = micro_batches or self.micro_batches
+
+    def next_update(self):
+        """This rank's share of the next `micro_batches` micro-batches (every rank reads all of them):
+        micro-batches rank, rank + size, ... (rank_micro_batches)."""
+        mine = []
+        for m in range(self.micro_batches):
+            serialized = next(self.iterator)
+            if m % self.size == self.rank:
+                mine.append(self.parse(serialized))
+        return mine
+
+    def state(self) -> bytes:
+        return input_pipeline.iterator_state(self.iterator)
+
+    def restore(self, state: bytes):
+        self.iterator = iter(self.dataset)
+        input_pipeline.restore_iterator(self.iterator, state)
+
+    def capture(self, position, samples_seen):
+        """No collective: every rank's stream is at the same place; the writer's state is saved."""
+        position.store(samples_seen, [self.state()], shared=True, ranks=self.size)
+
+    def resume(self, position, rank=None, size=None) -> bool:
+        """Puts the stream at the saved shared position; False when the checkpoint holds per-rank states."""
+        if not position.is_shared():
+            return False
+        self.restore(position.states()[0])
+        return True
+
+
+def weights_digest(variables) -> str:
+    """A short hash of the variables' bytes on this rank (ranks must agree on it)."""
+    h = hashlib.blake2b(digest_size=8)
+    for v in variables:
+        h.update(v.numpy().tobytes())
+    return h.hexdigest()
+
+
+class TrainingState:
+    """What a failure rolls back to: the variables, the stream's position and `samples_seen`, committed
+    to host memory. Horovod's own TensorFlowState does not broadcast variables in eager TensorFlow 2
+    (its sync broadcasts only with a v1 session), so a newcomer would keep its fresh weights: this
+    one broadcasts them (`sync`)."""
+
+    def __init__(self, variables, stream: SharedStream, samples_seen, world):
+        self.variables, self.stream, self.world = variables, stream, world
+        self.samples_seen = samples_seen
+        self.save()
+
+    def save(self):
+        self._values = [v.numpy() for v in self.variables]
+        self._saved = (self.samples_seen, self.stream.state())
+
+    def commit(self, samples_seen):
+        """Save, then a collective: raises world.HostsUpdated on every rank when hosts changed."""
+        self.samples_seen = samples_seen
+        self.save()
+        self.world.check_host_updates()
+
+    def restore(self):
+        """Back to the last commit (this rank's own copy)."""
+        for v, value in zip(self.variables, self._values):
+            v.assign(value)
+        self.samples_seen = self._saved[0]
+        self.stream.restore(self._saved[1])
+
+    def sync(self):
+        """A collective: every rank takes rank 0's committed state (a newcomer its first)."""
+        self.world.broadcast_variables(self.variables)
+        self._values = [v.numpy() for v in self.variables]
+        self._saved = self.world.broadcast_object(self._saved)
+        self.samples_seen = self._saved[0]
+        self.stream.restore(self._saved[1])
+
+
+def is_collective_failure(error, world) -> bool:
+    """A lost peer: Horovod's error, or a TensorFlow op error naming Horovod or Gloo (eager or inside a
+    tf.function; a peer's recv timing out names only our op and gloo/transport/tcp/...)."""
+    return isinstance(error, world.Failure) or (
+        isinstance(error, tf.errors.OpError) and bool(COLLECTIVE_FAILURE.search(error.message or "")))
+
+
+def _failure_reason(error) -> str:
+    message = str(getattr(error, "message", None) or error)
+    lines = [line.strip() for line in message.splitlines() if COLLECTIVE_FAILURE.search(line) and 'File "' not in line]
+    return f"{type(error).__name__}: {(lines or [message.strip() or '?'])[-1][:300]}"
+
+
+def _silent(*args, **kwargs):
+    pass
+
+
+class Elastic:
+    """The mode object of pretraining.train for --elastic: where an update's micro-batches come from
+    (the shared stream's share), the commit, re-forming, the digest checks, who writes. `run(train)`
+    runs the loop until it ends, re-forming after each failure or host change."""
+
+    WAITING = ("waiting for Horovod to re-form the ranks (at least horovodrun --min-np of them; it gives up "
                "after --elastic-timeout, 600 s by default)")
 
-    def wrapper(state, *args, **kwargs):
-        rank = hvd.rank()
-        try:
-            return func(state, *args, **kwargs)
-        except tf.errors.OpError as e:
-            if not COLLECTIVE_FAILURE.search(e.message or ""):
-                raise
-            lines = [line.strip() for line in (e.message or "").splitlines()
-                     if COLLECTIVE_FAILURE.search(line) and 'File "' not in line]
-            reason = (lines or ["?"])[-1][:300]
-            log(f"elastic: rank {rank}: a collective failed ({type(e).__name__}: {reason}); rolling back to the "
-                f"last commit, {waiting}", flush=True)
-            raise HorovodInternalError(e) from e
-        except HorovodInternalError as e:
-            log(f"elastic: rank {rank}: a collective failed ({e}); rolling back to the last commit, {waiting}",
-                flush=True)
-            raise
-        except HostsUpdatedInterrupt as e:
-            log(f"elastic: rank {rank}: hosts {'removed' if e.skip_sync else 'added'}; {waiting}", flush=True)
-            raise
+    def __init__(self, cfg, job, log=print, world=None):
+        self.cfg, self.job, self.log = cfg, job, log
+        self.world = world if world is not None else distributed.ElasticWorld()
+        self.micro_batches = micro_batches_per_update(cfg.global_batch, cfg.batch_size)
+        self.state = TrainingState(job.trainer.state_variables(), job.input, job.samples_seen, self.world)
+        self.rank, self.size, self.say, self.loss_weight = 0, 1, _silent, 1.0
+        self.samples_seen = self.start_step = 0
 
-    def reset():
-        hvd.shutdown()
-        hvd.init()
+    # -- the loop's hooks ---------------------------------------------------------------------
+    def begin(self, step):
+        """At every (re)start, after the state's sync: this rank's share and role at the new size."""
+        job, micro = self.job, self.micro_batches
+        self.rank, self.size = self.world.rank(), self.world.size()
+        self.say = self.log if self.rank == 0 else _silent
+        _, self.loss_weight = rank_share(micro, self.rank, self.size)
+        job.trainer.set_share(rank_micro_batches(micro, self.rank, self.size), micro,
+                              self.world.gradient_allreduce(self.cfg.comm.fp16_allreduce, self.loss_weight))
+        job.input.set_share(self.rank, self.size, micro)
+        job.writer.set_active(self.rank == 0)
+        job.ckpts.set_writer(self.rank == 0)
+        self.samples_seen, self.start_step = self.state.samples_seen, step
+        self.say(f"elastic: {describe_share(micro, self.cfg.batch_size, self.size)}; from step {step} "
+                 f"({self.samples_seen} samples seen), committing every {self.cfg.elastic_commit_interval} updates")
 
-    return run_fn(wrapper, reset)
+    def started(self, step):
+        self._agree(step, "start")
+
+    def stop_requested(self, step, boundary) -> bool:
+        return False            # no stop handlers: a signal to a rank is its node leaving
+
+    def after_update(self, step):
+        if step == self.start_step + 1:
+            self._agree(step, "first update")
+
+    def commit(self, step, samples_seen):
+        if step % self.cfg.elastic_commit_interval == 0 or step == self.cfg.total_steps:
+            self.state.commit(samples_seen)   # may raise world.HostsUpdated: the ranks re-form
+
+    def end(self, step):
+        self._agree(step, "end")
+
+    def _agree(self, step, event):
+        """A collective: every rank's weights digest, written by rank 0; a disagreement stops the job."""
+        digests = [d.decode() for d in self.world.gather_bytes(weights_digest(self.job.trainer.model.variables).encode())]
+        self.job.writer.write({"kind": "elastic", "event": event, "step": step, "ranks": self.size,
+                               "weights_digests": digests, "samples_seen": self.state.samples_seen})
+        if len(set(digests)) != 1:
+            raise RuntimeError(f"elastic: ranks disagree on the weights after {event} at step {step}: {digests}")
+        self.say(f"elastic: {event} at step {step}: all {len(digests)} ranks hold the same weights ({digests[0]})")
+
+    # -- the retries --------------------------------------------------------------------------
+    def run(self, train):
+        """train(self) until it returns. A failed collective: put the commit back, re-form, take rank
+        0's state, go on. Hosts changed at a commit: re-form (and sync when a host was added).
+        Every rank says why it stops and that it waits (Horovod's wait for --min-np ranks is silent)."""
+        self.world.listen()
+        skip_sync = False
+        while True:
+            rank = self.world.rank()
+            try:
+                if not skip_sync:
+                    self.state.sync()
+                return train(self)
+            except self.world.HostsUpdated as e:
+                self.log(f"elastic: rank {rank}: hosts {'removed' if e.skip_sync else 'added'}; {self.WAITING}",
+                         flush=True)
+                skip_sync = e.skip_sync
+            except Exception as e:  # noqa: BLE001 - only collective failures are retried, the rest re-raised
+                if not is_collective_failure(e, self.world):
+                    raise
+                self.log(f"elastic: rank {rank}: a collective failed ({_failure_reason(e)}); rolling back to the "
+                         f"last commit, {self.WAITING}", flush=True)
+                self.state.restore()
+                skip_sync = False
+            self.world.reset()

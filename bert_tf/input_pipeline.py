@@ -12,17 +12,10 @@ states do not apply: the input starts a fresh pass, reshuffled with a seed taken
 step; ranks are disjoint in it and each record is read once per pass, but records the old
 ranks read in their unfinished pass can be read again (at most once more each).
 
-Elastic mode (`SharedStream`, run/pretrain.py --elastic) reads differently, so that the rank count
-may change between any two updates: every rank reads the same single stream of serialized
-micro-batches, whose order depends on the seed and the files only (never on the rank count); update
-u takes the next `size x accumulation` micro-batches of it (whatever the size is at u) and rank r
-parses and trains on micro-batches r, r + size, ... of those. All ranks' streams are at the same
-position after every update, so one state (the committed one, or the one in the checkpoint) puts
-any number of ranks at the same place. Guarantee: the micro-batches that went into the committed
-weights are exactly the first `samples_seen / batch_size` micro-batches of the stream, in order,
-each in one update; a failure rolls weights and stream back to the commit together, so the
-micro-batches read by the lost updates are read again (replayed), none is skipped, none counted
-twice. The price: every rank reads (not parses) all records, `size` times the I/O of sharded files.
+The loop reads an update at a time through one interface, `next_update()` (this rank's micro-batches
+of the next update), `capture(position, samples_seen)` and `resume(position)`: `PerRankInput` here
+for static runs, `elastic.SharedStream` for --elastic (every rank reads one shared stream, so the
+rank count may change between updates; bert_tf/elastic.py says how).
 """
 from __future__ import annotations
 
@@ -59,11 +52,24 @@ def shard_files(files, rank, size):
     return files, (rank, size)
 
 
+def record_spec(max_seq_length, max_predictions_per_seq, masked=True):
+    """The parse spec of the training records: google's features, without the masked_lm_* ones
+    when the records are unmasked (--dynamic_masking masks them in the pipeline)."""
+    spec = feature_spec(max_seq_length, max_predictions_per_seq)
+    return spec if masked else {k: v for k, v in spec.items() if not k.startswith("masked_lm")}
+
+
+def parse_features(serialized, spec):
+    """Serialized tf.train.Examples (one or a batch) -> features, int64 as int32 (the model's ids)."""
+    parse = tf.io.parse_single_example if serialized.shape.rank == 0 else tf.io.parse_example
+    example = parse(serialized, spec)
+    return {k: tf.cast(v, tf.int32) if v.dtype == tf.int64 else v for k, v in example.items()}
+
+
 def check_file(path, max_seq_length, max_predictions_per_seq, dynamic_masking=False, full=False):
     """Raises ValueError naming the file and feature when records do not fit the run."""
-    expected = {k: spec.shape[0] for k, spec in feature_spec(max_seq_length, max_predictions_per_seq).items()}
-    if dynamic_masking:
-        expected = {k: v for k, v in expected.items() if not k.startswith("masked_lm")}
+    expected = {k: spec.shape[0] for k, spec in
+                record_spec(max_seq_length, max_predictions_per_seq, masked=not dynamic_masking).items()}
     count = 0
     try:
         for raw in tf.data.TFRecordDataset(path):
@@ -114,13 +120,6 @@ def find_corrupt_file(files):
     return None
 
 
-def _parse(spec):
-    def parse(record):
-        example = tf.io.parse_single_example(record, spec)
-        return {k: tf.cast(v, tf.int32) if v.dtype == tf.int64 else v for k, v in example.items()}
-    return parse
-
-
 def dynamic_masker(vocab_size, special_ids, max_predictions_per_seq, masked_lm_prob=0.15, mask_id=None):
     """Returns a batch-level map: unmasked features -> google's masked features, fresh each call.
 
@@ -161,9 +160,7 @@ def make_dataset(files, batch_size, max_seq_length, max_predictions_per_seq, ran
     read: path -> dataset of serialized records (tests pass one that counts what it decodes).
     """
     my_files, record_shard = shard_files(list(files), rank, size)
-    spec = feature_spec(max_seq_length, max_predictions_per_seq)
-    if masker is not None:
-        spec = {k: v for k, v in spec.items() if not k.startswith("masked_lm")}
+    spec = record_spec(max_seq_length, max_predictions_per_seq, masked=masker is None)
     ds = tf.data.Dataset.from_tensor_slices(my_files)
     if training:
         ds = ds.shuffle(len(my_files), seed=seed, reshuffle_each_iteration=True).repeat()
@@ -173,7 +170,7 @@ def make_dataset(files, batch_size, max_seq_length, max_predictions_per_seq, ran
         ds = ds.shard(record_shard[1], record_shard[0])
     if training:
         ds = ds.shuffle(shuffle_buffer, seed=seed + 1, reshuffle_each_iteration=True)
-    ds = ds.map(_parse(spec), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    ds = ds.map(lambda record: parse_features(record, spec), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     ds = ds.batch(batch_size, drop_remainder=training)
     if masker is not None:
         ds = ds.map(masker, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
@@ -184,101 +181,76 @@ def make_dataset(files, batch_size, max_seq_length, max_predictions_per_seq, ran
     return ds.prefetch(tf.data.AUTOTUNE).with_options(options)
 
 
-def make_shared_stream(files, batch_size, seed=0, shuffle_buffer=10000, read=tf.data.TFRecordDataset):
-    """Elastic mode's stream (module docstring): serialized micro-batches of `batch_size` records,
-    the files reshuffled every pass and the records through a seeded buffer, repeated forever. It has
-    no rank or size in it, so every rank builds the same one."""
-    files = sorted(files)
-    ds = tf.data.Dataset.from_tensor_slices(files).shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
-    ds = ds.repeat().interleave(read, cycle_length=min(4, len(files)), num_parallel_calls=tf.data.AUTOTUNE,
-                                deterministic=True)
-    ds = ds.shuffle(shuffle_buffer, seed=seed + 1, reshuffle_each_iteration=True)
-    return ds.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+def iterator_state(iterator) -> bytes:
+    """A tf.data iterator's position (file offsets, shuffle buffer, seeds) as bytes."""
+    return tf.io.serialize_tensor(iterator._serialize_to_tensors()["_STATE"]).numpy()
 
 
-class SharedStream:
-    """One rank's copy of elastic mode's shared stream (module docstring): `next_update` takes an
-    update's micro-batches and returns this rank's share, parsed; `state` / `restore` are the
-    position as bytes (the same position on every rank after the same updates; the bytes also hold
-    what each rank happens to have prefetched, so they may differ)."""
+def restore_iterator(iterator, state: bytes):
+    iterator._restore_from_tensors({"_STATE": tf.io.parse_tensor(state, tf.variant)})
 
-    def __init__(self, dataset, max_seq_length, max_predictions_per_seq, masker=None):
-        spec = feature_spec(max_seq_length, max_predictions_per_seq)
-        if masker is not None:
-            spec = {k: v for k, v in spec.items() if not k.startswith("masked_lm")}
 
-        def parse(serialized):
-            example = tf.io.parse_example(serialized, spec)
-            features = {k: tf.cast(v, tf.int32) if v.dtype == tf.int64 else v for k, v in example.items()}
-            return masker(features) if masker is not None else features
+class PerRankInput:
+    """Static runs' input: this rank's `make_dataset` pipeline; an update is its next `micro_batches`
+    batches. Its position is every rank's iterator state, gathered to the checkpoint writer."""
 
-        self.dataset = dataset
-        self.parse = tf.function(parse)
+    def __init__(self, dataset, micro_batches, gather):
+        """gather(bytes) -> [every rank's bytes] (a collective: distributed.gather_bytes)."""
+        self.dataset, self.micro_batches, self.gather = dataset, micro_batches, gather
         self.iterator = iter(dataset)
 
-    def next_update(self, rank, size, micro_batches):
-        """This rank's share of the next `micro_batches` micro-batches (all ranks read all of them):
-        micro-batches rank, rank + size, ... (elastic.rank_micro_batches)."""
-        mine = []
-        for m in range(micro_batches):
-            serialized = next(self.iterator)
-            if m % size == rank:
-                mine.append(self.parse(serialized))
-        return mine
+    def next_update(self):
+        return [next(self.iterator) for _ in range(self.micro_batches)]
 
-    def state(self) -> bytes:
-        return tf.io.serialize_tensor(self.iterator._serialize_to_tensors()["_STATE"]).numpy()
+    def capture(self, position, samples_seen):
+        """A collective: every rank calls it before a save."""
+        position.store(samples_seen, self.gather(iterator_state(self.iterator)), shared=False)
 
-    def restore(self, state: bytes):
-        self.iterator = iter(self.dataset)
-        self.iterator._restore_from_tensors({"_STATE": tf.io.parse_tensor(state, tf.variant)})
+    def resume(self, position, rank, size) -> bool:
+        """Puts this rank's iterator at the saved position; False when the saved states do not apply
+        (nothing saved, another rank count, or elastic mode's shared stream)."""
+        states = position.states()
+        if position.is_shared() or len(states) != size or int(position.ranks.numpy()) != size:
+            return False
+        restore_iterator(self.iterator, states[rank])
+        return True
 
 
 class InputPosition(tf.Module):
     """The training input's position, as checkpoint variables (module docstring: what resume keeps).
 
-    samples_seen: sequences consumed by all ranks; ranks: the rank count that saved it;
-    iterator_states[r]: rank r's serialized tf.data iterator, gathered to the writer at each save.
-    Elastic mode saves its one SharedStream state instead, with ranks = SHARED (any rank count resumes it).
-    A state holds the records in the shuffle buffer, so a checkpoint grows by about
-    ranks x shuffle_buffer x record size (16 x 10,000 x ~1.2 KB at sequence length 128).
+    samples_seen: sequences consumed by all ranks; ranks: the rank count that saved it; shared: the
+    states are elastic mode's one shared-stream state (any rank count resumes it), else
+    iterator_states[r] is rank r's. A state holds the records in the shuffle buffer, so a checkpoint
+    grows by about ranks x shuffle_buffer x record size (16 x 10,000 x ~1.2 KB at sequence 128).
     """
 
-    SHARED = -1
+    # elastic checkpoints written before the `shared` variable marked the shared stream with ranks = -1
+    _OLD_SHARED_RANKS = -1
 
     def __init__(self):
         super().__init__(name="input_position")
         self.samples_seen = tf.Variable(0, dtype=tf.int64, trainable=False, name="samples_seen")
         self.ranks = tf.Variable(0, dtype=tf.int64, trainable=False, name="ranks")
+        self.shared = tf.Variable(False, trainable=False, name="shared")
         self.iterator_states = tf.Variable(tf.zeros([0], tf.string), shape=tf.TensorShape([None]),
                                            trainable=False, name="iterator_states")
 
-    def capture(self, iterator, samples_seen, gather):
-        """A collective: every rank calls it before a save; `gather(bytes) -> [bytes of each rank]`."""
-        state = tf.io.serialize_tensor(iterator._serialize_to_tensors()["_STATE"]).numpy()
-        states = gather(state)
+    def store(self, samples_seen, states, shared, ranks=None):
         self.samples_seen.assign(samples_seen)
-        self.ranks.assign(len(states))
-        self.iterator_states.assign(tf.constant(states, tf.string))
+        self.ranks.assign(len(states) if ranks is None else ranks)
+        self.shared.assign(shared)
+        self.iterator_states.assign(tf.constant(list(states), tf.string))
 
-    def capture_shared(self, stream: SharedStream, samples_seen):
-        """Elastic mode, no collective: every rank's stream is at the same place; the writer saves its own."""
-        self.samples_seen.assign(samples_seen)
-        self.ranks.assign(self.SHARED)
-        self.iterator_states.assign(tf.constant([stream.state()], tf.string))
+    def states(self) -> list:
+        return list(self.iterator_states.numpy())
 
-    def resume_shared(self, stream: SharedStream) -> bool:
-        """Puts `stream` at the saved shared position; False when the checkpoint holds per-rank states."""
-        if int(self.ranks.numpy()) != self.SHARED:
-            return False
-        stream.restore(self.iterator_states[0].numpy())
-        return True
+    def is_shared(self) -> bool:
+        return bool(self.shared.numpy()) or int(self.ranks.numpy()) == self._OLD_SHARED_RANKS
 
-    def resume(self, iterator, rank, size):
-        """Puts `iterator` (fresh, same pipeline) at the saved position of `rank`; returns False
-        when the saved states do not apply (nothing saved, or another rank count)."""
-        if int(self.ranks.numpy()) != size or int(tf.size(self.iterator_states)) != size:
-            return False
-        state = tf.io.parse_tensor(self.iterator_states[rank], tf.variant)
-        iterator._restore_from_tensors({"_STATE": state})
-        return True
+    def saved_by(self) -> str:
+        """Who saved it, for the log line of a fresh pass."""
+        if self.is_shared():
+            return "elastic mode's shared stream"
+        ranks = int(self.ranks.numpy())
+        return f"{ranks} ranks" if ranks else "an unknown number of ranks"

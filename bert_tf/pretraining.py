@@ -3,23 +3,24 @@
 Every rank runs the same code. Rank 0 alone writes checkpoints, metrics and progress;
 every rank reads checkpoints. Order of events:
 
-    PretrainConfig validates its values (before any work) -> Horovod knobs -> hvd.init
+    PretrainConfig checks its values (before any work) -> resolved() applies --fit_micro_batch
+    -> Horovod knobs -> hvd.init
     -> build: check the records, model + optimizer variables, restore (resume) or
-       --init_checkpoint, broadcast from rank 0, input at the restored position
-    -> train: accumulate micro-batches, allreduce once, update; log / eval / save / stop
+       --init_checkpoint, broadcast from rank 0, input at the restored position -> a Job
+    -> train: the one loop (accumulate micro-batches, allreduce once, update; log / eval / save /
+       stop), with a mode object for what differs: `Static` (fixed ranks, SIGTERM/SIGINT save and
+       stop) or elastic.Elastic (--elastic: commits, re-forming, weights digests; bert_tf/elastic.py)
 
---elastic (bert_tf/elastic.py): build leaves the agreement to the elastic state's first sync (no
-collective before it, so a rank that joins later runs the same code), and `train_elastic` commits the
-state every --elastic_commit_interval updates and re-forms after a rank is lost or a host is added.
+--elastic: build leaves the agreement to the elastic state's first sync (no collective before it, so a
+rank that joins later runs the same code).
 """
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import os
 import signal
 import time
-import types
+from typing import Callable
 
 import numpy as np
 import tensorflow as tf
@@ -81,20 +82,16 @@ class PretrainConfig(training.TrainConfig):
                      "keep_last", "stop_check_interval"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name} must be >= 1, got {getattr(self, name)}")
-        if self.fit_micro_batch and self.elastic:   # --global_batch fixes the update; only the micro-batch changes
-            if self.fit_micro_batch < 0:
-                raise ConfigError(f"--fit_micro_batch must be >= 0, got {self.fit_micro_batch}")
-            self.batch_size, self.fit_micro_batch = self.fit_micro_batch, 0
-        if self.fit_micro_batch:      # the self-tuned flagfile's micro-batch; the per-rank batch stays the recipe's
+        if self.fit_micro_batch < 0:
+            raise ConfigError(f"--fit_micro_batch must be >= 0, got {self.fit_micro_batch}")
+        if self.fit_micro_batch and not self.elastic:   # the per-rank batch stays the recipe's
             per_rank = self.batch_size * self.accumulation_steps
-            if self.fit_micro_batch < 0 or per_rank % self.fit_micro_batch:
+            if per_rank % self.fit_micro_batch:
                 raise ConfigError(
                     f"--fit_micro_batch={self.fit_micro_batch}: the per-rank batch --batch_size x "
                     f"--accumulation_steps = {self.batch_size} x {self.accumulation_steps} = {per_rank} is not a "
                     f"positive multiple of it; tune with run/benchmark.py --tune_batch_sizes=<divisors of "
                     f"{per_rank}> or drop the line")
-            self.batch_size, self.accumulation_steps = self.fit_micro_batch, per_rank // self.fit_micro_batch
-            self.fit_micro_batch = 0  # applied: validating again must not split again
         if self.ladder_sequences_per_second < 0:
             raise ConfigError(f"--ladder_sequences_per_second must be >= 0, got {self.ladder_sequences_per_second}")
         if self.eval_interval < 0 or self.eval_batches < 0:
@@ -113,7 +110,7 @@ class PretrainConfig(training.TrainConfig):
             if not self.global_batch:
                 raise ConfigError("--elastic needs --global_batch (sequences per update, kept whatever the rank "
                                   "count; --accumulation_steps is then derived from it at every resize)")
-            elastic.micro_batches_per_update(self.global_batch, self.batch_size)
+            elastic.micro_batches_per_update(self.global_batch, self.fit_micro_batch or self.batch_size)
             if self.accumulation_steps != 1:
                 raise ConfigError(f"--accumulation_steps={self.accumulation_steps} with --elastic: each rank's "
                                   f"micro-batches per update follow from --global_batch and the rank count; leave "
@@ -126,6 +123,19 @@ class PretrainConfig(training.TrainConfig):
         if self.network_interface and not os.path.exists(metrics.tx_counter(self.network_interface)):
             raise ConfigError(f"--network_interface={self.network_interface}: no such interface here "
                               f"({metrics.tx_counter(self.network_interface)} not found)")
+
+
+    def resolved(self) -> "PretrainConfig":
+        """A new config with --fit_micro_batch applied (this one, what was asked, is unchanged): the
+        micro-batch becomes it, and --accumulation_steps re-splits the per-rank batch (elastic mode:
+        --global_batch fixes the update, so only the micro-batch changes)."""
+        if not self.fit_micro_batch:
+            return self
+        if self.elastic:
+            return dataclasses.replace(self, batch_size=self.fit_micro_batch, fit_micro_batch=0)
+        per_rank = self.batch_size * self.accumulation_steps
+        return dataclasses.replace(self, batch_size=self.fit_micro_batch, fit_micro_batch=0,
+                                   accumulation_steps=per_rank // self.fit_micro_batch)
 
 
 def build_model_config(cfg: PretrainConfig, vocab_size: int, init=None) -> modeling.BertConfig:
@@ -167,27 +177,41 @@ class StopSignal:
         self.received = signal.Signals(signum).name
 
 
+def _silent(*args, **kwargs):
+    pass
+
+
 def run(cfg: PretrainConfig, log=print):
-    """Pre-trains; returns (trainer, final metrics dict)."""
+    """Pre-trains; returns (trainer, final metrics dict). `cfg` is what was asked; the run uses
+    cfg.resolved(), and its run record holds both."""
+    asked, cfg = cfg, cfg.resolved()
     if cfg.elastic:
         elastic.check_launch()            # before hvd.init: without an elastic launch it would wait forever
     knobs = distributed.configure(cfg.comm, cfg.horovod_timeline or None, cfg.horovod_autotune)
     distributed.init()
-    say = log if distributed.rank() == 0 else (lambda *a, **k: None)
-    job = build(cfg, say)
+    say = log if distributed.rank() == 0 else _silent
+    job = build(cfg, say, asked)
     say("horovod: " + ", ".join(f"{k}={v} ({src})" for k, (v, src) in knobs.items()))
-    if cfg.elastic:   # no stop handlers: a signal to a rank is its node leaving (the default action ends it)
-        return job.trainer, train_elastic(cfg, job, log)
+    if cfg.elastic:
+        return job.trainer, elastic.Elastic(cfg, job, log).run(lambda mode: train(cfg, job, mode))
     with StopSignal() as stop:
-        last = train(cfg, job, stop, say)
-    return job.trainer, last
+        return job.trainer, train(cfg, job, Static(stop, job.samples_seen, say, cfg.stop_check_interval))
 
 
-def check_inputs(cfg: PretrainConfig, rank: int, size: int):
+@dataclasses.dataclass
+class Inputs:
+    """What a run reads, checked (`check_inputs`)."""
+    tokenizer: tokenization.Tokenizer
+    init: object                         # the read --init_checkpoint (checkpoint_formats.read), or None
+    model_config: modeling.BertConfig
+    train_files: list
+    eval_files: list
+
+
+def check_inputs(cfg: PretrainConfig, rank: int, size: int) -> Inputs:
     """What a run reads, checked before anything is built or written: the vocabulary,
     --init_checkpoint (read, unless resuming, and checked against the model config), the records of
-    this rank's training files and every evaluation file. Returns a namespace of tokenizer, init
-    (or None), model_config, train_files, eval_files."""
+    this rank's training files and every evaluation file."""
     tokenizer = tokenization.Tokenizer.from_file(cfg.vocab_file, cfg.do_lower_case)
     init = checkpoint_formats.read(cfg.init_checkpoint) \
         if cfg.init_checkpoint and not tf.train.latest_checkpoint(cfg.checkpoint_dir) else None
@@ -200,14 +224,15 @@ def check_inputs(cfg: PretrainConfig, rank: int, size: int):
     eval_files = input_pipeline.list_files(cfg.eval_files) if cfg.eval_files else []
     if eval_files:
         input_pipeline.check_files(eval_files, cfg.max_seq_length, cfg.max_predictions_per_seq, cfg.dynamic_masking)
-    return types.SimpleNamespace(tokenizer=tokenizer, init=init, model_config=model_config,
-                                 train_files=train_files, eval_files=eval_files)
+    return Inputs(tokenizer=tokenizer, init=init, model_config=model_config, train_files=train_files,
+                  eval_files=eval_files)
 
 
 def dry_run(cfg: PretrainConfig, log=print):
     """--dry_run: check_inputs as a single rank that reads every file, and whether --checkpoint_dir
     can be written; then one line saying what the run would be. No Horovod, no model, nothing
     written: for checking a flagfile on a login node before the job waits in a queue."""
+    cfg = cfg.resolved()
     inputs = check_inputs(cfg, rank=0, size=1)
     target = os.path.abspath(cfg.checkpoint_dir)
     while "://" not in cfg.checkpoint_dir and not os.path.exists(target):
@@ -227,24 +252,58 @@ def dry_run(cfg: PretrainConfig, log=print):
         log(warning)
 
 
-def build(cfg: PretrainConfig, say):
+@dataclasses.dataclass
+class Job:
+    """Everything the loop needs, on every rank (`build`)."""
+    trainer: training.Trainer
+    input: object            # next_update() / capture(position, n) / resume(position, rank, size):
+                             # input_pipeline.PerRankInput, or elastic.SharedStream with --elastic
+    position: input_pipeline.InputPosition
+    ckpts: checkpointing.Checkpoints
+    writer: metrics.MetricsWriter
+    evaluate: Callable[[int], dict]
+    samples_seen: int        # sequences all ranks consumed before this run (restored)
+    global_batch: int        # sequences per update
+    parameters: int
+    eval_files: list
+    started_from_init: bool  # from --init_checkpoint, not resumed
+    checkpoint_extra: dict   # the JSON beside each checkpoint
+    run_record: dict         # metrics.jsonl's first record: what was asked and what it resolved to
+
+
+def describe(cfg: PretrainConfig, size: int, global_batch: int) -> str:
+    """The run's first log line: ranks, batch split, precision."""
+    return (("elastic  " if cfg.elastic else f"ranks {size}  ")
+            + f"micro-batch {cfg.batch_size}/rank  "
+            + ("" if cfg.elastic else f"accumulation {cfg.accumulation_steps}  ")
+            + f"global batch {global_batch} sequences  seq {cfg.max_seq_length}  precision {cfg.precision}  "
+            f"xla {cfg.xla}  fp16 allreduce {cfg.comm.fp16_allreduce}"
+            + ("  allreduce every micro-batch" if cfg.comm.allreduce_every_micro_batch else "")
+            + (f"  (ladder: {cfg.ladder_sequences_per_second:.2f} seq/s per rank)"
+               if cfg.ladder_sequences_per_second else ""))
+
+
+def make_input(cfg: PretrainConfig, files, masker, rank, size, seed):
+    """The training input: every rank's own shard, or elastic mode's shared stream (the same seed on
+    every rank, newcomers included)."""
+    if cfg.elastic:
+        stream = elastic.make_shared_stream(files, cfg.batch_size, seed=cfg.seed)
+        return elastic.SharedStream(stream, cfg.max_seq_length, cfg.max_predictions_per_seq, masker)
+    dataset = input_pipeline.make_dataset(files, cfg.batch_size, cfg.max_seq_length, cfg.max_predictions_per_seq,
+                                          rank, size, seed=seed, masker=masker)
+    return input_pipeline.PerRankInput(dataset, cfg.accumulation_steps, distributed.gather_bytes)
+
+
+def build(cfg: PretrainConfig, say, asked: PretrainConfig | None = None) -> Job:
     """Everything the loop needs, on every rank: checked inputs, the trainer restored (or
-    initialised) and equal on all ranks, the input at the restored position, the outputs."""
+    initialised) and equal on all ranks, the input at the restored position, the outputs.
+    `cfg` is resolved; `asked` what the user gave (the run record keeps both)."""
     rank, size = distributed.rank(), distributed.size()
     # --init_checkpoint and the records are read and checked before anything is written to --checkpoint_dir.
     inputs = check_inputs(cfg, rank, size)
     tokenizer, init, model_config = inputs.tokenizer, inputs.init, inputs.model_config
-    train_files, eval_files = inputs.train_files, inputs.eval_files
-
     global_batch = cfg.global_batch if cfg.elastic else cfg.batch_size * cfg.accumulation_steps * size
-    say(("elastic  " if cfg.elastic else f"ranks {size}  ")
-        + f"micro-batch {cfg.batch_size}/rank  "
-        + ("" if cfg.elastic else f"accumulation {cfg.accumulation_steps}  ")
-        + f"global batch {global_batch} sequences  seq {cfg.max_seq_length}  precision {cfg.precision}  "
-        f"xla {cfg.xla}  fp16 allreduce {cfg.comm.fp16_allreduce}"
-        + ("  allreduce every micro-batch" if cfg.comm.allreduce_every_micro_batch else "")
-        + (f"  (ladder: {cfg.ladder_sequences_per_second:.2f} seq/s per rank)" if cfg.ladder_sequences_per_second
-           else ""))
+    say(describe(cfg, size, global_batch))
     warning = precision_warning(cfg.precision, flops.device_description(), cfg.ladder_sequences_per_second)
     if warning:
         say(warning)
@@ -272,39 +331,27 @@ def build(cfg: PretrainConfig, say):
         masker = input_pipeline.dynamic_masker(
             len(tokenizer), [tokenizer.cls_id, tokenizer.sep_id, tokenizer.pad_id],
             cfg.max_predictions_per_seq, cfg.masked_lm_prob, tokenizer.mask_id)
-    # Resume position: the saved iterator states (a seek, whatever the step); on another rank
-    # count a fresh pass, reshuffled by the step so it does not replay the first pass's order.
+    # Resume position: the saved iterator states (a seek, whatever the step); when they do not apply
+    # (another rank count, the other mode), a fresh pass, reshuffled by the step (static runs) so it
+    # does not replay the first pass's order.
     step = int(trainer.step.numpy())
-    saved_ranks = int(position.ranks.numpy())
-    batches = stream = None
-    if cfg.elastic:   # one shared stream, the same seed on every rank (newcomers included)
-        stream = input_pipeline.SharedStream(
-            input_pipeline.make_shared_stream(train_files, cfg.batch_size, seed=cfg.seed),
-            cfg.max_seq_length, cfg.max_predictions_per_seq, masker)
-        if samples_seen and not position.resume_shared(stream):
-            say(f"input: the checkpoint's position was saved by {saved_ranks or 'an unknown number of'} ranks "
-                f"without --elastic: elastic mode's shared stream starts a fresh pass at step {step} (records "
-                f"read since the last pass began may be read again)")
-    else:
-        resumable = samples_seen == 0 or saved_ranks == size
-        dataset = input_pipeline.make_dataset(train_files, cfg.batch_size, cfg.max_seq_length,
-                                              cfg.max_predictions_per_seq, rank, size,
-                                              seed=cfg.seed if resumable else cfg.seed + step, masker=masker)
-        batches = iter(dataset)
-        if samples_seen and not position.resume(batches, rank, size):
-            saved_by = "elastic mode's shared stream" if saved_ranks == position.SHARED else \
-                f"{saved_ranks or 'an unknown number of'} ranks"
-            say(f"input: the checkpoint's position was saved by {saved_by}, this run has {size}: a fresh pass "
-                f"over the training files starts at step {step} (records read since the last pass began may be "
-                f"read again)")
-    return types.SimpleNamespace(
-        trainer=trainer, ckpts=ckpts, batches=batches, stream=stream, position=position, samples_seen=samples_seen,
-        global_batch=global_batch,
-        parameters=parameters, eval_files=eval_files, started_from_init=init is not None,
-        evaluate=make_evaluator(trainer, cfg, eval_files, len(tokenizer), masker),
-        writer=metrics.MetricsWriter(cfg.checkpoint_dir, active=rank == 0),
-        checkpoint_extra={"ranks": size, "global_batch": global_batch, "model_config": model_config.to_dict(),
-                          "vocab_size": len(tokenizer)})
+    train_input = make_input(cfg, inputs.train_files, masker, rank, size, seed=cfg.seed)
+    if samples_seen and not train_input.resume(position, rank, size):
+        if not cfg.elastic:
+            train_input = make_input(cfg, inputs.train_files, masker, rank, size, seed=cfg.seed + step)
+        say(f"input: the checkpoint's position was saved by {position.saved_by()}, this run "
+            f"{'is elastic' if cfg.elastic else f'has {size}'}: a fresh pass over the training files starts at "
+            f"step {step} (records read since the last pass began may be read again)")
+    run_record = {"kind": "run", "global_batch": global_batch, "parameters": parameters,
+                  "config": dataclasses.asdict(asked or cfg), "resolved": dataclasses.asdict(cfg)}
+    return Job(trainer=trainer, input=train_input, position=position, ckpts=ckpts,
+               writer=metrics.MetricsWriter(cfg.checkpoint_dir, active=rank == 0),
+               evaluate=make_evaluator(trainer, cfg, inputs.eval_files, len(tokenizer), masker),
+               samples_seen=samples_seen, global_batch=global_batch, parameters=parameters,
+               eval_files=inputs.eval_files, started_from_init=init is not None,
+               checkpoint_extra={"global_batch": global_batch, "model_config": model_config.to_dict(),
+                                 "vocab_size": len(tokenizer)},
+               run_record=run_record)
 
 
 # CPU flags that give a precision its own arithmetic (oneDNN); without them it is emulated.
@@ -348,7 +395,7 @@ class IntervalMetrics:
     timed updates' splits on this rank; `record` fetches the sums once, turns them into a
     "train" record (losses and accuracies over all ranks) and starts the next interval."""
 
-    SUMMED = ("loss", "mlm_loss", "nsp_loss", "mlm_correct", "mlm_weight", "nsp_correct", "nsp_count")
+    SUMMED = ("loss", "mlm_loss", "nsp_loss", "mlm_correct", "mlm_weight", "nsp_correct", "nsp_count", "sequences")
 
     def __init__(self, global_batch, seq_length, network_interface="", loss_weight=1.0):
         self.global_batch, self.seq_length, self.interface = global_batch, seq_length, network_interface
@@ -366,7 +413,7 @@ class IntervalMetrics:
         self.updates += 1
         for key in self.SUMMED:
             if key in out:
-                value = tf.cast(out[key], tf.float64) * (self.loss_weight if key.endswith("loss") else 1.0)
+                value = tf.cast(out[key], tf.float64) * (self.loss_weight if training.is_mean(key) else 1.0)
                 self.sums[key] = self.sums[key] + value if key in self.sums else value
         if timing:
             self.timed += 1
@@ -380,11 +427,12 @@ class IntervalMetrics:
         seconds = time.time() - self.start
         n = self.updates
         record = {"kind": "train", "step": step,
-                  **{key: total[key] / (n * size) for key in ("loss", "mlm_loss", "nsp_loss") if key in total},
+                  **{key: value / (n * size) for key, value in total.items() if training.is_mean(key)},
                   **metrics.accuracies(total),
                   "learning_rate": float(out["learning_rate"]), "grad_norm": float(out["grad_norm"]),
                   "sequences_per_second": n * self.global_batch / seconds,
                   "tokens_per_second": n * self.global_batch * self.seq_length / seconds,
+                  **({"sequences": int(total["sequences"])} if "sequences" in total else {}),  # trained, all ranks
                   **{key: value / self.timed for key, value in self.timing.items()}}  # this rank's split
         if self.interface:
             tx_now = metrics.read_tx_bytes(self.interface)
@@ -396,16 +444,54 @@ class IntervalMetrics:
         return record
 
 
-def train(cfg: PretrainConfig, job, stop: StopSignal, say) -> dict:
-    """The loop from the restored step to --total_steps or a signal; returns the last record."""
+class Static:
+    """The mode object of `train` for a fixed set of ranks (elastic.Elastic is the other): nothing to
+    commit or re-form; a SIGTERM/SIGINT that reached any rank saves and stops every rank, agreed on
+    every `check_interval` updates and at log and save steps (the only host synchronisation between
+    log intervals)."""
+
+    loss_weight = 1.0
+
+    def __init__(self, stop: StopSignal, samples_seen, say, check_interval):
+        self.stop, self.samples_seen, self.say, self.check_interval = stop, samples_seen, say, check_interval
+        self.size = distributed.size()
+
+    def begin(self, step):
+        pass
+
+    def started(self, step):
+        pass
+
+    def stop_requested(self, step, boundary) -> bool:
+        """A collective on check steps: True on every rank when one received a signal."""
+        return (boundary or step % self.check_interval == 0) and distributed.any_rank(self.stop.received is not None)
+
+    def stop_reason(self) -> str:
+        return self.stop.received or "a signal to another rank"
+
+    def after_update(self, step):
+        pass
+
+    def commit(self, step, samples_seen):
+        pass
+
+    def end(self, step):
+        pass
+
+
+def train(cfg: PretrainConfig, job: Job, mode) -> dict:
+    """The loop, from the restored step to --total_steps or a stop; returns the last record.
+    `mode` (Static or elastic.Elastic) supplies the rank's view (say, size, samples_seen, loss_weight)
+    and the hooks where the modes differ; elastic mode runs it again after every re-forming."""
     trainer, writer = job.trainer, job.writer
     start_step = step = int(trainer.step.numpy())
-    samples_seen = job.samples_seen
-    interval = IntervalMetrics(job.global_batch, cfg.max_seq_length, cfg.network_interface)
+    mode.begin(step)
+    say, samples_seen = mode.say, mode.samples_seen
+    interval = IntervalMetrics(job.global_batch, cfg.max_seq_length, cfg.network_interface, mode.loss_weight)
     last = {}
-    writer.write({"kind": "run", "step": step, "ranks": distributed.size(), "global_batch": job.global_batch,
-                  "parameters": job.parameters, "config": dataclasses.asdict(cfg)})
-    if job.started_from_init and job.eval_files:  # where continued pre-training starts: the loaded model
+    writer.write({**job.run_record, "step": step, "ranks": mode.size})
+    mode.started(step)
+    if job.started_from_init and job.eval_files and step == 0:  # continued pre-training: the loaded model
         first = job.evaluate(step)
         writer.write(first)
         say(f"held-out before training: MLM accuracy {first.get('eval_mlm_accuracy', float('nan')):.4f}, "
@@ -414,118 +500,39 @@ def train(cfg: PretrainConfig, job, stop: StopSignal, say) -> dict:
         # Host synchronisation only at log, save and stop-check steps (GPU kernels run ahead).
         logging = (step + 1) % cfg.log_interval == 0 or step + 1 == cfg.total_steps
         saving = (step + 1) % cfg.save_interval == 0
-        out = trainer.train_step([next(job.batches) for _ in range(cfg.accumulation_steps)], timed=logging)
+        out = trainer.train_step(job.input.next_update(), timed=logging)
         step += 1
         samples_seen += job.global_batch
         interval.add(out, trainer.timing)
-        stopping = (logging or saving or step % cfg.stop_check_interval == 0) \
-            and distributed.any_rank(stop.received is not None)
+        stopping = mode.stop_requested(step, logging or saving)
         if logging or stopping:
             last = interval.record(step, out)
-            last.update(skipped_steps=int(trainer.skipped_steps.numpy()), samples_seen=samples_seen)
+            last.update(skipped_steps=int(trainer.skipped_steps.numpy()), samples_seen=samples_seen, ranks=mode.size)
             writer.write(last)
             writer.progress(step, cfg.total_steps, last, start_step)
+        mode.after_update(step)
         if cfg.eval_interval and step % cfg.eval_interval == 0 and step != cfg.total_steps:
             writer.write(job.evaluate(step))
         if step % cfg.save_interval == 0 or step == cfg.total_steps or stopping:
-            job.position.capture(job.batches, samples_seen, distributed.gather_bytes)  # a collective
-            path = job.ckpts.save(step, {"step": step, "samples_seen": samples_seen, **job.checkpoint_extra})
+            job.input.capture(job.position, samples_seen)  # static: a collective
+            path = job.ckpts.save(step, {"step": step, "samples_seen": samples_seen, "ranks": mode.size,
+                                         **job.checkpoint_extra})
             if path:
                 say(f"saved {path}")
         if stopping:
-            say(f"stopping at step {step} on {stop.received or 'a signal to another rank'}")
+            say(f"stopping at step {step} on {mode.stop_reason()}")
             break
+        mode.commit(step, samples_seen)
+    mode.end(step)
     if job.eval_files and step == cfg.total_steps:
         final_eval = job.evaluate(step)
         writer.write(final_eval)
         last.update({k: v for k, v in final_eval.items() if k.startswith("eval_")})
     last["stopped_early"] = step < cfg.total_steps
     if cfg.ladder_sequences_per_second and "sequences_per_second" in last:
-        say(f"measured {last['sequences_per_second'] / distributed.size():.2f} seq/s per rank (last interval) vs "
+        say(f"measured {last['sequences_per_second'] / mode.size:.2f} seq/s per rank (last interval) vs "
             f"the ladder's {cfg.ladder_sequences_per_second:.2f} for this configuration")
     return last
-
-
-def weights_digest(trainer) -> str:
-    """A short hash of every model weight's bytes on this rank (elastic mode checks that ranks agree)."""
-    h = hashlib.blake2b(digest_size=8)
-    for v in trainer.model.variables:
-        h.update(v.numpy().tobytes())
-    return h.hexdigest()
-
-
-def train_elastic(cfg: PretrainConfig, job, log) -> dict:
-    """The loop of --elastic (bert_tf/elastic.py): like `train`, but every --elastic_commit_interval
-    updates the state is committed to memory, and when a rank is lost or a host is added the ranks
-    re-form, take the committed state from rank 0 and go on at the new size. After every (re)start and
-    after its first update, and at the end, metrics.jsonl gets a "elastic" record with every rank's
-    weights digest (they must be equal). Returns the last record."""
-    trainer, writer = job.trainer, job.writer
-    micro = elastic.micro_batches_per_update(cfg.global_batch, cfg.batch_size)
-    state = elastic.make_state(trainer.state_variables(), job.stream, job.samples_seen)
-    silent = lambda *a, **k: None  # noqa: E731
-
-    def agree(say, step, event):
-        """A collective: every rank's weights digest, written by rank 0; a disagreement stops the job."""
-        digests = [d.decode() for d in distributed.gather_bytes(weights_digest(trainer).encode())]
-        writer.write({"kind": "elastic", "event": event, "step": step, "ranks": distributed.size(),
-                      "weights_digests": digests, "samples_seen": state.samples_seen})
-        if len(set(digests)) != 1:
-            raise RuntimeError(f"elastic: ranks disagree on the weights after {event} at step {step}: {digests}")
-        say(f"elastic: {event} at step {step}: all {len(digests)} ranks hold the same weights ({digests[0]})")
-
-    def loop(state):
-        rank, size = distributed.rank(), distributed.size()
-        say = log if rank == 0 else silent
-        _, weight = elastic.rank_share(micro, rank, size)
-        trainer.resize(elastic.rank_micro_batches(micro, rank, size), micro,
-                       distributed.make_gradient_allreduce(cfg.comm.fp16_allreduce, weight=weight))
-        for acc in trainer.accumulators:            # an update cut short by a failure leaves nothing behind
-            acc.assign(tf.zeros_like(acc))
-        writer.set_active(rank == 0)
-        job.ckpts.set_writer(rank == 0)
-        start_step = step = int(trainer.step.numpy())
-        samples_seen = state.samples_seen
-        say(f"elastic: {elastic.describe_share(micro, cfg.batch_size, size)}; from step {step} "
-            f"({samples_seen} samples seen), committing every {cfg.elastic_commit_interval} updates")
-        writer.write({"kind": "run", "step": step, "ranks": size, "global_batch": job.global_batch,
-                      "parameters": job.parameters, "config": dataclasses.asdict(cfg)})
-        agree(say, step, "start")
-        interval = IntervalMetrics(job.global_batch, cfg.max_seq_length, cfg.network_interface, loss_weight=weight)
-        last = {}
-        while step < cfg.total_steps:
-            logging = (step + 1) % cfg.log_interval == 0 or step + 1 == cfg.total_steps
-            out = trainer.train_step(job.stream.next_update(rank, size, micro), timed=logging)
-            step += 1
-            samples_seen += job.global_batch
-            interval.add(out, trainer.timing)
-            if logging:
-                last = interval.record(step, out)
-                last.update(skipped_steps=int(trainer.skipped_steps.numpy()), samples_seen=samples_seen, ranks=size)
-                writer.write(last)
-                writer.progress(step, cfg.total_steps, last, start_step)
-            if step == start_step + 1:
-                agree(say, step, "first update")
-            if cfg.eval_interval and step % cfg.eval_interval == 0 and step != cfg.total_steps:
-                writer.write(job.evaluate(step))
-            if (step % cfg.save_interval == 0 or step == cfg.total_steps) and rank == 0:  # no collective
-                job.position.capture_shared(job.stream, samples_seen)
-                path = job.ckpts.save(step, {"step": step, "samples_seen": samples_seen,
-                                             **job.checkpoint_extra, "ranks": size})
-                if path:
-                    say(f"saved {path}")
-            if step % cfg.elastic_commit_interval == 0 or step == cfg.total_steps:
-                state.samples_seen = samples_seen
-                state.commit()          # may raise HostsUpdatedInterrupt: the ranks re-form with the new hosts
-        agree(say, step, "end")
-        if job.eval_files and step == cfg.total_steps:
-            final_eval = job.evaluate(step)
-            writer.write(final_eval)
-            last.update({k: v for k, v in final_eval.items() if k.startswith("eval_")})
-        last["stopped_early"] = False
-        return last
-
-    return elastic.run(loop, log)(state)
 
 
 def make_evaluator(trainer, cfg, eval_files, vocab_size, masker):
@@ -545,12 +552,9 @@ def make_evaluator(trainer, cfg, eval_files, vocab_size, masker):
         for features in dataset:
             out = forward(features)
             n = float(tf.shape(features["input_ids"])[0])
-            for key in ("mlm_loss", "nsp_loss"):
-                if key in out:
-                    sums[key] = sums.get(key, 0.0) + float(out[key]) * n
-            for key in ("mlm_correct", "mlm_weight", "nsp_correct", "nsp_count"):
-                if key in out:
-                    sums[key] = sums.get(key, 0.0) + float(out[key])
+            for key, value in out.items():   # means weighted by the batch, counts as they are
+                if key != "loss":
+                    sums[key] = sums.get(key, 0.0) + float(value) * (n if training.is_mean(key) else 1.0)
             sums["sequences"] = sums.get("sequences", 0.0) + n
             ids = tf.boolean_mask(features["masked_lm_ids"], features["masked_lm_weights"] > 0).numpy()
             np.add.at(label_counts, ids, 1)

@@ -117,44 +117,41 @@ class Trainer:
         self.loss_scale = LossScale() if config.precision == "mixed_float16" else None
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         self.skipped_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="skipped_steps")
-        self.micro_batches = config.accumulation_steps    # per update on this rank (elastic: resize)
-        self.accumulators = [tf.Variable(tf.zeros_like(v), trainable=False) for v in self.variables] \
-            if self.micro_batches > 1 else []
-        self.seed_offset = seed_offset
-        self._apply = tf.function(self._apply_impl, jit_compile=bool(config.xla))
-        self._compile(allreduce)
+        self.accumulators = []
+        self.micro_batches = 0          # this rank's micro-batches per update: set_share
+        self.apply = tf.function(self._apply, jit_compile=bool(config.xla))
+        self.set_share(range(config.accumulation_steps), config.accumulation_steps, allreduce, seed_offset)
         self.timing = {}
 
-    def _compile(self, allreduce):
-        """The functions that depend on micro_batches and on the allreduce (new ones retrace)."""
-        config, jit = self.config, bool(self.config.xla)
-        # micro-batch indices as device tensors made once: no Python value enters the hot loop
-        self._indices = [tf.constant(i, tf.int64) for i in range(self.micro_batches)]
-        self.seed_stride = self.micro_batches     # dropout streams per update
-        self._accumulate = tf.function(self._accumulate_impl, jit_compile=jit)
-        self._finish = tf.function(self._finish_impl, jit_compile=jit)
-        self._allreduce = tf.function(allreduce)
-        if config.comm.allreduce_every_micro_batch:
-            self._local = tf.function(self._gradients, jit_compile=jit)
-            self._add = tf.function(self._add_impl, jit_compile=jit)
-            self._mean = tf.function(self._mean_impl, jit_compile=jit)
-
-    def resize(self, indices, per_update, allreduce):
-        """Elastic mode, after the rank count changed: this rank now takes micro-batches `indices` of
-        the update's `per_update`, and the allreduce (rank count, weight) changes; every variable
-        stays. Dropout is keyed by those indices instead of by rank, so an update draws the same masks
-        at any rank count and one replayed after a failure repeats the lost one. Retraces (and with
-        --xla recompiles) the forward/backward only when the number of micro-batches changed."""
+    def set_share(self, indices, per_update, allreduce, seed_offset=0):
+        """This rank's share of an update: it trains micro-batches `indices` of the update's
+        `per_update`, and `allreduce` averages gradients across ranks. Dropout is keyed by
+        (seed + seed_offset, update x per_update + index): the constructor passes every index of its
+        --accumulation_steps and seed_offset=rank (each rank its own stream); elastic mode passes
+        the micro-batches' places in the global update and 0, so an update draws the same masks at
+        any rank count and one replayed after a failure repeats the lost one. Accumulators are
+        zeroed (an update cut short by a failure leaves nothing behind). Retraces (with --xla
+        recompiles) the forward/backward only when this rank's number of micro-batches changes."""
         indices = list(indices)
-        if len(indices) == self.micro_batches:
-            self._allreduce = tf.function(allreduce)
-        else:
+        if not indices:
+            raise ValueError("a rank's share of an update needs at least one micro-batch")
+        jit = bool(self.config.xla)
+        if len(indices) != self.micro_batches:
             self.micro_batches = len(indices)
-            if len(indices) > 1 and not self.accumulators:
+            if self.micro_batches > 1 and not self.accumulators:
                 self.accumulators = [tf.Variable(tf.zeros_like(v), trainable=False) for v in self.variables]
-            self._compile(allreduce)
-        self.seed_offset, self.seed_stride = 0, per_update
-        self._indices = [tf.constant(i, tf.int64) for i in indices]
+            self._accumulate = tf.function(self._accumulate_impl, jit_compile=jit)
+            self._finish = tf.function(self._finish_impl, jit_compile=jit)
+            if self.config.comm.allreduce_every_micro_batch:
+                self._local = tf.function(self._gradients, jit_compile=jit)
+                self._add = tf.function(self._add_impl, jit_compile=jit)
+                self._mean = tf.function(self._mean_impl, jit_compile=jit)
+        for acc in self.accumulators:
+            acc.assign(tf.zeros_like(acc))
+        self._allreduce = tf.function(allreduce)
+        self.indices, self.per_update, self.seed_offset = indices, per_update, seed_offset
+        # micro-batch indices as device tensors made once: no Python value enters the hot loop
+        self._index_tensors = [tf.constant(i, tf.int64) for i in indices]
 
     def checkpoint_items(self) -> dict:
         """The trainer's state: what a checkpoint holds to resume exactly, and what every rank
@@ -207,7 +204,8 @@ class Trainer:
             acc.assign(tf.zeros_like(acc))
         return grads
 
-    def _apply_impl(self, grads):
+    def _apply(self, grads):
+        """`apply` (compiled with --xla): unscale, skip if not finite, clip, one optimizer step."""
         c = self.config
         if self.loss_scale is not None:
             grads = [g / self.loss_scale.scale for g in grads]
@@ -231,47 +229,57 @@ class Trainer:
 
     # -- one update -----------------------------------------------------------------------
     def micro_batch_seed(self, index):
-        """The stateless dropout seed [seed and rank (0 in elastic mode), update * seed_stride + index],
-        computed by device ops from the step variable, nothing fetched (index: an int64 tensor)."""
-        stream = (self.step * self.seed_stride + index) % (2 ** 31 - 1)
+        """The stateless dropout seed [seed and seed_offset, update x per_update + index] (set_share),
+        computed by device ops from the step variable, nothing fetched (index: an int or int64 tensor)."""
+        stream = (self.step * self.per_update + tf.cast(index, tf.int64)) % (2 ** 31 - 1)
         base = tf.constant((self.config.seed * 7919 + self.seed_offset) % (2 ** 31 - 1), tf.int32)
         return tf.stack([base, tf.cast(stream, tf.int32)])
 
-    def train_step(self, micro_batches, timed=False):
-        """micro_batches: `self.micro_batches` feature dicts. Returns per-update metrics (tensors,
-        not fetched). timed: measure the compute / allreduce / update split into `self.timing`
-        (waits for the device three times; otherwise `self.timing` is {})."""
+    def gradients(self, micro_batches):
+        """This rank's mean gradient over its micro-batches (`self.micro_batches` feature dicts), before
+        any allreduce, and each micro-batch's outputs."""
         n = self.micro_batches
         if len(micro_batches) != n:
             raise ValueError(f"expected {n} micro-batches, got {len(micro_batches)}")
+        seeds = [self.micro_batch_seed(i) for i in self._index_tensors]
+        outs = [self._accumulate(mb, seed) for mb, seed in zip(micro_batches[:-1], seeds[:-1])]
+        grads, last = self._finish(micro_batches[-1], seeds[-1])
+        return grads, outs + [last]
+
+    def train_step(self, micro_batches, timed=False):
+        """One update: gradients, the allreduce, apply. micro_batches: `self.micro_batches` feature
+        dicts. Returns per-update metrics (tensors, not fetched). timed: measure the compute /
+        allreduce / update split into `self.timing` (waits for the device three times; otherwise
+        `self.timing` is {})."""
         clock = _device_clock if timed else (lambda: 0.0)
         start = clock()
         if self.config.comm.allreduce_every_micro_batch:
             grads, outs, comm = self._allreduce_each(micro_batches, clock)
         else:
-            outs = [self._accumulate(mb, self.micro_batch_seed(i)) for i, mb in zip(self._indices, micro_batches[:-1])]
-            grads, last = self._finish(micro_batches[-1], self.micro_batch_seed(self._indices[n - 1]))
-            outs.append(last)
+            grads, outs = self.gradients(micro_batches)
             comm_start = clock()
             grads = self._allreduce(grads)  # <- the one allreduce per update, after accumulation
             comm = clock() - comm_start
         update_start = clock()
-        info = self._apply(grads)
+        info = self.apply(grads)
         end = clock()
         self.timing = {"compute_seconds": update_start - start - comm, "allreduce_seconds": comm,
                        "update_seconds": end - update_start} if timed else {}
         metrics = sum_metrics(outs)
         metrics.update(info)
+        # sequences this rank trained on (a count): what the logged throughput and batch checks use
+        metrics["sequences"] = tf.add_n([tf.shape(mb["input_ids"])[0] for mb in micro_batches])
         if self.loss_scale is not None:
             metrics["loss_scale"] = self.loss_scale.scale.read_value()
         return metrics
 
-
     def _allreduce_each(self, micro_batches, clock):
         """The baseline: allreduce every micro-batch's gradients, then average them."""
+        n = self.micro_batches
+        if len(micro_batches) != n:
+            raise ValueError(f"expected {n} micro-batches, got {len(micro_batches)}")
         outs, comm = [], 0.0
-        n = len(micro_batches)
-        for i, mb in zip(self._indices, micro_batches):
+        for i, mb in zip(self._index_tensors, micro_batches):
             grads, out = self._local(mb, self.micro_batch_seed(i))
             comm_start = clock()
             grads = self._allreduce(grads)
@@ -288,11 +296,17 @@ def _device_clock():
     return time.perf_counter()
 
 
+def is_mean(key) -> bool:
+    """The metric convention: keys ending in "loss" are means (averaged over micro-batches and
+    ranks); the rest (correct, weight, count) are counts, summed."""
+    return key.endswith("loss")
+
+
 def sum_metrics(outs):
-    """Loss terms averaged over micro-batches; counts (correct, weight) summed."""
+    """One update's outputs from its micro-batches' (is_mean: averaged, else summed)."""
     n = float(len(outs))
     metrics = {}
     for key in outs[0]:
         total = tf.add_n([o[key] for o in outs])
-        metrics[key] = total / n if key.endswith("loss") else total
+        metrics[key] = total / n if is_mean(key) else total
     return metrics

@@ -64,11 +64,12 @@ def test_an_updates_dropout_masks_do_not_depend_on_the_rank_count():
         seeds = {}
         for rank in range(size):
             trainer = trainers[rank]
-            trainer.resize(elastic.rank_micro_batches(micro, rank, size), micro, training.identity_allreduce)
+            trainer.set_share(elastic.rank_micro_batches(micro, rank, size), micro, training.identity_allreduce)
             assert trainer.micro_batches == elastic.rank_share(micro, rank, size)[0]
+            assert trainer.indices == list(elastic.rank_micro_batches(micro, rank, size))
             trainer.step.assign(7)
-            for k, index in zip(elastic.rank_micro_batches(micro, rank, size), trainer._indices):  # as train_step
-                seeds[k] = tuple(trainer.micro_batch_seed(index).numpy())
+            for index in trainer.indices:                 # the seeds train_step draws its masks from
+                seeds[index] = tuple(trainer.micro_batch_seed(index).numpy())
         seeds_by_size[size] = seeds
     assert all(seeds == seeds_by_size[1] for seeds in seeds_by_size.values()), seeds_by_size
     assert len(set(seeds_by_size[1].values())) == micro                     # one mask per micro-batch
@@ -118,7 +119,7 @@ def _write_records(folder, files=3, per_file=40, seq=16, preds=3):
 
 
 def test_shared_stream_after_a_resize_replays_what_was_not_committed_and_skips_nothing(tmp_path):
-    """The guarantee of input_pipeline.SharedStream, exactly: the micro-batches behind the weights are the
+    """The guarantee of elastic.SharedStream, exactly: the micro-batches behind the weights are the
     stream's, in order, whatever the sizes; a failure replays the lost updates' micro-batches."""
     import tensorflow as tf
     from bert_tf import input_pipeline as ip
@@ -126,13 +127,16 @@ def test_shared_stream_after_a_resize_replays_what_was_not_committed_and_skips_n
     batch, micro = 4, 6                               # global batch 24
 
     def stream():
-        return ip.SharedStream(ip.make_shared_stream(files, batch, seed=7, shuffle_buffer=50), 16, 3)
+        return elastic.SharedStream(elastic.make_shared_stream(files, batch, seed=7, shuffle_buffer=50), 16, 3,
+                                    micro_batches=micro)
 
     def ids(features):
         return [int(i) for i in features["input_ids"][:, 0].numpy()]
 
-    reference = stream()                             # one rank: the stream's order
-    order = [ids(mb) for _ in range(12) for mb in reference.next_update(0, 1, micro)]
+    # the stream's order, read from its dataset directly (not through the SharedStream under test)
+    spec = {"input_ids": tf.io.FixedLenFeature([16], tf.int64)}
+    order = [[int(i) for i in tf.io.parse_example(serialized, spec)["input_ids"][:, 0].numpy()]
+             for serialized in elastic.make_shared_stream(files, batch, seed=7, shuffle_buffer=50).take(12 * micro)]
     # 12 updates x 24 = 120 records: one pass, blended with the next at the boundary by the 50-record
     # shuffle buffer (how much depends on the global seed, i.e. on the tests run before this one)
     assert len({i for mb in order for i in mb}) >= 120 - 50
@@ -140,7 +144,9 @@ def test_shared_stream_after_a_resize_replays_what_was_not_committed_and_skips_n
     trained = []                                       # micro-batches in the order the weights saw them
 
     def update(streams, size):
-        shares = [s.next_update(r, size, micro) for r, s in enumerate(streams)]
+        for r, s in enumerate(streams):
+            s.set_share(r, size)
+        shares = [s.next_update() for s in streams]
         got = [None] * micro
         for r, share in enumerate(shares):
             assert len(share) == len(range(r, micro, size))
@@ -177,15 +183,46 @@ def test_shared_stream_after_a_resize_replays_what_was_not_committed_and_skips_n
     assert trained == order[:len(trained)]             # in order, none twice, none skipped
     # the position survives a disk checkpoint and puts a fresh stream (any rank count) at the same place
     position = ip.InputPosition()
-    position.capture_shared(grown[0], 24 * 7)
+    position.store(0, [], shared=False)              # whatever was there before is replaced
+    grown[0].capture(position, 24 * 7)
     path = tf.train.Checkpoint(input_position=position).write(str(tmp_path / "ckpt"))
     loaded = ip.InputPosition()
     tf.train.Checkpoint(input_position=loaded).read(path).assert_consumed()
     resumed = stream()
-    assert loaded.resume_shared(resumed) and int(loaded.samples_seen.numpy()) == 24 * 7
+    assert resumed.resume(loaded, 0, 1) and int(loaded.samples_seen.numpy()) == 24 * 7
     assert update([resumed], 1) == order[len(trained):len(trained) + micro]
     # a run without --elastic cannot use it: a fresh pass instead (pretraining says so)
-    assert not loaded.resume(iter(tf.data.Dataset.range(3)), 0, 1)
+    static = ip.PerRankInput(tf.data.Dataset.range(3), 1, gather=lambda b: [b])
+    assert not static.resume(loaded, 0, 1) and loaded.saved_by() == "elastic mode's shared stream"
+    # nor the other way round
+    static.capture(position, 5)
+    assert not resumed.resume(position) and position.saved_by() == "1 ranks"
+
+
+def test_an_elastic_checkpoint_from_before_the_shared_flag_still_resumes_the_stream(tmp_path):
+    """Elastic checkpoints written before InputPosition.shared marked the shared stream with ranks = -1:
+    restoring one takes the variables it has and reads it as the shared stream's position."""
+    import tensorflow as tf
+    from bert_tf import checkpointing, input_pipeline as ip
+    files = _write_records(tmp_path, files=1)
+    stream = elastic.SharedStream(elastic.make_shared_stream(files, 4, seed=7, shuffle_buffer=8), 16, 3)
+    stream.next_update()
+    state, expected = stream.state(), stream.next_update()[0]["input_ids"].numpy()
+
+    class Before(tf.Module):                      # what InputPosition held then
+        def __init__(self):
+            super().__init__(name="input_position")
+            self.samples_seen = tf.Variable(4, dtype=tf.int64)
+            self.ranks = tf.Variable(-1, dtype=tf.int64)
+            self.iterator_states = tf.Variable([state], shape=tf.TensorShape([None]))
+
+    tf.train.CheckpointManager(tf.train.Checkpoint(input_position=Before()), str(tmp_path / "old"), 1).save(1)
+    position = ip.InputPosition()
+    old = checkpointing.Checkpoints(str(tmp_path / "old"), {"input_position": position})
+    old.restore(old.latest())
+    resumed = elastic.SharedStream(elastic.make_shared_stream(files, 4, seed=7, shuffle_buffer=8), 16, 3)
+    assert position.is_shared() and int(position.samples_seen.numpy()) == 4 and resumed.resume(position)
+    np.testing.assert_array_equal(resumed.next_update()[0]["input_ids"].numpy(), expected)
 
 
 def test_discovery_script_reports_live_hosts_and_names_bad_lines(tmp_path):
@@ -231,6 +268,7 @@ def _mid_interval(after_step, commit):
     return lambda r: r["kind"] == "train" and r["step"] >= after_step and r["step"] % commit == 2
 
 
+@pytest.mark.cluster
 @needs_namespaces
 def test_elastic_job_loses_a_node_takes_it_back_and_loses_a_link(tmp_path, tiny_data):
     """3 emulated nodes, one rank each. Node 2 killed (a preemption: Horovod blacklists it, and with
@@ -296,7 +334,10 @@ def test_elastic_job_loses_a_node_takes_it_back_and_loses_a_link(tmp_path, tiny_
     firsts = [r for r in events if r["event"] == "first update" and r["ranks"] == 3]
     assert len(firsts) == 2 and all(len(set(r["weights_digests"])) == 1 for r in firsts)
     trains = [r for r in records if r["kind"] == "train"]
-    assert all(r["samples_seen"] == 20 * r["step"] for r in trains)       # the global batch never changed
+    assert all(r["samples_seen"] == 20 * r["step"] for r in trains)
+    # the global batch never changed: every logged update (--log_interval=1) trained 20 sequences in all,
+    # counted from the micro-batches the ranks actually trained on, whatever their number and shares
+    assert all(r["sequences"] == 20 for r in trains), [(r["step"], r["ranks"], r["sequences"]) for r in trains]
     assert trains[-1]["step"] == 220
     # the loss curve goes on from the commit: after a failure the updates lost since it are replayed
     # with the same weights, data and dropout masks, now on 2 ranks instead of 3 (other shares, the
@@ -309,13 +350,16 @@ def test_elastic_job_loses_a_node_takes_it_back_and_loses_a_link(tmp_path, tiny_
         assert after[0]["step"] == r["step"] + 1 and r["step"] + 1 in before, (r, sorted(before))
         replayed = [t for t in after if t["step"] in before]
         np.testing.assert_allclose([t["loss"] for t in replayed], [before[t["step"]] for t in replayed], rtol=1e-5)
-    # growing loses nothing: the first update after the node came back follows the commit
-    assert next(t for t in trains if t["time"] > starts[2]["time"])["step"] == starts[2]["step"] + 1
+    # growing loses nothing: hosts are added at a commit, so the last update trained on 2 ranks before the
+    # grow is the committed one the 3 ranks start from (none trained on 2 ranks is thrown away)
+    on_2 = [t["step"] for t in trains if starts[1]["time"] < t["time"] < starts[2]["time"]]
+    assert max(on_2) == starts[2]["step"], (starts[2], on_2[-5:])
     assert "waiting for Horovod to re-form the ranks" in out
     import tensorflow as tf
     assert tf.train.latest_checkpoint(str(ckpt)).endswith("ckpt-220")
 
 
+@pytest.mark.cluster
 @needs_namespaces
 def test_too_few_hosts_for_min_np_fail_after_the_elastic_timeout():
     with ec.EmulatedCluster(2, rate_gbit=1) as cluster:
@@ -338,6 +382,7 @@ def test_too_few_hosts_for_min_np_fail_after_the_elastic_timeout():
         assert "never started" not in proc.stdout
 
 
+@pytest.mark.cluster
 @needs_namespaces
 def test_min_np_lost_mid_run_ends_the_job_after_the_elastic_timeout_with_the_checkpoint_intact(tmp_path, tiny_data):
     """2 nodes, --min-np 2; one node dies for good mid-run: the survivor says it waits, Horovod gives up
@@ -381,3 +426,107 @@ def test_min_np_lost_mid_run_ends_the_job_after_the_elastic_timeout_with_the_che
     step = int(next(v for k, v in values.items() if k.split("/")[0] == "step" and k.endswith("VARIABLE_VALUE")))
     saved = [r["step"] for r in _records(metrics) if r["kind"] == "train"]
     assert latest.endswith(f"ckpt-{step}") and step >= 10 and step % 10 == 0 and step <= max(saved)
+
+
+class FakeWorld:
+    """Horovod's elastic runtime for one process, to drive the loop without root or namespaces: this
+    process is rank 0 of sizes[i] ranks in its i-th formation (the real collectives, of one process,
+    carry only its own share). A lost rank is the allreduce failing inside the compiled update, as a
+    Horovod op does (a TensorFlow error naming Horovod); a host added is check_host_updates raising at a
+    commit, as Horovod does on every rank."""
+
+    class Failure(Exception):
+        pass
+
+    class HostsUpdated(Exception):
+        def __init__(self, skip_sync):
+            super().__init__(f"hosts updated (skip_sync={skip_sync})")
+            self.skip_sync = skip_sync
+
+    def __init__(self, sizes, fail_at_allreduce, grow_at_step):
+        self.sizes, self.formation = sizes, 0
+        self.fail_at_allreduce, self.grow_at_step = fail_at_allreduce, grow_at_step
+        self.allreduces, self.commits, self.trainer = 0, [], None
+
+    def rank(self):
+        return 0
+
+    def size(self):
+        return self.sizes[self.formation]
+
+    def gradient_allreduce(self, fp16_compression, weight):
+        import tensorflow as tf
+
+        def count():
+            self.allreduces += 1
+            if self.allreduces == self.fail_at_allreduce:
+                raise RuntimeError("horovod: a peer was lost (fake)")
+
+        def allreduce(grads):
+            tf.py_function(count, [], [])
+            return [g * weight for g in grads]
+        return allreduce
+
+    def broadcast_variables(self, variables):
+        pass
+
+    def broadcast_object(self, value):
+        return value
+
+    def gather_bytes(self, data):
+        return [data] * self.size()
+
+    def listen(self):
+        pass
+
+    def check_host_updates(self):
+        step = int(self.trainer.step.numpy())
+        self.commits.append(step)
+        if step == self.grow_at_step and self.formation == 1:
+            raise self.HostsUpdated(False)
+
+    def reset(self):
+        self.formation += 1
+
+
+def test_one_process_drives_the_elastic_loop_through_a_lost_rank_and_an_added_host(tiny_data, tmp_path):
+    """The elastic side of pretraining.train, without root: 2 ranks, one lost during update 7 (the
+    commit at 5 comes back, the stream with it), 1 rank on, a host added at the commit of 15, 2 ranks
+    to the end. The share follows each formation and the input resumes exactly at the commit: after
+    20 updates the stream stands at micro-batch 80 of its own order."""
+    import tensorflow as tf
+    from bert_tf import distributed, pretraining
+    cfg = pretraining.PretrainConfig(
+        model_preset="tiny", vocab_file=tiny_data["vocab_file"], train_files=tiny_data["train"],
+        eval_files=tiny_data["eval"], max_seq_length=64, max_predictions_per_seq=10, batch_size=4,
+        elastic=True, global_batch=16, elastic_commit_interval=5, total_steps=20, log_interval=1,
+        save_interval=10, eval_batches=1, ladder_sequences_per_second=1.0, checkpoint_dir=str(tmp_path))
+    distributed.init()
+    lines = []
+    log = lambda *a, **k: lines.append(" ".join(map(str, a)))  # noqa: E731
+    job = pretraining.build(cfg, log)
+    world = FakeWorld(sizes=[2, 1, 2], fail_at_allreduce=7, grow_at_step=15)
+    world.trainer = job.trainer
+    last = elastic.Elastic(cfg, job, log, world=world).run(lambda mode: pretraining.train(cfg, job, mode))
+
+    assert int(job.trainer.step.numpy()) == 20 and not last["stopped_early"] and "eval_mlm_accuracy" in last
+    assert world.formation == 2 and world.commits == [5, 10, 15, 20], world.commits
+    records = read_metrics(tmp_path / "metrics.jsonl")
+    starts = [(r["step"], r["ranks"], r["samples_seen"]) for r in records if r.get("event") == "start"]
+    assert starts == [(0, 2, 0), (5, 1, 80), (15, 2, 240)], starts
+    # each update's logged count is the micro-batches this rank trained: its share at that size
+    trained = [(r["step"], r["sequences"]) for r in records if r["kind"] == "train"]
+    assert trained == [(s, 8) for s in range(1, 7)] + [(s, 16) for s in range(6, 16)] + \
+        [(s, 8) for s in range(16, 21)], trained
+    assert job.trainer.indices == [0, 2] and job.trainer.micro_batches == 2
+    # replayed, never skipped: the stream's next micro-batch is number 80 of its own order
+    from bert_tf import input_pipeline
+    reference = elastic.make_shared_stream(input_pipeline.list_files(tiny_data["train"]), 4, seed=cfg.seed)
+    expected = next(iter(reference.skip(80)))
+    job.input.set_share(0, 1, 1)
+    got = job.input.next_update()[0]["input_ids"].numpy()
+    spec = {"input_ids": tf.io.FixedLenFeature([64], tf.int64)}
+    np.testing.assert_array_equal(got, tf.io.parse_example(expected, spec)["input_ids"].numpy())
+    assert any("a collective failed" in line and "horovod: a peer was lost (fake)" in line for line in lines), lines
+    assert any("hosts added" in line for line in lines) and any("vs the ladder's 1.00" in line for line in lines)
+    assert tf.train.latest_checkpoint(str(tmp_path)).endswith("ckpt-20")

@@ -111,11 +111,13 @@ def test_recipes_give_their_stated_global_batch():
 
 
 def test_fit_micro_batch_re_splits_the_per_rank_batch_or_names_why_it_cannot(tiny_data, tmp_path):
-    cfg = config(tiny_data, tmp_path, batch_size=8, accumulation_steps=2, fit_micro_batch=4)
+    asked = config(tiny_data, tmp_path, batch_size=8, accumulation_steps=2, fit_micro_batch=4)
+    cfg = asked.resolved()
     assert (cfg.batch_size, cfg.accumulation_steps, cfg.fit_micro_batch) == (4, 4, 0)
-    assert dataclasses.replace(cfg).batch_size == 4                        # validating again changes nothing
+    assert (asked.batch_size, asked.accumulation_steps, asked.fit_micro_batch) == (8, 2, 4)  # checked, not changed
+    assert cfg.resolved() == cfg and dataclasses.replace(cfg).batch_size == 4     # resolving again changes nothing
     with pytest.raises(ConfigError, match=r"--fit_micro_batch=3: the per-rank batch --batch_size x "
                                           r"--accumulation_steps = 8 x 2 = 16 is not a positive multiple"):
         config(tiny_data, tmp_path, batch_size=8, accumulation_steps=2, fit_micro_batch=3)
-    elastic = config(tiny_data, tmp_path, batch_size=8, elastic=True, global_batch=32, fit_micro_batch=4)
+    elastic = config(tiny_data, tmp_path, batch_size=8, elastic=True, global_batch=32, fit_micro_batch=4).resolved()
     assert (elastic.batch_size, elastic.accumulation_steps, elastic.global_batch) == (4, 1, 32)

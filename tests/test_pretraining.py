@@ -85,7 +85,8 @@ def test_a_short_run_logs_saves_and_restores_the_signal_handlers(tiny_data, tmp_
         cfg = pretraining.PretrainConfig(
             model_preset="tiny", vocab_file=tiny_data["vocab_file"], train_files=tiny_data["train"],
             eval_files=tiny_data["eval"], max_seq_length=64, max_predictions_per_seq=10, batch_size=4,
-            accumulation_steps=2, total_steps=3, log_interval=2, eval_batches=2, checkpoint_dir=str(tmp_path))
+            accumulation_steps=2, fit_micro_batch=2, total_steps=3, log_interval=2, eval_batches=2,
+            checkpoint_dir=str(tmp_path))
         trainer, last = pretraining.run(cfg, log=lambda *a, **k: None)
         assert signal.getsignal(signal.SIGTERM) is sentinel
     finally:
@@ -95,7 +96,11 @@ def test_a_short_run_logs_saves_and_restores_the_signal_handlers(tiny_data, tmp_
     assert [(r["kind"], r["step"]) for r in records] == [("run", 0), ("train", 2), ("train", 3), ("eval", 3)]
     assert records[0]["config"]["comm"] == {"fp16_allreduce": False, "allreduce_every_micro_batch": False,
                                             "fusion_threshold_mb": None, "cycle_time_ms": None}
-    assert records[2]["samples_seen"] == 3 * 8 and "eval_mlm_accuracy" in last
+    # the run record keeps what was asked and what it resolved to (the per-rank batch of 8 re-split)
+    asked, resolved = records[0]["config"], records[0]["resolved"]
+    assert (asked["batch_size"], asked["accumulation_steps"], asked["fit_micro_batch"]) == (4, 2, 2)
+    assert (resolved["batch_size"], resolved["accumulation_steps"], resolved["fit_micro_batch"]) == (2, 4, 0)
+    assert records[2]["samples_seen"] == 3 * 8 and records[2]["sequences"] == 8 and "eval_mlm_accuracy" in last
     assert tf.train.latest_checkpoint(str(tmp_path)).endswith("ckpt-3")
 
 

@@ -97,7 +97,7 @@ def test_loss_scaling_skips_a_non_finite_gradient_without_touching_weights():
     scale = float(trainer.loss_scale.scale.numpy())
     grads = [tf.zeros_like(v) for v in trainer.variables]
     grads[3] = tf.fill(tf.shape(grads[3]), np.inf)
-    info = trainer._apply(grads)
+    info = trainer.apply(grads)
     assert not bool(info["finite"])
     for a, b in zip(before, weights(model)):
         np.testing.assert_array_equal(a, b)
@@ -121,12 +121,11 @@ def test_accumulating_n_micro_batches_equals_one_large_batch():
     m1, m4 = tiny_model(), tiny_model()
     t1 = training.Trainer(m1, training.TrainConfig(accumulation_steps=1))
     t4 = training.Trainer(m4, training.TrainConfig(accumulation_steps=4))
-    seed = tf.zeros([2], tf.int32)
-    # the averaged gradient that goes to the allreduce and the optimizer
-    full, _ = t1._finish({k: tf.constant(v) for k, v in big.items()}, seed)
-    for mb in micro[:-1]:
-        t4._accumulate(mb, seed)
-    accumulated, _ = t4._finish(micro[-1], seed)
+    # the averaged gradient that goes to the allreduce and the optimizer (dropout seeds differ between
+    # the two trainers' micro-batches: the tiny model here has no dropout)
+    full, _ = t1.gradients([{k: tf.constant(v) for k, v in big.items()}])
+    accumulated, outs = t4.gradients(micro)
+    assert len(outs) == 4
     scale = max(float(tf.reduce_max(tf.abs(g))) for g in full)
     for a, b in zip(full, accumulated):
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-5 * scale)
@@ -146,31 +145,35 @@ def test_accumulating_n_micro_batches_equals_one_large_batch():
 def test_allreduce_every_micro_batch_calls_the_allreduce_n_times_with_the_same_result():
     big = random_features(batch=8, seq=16, preds=3, seed=7)
     micro = [{k: tf.constant(v[i * 2:(i + 1) * 2]) for k, v in big.items()} for i in range(4)]
-    calls = {"once": 0, "each": 0}
-    applied = {}
+    class Recording(training.Trainer):
+        """Keeps the gradients the update applies (apply compiles this _apply)."""
+        def _apply(self, grads):
+            for kept, g in zip(self.applied, grads):
+                kept.assign(g)
+            return super()._apply(grads)
 
-    def counting(key):
-        def allreduce(grads):          # runs eagerly (installed after construction): counts every call
-            calls[key] += 1
-            return [g * 1.0 for g in grads]
-        return allreduce
-
-    results = {}
+    results, calls, applied = {}, {}, {}
     for key, every in (("once", False), ("each", True)):
+        count = tf.Variable(0, dtype=tf.int64)
+
+        def allreduce(grads, count=count):   # traced once, runs at every call: counts them
+            count.assign_add(1)
+            return [g * 1.0 for g in grads]
+
         model = tiny_model()
-        trainer = training.Trainer(model, training.TrainConfig(accumulation_steps=4, learning_rate=1e-3,
-                                                               comm=CommConfig(allreduce_every_micro_batch=every)))
-        trainer._allreduce = counting(key)
-        apply = trainer._apply
-        trainer._apply = lambda grads, _key=key, _apply=apply: _apply(applied.setdefault(_key, grads))
+        trainer = Recording(model, training.TrainConfig(accumulation_steps=4, learning_rate=1e-3,
+                                                        comm=CommConfig(allreduce_every_micro_batch=every)),
+                            allreduce=allreduce)
+        trainer.applied = [tf.Variable(tf.zeros_like(v)) for v in model.trainable_variables]
         trainer.train_step(micro, timed=True)
-        results[key] = weights(model)
+        results[key], calls[key], applied[key] = weights(model), int(count.numpy()), trainer.applied
         assert set(trainer.timing) == {"compute_seconds", "allreduce_seconds", "update_seconds"}
         assert all(v >= 0 for v in trainer.timing.values())
     assert calls == {"once": 1, "each": 4}
     # the optimizer gets the same mean gradient (LAMB's first step barely depends on the gradients'
     # scale, so a sum instead of the mean would pass the weight comparison below, not this one)
     scale = max(float(tf.reduce_max(tf.abs(g))) for g in applied["once"])
+    assert scale > 0
     for a, b in zip(applied["once"], applied["each"]):
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-6 * scale)
     for a, b in zip(results["once"], results["each"]):

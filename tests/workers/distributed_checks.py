@@ -55,7 +55,6 @@ for compression in (False, True):
 # scale (m / sqrt(v)), so the averaged gradients are compared too, not only the weights.
 no_drop = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
 halves = [{k: tf.constant(v[r * 4:(r + 1) * 4]) for k, v in full.items()} for r in range(2)]
-seed = tf.zeros([2], tf.int32)
 
 
 def flat(tensors):
@@ -85,17 +84,17 @@ for compression in (False, True):
     cfg = training.TrainConfig(learning_rate=1e-4, optimizer="lamb")
     sent = {}
     allreduce = distributed.make_gradient_allreduce(compression, name=f"eq{tag}")
+    # an update by hand (what train_step does), the allreduce eager so its result is kept
     dist_trainer = training.Trainer(dist, cfg)
-    dist_trainer._allreduce = lambda g: sent.setdefault("dist", allreduce(g))     # eager: keeps the result
-    dist_trainer.train_step([halves[rank]])
+    sent["dist"] = allreduce(dist_trainer.gradients([halves[rank]])[0])
+    dist_trainer.apply(sent["dist"])
     ref_trainer = training.Trainer(ref, cfg)
-    ref_trainer._allreduce = lambda g: sent.setdefault("ref", list(g))
-    ref_trainer.train_step([everything])
+    sent["ref"] = list(ref_trainer.gradients([everything])[0])
+    ref_trainer.apply(sent["ref"])
     # the independent computation: both halves' gradients on this rank, averaged here
     emu_trainer = training.Trainer(emu, cfg)
-    expected = emulated_average([emu_trainer._finish(h, seed)[0] for h in halves], compression)
-    emu_trainer._allreduce = lambda g: sent.setdefault("emu", expected)
-    emu_trainer.train_step([halves[rank]])
+    sent["emu"] = emulated_average([emu_trainer.gradients([h])[0] for h in halves], compression)
+    emu_trainer.apply(sent["emu"])
     arrays[f"equiv_dist_{tag}"] = flat(v.numpy() for v in dist.trainable_variables)
     arrays[f"equiv_ref_{tag}"] = flat(v.numpy() for v in ref.trainable_variables)
     arrays[f"equiv_emu_{tag}"] = flat(v.numpy() for v in emu.trainable_variables)
