@@ -15,17 +15,17 @@ It reaches Horovod only through distributed.ElasticWorld (a test passes a stand-
   died or became unreachable), every survivor puts the committed copy back, Horovod re-forms the ring
   without the lost ranks, and rank 0 (the oldest survivor) broadcasts the state, so a newcomer
   receives it too; training continues at the committed update (`Elastic.run`).
-- The global batch never changes: --global_batch is `micro_batches` micro-batches of --batch_size; with
+- The global batch never changes: --global_batch is `per_update` micro-batches of --batch_size; with
   `size` ranks, rank r takes micro-batches r, r + size, ... of each update (`SharedStream`), so ranks
-  take ceil or floor(micro_batches / size) of them. Each rank averages its own micro-batches and the
+  take ceil or floor(per_update / size) of them. Each rank averages its own micro-batches and the
   allreduce averages ranks, so a rank's average is weighted by `its micro-batches x size /
-  micro_batches` before the allreduce: the update is the exact mean over all `global_batch` sequences
-  for any size (weight 1 when size divides micro_batches). The learning rate therefore never changes.
+  per_update` before the allreduce: the update is the exact mean over all `global_batch` sequences
+  for any size (weight 1 when size divides per_update). The learning rate therefore never changes.
   Every resize is logged; after every (re)start, after its first update and at the end, metrics.jsonl
   gets an "elastic" record with every rank's weights digest (they must be equal).
 - `SharedStream`: every rank reads the same single stream of serialized micro-batches, whose order
   depends on the seed and the files only (never on the rank count); update u takes the next
-  `micro_batches` of it and rank r parses and trains on its share. All ranks' streams are at the same
+  `per_update` of it and rank r parses and trains on its share. All ranks' streams are at the same
   position after every update, so one state (the committed one, or the one in the checkpoint) puts any
   number of ranks at the same place. Guarantee: the micro-batches behind the committed weights are
   exactly the stream's first `samples_seen / batch_size`, in order, each in one update; a failure
@@ -77,28 +77,28 @@ def micro_batches_per_update(global_batch, batch_size):
     return global_batch // batch_size
 
 
-def rank_micro_batches(micro_batches, rank, size):
-    """Which of an update's micro-batches rank `rank` of `size` takes (input_pipeline.SharedStream
+def rank_indices(per_update, rank, size):
+    """Which of an update's micro-batches rank `rank` of `size` takes (SharedStream
     hands out the same ones)."""
-    return range(rank, micro_batches, size)
+    return range(rank, per_update, size)
 
 
-def rank_share(micro_batches, rank, size):
+def rank_share(per_update, rank, size):
     """(micro-batches this rank takes per update, weight of its average in the ranks' average)."""
-    if size > micro_batches:
-        raise ConfigError(f"{size} ranks but an update has only {micro_batches} micro-batches (--global_batch / "
-                          f"--batch_size): give horovodrun --max-np <= {micro_batches}, or a smaller --batch_size")
-    mine = len(rank_micro_batches(micro_batches, rank, size))
-    return mine, mine * size / micro_batches
+    if size > per_update:
+        raise ConfigError(f"{size} ranks but an update has only {per_update} micro-batches (--global_batch / "
+                          f"--batch_size): give horovodrun --max-np <= {per_update}, or a smaller --batch_size")
+    mine = len(rank_indices(per_update, rank, size))
+    return mine, mine * size / per_update
 
 
-def describe_share(micro_batches, batch_size, size):
+def describe_share(per_update, batch_size, size):
     """One log line: how the global batch is split at this size."""
-    counts = [len(rank_micro_batches(micro_batches, r, size)) for r in range(size)]
+    counts = [len(rank_indices(per_update, r, size)) for r in range(size)]
     split = f"{counts[0]} micro-batches per rank" if len(set(counts)) == 1 else \
         f"{max(counts)} micro-batches on ranks 0-{counts.count(max(counts)) - 1}, {min(counts)} on the others " \
         f"(their gradients weighted to an exact mean)"
-    return (f"{size} ranks: global batch {micro_batches * batch_size} = {micro_batches} micro-batches of "
+    return (f"{size} ranks: global batch {per_update * batch_size} = {per_update} micro-batches of "
             f"{batch_size}, {split}")
 
 
@@ -121,7 +121,7 @@ class SharedStream:
     the position as bytes (the same position on every rank after the same updates; the bytes also
     hold what each rank happens to have prefetched, so they may differ)."""
 
-    def __init__(self, dataset, max_seq_length, max_predictions_per_seq, masker=None, micro_batches=1):
+    def __init__(self, dataset, max_seq_length, max_predictions_per_seq, masker=None, per_update=1):
         spec = input_pipeline.record_spec(max_seq_length, max_predictions_per_seq, masked=masker is None)
 
         def parse(serialized):
@@ -130,18 +130,18 @@ class SharedStream:
 
         self.dataset, self.parse = dataset, tf.function(parse)
         self.iterator = iter(dataset)
-        self.set_share(0, 1, micro_batches)
+        self.set_share(0, 1, per_update)
 
-    def set_share(self, rank, size, micro_batches=None):
-        """From now on this rank is `rank` of `size` (micro_batches: per update, kept if None)."""
+    def set_share(self, rank, size, per_update=None):
+        """From now on this rank is `rank` of `size`, an update `per_update` micro-batches (None: as before)."""
         self.rank, self.size = rank, size
-        self.micro_batches = micro_batches or self.micro_batches
+        self.per_update = per_update or self.per_update
 
     def next_update(self):
-        """This rank's share of the next `micro_batches` micro-batches (every rank reads all of them):
-        micro-batches rank, rank + size, ... (rank_micro_batches)."""
+        """This rank's share of the next `per_update` micro-batches (every rank reads all of them):
+        micro-batches rank, rank + size, ... (rank_indices)."""
         mine = []
-        for m in range(self.micro_batches):
+        for m in range(self.per_update):
             serialized = next(self.iterator)
             if m % self.size == self.rank:
                 mine.append(self.parse(serialized))
@@ -239,7 +239,7 @@ class Elastic:
     def __init__(self, cfg, job, log=print, world=None):
         self.cfg, self.job, self.log = cfg, job, log
         self.world = world if world is not None else distributed.ElasticWorld()
-        self.micro_batches = micro_batches_per_update(cfg.global_batch, cfg.batch_size)
+        self.per_update = micro_batches_per_update(cfg.global_batch, cfg.batch_size)
         self.state = TrainingState(job.trainer.state_variables(), job.input, job.samples_seen, self.world)
         self.rank, self.size, self.say, self.loss_weight = 0, 1, _silent, 1.0
         self.samples_seen = self.start_step = 0
@@ -247,11 +247,11 @@ class Elastic:
     # -- the loop's hooks ---------------------------------------------------------------------
     def begin(self, step):
         """At every (re)start, after the state's sync: this rank's share and role at the new size."""
-        job, micro = self.job, self.micro_batches
+        job, micro = self.job, self.per_update
         self.rank, self.size = self.world.rank(), self.world.size()
         self.say = self.log if self.rank == 0 else _silent
         _, self.loss_weight = rank_share(micro, self.rank, self.size)
-        job.trainer.set_share(rank_micro_batches(micro, self.rank, self.size), micro,
+        job.trainer.set_share(rank_indices(micro, self.rank, self.size), micro,
                               self.world.gradient_allreduce(self.cfg.comm.fp16_allreduce, self.loss_weight))
         job.input.set_share(self.rank, self.size, micro)
         job.writer.set_active(self.rank == 0)

@@ -191,16 +191,17 @@ def restore_iterator(iterator, state: bytes):
 
 
 class PerRankInput:
-    """Static runs' input: this rank's `make_dataset` pipeline; an update is its next `micro_batches`
-    batches. Its position is every rank's iterator state, gathered to the checkpoint writer."""
+    """Static runs' input: this rank's `make_dataset` pipeline; an update is its next
+    `rank_micro_batches` batches (--accumulation_steps). Its position is every rank's iterator state,
+    gathered to the checkpoint writer."""
 
-    def __init__(self, dataset, micro_batches, gather):
+    def __init__(self, dataset, rank_micro_batches, gather):
         """gather(bytes) -> [every rank's bytes] (a collective: distributed.gather_bytes)."""
-        self.dataset, self.micro_batches, self.gather = dataset, micro_batches, gather
+        self.dataset, self.rank_micro_batches, self.gather = dataset, rank_micro_batches, gather
         self.iterator = iter(dataset)
 
     def next_update(self):
-        return [next(self.iterator) for _ in range(self.micro_batches)]
+        return [next(self.iterator) for _ in range(self.rank_micro_batches)]
 
     def capture(self, position, samples_seen):
         """A collective: every rank calls it before a save."""

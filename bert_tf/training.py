@@ -118,7 +118,7 @@ class Trainer:
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         self.skipped_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="skipped_steps")
         self.accumulators = []
-        self.micro_batches = 0          # this rank's micro-batches per update: set_share
+        self.rank_micro_batches = 0          # this rank's micro-batches per update: set_share
         self.apply = tf.function(self._apply, jit_compile=bool(config.xla))
         self.set_share(range(config.accumulation_steps), config.accumulation_steps, allreduce, seed_offset)
         self.timing = {}
@@ -136,9 +136,9 @@ class Trainer:
         if not indices:
             raise ValueError("a rank's share of an update needs at least one micro-batch")
         jit = bool(self.config.xla)
-        if len(indices) != self.micro_batches:
-            self.micro_batches = len(indices)
-            if self.micro_batches > 1 and not self.accumulators:
+        if len(indices) != self.rank_micro_batches:
+            self.rank_micro_batches = len(indices)
+            if self.rank_micro_batches > 1 and not self.accumulators:
                 self.accumulators = [tf.Variable(tf.zeros_like(v), trainable=False) for v in self.variables]
             self._accumulate = tf.function(self._accumulate_impl, jit_compile=jit)
             self._finish = tf.function(self._finish_impl, jit_compile=jit)
@@ -187,7 +187,7 @@ class Trainer:
 
     def _finish_impl(self, features, seed):
         grads, out = self._gradients(features, seed)
-        n = self.micro_batches
+        n = self.rank_micro_batches
         if n > 1:
             grads = [(acc + g) / n for acc, g in zip(self.accumulators, grads)]
             for acc in self.accumulators:
@@ -199,7 +199,7 @@ class Trainer:
             acc.assign_add(g)
 
     def _mean_impl(self):
-        grads = [acc / self.micro_batches for acc in self.accumulators]
+        grads = [acc / self.rank_micro_batches for acc in self.accumulators]
         for acc in self.accumulators:
             acc.assign(tf.zeros_like(acc))
         return grads
@@ -236,9 +236,9 @@ class Trainer:
         return tf.stack([base, tf.cast(stream, tf.int32)])
 
     def gradients(self, micro_batches):
-        """This rank's mean gradient over its micro-batches (`self.micro_batches` feature dicts), before
+        """This rank's mean gradient over its micro-batches (`rank_micro_batches` feature dicts), before
         any allreduce, and each micro-batch's outputs."""
-        n = self.micro_batches
+        n = self.rank_micro_batches
         if len(micro_batches) != n:
             raise ValueError(f"expected {n} micro-batches, got {len(micro_batches)}")
         seeds = [self.micro_batch_seed(i) for i in self._index_tensors]
@@ -247,7 +247,7 @@ class Trainer:
         return grads, outs + [last]
 
     def train_step(self, micro_batches, timed=False):
-        """One update: gradients, the allreduce, apply. micro_batches: `self.micro_batches` feature
+        """One update: gradients, the allreduce, apply. micro_batches: `self.rank_micro_batches` feature
         dicts. Returns per-update metrics (tensors, not fetched). timed: measure the compute /
         allreduce / update split into `self.timing` (waits for the device three times; otherwise
         `self.timing` is {})."""
@@ -275,7 +275,7 @@ class Trainer:
 
     def _allreduce_each(self, micro_batches, clock):
         """The baseline: allreduce every micro-batch's gradients, then average them."""
-        n = self.micro_batches
+        n = self.rank_micro_batches
         if len(micro_batches) != n:
             raise ValueError(f"expected {n} micro-batches, got {len(micro_batches)}")
         outs, comm = [], 0.0

@@ -64,9 +64,9 @@ def test_an_updates_dropout_masks_do_not_depend_on_the_rank_count():
         seeds = {}
         for rank in range(size):
             trainer = trainers[rank]
-            trainer.set_share(elastic.rank_micro_batches(micro, rank, size), micro, training.identity_allreduce)
-            assert trainer.micro_batches == elastic.rank_share(micro, rank, size)[0]
-            assert trainer.indices == list(elastic.rank_micro_batches(micro, rank, size))
+            trainer.set_share(elastic.rank_indices(micro, rank, size), micro, training.identity_allreduce)
+            assert trainer.rank_micro_batches == elastic.rank_share(micro, rank, size)[0]
+            assert trainer.indices == list(elastic.rank_indices(micro, rank, size))
             trainer.step.assign(7)
             for index in trainer.indices:                 # the seeds train_step draws its masks from
                 seeds[index] = tuple(trainer.micro_batch_seed(index).numpy())
@@ -128,7 +128,7 @@ def test_shared_stream_after_a_resize_replays_what_was_not_committed_and_skips_n
 
     def stream():
         return elastic.SharedStream(elastic.make_shared_stream(files, batch, seed=7, shuffle_buffer=50), 16, 3,
-                                    micro_batches=micro)
+                                    per_update=micro)
 
     def ids(features):
         return [int(i) for i in features["input_ids"][:, 0].numpy()]
@@ -518,7 +518,7 @@ def test_one_process_drives_the_elastic_loop_through_a_lost_rank_and_an_added_ho
     trained = [(r["step"], r["sequences"]) for r in records if r["kind"] == "train"]
     assert trained == [(s, 8) for s in range(1, 7)] + [(s, 16) for s in range(6, 16)] + \
         [(s, 8) for s in range(16, 21)], trained
-    assert job.trainer.indices == [0, 2] and job.trainer.micro_batches == 2
+    assert job.trainer.indices == [0, 2] and job.trainer.rank_micro_batches == 2
     # replayed, never skipped: the stream's next micro-batch is number 80 of its own order
     from bert_tf import input_pipeline
     reference = elastic.make_shared_stream(input_pipeline.list_files(tiny_data["train"]), 4, seed=cfg.seed)
