@@ -25,12 +25,11 @@ import shutil
 
 import numpy as np
 
-from bert_tf import ConfigError, modeling
+from bert_tf import ConfigError, checkpointing, modeling
 
 OURS, GOOGLE, HUGGINGFACE = "bert_tf", "google", "huggingface"
 HF_CONFIG, HF_WEIGHTS = "config.json", "model.safetensors"
 GOOGLE_CONFIG, GOOGLE_CKPT = "bert_config.json", "bert_model.ckpt"
-_OUR_KEY = "model/{}/.ATTRIBUTES/VARIABLE_VALUE"
 
 # hidden_act: ours -> Hugging Face, and Hugging Face -> ours.
 _ACT_TO_HF = {"gelu": "gelu_new", "gelu_exact": "gelu", "relu": "relu", "tanh": "tanh"}
@@ -91,6 +90,19 @@ def _count_layers(names, pattern):
     while pattern.format(n) in names:
         n += 1
     return n
+
+
+def _layers(weights):
+    """Encoder layers in a dict keyed by our names (a Checkpoint's weights)."""
+    return _count_layers(weights, "encoder/layers/{}/attention/query/kernel")
+
+
+def _first_mismatch(expected: dict, weights: dict):
+    """(name, shape in `weights`, expected shape) of the first of `expected`'s {name: shape} that
+    `weights` (our name -> array) holds with another shape, or None (checkpointing.shape_differences)."""
+    mismatches, _, _ = checkpointing.shape_differences(
+        expected, {name: value.shape for name, value in weights.items()})
+    return mismatches[0] if mismatches else None
 
 
 # ------------------------------------------------------------------------------------------ configs
@@ -157,7 +169,7 @@ def locate(path: str) -> tuple[str, str]:
     elif not tf.io.gfile.exists(path + ".index"):
         raise ConfigError(f"no such checkpoint: {path} ({path}.index not found, and not a directory)")
     names = dict(tf.train.list_variables(path))
-    if _OUR_KEY.format("encoder/embeddings/word_embeddings") in names:
+    if checkpointing.variable_key("model", "encoder/embeddings/word_embeddings") in names:
         return OURS, path
     if "bert/embeddings/word_embeddings" in names:
         return GOOGLE, path
@@ -183,11 +195,10 @@ def _read_tf(fmt, prefix):
     names = reader.get_variable_to_shape_map()
     weights = {}
     if fmt == OURS:
-        for name in names:
-            # Optimizer slots live under the variable's path too (.OPTIMIZER_SLOT): not model weights.
-            if name.startswith("model/") and name.endswith("/.ATTRIBUTES/VARIABLE_VALUE") \
-                    and ".OPTIMIZER_SLOT" not in name:
-                weights[name[len("model/"):-len("/.ATTRIBUTES/VARIABLE_VALUE")]] = reader.get_tensor(name)
+        for key in names:
+            name = checkpointing.variable_path(key, "model")   # None for optimizer slots and other items
+            if name is not None:
+                weights[name] = reader.get_tensor(key)
     else:
         layers = _count_layers(names, "bert/encoder/layer_{}/attention/self/query/kernel")
         for ours, google, _, kind in _table(layers):
@@ -288,19 +299,20 @@ def _check_consistent(ckpt: Checkpoint):
     if ckpt.config is None:
         return
     where = f"{ckpt.config_file} disagrees with the tensors in {ckpt.weights_file}"
-    layers = _count_layers(ckpt.weights, "encoder/layers/{}/attention/query/kernel")
+    layers = _layers(ckpt.weights)
     if layers != ckpt.config.num_hidden_layers:
         raise ConfigError(f"{where}: num_hidden_layers is {ckpt.config.num_hidden_layers} but the checkpoint "
                          f"holds {layers} layers")
-    for name, shape in expected_shapes(ckpt.config).items():
-        if name in ckpt.weights and list(ckpt.weights[name].shape) != shape:
-            raise ConfigError(f"{where}: {name} should be {shape} by the config but is "
-                             f"{list(ckpt.weights[name].shape)}")
+    mismatch = _first_mismatch(expected_shapes(ckpt.config), ckpt.weights)
+    if mismatch:
+        name, got, want = mismatch
+        raise ConfigError(f"{where}: {name} should be {want} by the config but is {got}")
 
 
 def check_fits(ckpt: Checkpoint, config: modeling.BertConfig, vocab_size: int | None = None,
                vocab_file: str = "", max_seq_length: int | None = None):
-    """Raises ValueError naming the checkpoint and the first mismatch with the model to be trained."""
+    """Raises ConfigError naming the checkpoint and the first mismatch with the model to be trained
+    (before it is built): vocabulary size, hidden size, layers, position rows, then every shape."""
     w = ckpt.weights
     src = ckpt.weights_file
     word = w.get("encoder/embeddings/word_embeddings")
@@ -312,43 +324,46 @@ def check_fits(ckpt: Checkpoint, config: modeling.BertConfig, vocab_size: int | 
                          f"with the checkpoint")
     if word.shape[1] != config.hidden_size:
         raise ConfigError(f"{src}: hidden size {word.shape[1]} but the model's hidden_size is {config.hidden_size}")
-    layers = _count_layers(w, "encoder/layers/{}/attention/query/kernel")
+    layers = _layers(w)
     if layers != config.num_hidden_layers:
         raise ConfigError(f"{src}: {layers} layers but the model has num_hidden_layers={config.num_hidden_layers}")
     positions = w.get("encoder/embeddings/position_embeddings")
     if positions is not None and max_seq_length is not None and positions.shape[0] < max_seq_length:
         raise ConfigError(f"{src}: the position table has {positions.shape[0]} rows, fewer than "
                          f"--max_seq_length={max_seq_length}")
-    for name, shape in expected_shapes(config).items():
-        if name in w and list(w[name].shape) != shape:
-            raise ConfigError(f"{src}: {name} is {list(w[name].shape)} but the model expects {shape}")
+    mismatch = _first_mismatch(expected_shapes(config), w)
+    if mismatch:
+        name, got, want = mismatch
+        raise ConfigError(f"{src}: {name} is {got} but the model expects {want}")
 
 
 # ------------------------------------------------------------------------------------------ models
 def model_variables(model) -> dict:
     """{our name: tf.Variable} of a BertPretrainer (or, under "encoder/", a BertEncoder)."""
-    import tensorflow as tf
-    prefix = [] if isinstance(model, modeling.BertPretrainer) else ["encoder"]
-    flat = model._flatten(predicate=lambda v: isinstance(v, tf.Variable), with_path=True)
-    return {"/".join(map(str, prefix + list(path))): var for path, var in flat}
+    variables = checkpointing.module_variables(model)
+    if isinstance(model, modeling.BertPretrainer):
+        return variables
+    return {f"encoder/{name}": var for name, var in variables.items()}
 
 
 def assign(model, ckpt: Checkpoint, log=print) -> list:
     """Copies the checkpoint's weights into `model`; returns the heads left at their initial values.
-    The encoder must be complete; a missing head is said in one log line."""
+    The encoder must be complete; a missing head is said in one log line. Every shape is checked
+    before the first weight is copied, so a failure leaves the model as it was."""
     variables = model_variables(model)
-    missing = [n for n in variables if n not in ckpt.weights]
+    mismatches, missing, _ = checkpointing.shape_differences(
+        {name: var.shape for name, var in variables.items()},
+        {name: value.shape for name, value in ckpt.weights.items()})
     encoder_missing = [n for n in missing if n.startswith("encoder/")]
     if encoder_missing:
         raise ConfigError(f"{ckpt.weights_file}: {len(encoder_missing)} encoder weights missing, "
                          f"e.g. {encoder_missing[0]}")
+    if mismatches:
+        name, got, want = mismatches[0]
+        raise ConfigError(f"{ckpt.weights_file}: {name} is {got} but the model expects {want}")
     for name, var in variables.items():
         if name in ckpt.weights:
-            value = ckpt.weights[name]
-            if list(value.shape) != var.shape.as_list():
-                raise ConfigError(f"{ckpt.weights_file}: {name} is {list(value.shape)} but the model "
-                                 f"expects {var.shape.as_list()}")
-            var.assign(value.astype(np.float32, copy=False))
+            var.assign(ckpt.weights[name].astype(np.float32, copy=False))
     fresh = [head for head, prefixes in HEADS.items() if any(n.startswith(prefixes) for n in missing)]
     if fresh:
         log(f"{' and '.join(fresh)} not in {ckpt.weights_file}: initialised at random")
@@ -361,7 +376,7 @@ def to_numpy(model) -> dict:
 
 # ------------------------------------------------------------------------------------------ writing
 def _tables(weights):
-    return _table(_count_layers(weights, "encoder/layers/{}/attention/query/kernel"))
+    return _table(_layers(weights))
 
 
 def write_google(weights: dict, config: modeling.BertConfig, vocab_file: str, out_dir: str) -> list:

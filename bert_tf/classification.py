@@ -7,9 +7,9 @@ Input files (one example per line):
 Empty or unlabelled lines are skipped and counted; a file with nothing left is an error.
 
 The classifier is `BertClassifier`: the encoder of `modeling.py` (loaded from a pre-training
-checkpoint, an export, google-research/bert or Hugging Face; heads dropped) + dropout + a dense layer. It returns the
-same kind of dict as the pre-training model, so `training.Trainer` (AdamW, warmup, precision,
-allreduce) trains it unchanged.
+checkpoint, an export, google-research/bert or Hugging Face; heads dropped) + dropout + a dense
+layer. Like the pre-training model it returns a dict of float32 scalars with a "loss" (and counts:
+correct, count), so `training.Trainer` (AdamW, warmup, precision, allreduce) trains it unchanged.
 """
 from __future__ import annotations
 

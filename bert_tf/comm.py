@@ -3,7 +3,8 @@
 communication study. Plain Python: the planner and the study's bookkeeping import it without
 TensorFlow or Horovod.
 
-Each field is also the name of its flag in every run/ script (bert_tf/cli.py defines them).
+Each field is also the name of its flag in every run/ script that takes them (bert_tf/cli.py
+defines them: `cli.define_comm`).
 """
 from __future__ import annotations
 

@@ -17,14 +17,16 @@ in its byte ranges (after a blank line for google format, at a line start for on
 per line, at `<page>` for MediaWiki XML), reading at most READ_BUFFER bytes beyond its last
 document; a compressed file is read whole by one rank, except a Wikipedia multistream dump
 with its index beside it (`multistream_index`), whose bz2 streams are shared out. A document is
-named by its file and byte offset (`read_share`), whatever the rank count.
+named by its file and byte offset (in a compressed file read whole, by its number in the file;
+`read_share`), whatever the rank count.
 
 Sentence splitting rules (`split_sentences`), for text that is not split already:
   a sentence ends at '.', '!' or '?' (plus closing quotes/brackets) followed by white space
-  and then an upper-case letter, a digit or an opening quote/bracket; except after
-  a known abbreviation (Mr., Dr., e.g., U.S., No., ...), a single capital initial ("J. Smith"),
-  or a number with a decimal point. Line breaks in the source are treated as spaces, and
-  blank lines always end a sentence (paragraphs).
+  and then an upper-case letter or a digit, optionally behind an opening quote/bracket; a single
+  '.' does not end one after a known abbreviation (Mr., Dr., e.g., U.S., No., ...), a single
+  capital initial ("J. Smith") or a dotted abbreviation ("i.e.", "U.S.A."). A decimal point is
+  never a boundary (no white space follows it). Line breaks in the source are treated as
+  spaces, and blank lines always end a sentence (paragraphs).
 """
 from __future__ import annotations
 

@@ -10,8 +10,8 @@ it; pretraining.train is the one loop, and `Elastic` is the mode object it calls
 It reaches Horovod only through distributed.ElasticWorld (a test passes a stand-in).
 
 - `TrainingState` is what survives a failure: every variable of `Trainer.checkpoint_items()` (weights,
-  optimizer slots, loss scale, step), the samples seen and the shared input stream's position, copied
-  to host memory by `commit()` every --elastic_commit_interval updates. When a collective fails (a peer
+  optimizer slots, loss scale, step, skipped steps), the samples seen and the shared input stream's
+  position, copied to host memory by `commit()` every --elastic_commit_interval updates and at the end. When a collective fails (a peer
   died or became unreachable), every survivor puts the committed copy back, Horovod re-forms the ring
   without the lost ranks, and rank 0 (the oldest survivor) broadcasts the state, so a newcomer
   receives it too; training continues at the committed update (`Elastic.run`).

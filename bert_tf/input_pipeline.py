@@ -13,7 +13,7 @@ step; ranks are disjoint in it and each record is read once per pass, but record
 ranks read in their unfinished pass can be read again (at most once more each).
 
 The loop reads an update at a time through one interface, `next_update()` (this rank's micro-batches
-of the next update), `capture(position, samples_seen)` and `resume(position)`: `PerRankInput` here
+of the next update), `capture(position, samples_seen)` and `resume(position, rank, size)`: `PerRankInput` here
 for static runs, `elastic.SharedStream` for --elastic (every rank reads one shared stream, so the
 rank count may change between updates; bert_tf/elastic.py says how).
 """

@@ -1,6 +1,8 @@
 """Run metrics: a JSON-lines file, TensorBoard summaries and progress lines (rank 0 only).
 
-Each record is one dict with a `kind` ("train", "eval", "probe", "run") and a `step`.
+Each record is one dict with a `kind` and a `step`: "run" (a run's settings, at every start),
+"train" (at log steps), "eval", "elastic" (elastic mode's weights digests) and, from
+run/finetune.py, "probe".
 Data-dependent values arrive already summed over ranks (see distributed.sum_across_ranks).
 """
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Written on plain `tf.Module`s and `tf.Variable`s (no Keras), so that Horovod 0.28.1's
 `horovod.tensorflow` collectives, `tf.train.Checkpoint` and SavedModel see ordinary
-variables (Keras 3 variables are not `tf.Variable`s; see the README's "No Keras" paragraph).
+variables (Keras 3 variables are not `tf.Variable`s; see docs/design.md, "No Keras").
 
 Shapes in docstrings: B batch, S sequence length, H hidden size, N attention heads,
 D = H / N head size, I intermediate size, P max predictions per sequence, V vocab size.
@@ -11,8 +11,10 @@ Precision: variables are float32 ("master weights") and are cast to the compute 
 (float32, bfloat16 or float16) where they are used. Softmax, LayerNorm and the losses
 run in float32 whatever the compute dtype.
 
-Dropout is stateless and seeded per call (`seed`, an int32 [2] tensor), so a step is
-reproducible from (run seed, step, rank, micro-batch) and compiles under XLA.
+Dropout is stateless and seeded per call (`seed`, an int32 [2] tensor), so it compiles under XLA
+and the masks follow from the seed alone: training.Trainer.micro_batch_seed derives it from the run
+seed, the step and the micro-batch's index in the update, plus the rank in static runs (elastic mode
+leaves the rank out, so an update draws the same masks at any rank count).
 """
 from __future__ import annotations
 
@@ -305,7 +307,7 @@ class BertPretrainer(tf.Module):
     def __call__(self, features, *, dtype=tf.float32, seed=None, training=False):
         """features: google's pre-training feature dict. Returns a dict of float32 scalars:
         loss, mlm_loss, nsp_loss, and sums for exact cross-batch accuracies
-        (mlm_correct, mlm_weight, nsp_correct, nsp_count)."""
+        (mlm_correct, mlm_weight, nsp_correct, nsp_count); the nsp_ ones only with the NSP head."""
         sequence_output, pooled = self.encoder(
             features["input_ids"], features["input_mask"], features["segment_ids"],
             dtype=dtype, seed=seed, training=training)

@@ -63,7 +63,10 @@ from bert_tf.modeling import BertConfig
 
 def gradient_tensor_sizes(config: BertConfig, nsp: bool = True) -> list:
     """Element count of every trainable variable of modeling.BertPretrainer (one gradient tensor
-    each, so one Horovod allreduce each), embeddings first."""
+    each, so one Horovod allreduce each), listed in google's layout order (embeddings, layers,
+    pooler, heads). The same sizes as the model's (tested), not in its order (tf.Module sorts
+    attributes by name); the order only moves where fusion_messages cuts the buffers, and Horovod
+    itself fuses the tensors in the order they are ready."""
     H, I, V = config.hidden_size, config.intermediate_size, config.vocab_size
     sizes = [V * H, config.max_position_embeddings * H, config.type_vocab_size * H, H, H]
     layer = [H * H, H] * 4 + [H, H] + [H * I, I, I * H, H] + [H, H]

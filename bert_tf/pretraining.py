@@ -1,7 +1,7 @@
 """Pre-training: `run(config)`, from flags' values to a trained checkpoint.
 
 Every rank runs the same code. Rank 0 alone writes checkpoints, metrics and progress;
-every rank reads checkpoints. Order of events:
+every rank reads checkpoints (elastic mode: rank 0 alone, the others take its state in the first sync). Order of events:
 
     PretrainConfig checks its values (before any work) -> resolved() applies --fit_micro_batch
     -> Horovod knobs -> hvd.init
@@ -497,7 +497,7 @@ def train(cfg: PretrainConfig, job: Job, mode) -> dict:
         say(f"held-out before training: MLM accuracy {first.get('eval_mlm_accuracy', float('nan')):.4f}, "
             f"MLM loss {first['eval_mlm_loss']:.4f}")
     while step < cfg.total_steps:
-        # Host synchronisation only at log, save and stop-check steps (GPU kernels run ahead).
+        # Host synchronisation only at log, save and stop-check steps and elastic commits (GPU kernels run ahead).
         logging = (step + 1) % cfg.log_interval == 0 or step + 1 == cfg.total_steps
         saving = (step + 1) % cfg.save_interval == 0
         out = trainer.train_step(job.input.next_update(), timed=logging)

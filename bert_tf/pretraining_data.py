@@ -11,11 +11,12 @@ sentence is used, or at the end of a document the sentence is cut into A and B. 
 [MASK], 10% a random token, 10% stay. `dupe_factor` repeats this with fresh randomness.
 
 Feature names, dtypes and shapes are exactly google's (`feature_spec`), so files made by
-either tool are interchangeable. Randomness is per document (seed, pass, document index),
+either tool are interchangeable. Randomness is per document (seed, pass, the document's name),
 with separate streams for segment structure, partner documents and masking, so the
 instances of a document do not depend on which process handles it (documents are named by
-file and byte offset): N ranks together write the same instances as one process, but for the
-B segment of random-next pairs (partners come from the rank's current window of documents).
+file and byte offset): N ranks together write the same instances as one process, except the
+random-next pairs, whose B segment comes from the rank's current window of documents (and with it
+their truncation and masks).
 """
 from __future__ import annotations
 

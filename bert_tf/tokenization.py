@@ -14,7 +14,8 @@ tokenizers give the same text.
 
 `fast=True` is tensorflow-text's FastBertTokenizer: faster, but it case-folds with NFKC (ligatures,
 ª/º and full-width letters become ASCII), folds Greek final sigma, and treats NUL and some
-characters differently, so it disagrees with google's on some text (see README).
+characters differently, so it disagrees with google's on some text (run/tokenizer_agreement.py
+measures both; figures in docs/results.md, "Tokenizer agreement").
 """
 from __future__ import annotations
 

@@ -1,9 +1,11 @@
 """One optimizer update: precision policy, loss scaling, gradient accumulation, the allreduce hook.
 
-An update over `accumulation_steps` micro-batches runs three kinds of function:
+`train_step` is one update over this rank's `rank_micro_batches` micro-batches (--accumulation_steps;
+elastic mode sets its share with `set_share`); its public pieces are `gradients` and `apply`:
 
-    for each micro-batch but the last:  accumulate   (XLA when --xla) grads summed into variables
-    on the last micro-batch:            finish       (XLA when --xla) returns (sum + grads) / N
+    gradients(micro_batches):
+      for each micro-batch but the last:  accumulate   (XLA when --xla) grads summed into variables
+      on the last micro-batch:            finish       (XLA when --xla) returns (sum + grads) / N
     allreduce(grads)                    plain tf.function: Horovod's collectives cannot be
                                         compiled by XLA, so the gradients leave the compiled
                                         code here, ONCE per update, after accumulation
@@ -11,7 +13,8 @@ An update over `accumulation_steps` micro-batches runs three kinds of function:
 
 `comm.allreduce_every_micro_batch=True` is the naive baseline the communication study starts from:
 each micro-batch's gradients are allreduced before being summed (accumulation_steps allreduces
-per update instead of one). Same result up to rounding, N times the traffic.
+per update instead of one). The same mean up to rounding (with --fp16_allreduce, N float16
+roundings per update instead of one), N times the traffic.
 
 The hot loop never waits for the device: the dropout seed of each micro-batch is derived on the
 device from the step variable, and the outputs are tensors the caller sums on the device and
@@ -20,7 +23,9 @@ fills `Trainer.timing` with the wall-clock split of that update: compute (forwar
 allreduce (including waiting for the slowest rank) and update seconds; it waits for the device
 before each clock read, so the split stays honest where kernels run asynchronously (GPUs).
 
-Everything the model computes is float32 at the edges: variables, gradients, losses.
+Variables, losses and the update are float32; gradients are float32 out of the compiled code (with
+--fp16_allreduce the allreduce sends, sums and divides them in float16; under mixed_float16 they
+still carry the loss scale until `apply` unscales them).
 """
 from __future__ import annotations
 
