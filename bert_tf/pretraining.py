@@ -165,7 +165,7 @@ class StopSignal:
 
     def __enter__(self):
         for sig in self.SIGNALS:
-            self._previous[sig] = signal.signal(sig, self._handle)
+            self._previous[sig] = signal.signal(sig, self.handle)
         return self
 
     def __exit__(self, *exc):
@@ -173,7 +173,7 @@ class StopSignal:
             signal.signal(sig, handler)
         return False
 
-    def _handle(self, signum, frame):
+    def handle(self, signum, frame):
         self.received = signal.Signals(signum).name
 
 

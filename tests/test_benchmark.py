@@ -1,9 +1,11 @@
 """run/benchmark.py's checks and its self-tuned flagfile (no timing is asserted: figures are the
 benchmark's output, not a test's), the honest-peak helpers, and pretrain's precision warning."""
 import json
+import os
 import re
 import subprocess
 import sys
+import types
 
 import pytest
 
@@ -26,12 +28,23 @@ def test_hardware_peak_is_the_best_of_every_dtype_and_way():
     assert flops.hardware_peak(peaks) == (9.0, "bfloat16", "tensorflow")
 
 
-def test_device_description_reads_the_cpu_flags(tmp_path):
+def test_device_description_reads_the_cpu_flags_or_names_the_gpus(tmp_path, monkeypatch):
+    """Both branches on any host: TensorFlow's device list is replaced, not read."""
     cpuinfo = tmp_path / "cpuinfo"
-    cpuinfo.write_text("processor\t: 0\nmodel name\t: Some Xeon\nflags\t\t: fpu avx2 avx512f amx_bf16 amx_tile\n")
-    device = flops.device_description(str(cpuinfo))
-    if "gpus" not in device:
-        assert device["cpu"] == "Some Xeon" and device["cpu_features"] == ["avx2", "avx512f", "amx_bf16", "amx_tile"]
+    cpuinfo.write_text("processor\t: 0\nmodel name\t: Some Xeon\nflags\t\t: fpu avx2 avx512f amx_bf16 amx_tile\n"
+                       "processor\t: 1\nmodel name\t: Other CPU\nflags\t\t: fpu\n")
+    listed = []
+    monkeypatch.setattr(flops.tf.config, "list_physical_devices", lambda kind=None: listed.append(kind) or [])
+    assert flops.device_description(str(cpuinfo)) == {
+        "cpu": "Some Xeon", "cpu_features": ["avx2", "avx512f", "amx_bf16", "amx_tile"], "cpu_count": os.cpu_count()}
+    assert listed == ["GPU"]
+    assert flops.device_description(str(tmp_path / "none")) == {"cpu": "unknown CPU", "cpu_features": [],
+                                                                 "cpu_count": os.cpu_count()}
+    gpus = [flops.tf.config.PhysicalDevice(f"/physical_device:GPU:{i}", "GPU") for i in range(2)]
+    monkeypatch.setattr(flops.tf.config, "list_physical_devices", lambda kind=None: gpus if kind == "GPU" else [])
+    monkeypatch.setattr(flops.tf.config.experimental, "get_device_details",
+                        lambda g: {"device_name": "Tesla V100-SXM2-16GB"} if g is gpus[0] else {})
+    assert flops.device_description(str(cpuinfo)) == {"gpus": ["Tesla V100-SXM2-16GB", "/physical_device:GPU:1"]}
 
 
 def test_precision_warning_names_the_missing_arithmetic_and_the_measured_figure():
@@ -88,11 +101,16 @@ def test_the_self_tuned_flagfile_is_taken_by_pretrain_after_the_recipe(tiny_data
                                                 for v in ways.values())
     assert all(r["mfu"] <= r["mfu_same_dtype"] for r in rows.values())
     lines = [line for line in node.read_text().splitlines() if not line.startswith("#")]
-    assert lines[0] in ("--precision=float32", "--precision=mixed_bfloat16") and lines[1] in ("--xla", "--noxla")
+    # the flags are the fastest row's, each of them
+    best = rows[fastest]
+    assert [rows[n]["batch_size"] for n in names] == [2, 2, 2, 1, 4]
+    assert lines[:3] == [f"--precision={best['precision']}", "--xla" if best["xla"] else "--noxla",
+                         f"--ladder_sequences_per_second={best['sequences_per_second']:.3f}"]
+    assert best["precision"] == {"fp32": "float32", "bf16": "mixed_bfloat16"}[base] and not best["xla"]
     ladder = float(lines[2].split("=")[1])
-    assert lines[2].startswith("--ladder_sequences_per_second=") and ladder > 0
+    assert ladder > 0
     micro = int(lines[3].removeprefix("--fit_micro_batch="))                # the fastest of 2 (--batch_size), 1, 4
-    assert micro in (1, 2, 4) and len(lines) == 4
+    assert micro == best["batch_size"] and len(lines) == 4
     recipe = tmp_path / "recipe.flags"
     recipe.write_text("\n".join(tiny_data["flags"] + ["--precision=mixed_float16", "--xla", "--total_steps=2"]))
     run = subprocess.run([sys.executable, str(PRETRAIN), f"--flagfile={recipe}", f"--flagfile={node}",
@@ -106,8 +124,23 @@ def test_the_self_tuned_flagfile_is_taken_by_pretrain_after_the_recipe(tiny_data
     assert re.search(rf"measured [\d.]+ seq/s per rank \(last interval\) vs the ladder's {ladder:.2f}", run.stdout)
 
 
-def test_input_headroom_measures_static_and_dynamic_masking(tiny_data):
-    from bert_tf import input_headroom
+def test_input_headroom_measures_static_and_dynamic_masking(tiny_data, monkeypatch):
+    """Each rate is sequences over the seconds they took, of the real pipelines, the dynamic one re-masking:
+    on a clock that advances 1 s per reading, with seconds=2.5, three batches of 4 are timed over 4 s."""
+    from bert_tf import input_headroom, input_pipeline
+    clock, pipelines = iter(range(1, 1000)), []
+    monkeypatch.setattr(input_headroom, "time", types.SimpleNamespace(perf_counter=lambda: float(next(clock))))
+    real = input_pipeline.make_dataset
+
+    def recording(*args, masker=None, **kwargs):
+        dataset = real(*args, masker=masker, **kwargs)
+        pipelines.append((masker, next(iter(dataset))))
+        return dataset
+    monkeypatch.setattr(input_pipeline, "make_dataset", recording)
     rates = input_headroom.measure(tiny_data["train"], tiny_data["vocab_file"], batch_size=4, max_seq_length=64,
-                                   max_predictions_per_seq=10, seconds=0.2)
-    assert set(rates) == {"static", "dynamic"} and all(rate > 0 for rate in rates.values())
+                                   max_predictions_per_seq=10, seconds=2.5)
+    assert rates == {"static": 3.0, "dynamic": 3.0}
+    (static, static_batch), (masker, dynamic_batch) = pipelines
+    assert static is None and masker is not None
+    for batch in (static_batch, dynamic_batch):
+        assert batch["input_ids"].shape == (4, 64) and batch["masked_lm_weights"].numpy().sum(1).min() >= 1

@@ -80,9 +80,9 @@ def test_huggingface_dir_matches_the_numpy_bert(tmp_path, weights, hidden_act, o
     diffs = max_diffs(our_outputs(model, *x), ref.forward(weights, ref.CONFIG, reference_act, *x))
     print(f"Hugging Face import ({hidden_act}) vs numpy BERT, max abs diff:", diffs)
     assert max(diffs) < 5e-5, diffs
-    # the other gelu would be visible
+    # the other gelu would be visible (measured 4.9e-3, 100 times the tolerance above)
     other = "erf_gelu" if reference_act == "tanh_gelu" else "tanh_gelu"
-    assert max(max_diffs(our_outputs(model, *x), ref.forward(weights, ref.CONFIG, other, *x))) > 1e-4
+    assert max(max_diffs(our_outputs(model, *x), ref.forward(weights, ref.CONFIG, other, *x))) > 1e-3
 
 
 @pytest.fixture(scope="module")
@@ -102,6 +102,9 @@ def test_export_writes_google_names_exactly(exported, weights):
         "model.safetensors", "saved_model", "tokenizer_config.json", "vocab.txt"]
     names = dict(tf.train.list_variables(str(exported / "bert_model.ckpt")))
     assert names == {k: list(v.shape) for k, v in weights.items()}        # encoder and heads, nothing else
+    for name, value in weights.items():                                    # and the values, bit for bit
+        np.testing.assert_array_equal(tf.train.load_variable(str(exported / "bert_model.ckpt"), name), value,
+                                      err_msg=name)
     assert json.load(open(exported / "bert_config.json")) == ref.CONFIG
 
 
@@ -116,16 +119,21 @@ def test_round_trip_export_then_read_gives_identical_outputs(google_dir, exporte
                 os.symlink(exported / f, tmp / f)
     ckpt, model = load(tmp if fmt == "huggingface" else exported / "bert_model.ckpt")
     assert ckpt.format == fmt
+    # float32 written and read back (HF kernels transposed twice): every weight bit for bit, so the outputs too
+    pairs = list(zip(original.trainable_variables, model.trainable_variables, strict=True))  # same class: same order
+    assert len(pairs) > 50
+    for theirs, ours in pairs:
+        np.testing.assert_array_equal(ours.numpy(), theirs.numpy(), err_msg=theirs.name)
     x = ref.inputs()
     diffs = max_diffs(our_outputs(model, *x), our_outputs(original, *x))
     print(f"round trip via {fmt}: max abs diff (sequence, pooled, MLM, NSP) = {diffs}")
-    assert max(diffs) <= 1e-5, diffs
+    assert max(diffs) == 0, diffs
 
 
 def test_export_is_what_transformers_reads(exported, google_dir):
     """transformers' own BERT (its TF port: PyTorch is not installable here) loads model.safetensors by its
     PyTorch names with no missing or unexpected key, and computes our outputs; its config and tokenizer load."""
-    transformers = pytest.importorskip("transformers")
+    import transformers  # the oracle (requirements-dev.txt): missing, the test fails, not skips
     from safetensors.numpy import load_file
     from transformers.modeling_tf_pytorch_utils import load_pytorch_state_dict_in_tf2_model
     config = transformers.BertConfig.from_pretrained(str(exported))

@@ -252,7 +252,9 @@ def test_unk_rate_on_heldout_text(vocab_file, corpus_dir):
     tok = tokenization.Tokenizer.from_file(vocab_file)
     docs = list(corpus.read_documents([str(corpus_dir / WIKI)]))[:5]
     rate = tokenization.unk_rate(tok, [s for d in docs for s in d])
-    assert 0.0 <= rate < 0.02
+    assert 0.0 < rate < 0.02                                          # measured 0.0026
+    # the rate is [UNK] pieces over all pieces: a snowman is not in the vocabulary, "the" is
+    assert tokenization.unk_rate(tok, ["\u2603 the", "the"]) == 1 / 3
 
 
 # ----------------------------------------------------------------------------- instances
@@ -270,6 +272,35 @@ def created(tmp_path_factory, vocab_file, corpus_dir):
     return tok, config, outs
 
 
+FEATURES = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids", "masked_lm_weights",
+            "next_sentence_labels")
+
+
+def record_keys(features):
+    """One hashable key per record of a batch (or of one record) of features, int32 or int64, for multisets:
+    every feature's values (the 0/1 weights too) as int64 bytes."""
+    rows = np.concatenate([np.asarray(features[k]).reshape(-1, np.asarray(features[k]).shape[-1]).astype(np.int64)
+                           for k in FEATURES], axis=1)
+    return [row.tobytes() for row in rows]
+
+
+def record_key(record):
+    return record_keys(record)[0]
+
+
+def batch_records(batches, limit=None):
+    """The record keys of a dataset's batches (of its first `limit` batches)."""
+    for batch, _ in zip(batches, range(limit) if limit else iter(int, 1)):
+        yield from record_keys({k: v.numpy() for k, v in batch.items()})
+
+
+def file_records(files, config):
+    """The record keys of `files`, in order (batched parsing: fast)."""
+    spec = pd.feature_spec(config.max_seq_length, config.max_predictions_per_seq)
+    return list(batch_records(tf.data.TFRecordDataset(sorted(files)).batch(512).map(
+        lambda r: tf.io.parse_example(r, spec))))
+
+
 def read_records(files, config):
     spec = pd.feature_spec(config.max_seq_length, config.max_predictions_per_seq)
     return [{k: v.numpy() for k, v in tf.io.parse_single_example(r, spec).items()}
@@ -284,9 +315,14 @@ def test_masking_statistics(created):
     for r in records:
         n = int(r["input_mask"].sum())
         k = int(r["masked_lm_weights"].sum())
+        # google's count: 15% of the non-special tokens, rounded, at least 1, at most max_predictions_per_seq
+        assert k == min(config.max_predictions_per_seq, max(1, int(round((n - 3) * 0.15)))), (n, k)
+        assert not r["masked_lm_weights"][k:].any() and (r["masked_lm_weights"][:k] == 1).all()
         positions = r["masked_lm_positions"][:k]
         assert len(set(positions)) == k                              # never twice
         ids = r["input_ids"]
+        assert not (ids[:n] == 0).any() and not ids[n:].any()         # random ids are never [PAD]
+        assert set(np.flatnonzero(ids == tok.mask_id)) <= set(positions.tolist())   # [MASK] only where masked
         special = {i for i in range(n) if ids[i] in (tok.cls_id, tok.sep_id)}
         assert ids[0] == tok.cls_id and len(special) == 3            # [CLS] and two [SEP] survive
         assert not special & set(positions.tolist())                 # and are never masked
@@ -295,12 +331,20 @@ def test_masking_statistics(created):
         same += int((ids[positions] == labels).sum())
         masked += k
         maskable += n - 3
-    assert abs(masked / maskable - 0.15) < 0.01
-    assert abs(mask / masked - 0.8) < 0.03
-    assert abs(same / masked - 0.1) < 0.03                           # random ids rarely hit the label
-    assert abs((masked - mask - same) / masked - 0.1) < 0.03
+    # the counts the summary reports are the records' own
+    train = summary["train"]
+    assert (masked, maskable, mask) == (train["masked"], train["maskable"], train["replaced_mask"])
+    # Each masked position is independently [MASK] (p = 0.8), kept (0.1) or a random id (0.1): binomial over
+    # `masked` trials (41,444 here), sigma = sqrt(p (1 - p) / masked) = 0.0020 for 0.8, 0.0015 for 0.1; the
+    # tolerance is 5 sigma (0.0098, 0.0074). A random id equal to the label (p = 0.1 / vocab, 6e-5) counts as
+    # kept: a bias of 0.04 sigma.
+    for observed, p in ((mask, 0.8), (same, 0.1), (masked - mask - same, 0.1)):
+        assert abs(observed / masked - p) < 5 * (p * (1 - p) / masked) ** 0.5, (observed, masked, p)
+    # NSP: a random next segment with p = 0.5 per instance, sigma = sqrt(0.25 / 4708) = 0.0073; tolerance 4 sigma
+    # (0.029; measured 0.504). Close to, not exactly, binomial: a random next puts its unused sentences back, so
+    # how many instances a document gives depends on the labels it drew.
     nsp = np.mean([r["next_sentence_labels"][0] for r in records])
-    assert abs(nsp - 0.5) < 0.03
+    assert abs(nsp - 0.5) < 4 * (0.25 / len(records)) ** 0.5
 
 
 def test_same_seed_gives_byte_identical_shards(created):
@@ -338,7 +382,7 @@ def test_heldout_split_is_by_document(tmp_path, vocab_file, corpus_dir, monkeypa
     real = pd.create_instances
 
     def recording(doc_index, documents, *args, doc_id=None, **kwargs):
-        docs_of_pool.setdefault(id(documents), set()).add(doc_id)
+        docs_of_pool.setdefault(id(documents), collections.Counter())[doc_id] += 1
         pools[id(documents)] = len(documents)
         return real(doc_index, documents, *args, doc_id=doc_id, **kwargs)
 
@@ -347,6 +391,8 @@ def test_heldout_split_is_by_document(tmp_path, vocab_file, corpus_dir, monkeypa
     summary = pd.create_pretraining_data([str(corpus_dir / "lee_background.cor") + "@documents"], "auto", tok,
                                          str(tmp_path), config, heldout_fraction=0.1)
     train, heldout = docs_of_pool.values()                 # the train pool is written first
+    assert set(train.values()) == set(heldout.values()) == {2}           # every document once per dupe_factor pass
+    train, heldout = set(train), set(heldout)
     keys = [k for k, _ in corpus.read_share(corpus.plan_shares([str(corpus_dir / "lee_background.cor")],
                                                                1, "documents")[0])]
     expected = {pd.document_seed(k) for k in keys if pd.is_heldout(pd.document_seed(k), 0.1, 7)}
@@ -375,12 +421,16 @@ def test_whole_word_masking_masks_all_pieces():
     vocab = ["a", "##b", "##c", "d", "[CLS]", "[SEP]", "[MASK]"]
     starts = [not t.startswith("##") for t in vocab]
     rng = __import__("random").Random(3)
+    words = [[1 + 4 * w, 2 + 4 * w, 3 + 4 * w] for w in range(5)] + [[4 + 4 * w] for w in range(5)]
+    whole_words_masked = 0
     for _ in range(50):
         tokens = [4] + [0, 1, 2, 3] * 5 + [5]
         positions, _ = pd.mask_tokens(tokens, config, {"CLS": 4, "SEP": 5, "MASK": 6}, 4, rng, starts)
-        for p in positions:                 # a masked word start implies its pieces are masked too
-            if (p - 1) % 4 == 0:
-                assert p + 1 in positions and p + 2 in positions
+        assert len(positions) == 3          # round(20 * 0.15); 5 one-piece words always fill what is left
+        for word in words:                  # a word is masked with all its pieces or not at all
+            assert sum(p in positions for p in word) in (0, len(word)), (word, positions)
+        whole_words_masked += any(set(w) <= set(positions) for w in words if len(w) == 3)
+    assert whole_words_masked > 10          # three-piece words are masked too, not only the short ones
 
 
 def test_failed_creation_leaves_no_half_written_shard(tmp_path, vocab_file, corpus_dir, monkeypatch):
@@ -469,16 +519,31 @@ def test_pipeline_gives_ranks_disjoint_records(created, level):
     _, config, ((out, _), _) = created
     files = sorted(glob.glob(os.path.join(out, "train-*")))      # 2 shards
     size = 2 if level == "file" else 3                           # 3 ranks > 2 files: record-level
-    seen = []
-    for rank in range(size):
-        ds = input_pipeline.make_dataset(files, 8, 64, 10, rank, size, seed=5, training=False)
-        seen.append({tuple(ids) for b in ds for ids in b["input_ids"].numpy().tolist()})
-    total = len(read_records(files, config))
-    assert sum(len(s) for s in seen) == len(set().union(*seen)) and len(set().union(*seen)) > 0.99 * total
+    # Whole records as multisets: a record read twice, by one rank or by two, or never read, shows.
+    written = collections.Counter(file_records(files, config))
+    assert written.total() > 4000
+    seen = [collections.Counter(batch_records(input_pipeline.make_dataset(files, 8, 64, 10, rank, size, seed=5,
+                                                                          training=False)))
+            for rank in range(size)]
+    assert all(not (a & b) for i, a in enumerate(seen) for b in seen[i + 1:])          # disjoint
+    assert sum(seen, collections.Counter()) == written           # one pass: every record exactly once
+    if level == "record":                                        # records r, r + 3, ... of one stream: even shares
+        shares = [s.total() for s in seen]
+        assert max(shares) - min(shares) <= 1, shares
+    else:                                                        # file r is rank r's, all of it
+        own = [collections.Counter(file_records(files[rank::size], config)) for rank in range(size)]
+        assert seen == own
+        for rank in range(size):                                 # training, repeated: still its own files only
+            ds = input_pipeline.make_dataset(files, 8, 64, 10, rank, size, seed=5, training=True, shuffle_buffer=100)
+            got = list(batch_records(ds, own[rank].total() // 8 + 50))
+            assert set(got) <= set(own[rank]) and len(got) > own[rank].total()   # more than a pass, all its own
     ds = input_pipeline.make_dataset(files, 8, 64, 10, 0, size, seed=5, training=True)
     first = [b["input_ids"].numpy() for b, _ in zip(ds, range(3))]
     again = [b["input_ids"].numpy() for b, _ in zip(input_pipeline.make_dataset(
         files, 8, 64, 10, 0, size, seed=5, training=True), range(3))]
+    other = [b["input_ids"].numpy() for b, _ in zip(input_pipeline.make_dataset(
+        files, 8, 64, 10, 0, size, seed=6, training=True), range(3))]
+    assert not np.array_equal(first, other)                # the seed is used
     np.testing.assert_array_equal(first, again)            # seeded: the same order every run
 
 
@@ -496,27 +561,27 @@ def test_resume_decodes_as_few_records_after_many_updates_as_after_few(created):
         return tf.data.TFRecordDataset(path).map(count)
 
     def pipeline(rank=0, size=1):
-        return iter(input_pipeline.make_dataset(files, 8, 64, 10, rank, size, seed=5, shuffle_buffer=64,
-                                                read=counting_read))
+        return input_pipeline.PerRankInput(input_pipeline.make_dataset(
+            files, 8, 64, 10, rank, size, seed=5, shuffle_buffer=64, read=counting_read), 1, gather=lambda b: [b])
     # positions 10 and 1,500 batches (12,000 records: several passes over these files)
     near, far = 10, 1500
     original = pipeline()
     positions, expected = {}, {}
     for consumed in range(1, far + 1):
-        next(original)
+        original.next_update()
         if consumed in (near, far):
             positions[consumed] = input_pipeline.InputPosition()
-            positions[consumed].capture(original, consumed * 8, lambda b: [b])
-            expected[consumed] = [next(original)["input_ids"].numpy() for _ in range(3)]
+            original.capture(positions[consumed], consumed * 8)
+            expected[consumed] = [original.next_update()[0]["input_ids"].numpy() for _ in range(3)]
             original = pipeline()                                # back to `consumed`, through a restore too
-            positions[consumed].resume(original, 0, 1)
+            assert original.resume(positions[consumed], 0, 1)
     assert int(decoded.numpy()) > far * 8                        # what skipping to `far` would decode
     cost = {}
     for consumed, position in positions.items():
         resumed = pipeline()
         decoded.assign(0)
-        assert position.resume(resumed, 0, 1)
-        got = [next(resumed)["input_ids"].numpy() for _ in range(3)]
+        assert resumed.resume(position, 0, 1)
+        got = [resumed.next_update()[0]["input_ids"].numpy() for _ in range(3)]
         cost[consumed] = int(decoded.numpy())
         for a, b in zip(got, expected[consumed]):
             np.testing.assert_array_equal(a, b)                  # exact: the very next batches
@@ -524,7 +589,7 @@ def test_resume_decodes_as_few_records_after_many_updates_as_after_few(created):
     print("records decoded to resume:", cost)
     assert cost[far] <= 40 * 8 and cost[near] <= 40 * 8, cost
     # saved by 1 rank, resumed by 2: the states do not apply and the caller is told so
-    assert not positions[near].resume(pipeline(0, 2), 0, 2)
+    assert not pipeline(0, 2).resume(positions[near], 0, 2)
 
 
 # ----------------------------------------------------------------------------- dynamic masking
@@ -541,9 +606,30 @@ def test_dynamic_masking_gives_static_features_with_a_fresh_mask_each_epoch(tmp_
     assert {k: tuple(v.shape) for k, v in batch.items()} == {
         "input_ids": (16, 64), "input_mask": (16, 64), "segment_ids": (16, 64), "next_sentence_labels": (16, 1),
         "masked_lm_positions": (16, 10), "masked_lm_ids": (16, 10), "masked_lm_weights": (16, 10)}
-    masked = sum(float(b["masked_lm_weights"].numpy().sum()) for b in epochs[0])
-    maskable = sum(float(b["input_mask"].numpy().sum()) - 3 * b["input_mask"].shape[0] for b in epochs[0])
-    assert abs(masked / maskable - 0.15) < 0.02
+    # the records as written (unmasked), in the same order: one file, one pass
+    spec = {k: v for k, v in pd.feature_spec(64, 10).items() if not k.startswith("masked_lm")}
+    written = list(tf.data.TFRecordDataset(sorted(files)).batch(16).map(lambda r: tf.io.parse_example(r, spec)))
+    masked = mask = same = 0
+    for b, w in zip(epochs[0], written, strict=True):
+        b, w = {k: v.numpy() for k, v in b.items()}, {k: v.numpy() for k, v in w.items()}
+        for key in ("input_mask", "segment_ids", "next_sentence_labels"):
+            np.testing.assert_array_equal(b[key], w[key])
+        n, k = w["input_mask"].sum(1), b["masked_lm_weights"].sum(1).astype(int)
+        # tensorflow-text's RandomItemSelector: ceil(rate x selectable) in float32, at most max_selections
+        np.testing.assert_array_equal(k, np.minimum(10, np.ceil(np.float32(n - 3) * np.float32(0.15))))
+        for row in range(len(n)):
+            positions, labels = b["masked_lm_positions"][row, :k[row]], b["masked_lm_ids"][row, :k[row]]
+            np.testing.assert_array_equal(labels, w["input_ids"][row, positions])         # the original ids
+            unmasked = np.setdiff1d(np.arange(64), positions)
+            np.testing.assert_array_equal(b["input_ids"][row, unmasked], w["input_ids"][row, unmasked])
+            mask += int((b["input_ids"][row, positions] == tok.mask_id).sum())
+            same += int((b["input_ids"][row, positions] == labels).sum())
+        masked += int(k.sum())
+    # 80% [MASK], 10% kept, 10% random, drawn per position: binomial over `masked` (16,837 here) trials,
+    # sigma = sqrt(p (1 - p) / masked) = 0.0031 for 0.8, 0.0023 for 0.1; the tolerance is 5 sigma.
+    assert masked > 10000
+    for observed, p in ((mask, 0.8), (same, 0.1), (masked - mask - same, 0.1)):
+        assert abs(observed / masked - p) < 5 * (p * (1 - p) / masked) ** 0.5, (observed, masked, p)
     assert not np.array_equal(epochs[0][0]["masked_lm_positions"], epochs[1][0]["masked_lm_positions"])
     labels, weights = batch["masked_lm_ids"].numpy(), batch["masked_lm_weights"].numpy()
     for row in range(16):
@@ -552,6 +638,7 @@ def test_dynamic_masking_gives_static_features_with_a_fresh_mask_each_epoch(tmp_
 
 
 # ----------------------------------------------------------------------------- parallel creation
+@pytest.mark.cluster
 def test_two_ranks_write_disjoint_shards_that_match_one_process_but_for_random_partners(tmp_path, vocab_file,
                                                                                        corpus_dir):
     args = [REPO / "run" / "create_pretraining_data.py",
@@ -571,7 +658,7 @@ def test_two_ranks_write_disjoint_shards_that_match_one_process_but_for_random_p
     per_rank = [records(tmp_path / "two" / f"train-r00{r}-*") for r in (0, 1)]
     one = records(tmp_path / "one" / "train-*")
     assert len(one) > 1000 and per_rank[0] and per_rank[1]
-    assert not set(per_rank[0]) & set(per_rank[1])                         # disjoint
+    assert not collections.Counter(per_rank[0]) & collections.Counter(per_rank[1])   # disjoint
     # every record whose B segment continues its own document is the one process's, to the byte;
     # a random-next pair's B comes from the rank's own documents, so only their number is the same
     assert actual_next(per_rank[0] + per_rank[1]) == actual_next(one)

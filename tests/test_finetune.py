@@ -1,4 +1,5 @@
 """Fine-tuning, export and the transfer probe."""
+import hashlib
 import json
 import os
 import subprocess
@@ -14,8 +15,8 @@ from conftest import REPO, WORKERS, mpi_env, mpirun, read_rank_results
 VOCAB = tokenization.google_reserved_tokens() + ["good", "bad", "great", "awful", "movie", "plot", "the", "was"]
 
 
-def toy_examples(n=48):
-    rng = np.random.RandomState(0)
+def toy_examples(n=48, seed=0):
+    rng = np.random.RandomState(seed)
     labels, texts = [], []
     for i in range(n):
         positive = i % 2 == 0
@@ -25,13 +26,33 @@ def toy_examples(n=48):
     return classification.Examples(labels, texts, [None] * n)
 
 
+def heldout_examples(train):
+    """Toy sentences that are not in `train` (other word orders), each once."""
+    seen, labels, texts = set(train.texts_a), [], []
+    other = toy_examples(200, seed=1)
+    for label, text in zip(other.labels, other.texts_a):
+        if text not in seen:
+            seen.add(text)
+            labels.append(label)
+            texts.append(text)
+    return classification.Examples(labels, texts, [None] * len(texts))
+
+
 def test_classifier_head_reaches_100_percent_on_a_separable_set():
+    """Trained on 48 sentences, it classifies every one of 51 word orders it never saw: a model that did not
+    learn the task scores about 0.5 (sigma 0.07 on 51 sentences), one that memorised its training set no better."""
     tok = tokenization.Tokenizer(VOCAB)
-    x, y, _ = classification.encode(toy_examples(), tok, 8, ["neg", "pos"])
+    train = toy_examples()
+    heldout = heldout_examples(train)
+    x, y, _ = classification.encode(train, tok, 8, ["neg", "pos"])
+    ex, ey, _ = classification.encode(heldout, tok, 8, ["neg", "pos"])
+    assert len(ey) > 40 and 0.4 < ey.mean() < 0.6
     config = modeling.BertConfig.preset("tiny", vocab_size=len(VOCAB))
-    metrics, _ = classification.train_and_evaluate(config, ["neg", "pos"], (x, y), (x, y), epochs=15,
+    metrics, _ = classification.train_and_evaluate(config, ["neg", "pos"], (x, y), (ex, ey), epochs=15,
                                                    batch_size=8, learning_rate=2e-3)
+    assert metrics["eval_examples"] == len(ey)
     assert metrics["accuracy"] == 1.0 and metrics["f1"] == 1.0
+    assert metrics["final_train_loss"] < 0.05                 # from ln 2 = 0.69 at the start (measured 4e-4)
 
 
 def test_reading_skips_and_counts_bad_rows_and_names_problems(tmp_path):
@@ -106,17 +127,26 @@ def test_export_round_trip_reproduces_the_encoder(pretrained, tmp_path):
 def test_probe_over_checkpoints_writes_metrics_and_plots(pretrained, tmp_path):
     folder, _ = pretrained
     data = tmp_path / "toy.tsv"
-    ex = toy_examples(32)
+    ex = toy_examples(48)
     data.write_text("".join(f"{l}\t{t}\n" for l, t in zip(ex.labels, ex.texts_a)))
     (folder / "metrics.jsonl").write_text(json.dumps({"kind": "train", "step": 2, "loss": 9.0, "mlm_loss": 8.0,
                                                       "mlm_accuracy": 0.1, "sequences_per_second": 5.0}) + "\n")
     proc = subprocess.run([sys.executable, str(REPO / "run" / "finetune.py"), f"--train_file={data}",
                            f"--vocab_file={folder / 'vocab.txt'}", f"--probe_checkpoint_dir={folder}", "--kfold=2",
-                           "--epochs=2", "--batch_size=8", "--max_seq_length=8"],
+                           "--epochs=6", "--batch_size=4", "--learning_rate=2e-3", "--max_seq_length=8"],
                           env=mpi_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     probes = [json.loads(l) for l in open(folder / "metrics.jsonl") if '"probe"' in l]
-    assert [p["step"] for p in probes] == [1, 2] and all(0 <= p["probe_accuracy"] <= 1 for p in probes)
+    assert [p["step"] for p in probes] == [1, 2] and all(p["probe_task"] == "toy.tsv" for p in probes)
+    # Each fold fine-tunes on 24 sentences and is scored on the other 24 (2 folds: 48 held-out scores).
+    # Predicting the training fold's majority label scores `baseline`; guessing scores 0.5 with sigma
+    # sqrt(0.25 / 48) = 0.07. The probe must learn the task: 0.9 is 5.5 sigma above guessing (measured 1.0;
+    # with the former 2 epochs of 8 sentences it scored 0.31, below the baseline, and passed).
+    labels = np.array([int(l == "pos") for l in ex.labels])
+    baseline = np.mean([np.mean(labels[te] == np.bincount(labels[tr]).argmax())
+                        for tr, te in classification.kfold_splits(len(labels), 2, seed=0)])
+    assert baseline <= 0.6
+    assert all(p["probe_accuracy"] >= 0.9 for p in probes), probes
     png = tmp_path / "m.png"
     plot = subprocess.run([sys.executable, str(REPO / "run" / "plot_metrics.py"), f"--metrics={folder / 'metrics.jsonl'}",
                            f"--output={png}"], env=mpi_env(), capture_output=True, text=True, timeout=120)
@@ -124,7 +154,21 @@ def test_probe_over_checkpoints_writes_metrics_and_plots(pretrained, tmp_path):
     assert png.stat().st_size > 10000
 
 
-def test_finetuning_on_two_ranks_keeps_identical_weights(tmp_path):
+@pytest.mark.cluster
+def test_finetuning_on_two_ranks_keeps_identical_weights(tmp_path, monkeypatch):
     mpirun(2, [WORKERS / "finetune_checks.py", tmp_path])
     a, b = read_rank_results(tmp_path, 2)
-    assert a["digest"] == b["digest"]
+    assert a["digest"] == b["digest"] and a["accuracy"] == b["accuracy"]
+    # ... and they are not merely rank 0's broadcast initial weights, unchanged (the worker's 12 updates are too
+    # few to learn its task, accuracy 0.5, so its accuracy cannot show that): the worker's own code with a
+    # training step that does nothing gives those weights (the worker run so gave this digest), and they differ.
+    vocab = tokenization.google_reserved_tokens() + ["good", "bad", "movie", "plot", "very", "a"]
+    examples = classification.Examples(["pos", "pos", "neg", "neg"] * 8,
+                                       ["a very good movie", "good plot", "a bad movie", "very bad plot"] * 8,
+                                       [None] * 32)
+    x, y, _ = classification.encode(examples, tokenization.Tokenizer(vocab), 8, ["neg", "pos"])
+    monkeypatch.setattr(training.Trainer, "train_step", lambda self, batches: {"loss": tf.constant(0.0)})
+    _, untrained = classification.train_and_evaluate(modeling.BertConfig.preset("tiny", vocab_size=len(vocab)),
+                                                     ["neg", "pos"], (x, y), (x, y), epochs=3, batch_size=4, seed=0)
+    initial = hashlib.sha256(b"".join(v.numpy().tobytes() for v in untrained.trainable_variables)).hexdigest()
+    assert a["digest"] != initial

@@ -46,12 +46,20 @@ def test_unknown_fields_and_preset_are_named(tmp_path):
 
 
 def test_base_parameter_count_matches_google_bert_base():
-    model = modeling.BertPretrainer(modeling.BertConfig.preset("base"))
+    config = modeling.BertConfig.preset("base")
+    model = modeling.BertPretrainer(config)
     encoder = sum(int(np.prod(v.shape)) for v in model.encoder.trainable_variables)
     total = sum(int(np.prod(v.shape)) for v in model.trainable_variables)
-    # google's BERT-base: 110M; the encoder (embeddings, 12 layers, pooler) is 109.48M
-    assert 109.4e6 < encoder < 109.6e6
-    assert 110.0e6 < total < 110.2e6
+    # google's BERT-base (110M), counted from its architecture: exact, so one missing bias or LayerNorm shows
+    H, I, L, V, P, T = 768, 3072, 12, 30522, 512, 2
+    assert (config.hidden_size, config.intermediate_size, config.num_hidden_layers, config.vocab_size,
+            config.max_position_embeddings, config.type_vocab_size) == (H, I, L, V, P, T)
+    embeddings = (V + P + T) * H + 2 * H                                  # three tables, LayerNorm
+    layer = 4 * (H * H + H) + 2 * H + (H * I + I) + (I * H + H) + 2 * H    # Q K V O, LN, FFN in and out, LN
+    pooler = H * H + H
+    heads = (H * H + H) + 2 * H + V + (2 * H + 2)                         # MLM transform, LN, output bias; NSP
+    assert encoder == embeddings + L * layer + pooler == 109_482_240
+    assert total == encoder + heads == 110_106_428
 
 
 @pytest.fixture(scope="module")
@@ -103,14 +111,18 @@ def test_features_that_do_not_fit_fail_before_training():
 
 def test_dropout_keeps_the_configured_fraction_unbiased_the_same_under_xla_and_per_seed():
     """16 random bits per element: the kept fraction is 1 - rate to within 5 standard deviations
-    (1e6 elements: 1.5e-3), the mean is unchanged, XLA draws the same mask, and a seed is a mask."""
+    (N = 1,001,000 elements: sigma = sqrt(rate (1 - rate) / N) = 3.0e-4 at 0.1, 5.0e-4 at 0.5), the kept values
+    are x / (1 - rate) (rate to 16 bits) and the mean is unchanged (5 sigma), XLA draws the same mask, and a seed is a mask."""
     x = tf.ones([1000, 1001])
+    n = 1000 * 1001
     seed = tf.constant([3, 4], tf.int32)
     for rate in (0.1, 0.5):
         y = modeling.dropout(x, rate, seed, training=True)
         kept = float(tf.reduce_mean(tf.cast(y != 0, tf.float32)))
-        assert abs(kept - (1 - rate)) < 1.5e-3
-        assert abs(float(tf.reduce_mean(y)) - 1.0) < 5 * (rate / (1 - rate) / 1001e3) ** 0.5
+        assert abs(kept - (1 - rate)) < 5 * (rate * (1 - rate) / n) ** 0.5, (rate, kept)
+        values = y.numpy()[y.numpy() != 0]           # scaled by 1 / kept, the rate rounded to 16 bits
+        np.testing.assert_allclose(values, 65536 / (65536 - round(rate * 65536)), rtol=1e-6)
+        assert abs(float(tf.reduce_mean(y)) - 1.0) < 5 * (rate / (1 - rate) / n) ** 0.5
     small = tf.random.normal([3, 5, 7], dtype=tf.float32)          # an odd element count
     compiled = tf.function(lambda v, s: modeling.dropout(v, 0.1, s, True), jit_compile=True)
     assert bool(tf.reduce_all(compiled(small, seed) == modeling.dropout(small, 0.1, seed, True)))

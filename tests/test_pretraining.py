@@ -15,7 +15,7 @@ def test_stop_signal_remembers_a_signal_and_puts_the_old_handlers_back():
     previous = signal.signal(signal.SIGTERM, sentinel)
     try:
         with pretraining.StopSignal() as stop:
-            assert signal.getsignal(signal.SIGTERM) == stop._handle
+            assert signal.getsignal(signal.SIGTERM) == stop.handle
             signal.raise_signal(signal.SIGTERM)
             assert stop.received == "SIGTERM"
         assert signal.getsignal(signal.SIGTERM) is sentinel
