@@ -1,6 +1,7 @@
 """Time lost when a node is lost: elastic training vs a kill-and-restart from the last checkpoint.
 
     python run/elastic_recovery.py --output_json=runs/elastic_recovery.json    # root + iproute2, ~5 min
+    python run/elastic_recovery.py --dry_run      # both jobs' run/pretrain.py flags checked; no root, no cluster
 
 The same tiny-BERT job (global batch 24 = micro-batches of 4, checkpoint every --save_interval
 updates, commit every --elastic_commit_interval) on a 3-node emulated cluster (bert_tf/emulated_cluster.py),
@@ -35,6 +36,8 @@ flags.DEFINE_integer("kill_after", 20, "Updates before node 2 is killed.")
 flags.DEFINE_integer("save_interval", 10, "Checkpoint interval (updates).")
 flags.DEFINE_integer("elastic_commit_interval", 5, "Elastic commit interval (updates).")
 flags.DEFINE_string("output_json", "", "Write the figures here.")
+flags.DEFINE_bool("dry_run", False, "Check both jobs' run/pretrain.py flags and data (its --dry_run), print them "
+                  "and exit: no root, no emulated cluster, nothing written.")
 FLAGS = flags.FLAGS
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -66,14 +69,38 @@ def _stop(proc):
             proc.wait()
 
 
+def job_args(work):
+    """run/pretrain.py's command line for each way of surviving: {"restart": ..., "elastic": ...}."""
+    pretrain = [sys.executable, os.path.join(REPO, "run", "pretrain.py"), "--model_preset=tiny",
+                f"--vocab_file={os.path.abspath(FLAGS.vocab_file)}", f"--train_files={os.path.abspath(FLAGS.train_files)}",
+                "--max_seq_length=128", "--max_predictions_per_seq=20", "--batch_size=4", "--log_interval=1",
+                "--total_steps=100000", f"--save_interval={FLAGS.save_interval}"]
+    return {"restart": pretrain + ["--accumulation_steps=2", f"--checkpoint_dir={os.path.join(work, 'restart')}"],
+            "elastic": pretrain + ["--elastic", "--global_batch=24",
+                                   f"--elastic_commit_interval={FLAGS.elastic_commit_interval}",
+                                   f"--checkpoint_dir={os.path.join(work, 'elastic')}"]}
+
+
+def dry_run(jobs):
+    """Each job's flags through run/pretrain.py --dry_run (flags, vocabulary, records, checkpoint folder)."""
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    for name, args in jobs.items():
+        proc = subprocess.run(args + ["--dry_run"], env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
+        if proc.returncode != 0:
+            raise SystemExit(f"error: the {name} job's run/pretrain.py flags do not check out: "
+                             + (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1])
+        said = [line for line in proc.stdout.splitlines() if line.startswith("dry run:")]
+        print(f"{name} job: {' '.join(args[1:])}\n  {said[-1] if said else proc.stdout.strip()}")
+
+
 def main(argv):
-    from bert_tf import emulated_cluster as ec
     work = os.path.abspath(os.path.join(REPO, "runs", "elastic_recovery"))
+    jobs = job_args(work)
+    if FLAGS.dry_run:
+        dry_run(jobs)
+        return
+    from bert_tf import emulated_cluster as ec
     os.makedirs(work, exist_ok=True)
-    common = ["--model_preset=tiny", f"--vocab_file={os.path.abspath(FLAGS.vocab_file)}",
-              f"--train_files={os.path.abspath(FLAGS.train_files)}", "--max_seq_length=128",
-              "--max_predictions_per_seq=20", "--batch_size=4", "--log_interval=1", "--total_steps=100000",
-              f"--save_interval={FLAGS.save_interval}"]
     figures = {}
     train = lambda after, ranks=None: (lambda r: r["kind"] == "train" and r["time"] > after  # noqa: E731
                                        and (ranks is None or r.get("ranks") == ranks))
@@ -82,8 +109,7 @@ def main(argv):
         # restart from a checkpoint
         ckpt = os.path.join(work, "restart")
         shutil.rmtree(ckpt, ignore_errors=True)
-        args = [sys.executable, os.path.join(REPO, "run", "pretrain.py"), *common, "--accumulation_steps=2",
-                f"--checkpoint_dir={ckpt}"]
+        args = jobs["restart"]
         metrics = os.path.join(ckpt, "metrics.jsonl")
         job = _start(cluster.mpirun_prefix(3) + args, log)   # the hostfile's first 3 nodes
         _wait(metrics, lambda r: r["kind"] == "train" and r["step"] >= FLAGS.kill_after, job, "the kill step")
@@ -103,9 +129,7 @@ def main(argv):
         shutil.rmtree(ckpt, ignore_errors=True)
         metrics = os.path.join(ckpt, "metrics.jsonl")
         cmd = cluster.horovodrun_elastic_prefix(3, 2, 3)
-        job = _start(cmd + [sys.executable, os.path.join(REPO, "run", "pretrain.py"), *common, "--elastic",
-                            "--global_batch=24", f"--elastic_commit_interval={FLAGS.elastic_commit_interval}",
-                            f"--checkpoint_dir={ckpt}"], log)
+        job = _start(cmd + jobs["elastic"], log)
         _wait(metrics, lambda r: r["kind"] == "train" and r["step"] >= FLAGS.kill_after, job, "the kill step")
         t_kill = time.time()
         cluster.kill_node(2)

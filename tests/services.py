@@ -76,16 +76,27 @@ def dockerd():
         yield
         return
     log_dir = tempfile.mkdtemp(prefix="bert_tf-dockerd.")
-    log = open(os.path.join(log_dir, "dockerd.log"), "w")
-    # vfs: works on any file system (overlay does not nest everywhere); addresses: 198.18.0.0/15 only.
-    cmd = ["dockerd", "--storage-driver=vfs", f"--bip={DOCKER_BIP}", f"--default-address-pool={DOCKER_POOL}",
-           f"--pidfile={log_dir}/dockerd.pid"]
-    say(f"starting {' '.join(cmd)} (log {log.name})")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
+    # overlay2 where the file system takes it (ext4, xfs: layers and containers cost nothing to make);
+    # vfs works on any file system (overlay does not nest everywhere) but stores every layer and every
+    # container as a full copy of the image. BERT_TF_DOCKER_STORAGE_DRIVER picks one. Addresses: 198.18.0.0/15 only.
+    drivers = [os.environ["BERT_TF_DOCKER_STORAGE_DRIVER"]] if os.environ.get("BERT_TF_DOCKER_STORAGE_DRIVER") \
+        else ["overlay2", "vfs"]
+    for driver in drivers:
+        log = open(os.path.join(log_dir, f"dockerd-{driver}.log"), "w")
+        cmd = ["dockerd", f"--storage-driver={driver}", f"--bip={DOCKER_BIP}", f"--default-address-pool={DOCKER_POOL}",
+               f"--pidfile={log_dir}/dockerd.pid"]
+        say(f"starting {' '.join(cmd)} (log {log.name})")
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         wait_for(lambda: proc.poll() is not None or docker_answers(), 60, "dockerd")
-        if proc.poll() is not None:
-            raise RuntimeError(f"dockerd exited {proc.returncode}: {open(log.name).read()[-3000:]}")
+        if proc.poll() is None:
+            break
+        log.close()
+        said = open(log.name).read()
+        if driver == drivers[-1]:
+            raise RuntimeError(f"dockerd exited {proc.returncode}: {said[-3000:]}")
+        say(f"dockerd --storage-driver={driver} exited {proc.returncode} ({(said.strip().splitlines() or [''])[-1][-300:]}); "
+            "trying the next driver")
+    try:
         yield
     finally:
         say("stopping the dockerd started here")

@@ -92,6 +92,7 @@ def test_a_study_run_again_keeps_only_the_good_rows_of_the_same_settings(tmp_pat
     assert "earlier study with other settings" in capsys.readouterr().out
 
 
+@pytest.mark.cluster
 @pytest.mark.skipif(ec.preflight() is not None, reason=f"emulated cluster unavailable: {ec.preflight()}")
 def test_planner_predicts_the_emulated_study_within_25_percent(tiny_data, tmp_path):
     out = tmp_path / "study"

@@ -2,10 +2,12 @@
 disjoint input, SIGTERM + resume, shape errors, and a killed rank."""
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 
 import numpy as np
 import psutil
@@ -15,6 +17,8 @@ import tensorflow as tf
 from bert_tf import modeling
 from bert_tf.distributed import timeline_allreduce_dtypes
 from conftest import REPO, WORKERS, horovodrun, mpi_env, mpirun, read_rank_results
+
+pytestmark = pytest.mark.cluster      # starts MPI/horovodrun jobs
 
 PRETRAIN = REPO / "run" / "pretrain.py"
 TINY_VARIABLES = len(modeling.BertPretrainer(modeling.BertConfig.preset("tiny", vocab_size=100)).trainable_variables)
@@ -68,10 +72,32 @@ def test_every_gradient_allreduce_carries_float16_when_compressed(checks):
     assert all(v == ["float32"] for v in fp32.values())
 
 
-def test_ranks_consume_disjoint_records(checks):
+def file_record_hashes(pattern):
+    """Every record of the files, hashed as tests/workers/distributed_checks.py hashes what a rank reads."""
+    import glob
+    import hashlib
+    keys = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids", "next_sentence_labels")
+    spec = {k: tf.io.RaggedFeature(tf.int64) for k in keys}
+    hashes = []
+    for raw in tf.data.TFRecordDataset(sorted(glob.glob(pattern))).batch(512):
+        batch = {k: v.numpy() for k, v in tf.io.parse_example(raw, spec).items()}
+        for i in range(len(batch["input_ids"])):
+            h = hashlib.sha1()
+            for key in keys:
+                h.update(np.asarray(batch[key][i], np.int64).tobytes())
+            hashes.append(h.hexdigest())
+    return hashes
+
+
+def test_ranks_consume_disjoint_records_that_cover_the_files(checks, tiny_data):
+    """One pass: no record is read by both ranks, and every record of the files is read exactly
+    once (as a multiset: a record read twice by one rank, or one never read, fails)."""
     results, _, _ = checks
-    a, b = (set(r["record_hashes"]) for r in results)
-    assert a and b and not a & b
+    a, b = (Counter(r["record_hashes"]) for r in results)
+    assert a and b and not set(a) & set(b)
+    every = Counter(file_record_hashes(tiny_data["train"]))
+    assert sum(every.values()) > 8
+    assert a + b == every, (sum(a.values()), sum(b.values()), sum(every.values()))
 
 
 def _ranks_of(marker):
@@ -111,9 +137,28 @@ def _weights(ckpt):
             if k.startswith("model/") and k.endswith("VARIABLE_VALUE")}
 
 
+def _runs(metrics_file):
+    """metrics.jsonl cut into runs: one list of records per "run" record (each start or resume)."""
+    runs = []
+    for line in open(metrics_file):
+        record = json.loads(line)
+        if record.get("kind") == "run":
+            runs.append([])
+        if runs:
+            runs[-1].append(record)
+    return runs
+
+
+def _single(args):
+    """run/pretrain.py in one process (no launcher), started now; finish with .communicate()."""
+    return subprocess.Popen([sys.executable, str(PRETRAIN), *args], env=mpi_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
 def test_sigterm_then_resume_matches_an_uninterrupted_run_and_horovodrun_end_to_end(tmp_path, tiny_data):
-    # 20 short steps: room for the signal to land before the end even on a busy machine
-    flags = tiny_data["flags"] + ["--total_steps=20", "--save_interval=100"]
+    # 20 short steps: room for the signal to land before the end even on a busy machine (every update
+    # is logged: tiny_data's --log_interval=1); a 10 ms cycle keeps Horovod's threads off the 2 cores
+    flags = tiny_data["flags"] + ["--total_steps=20", "--save_interval=100", "--cycle_time_ms=10"]
     # uninterrupted, through horovodrun
     straight = tmp_path / "straight"
     proc = horovodrun(2, [PRETRAIN, *flags, f"--checkpoint_dir={straight}"])
@@ -130,8 +175,17 @@ def test_sigterm_then_resume_matches_an_uninterrupted_run_and_horovodrun_end_to_
     stopped = tf.train.latest_checkpoint(str(resumed))
     stop_step = int(stopped.rsplit("-", 1)[1])
     assert 2 <= stop_step < 20, output[-2000:]
-    assert "stopping at step" in output
-    mpirun(2, [PRETRAIN, *flags, f"--checkpoint_dir={resumed}"])
+    assert f"stopping at step {stop_step}" in output, output[-2000:]
+    [first] = _runs(resumed / "metrics.jsonl")
+    assert [r["step"] for r in first if r["kind"] == "train"] == list(range(1, stop_step + 1))
+    # resumed: from the stop checkpoint, making exactly the missing updates (a run that ignored the
+    # checkpoint and began again at step 0 would make 20)
+    again = mpirun(2, [PRETRAIN, *flags, f"--checkpoint_dir={resumed}"])
+    log = again.stdout + again.stderr
+    assert re.search(rf"resumed from \S*ckpt-{stop_step} at step {stop_step}\b", log), log[-3000:]
+    runs = _runs(resumed / "metrics.jsonl")
+    assert len(runs) == 2 and runs[1][0]["step"] == stop_step, [r[0] for r in runs]
+    assert [r["step"] for r in runs[1] if r["kind"] == "train"] == list(range(stop_step + 1, 21)), runs[1]
     a, b = _weights(str(straight / "ckpt-20")), _weights(str(resumed / "ckpt-20"))
     assert a.keys() == b.keys() and len(a) == TINY_VARIABLES
     for k in a:
@@ -140,26 +194,25 @@ def test_sigterm_then_resume_matches_an_uninterrupted_run_and_horovodrun_end_to_
     reader = tf.train.load_checkpoint(str(resumed / "ckpt-20"))
     assert reader.get_tensor("input_position/samples_seen/.ATTRIBUTES/VARIABLE_VALUE") == 160
     assert len(reader.get_tensor("input_position/iterator_states/.ATTRIBUTES/VARIABLE_VALUE")) == 2
-    # resumed on another rank count (1): a fresh pass, said so, and the sample count goes on
-    one = subprocess.run([sys.executable, str(PRETRAIN), *flags, "--total_steps=22", f"--checkpoint_dir={resumed}"],
-                         env=mpi_env(), capture_output=True, text=True, timeout=300)
-    assert one.returncode == 0, one.stderr[-2000:]
-    assert "saved by 2 ranks, this run has 1: a fresh pass over the training files starts at step 20" in one.stdout
+    # three single-process runs at once (each mostly one core's work):
+    # resumed on another rank count (1): a fresh pass, said so, and the sample count goes on;
+    # phase 2: a new run initialised from the checkpoint's model, with a fresh optimizer and schedule;
+    # another model shape than the checkpoint's fails at start-up, naming both shapes
+    one = _single([*flags, "--total_steps=22", f"--checkpoint_dir={resumed}"])
+    phase2 = _single([*flags, "--total_steps=2", f"--init_checkpoint={straight / 'ckpt-20'}",
+                      f"--checkpoint_dir={tmp_path / 'phase2'}"])
+    bad = _single([*[f for f in flags if "model_preset" not in f], "--model_preset=mini",
+                   f"--checkpoint_dir={straight}"])
+    (one_out, one_err), (phase2_out, phase2_err), (_, bad_err) = (p.communicate(timeout=300) for p in (one, phase2, bad))
+    assert one.returncode == 0, one_err[-2000:]
+    assert "saved by 2 ranks, this run has 1: a fresh pass over the training files starts at step 20" in one_out
     last = [json.loads(line) for line in open(resumed / "metrics.jsonl") if '"train"' in line][-1]
     assert last["step"] == 22 and last["samples_seen"] == 160 + 2 * 4
-    # phase 2: a new run initialised from the checkpoint's model, with a fresh optimizer and schedule
-    phase2 = subprocess.run([sys.executable, str(PRETRAIN), *flags, "--total_steps=2",
-                             f"--init_checkpoint={straight / 'ckpt-20'}", f"--checkpoint_dir={tmp_path / 'phase2'}"],
-                            env=mpi_env(), capture_output=True, text=True, timeout=300)
-    assert phase2.returncode == 0, phase2.stderr[-2000:]
-    assert f"initialised encoder and heads from {straight / 'ckpt-20'}" in phase2.stdout
+    assert phase2.returncode == 0, phase2_err[-2000:]
+    assert f"initialised encoder and heads from {straight / 'ckpt-20'}" in phase2_out
     assert os.path.exists(tmp_path / "phase2" / "ckpt-2.index")          # the step count started again
-    # resuming with another model shape fails at start-up, naming both shapes
-    bad = subprocess.run([sys.executable, str(PRETRAIN), *[f for f in flags if "model_preset" not in f],
-                          "--model_preset=mini", f"--checkpoint_dir={resumed}"],
-                         env=mpi_env(), capture_output=True, text=True, timeout=300)
     assert bad.returncode != 0
-    assert "does not fit this model" in bad.stderr and "checkpoint [" in bad.stderr and "vs model [" in bad.stderr
+    assert "does not fit this model" in bad_err and "checkpoint [" in bad_err and "vs model [" in bad_err, bad_err[-2000:]
 
 
 def test_a_killed_rank_ends_the_job_and_keeps_the_checkpoint(tmp_path, tiny_data):

@@ -33,10 +33,12 @@ class Coverage:
     kind: str     # "test": a named test runs it; "here"/"parsed": this file runs/parses it; "not_here"
     test: str     # "test_file.py::function" (for not_here, the test that checks the reason still holds)
     note: str     # what differs from the docs' text, or why it cannot run here
+    uses: str = ""   # kind "test": text the named test (or a fixture/helper it uses) must contain; default:
+                     # the script the command runs (test_the_register_names_tests_that_use_their_commands)
 
 
-def by(test, note=""):
-    return Coverage("test", test, note)
+def by(test, note="", uses=""):
+    return Coverage("test", test, note, uses)
 
 
 def here(test, note=""):
@@ -64,7 +66,8 @@ TWO_CONTAINERS = ("two containers on one machine: a user-defined network instead
 COMMANDS = {
     # ---------------------------------------------------------------------------------- README.md
     "bash scripts/demo.sh": by("test_docker.py::test_demo_in_the_image",
-                               "in the image, with --total_steps=30 --warmup_steps=3"),
+                               "in the image, with --total_steps=30 --warmup_steps=3 --log_interval=10",
+                               uses='"scripts/demo.sh"'),
     "bash scripts/test.sh": Coverage("suite", "", "the command that runs this suite (.ci/run runs exactly it)"),
     "source scripts/env.sh": here("test_env_sh_puts_the_venv_on_path"),
     "mpirun -np 2 --oversubscribe --bind-to none -x PATH python run/pretrain.py --flagfile=configs/demo.flags":
@@ -89,7 +92,7 @@ COMMANDS = {
                "as phase 1; the dry run starts from a stand-in for phase 1's checkpoint (the demo's, tiny)"),
     "horovodrun -np 2 -hostfile hostfiles/localhost python run/pretrain.py --flagfile=configs/demo.flags":
         by("test_hostfiles.py::test_readme_command_horovodrun_with_the_localhost_hostfile",
-           "--total_steps=20, checkpoints in a temporary folder"),
+           "--total_steps=20, checkpoints in a temporary folder", uses='"hostfiles/localhost"'),
     "sbatch --ntasks=2 run/slurm/pretrain.sbatch --flagfile=configs/demo.flags":
         by("test_slurm.py::test_job_completes_scancel_keeps_the_checkpoint_and_a_resubmission_resumes",
            "30 updates, checkpoints in a temporary folder, on a one-machine Slurm"),
@@ -100,14 +103,16 @@ COMMANDS = {
     "docker build -t bert_tf:cpu .":
         by("test_docker.py::test_the_image_runs_as_non_root_and_holds_no_build_input",
            "services.ensure_image builds a copy of the files the Dockerfile copies, tagged bert_tf:cpu and by "
-           "their hash"),
+           "their hash", uses="services.ensure_image()"),
     "docker run bert_tf:cpu run bash scripts/demo.sh --total_steps=30 --warmup_steps=3":
-        by("test_docker.py::test_demo_in_the_image", "--network none, the data folder mounted"),
+        by("test_docker.py::test_demo_in_the_image", "--network none, the data folder mounted, "
+           "--log_interval=10 as well", uses='"run", "bash", "scripts/demo.sh", *SHORT'),
     "docker run -d --network host -v ~/.ssh/id_ed25519.pub:/keys/authorized_keys:ro -v /shared:/shared "
-    "bert_tf:cpu worker": by("test_docker.py::test_two_containers_pretrain_with_horovodrun", TWO_CONTAINERS),
+    "bert_tf:cpu worker": by("test_docker.py::test_two_containers_pretrain_with_horovodrun", TWO_CONTAINERS,
+                             uses='image, "worker")'),
     "docker run --rm --network host -v ~/.ssh/id_ed25519:/keys/id_ed25519:ro -v /shared:/shared bert_tf:cpu "
     "launch /shared/hosts --flagfile=/shared/base_phase1.flags --checkpoint_dir=/shared/ckpt":
-        by("test_docker.py::test_two_containers_pretrain_with_horovodrun", TWO_CONTAINERS),
+        by("test_docker.py::test_two_containers_pretrain_with_horovodrun", TWO_CONTAINERS, uses='"launch", "/hosts"'),
     "python run/learn_vocab.py --input_files='dump/*.xml.bz2' --vocab_size=30522 --output_file=data/wiki/vocab.txt":
         here("test_data_commands_on_the_bundled_wikipedia_excerpt",
              "dump/ holds the bundled 1.7 MB excerpt of an English Wikipedia dump"),
@@ -116,13 +121,15 @@ COMMANDS = {
     "--max_predictions_per_seq=20 --dupe_factor=5 --shards_per_rank=16":
         here("test_data_commands_on_the_bundled_wikipedia_excerpt", "--dupe_factor=1; 8 ranks on 2 cores with "
              "OMPI_MCA_rmaps_base_oversubscribe=1 in the environment (one .bz2: one rank reads it, seven get an "
-             "empty share)"),
+             "empty share; the per-rank documents must add up to the excerpt's, read in one process)"),
     "python run/export.py --checkpoint=runs/demo --vocab_file=data/demo/vocab.txt --output_dir=runs/demo_export "
     "--format=google,huggingface,saved_model": here("test_export_of_the_demo_run"),
     "python run/pretrain.py --flagfile=configs/continue_base.flags --init_checkpoint=checkpoints/bert-base-uncased "
     "--vocab_file=checkpoints/bert-base-uncased/vocab.txt":
         here("test_continue_base_from_both_formats", "--total_steps=3 --warmup_steps=1 --log_interval=1 "
-             "--eval_interval=3; checkpoints/ holds the demo's export, not the published BERT-base (no download)"),
+             "--eval_interval=3 --eval_batches=2 (the recipe's 100 held-out batches of 32 are most of the time on 2 "
+             "cores); checkpoints/ holds the demo's export (tiny BERT, 2 layers), not the published BERT-base (no "
+             "download): the recipe's other flags (AdamW, mixed_float16, batch 32) run as written"),
     "python run/pretrain.py --flagfile=configs/continue_base.flags "
     "--init_checkpoint=checkpoints/uncased_L-12_H-768_A-12/bert_model.ckpt":
         here("test_continue_base_from_both_formats", "as the line above"),
@@ -142,21 +149,25 @@ COMMANDS = {
     "python run/plan.py --model_preset=large --price_per_device_hour=2.48 --spot_price_per_device_hour=0.74 "
     "--mtbp_hours=24": here("test_plan_preemptible"),
     "python run/elastic_recovery.py":
-        by("test_elastic.py::test_elastic_job_loses_a_node_takes_it_back_and_loses_a_link",
-           "the test runs the same kinds of event (a node killed, a node joining) on an emulated cluster and "
-           "asserts their outcome; the script, a benchmark, times them against a restart from the checkpoint"),
+        parsed("test_elastic_recovery_benchmark_dry_run",
+               "NOT run: a benchmark (~5 min on a 4-node emulated cluster). Its --dry_run (no root, no cluster) "
+               "checks the two jobs' run/pretrain.py flags with --dry_run; the events it times (a node killed, a node "
+               "joining) run on an emulated cluster in test_elastic.py::test_elastic_job_loses_a_node_takes_it_back_and_loses_a_link"),
     "horovodrun -np 16 --min-np 8 --max-np 16 --gloo --network-interface eth0 --host-discovery-script "
     "\"scripts/discover_hosts.sh /shared/hosts.live\" --blacklist-cooldown-range 120 600 "
     "python run/pretrain.py --flagfile=configs/large_phase1.flags "
     "--accumulation_steps=1 --elastic --global_batch=61440 --elastic_commit_interval=10":
-        by("test_elastic.py::test_elastic_job_loses_a_node_takes_it_back_and_loses_a_link",
-           "3 emulated nodes of 1 slot (--min-np 2 --max-np 3, a 10 s cooldown), the tiny model with a "
-           "global batch of 20, the emulated cluster's live-hosts file through scripts/discover_hosts.sh"),
+        parsed("test_elastic_horovodrun_on_16_ranks_parses_and_discovers_4_nodes",
+               "horovodrun's own parser and elastic set-up up to the Gloo driver (not started), its discovery of "
+               "/shared/hosts.live written in a temporary folder with 4 nodes x 4 slots; the ranks' command "
+               "dry-run. An elastic job that loses and regains nodes runs small in "
+               "test_elastic.py::test_elastic_job_loses_a_node_takes_it_back_and_loses_a_link"),
     "python run/emulated_cluster.py up --nodes=2 --rate_gbit=1": here("test_emulated_cluster_up_and_down"),
     "python run/emulated_cluster.py down": here("test_emulated_cluster_up_and_down"),
     "python run/comm_study.py --output_dir=runs/comm_study":
         by("test_comm_study.py::test_planner_predicts_the_emulated_study_within_25_percent",
-           "NOT verbatim: BERT-mini, 3 rungs, 1 Gbit/s, 3 updates (the full study takes ~45 min)"),
+           "NOT verbatim: BERT-mini, 3 rungs, 1 Gbit/s, 2 updates after 1 warm-up, without XLA (the full study takes "
+           "~45 min)"),
     "python run/validate_planner.py --study=runs/comm_study/study.json":
         by("test_comm_study.py::test_planner_predicts_the_emulated_study_within_25_percent",
            "--study= the small study that test makes"),
@@ -213,20 +224,70 @@ def test_every_documented_command_is_registered():
     assert len(found) >= 30       # the extraction itself works (a broken fence regex would find nothing)
 
 
-def test_the_register_names_tests_that_exist():
-    """A renamed or deleted test cannot leave a command covered on paper only."""
-    defined = {}
-    for entry in COMMANDS.values():
-        if not entry.test:
-            continue
-        module, _, name = entry.test.partition("::")
-        if module not in defined:
-            tree = ast.parse((REPO / "tests" / module).read_text())
-            defined[module] = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
-        assert name in defined[module], f"COMMANDS names {entry.test}, which does not exist"
+def test_the_register_names_tests_that_use_their_commands():
+    """A renamed or deleted test cannot leave a command covered on paper only, and neither can a test
+    that no longer runs the command: a test here must take it from the register (commands_of(its own
+    name), itself or through a fixture it uses); a test elsewhere must contain `uses` (by default the
+    script the command runs), itself or in a fixture, helper or constant of its module it refers to."""
     for command, entry in COMMANDS.items():
         assert entry.kind in ("test", "here", "parsed", "not_here", "suite"), command
         assert entry.kind in ("test", "here") or entry.note, f"say why for {command}"
+        if not entry.test:
+            continue
+        module, _, name = entry.test.partition("::")
+        code = code_of_test(module, name)
+        assert code is not None, f"COMMANDS names {entry.test}, which does not exist"
+        if entry.kind == "not_here":       # that test checks the reason still holds
+            continue
+        if module == THIS:
+            assert re.search(rf"""commands_of\(["']{name}["']\)""", code), \
+                f"{entry.test} does not take its commands from the register (commands_of({name!r}))"
+        else:
+            evidence = entry.uses or script_of(command)
+            assert evidence, f"say with uses= what in {entry.test} runs: {command}"
+            assert evidence in code, f"{entry.test} does not contain {evidence!r}: does it still run {command}?"
+
+
+def script_of(command):
+    """The script a command runs (run/x.py, scripts/x.sh, ...), by its file name."""
+    found = re.search(r"(?:^|\s)(?:\S*/)?([\w.-]+\.(?:py|sh|sbatch))(?:\s|$)", command)
+    return found[1] if found else ""
+
+
+_MODULES = {}
+
+
+def code_of_test(module, name):
+    """The source of test `name` in tests/`module` with its decorators, plus every module-level
+    function (fixtures, helpers) and assignment it refers to, followed transitively; None if the
+    module has no such function."""
+    if module not in _MODULES:
+        text = (REPO / "tests" / module).read_text()
+        defs = {}
+        for node in ast.parse(text).body:
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                defs[node.name] = node
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+                for target in (node.targets if isinstance(node, ast.Assign) else [node.target]):
+                    for n in ast.walk(target):
+                        if isinstance(n, ast.Name):
+                            defs.setdefault(n.id, node)
+        _MODULES[module] = text, defs
+    text, defs = _MODULES[module]
+    if not isinstance(defs.get(name), ast.FunctionDef):
+        return None
+    seen, todo, parts = set(), [name], []
+    while todo:
+        node = defs[todo.pop()]
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        parts += [ast.get_source_segment(text, d) for d in getattr(node, "decorator_list", [])]
+        parts.append(ast.get_source_segment(text, node))
+        referred = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+        referred |= {a.arg for n in ast.walk(node) if isinstance(n, ast.arguments) for a in n.args}  # fixtures
+        todo += [r for r in referred if r in defs]
+    return "\n".join(parts)
 
 
 def commands_of(test_name):
@@ -321,6 +382,7 @@ def test_plan_preemptible():
     assert "cheapest: spot + elastic" in out          # a node lost every 24 h: restarts cost more than commits
 
 
+@pytest.mark.cluster
 @pytest.mark.skipif(not (os.geteuid() == 0 and shutil.which("tc")), reason="the emulated cluster needs root and tc")
 def test_emulated_cluster_up_and_down():
     up, down = commands_of("test_emulated_cluster_up_and_down")
@@ -359,11 +421,13 @@ def latest_step(folder):
     return int(path.rsplit("-", 1)[1]) if path else None
 
 
+@pytest.mark.cluster
 def test_demo_pretraining_with_mpirun(demo_runs, workdir):
     out = ok(demo_runs[0])
     assert "ranks 2 " in out and "held-out MLM accuracy" in out, out[-3000:]
 
 
+@pytest.mark.cluster
 def test_demo_pretraining_resumes_with_horovodrun(demo_runs, workdir):
     assert demo_runs[1] is not None, "the mpirun run before it failed"
     out = ok(demo_runs[1])
@@ -379,6 +443,7 @@ def exported(demo_runs, workdir):
     return run_doc_command(command, workdir)
 
 
+@pytest.mark.cluster
 def test_export_of_the_demo_run(exported, workdir):
     ok(exported)
     folder = workdir / "runs" / "demo_export"
@@ -409,6 +474,7 @@ def phase1_checkpoint_stand_in(demo_runs, workdir):
     return target / "ckpt-7506"
 
 
+@pytest.mark.cluster
 def test_recipe_dry_runs(workdir, ranks_dry_runs, phase1_checkpoint_stand_in):
     """--dry_run of the recipes the cluster commands run: flags, data and paths check out, nothing written."""
     [command] = commands_of("test_recipe_dry_runs")
@@ -424,6 +490,7 @@ def test_recipe_dry_runs(workdir, ranks_dry_runs, phase1_checkpoint_stand_in):
     assert not (workdir / "runs" / "base_phase2").exists()
 
 
+@pytest.mark.cluster
 def test_continue_base_from_both_formats(exported, workdir):
     """configs/continue_base.flags from a Hugging Face folder and from google's bert_model.ckpt (the
     demo's export stands in for the published BERT-base): 3 real updates each, with evaluation."""
@@ -433,16 +500,27 @@ def test_continue_base_from_both_formats(exported, workdir):
     for name in ("bert-base-uncased", "uncased_L-12_H-768_A-12"):
         (checkpoints / name).symlink_to(workdir / "runs" / "demo_export")
     hf, google = commands_of("test_continue_base_from_both_formats")
-    short = ["--total_steps=3", "--warmup_steps=1", "--log_interval=1", "--eval_interval=3"]
-    out = ok(run_doc_command(hf, workdir, short))
-    assert "initialised encoder and heads from checkpoints/bert-base-uncased (huggingface format)" in out, out[-3000:]
-    assert latest_step(workdir / "runs" / "continue_base") == 3
-    shutil.rmtree(workdir / "runs" / "continue_base")         # both write there: the second would resume
-    out = ok(run_doc_command(google, workdir, short))
-    assert "from checkpoints/uncased_L-12_H-768_A-12/bert_model.ckpt (google format)" in out, out[-3000:]
-    assert latest_step(workdir / "runs" / "continue_base") == 3
+    short = ["--total_steps=3", "--warmup_steps=1", "--log_interval=1", "--eval_interval=3", "--eval_batches=2"]
+    run_dir = workdir / "runs" / "continue_base"
+    evals = {}
+    for command, says in ((hf, "from checkpoints/bert-base-uncased (huggingface format)"),
+                          (google, "from checkpoints/uncased_L-12_H-768_A-12/bert_model.ckpt (google format)")):
+        out = ok(run_doc_command(command, workdir, short))
+        assert f"initialised encoder and heads {says}" in out, out[-3000:]
+        assert "initialised at random" not in out, out[-3000:]               # both heads came with it
+        assert latest_step(run_dir) == 3
+        records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        assert [r["step"] for r in records if r["kind"] == "train"] == [1, 2, 3], records
+        evals[says] = [r for r in records if r["kind"] == "eval"]
+        assert [r["step"] for r in evals[says]] == [0, 3], records       # the published model first, then adapted
+        shutil.rmtree(run_dir)                    # both write there: the second would resume
+    # the same weights through both formats: the same held-out figures before the first update
+    first, second = (e[0] for e in evals.values())
+    assert first["eval_mlm_accuracy"] == second["eval_mlm_accuracy"], evals
+    assert abs(first["eval_mlm_loss"] - second["eval_mlm_loss"]) < 1e-4, evals
 
 
+@pytest.mark.cluster
 def test_finetune_commands(demo_runs, workdir):
     if demo_runs[1] is None or demo_runs[1].returncode != 0:
         pytest.fail("needs the demo runs (test_demo_pretraining_*)")
@@ -459,6 +537,7 @@ def test_finetune_commands(demo_runs, workdir):
 
 # -------------------------------------------------------------------------------- the data commands
 
+@pytest.mark.cluster
 def test_data_commands_on_the_bundled_wikipedia_excerpt(tmp_path, corpus_dir):
     """learn_vocab and the 8-rank create_pretraining_data on dump/*.xml.bz2, here the bundled
     excerpt of an English Wikipedia dump (a MediaWiki .xml.bz2 like the real one)."""
@@ -476,10 +555,21 @@ def test_data_commands_on_the_bundled_wikipedia_excerpt(tmp_path, corpus_dir):
     print(out[-2000:])
     seq128 = tmp_path / "data" / "wiki" / "seq128"
     summary = json.loads((seq128 / "summary.json").read_text())
-    assert summary["total"]["ranks"] == 8 and summary["total"]["documents"] > 100, summary["total"]
-    from bert_tf import input_pipeline
+    total, per_rank = summary["total"], summary["per_rank"]
+    assert total["ranks"] == 8 and [r["rank"] for r in per_rank] == list(range(8)), total
+    # the ranks read disjoint parts that cover the corpus: their documents add up to the total, which
+    # is every document of the excerpt (read here in one process); one .bz2 goes whole to one rank
+    from bert_tf import corpus, input_pipeline
+    documents = sum(1 for _ in corpus.read_documents([str(tmp_path / "dump" / "enwiki-excerpt.xml.bz2")]))
+    assert documents > 100
+    assert sum(r["documents"] for r in per_rank) == total["documents"] == documents, [r["documents"] for r in per_rank]
+    assert [r["documents"] > 0 for r in per_rank].count(True) == 1, [r["documents"] for r in per_rank]
+    # every record in the train shards, counted by reading them, is one the summary counted, by rank
+    for r in per_rank:
+        made = sum(input_pipeline.check_file(f, 128, 20, full=True) for f in seq128.glob(f"train-r{r['rank']:03d}-*"))
+        assert made == r.get("train", {}).get("instances", 0), (r["rank"], made, r.get("train"))
     records = sum(input_pipeline.check_file(f, 128, 20, full=True) for f in seq128.glob("train-*"))
-    assert records == summary["total"]["train"]["instances"] > 0, (records, summary["total"]["train"])
+    assert records == total["train"]["instances"] > 0, (records, total["train"])
 
 
 # ------------------------------------------------------------ parsed: 16 ranks on 4 nodes, 4-GPU nodes
@@ -555,6 +645,7 @@ def horovodrun_mpirun_command(args, cwd, monkeypatch):
 
 @pytest.mark.parametrize("command", commands_of("test_horovodrun_on_16_ranks_parses_and_maps_4_per_node"),
                          ids=command_id)
+@pytest.mark.cluster
 def test_horovodrun_on_16_ranks_parses_and_maps_4_per_node(command, workdir, ranks_dry_runs, monkeypatch, request):
     args = shlex.split(command)
     if "base_phase2" in command:           # phase 2 starts from phase 1's checkpoint
@@ -569,6 +660,7 @@ def test_horovodrun_on_16_ranks_parses_and_maps_4_per_node(command, workdir, ran
     assert "dry run: flags and inputs check out" in ranks_dry_runs(ranks_command(args))
 
 
+@pytest.mark.cluster
 @pytest.mark.parametrize("command", commands_of("test_mpirun_on_16_ranks_maps_4_per_node"), ids=command_id)
 def test_mpirun_on_16_ranks_maps_4_per_node(command, workdir, ranks_dry_runs):
     args = shlex.split(command)
@@ -576,6 +668,42 @@ def test_mpirun_on_16_ranks_maps_4_per_node(command, workdir, ranks_dry_runs):
     assert "dry run: flags and inputs check out" in ranks_dry_runs(ranks_command(args))
 
 
+def test_elastic_horovodrun_on_16_ranks_parses_and_discovers_4_nodes(workdir, ranks_dry_runs, monkeypatch, tmp_path):
+    """Horovod 0.28.1's own parser and elastic set-up (launch._run up to the Gloo elastic driver, which
+    would ssh to the hosts), then the settings' host discovery: the README's script on a live-hosts
+    file of 4 nodes x 4 slots, run as Horovod runs it."""
+    from horovod.runner import launch
+    [command] = commands_of("test_elastic_horovodrun_on_16_ranks_parses_and_discovers_4_nodes")
+    live = tmp_path / "hosts.live"
+    live.write_text("".join(f"node{i}:4\n" for i in range(1, 5)))
+    args = [a.replace("/shared/hosts.live", str(live)) for a in shlex.split(command)]
+    monkeypatch.chdir(workdir)
+    monkeypatch.setattr(sys, "argv", ["horovodrun", *args[1:]])
+    started = []
+    monkeypatch.setattr(launch, "gloo_run_elastic", lambda settings, env, cmd, executable: started.append((settings, cmd)))
+    launch._run(launch.parse_args())
+    [(settings, ranks)] = started
+    assert (settings.num_proc, settings.min_num_proc, settings.max_num_proc) == (16, 8, 16)
+    assert list(settings.cooldown_range) == [120, 600] and "eth0" in settings.nics, vars(settings)
+    assert settings.discovery.find_available_hosts_and_slots() == FOUR_BY_FOUR
+    assert ranks == ranks_command(args)
+    out = ranks_dry_runs(ranks)
+    assert "dry run: flags and inputs check out: model 24 layers, hidden 1024" in out, out[-2000:]
+
+
+def test_elastic_recovery_benchmark_dry_run(workdir):
+    """The benchmark's two jobs, as it would start them (with the demo's data), pass run/pretrain.py's --dry_run."""
+    [command] = commands_of("test_elastic_recovery_benchmark_dry_run")
+    out = ok(run_doc_command(command, workdir, ["--dry_run"]))
+    for job, per_rank in (("restart", "4 x 2 sequences per rank"), ("elastic", "4 x 1 sequences per rank")):
+        said = re.search(rf"^{job} job: (.*)\n  (.*)$", out, re.M)
+        assert said, out[-3000:]
+        assert "run/pretrain.py --model_preset=tiny" in said[1] and ("--elastic " in said[1]) == (job == "elastic")
+        assert said[2].startswith("dry run: flags and inputs check out: model 2 layers") and per_rank in said[2], said[2]
+    assert not (workdir / "runs" / "elastic_recovery").exists()
+
+
+@pytest.mark.cluster
 def test_sbatch_on_4_gpu_nodes_would_start_16_tasks(workdir, tmp_path, ranks_dry_runs):
     [command] = commands_of("test_sbatch_on_4_gpu_nodes_would_start_16_tasks")
     args = shlex.split(command)

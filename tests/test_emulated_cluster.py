@@ -17,6 +17,7 @@ def leftovers():
     return ec.existing_namespaces(), [l for l in links.splitlines() if "br0" in l or " p0" in l or "btc" in l]
 
 
+@pytest.mark.cluster
 @needs_namespaces
 def test_up_and_down_leave_nothing_behind_even_after_an_exception():
     with pytest.raises(RuntimeError, match="boom"):
@@ -31,6 +32,7 @@ def test_up_and_down_leave_nothing_behind_even_after_an_exception():
     assert leftovers() == ([], [])
 
 
+@pytest.mark.cluster
 @needs_namespaces
 def test_a_stale_cluster_is_cleaned_by_the_next_up():
     stale = ec.EmulatedCluster(2, rate_gbit=1).up()          # never brought down, as after a crash
@@ -43,6 +45,7 @@ def test_a_stale_cluster_is_cleaned_by_the_next_up():
     assert leftovers() == ([], [])
 
 
+@pytest.mark.cluster
 @needs_namespaces
 def test_two_node_allreduce_puts_the_ring_volume_on_the_link():
     count, tensor_bytes = 20, 4 * 2 ** 20

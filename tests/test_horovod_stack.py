@@ -4,6 +4,8 @@ import pytest
 
 from conftest import WORKERS, horovodrun, mpirun, read_rank_results
 
+pytestmark = pytest.mark.cluster      # starts MPI/horovodrun jobs
+
 
 LAUNCHERS = {
     "mpirun": mpirun,

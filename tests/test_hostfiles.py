@@ -33,6 +33,7 @@ def mpirun_map(path, np_):
                                                 proc.stdout)}
 
 
+@pytest.mark.cluster
 @pytest.mark.parametrize("name", sorted(SHIPPED))
 def test_shipped_hostfile_parses_with_horovodrun_and_mpirun(name, tmp_path):
     path = REPO / "hostfiles" / name
@@ -61,6 +62,7 @@ def workdir(tmp_path_factory, corpus_dir):
     return services.make_demo_workdir(tmp_path_factory.mktemp("demo_workdir"), corpus_dir)
 
 
+@pytest.mark.cluster
 def test_readme_command_horovodrun_with_the_localhost_hostfile(workdir, tmp_path):
     """README: horovodrun -np 2 -hostfile hostfiles/localhost python run/pretrain.py --flagfile=configs/demo.flags
     (steps shortened, checkpoints in a temporary folder)."""

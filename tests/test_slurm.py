@@ -11,6 +11,8 @@ import pytest
 from conftest import REPO
 import services
 
+pytestmark = pytest.mark.cluster      # starts Slurm (and MPI jobs under it)
+
 SBATCH = str(REPO / "run" / "slurm" / "pretrain.sbatch")
 
 

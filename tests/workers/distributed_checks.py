@@ -1,5 +1,5 @@
 """Worker for tests/test_distributed.py (mpirun -np 2): weight agreement, batch equivalence,
-compressed allreduce payloads and disjoint input, all in one launch. Writes rankN.json/.npz."""
+compressed allreduce payloads and disjoint, complete input, all in one launch. Writes rankN.json/.npz."""
 import hashlib
 import json
 import os
@@ -101,10 +101,22 @@ for compression in (False, True):
     for key in ("dist", "ref", "emu"):
         arrays[f"grads_{key}_{tag}"] = flat(g.numpy() for g in sent[key])
 
-# disjoint input: the records each rank's pipeline hands out in one pass
+# disjoint input: the records each rank's pipeline hands out in one pass (every feature of a record,
+# as int64, hashed: tests/test_distributed.py hashes the files' records the same way)
+RECORD_KEYS = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids", "next_sentence_labels")
+
+
+def record_hash(batch, i):
+    h = hashlib.sha1()
+    for key in RECORD_KEYS:
+        h.update(np.asarray(batch[key][i], np.int64).tobytes())
+    return h.hexdigest()
+
+
 files = input_pipeline.list_files(train_glob)
 ds = input_pipeline.make_dataset(files, 4, 64, 10, rank, size, seed=1, training=False)
-result["record_hashes"] = [hashlib.sha1(ids.tobytes()).hexdigest() for b in ds for ids in b["input_ids"].numpy()]
+result["record_hashes"] = [record_hash(b, i) for b in (
+    {k: v.numpy() for k, v in batch.items()} for batch in ds) for i in range(len(b["input_ids"]))]
 
 with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
     json.dump(result, f)
