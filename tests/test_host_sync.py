@@ -79,12 +79,11 @@ def _loop_counts(tiny_data, tmp_path, total_steps, log_interval, accumulation_st
     distributed.init()
     job = pretraining.build(cfg, lambda *a, **k: None)
     trainer = job.trainer
-    first = [next(job.batches) for _ in range(accumulation_steps)]
-    trainer.train_step(first)                                  # compile outside the count
+    trainer.train_step(job.input.next_update())               # compile outside the count
     trainer.step.assign(0)
     with fetches() as n, counting(distributed, "any_rank") as agreements:
         with pretraining.StopSignal() as stop:
-            pretraining.train(cfg, job, stop, lambda *a, **k: None)
+            pretraining.train(cfg, job, pretraining.Static(stop, 0, lambda *a, **k: None, cfg.stop_check_interval))
     return n[0], agreements[0]
 
 
