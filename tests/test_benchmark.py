@@ -7,7 +7,6 @@ import subprocess
 import sys
 import types
 
-
 from bert_tf import flops, pretraining
 from conftest import REPO, mpi_env
 
