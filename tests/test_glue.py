@@ -1,0 +1,179 @@
+"""GLUE: every task's files in the layout the standard download writes, the metrics by hand, the GLUE
+score, the submission files, and the errors for files that do not have their task's layout."""
+import pytest
+
+from bert_tf import ConfigError, glue
+
+# header row (None: the file has none) and rows of each split, in each task's columns as distributed
+LAYOUT = {
+    "CoLA": {"train": (None, [["gj04", "1", "", "Our friends won't buy this analysis."],
+                              ["gj04", "0", "*", "One more pseudo generalization and I'm giving up."]]),
+             "dev": (None, [["gj04", "1", "", "The sailors rode the breeze clear of the rocks."]]),
+             "test": (["index", "sentence"], [["0", "Bill whistled past the house."]])},
+    "SST-2": {"train": (["sentence", "label"], [["hide new secretions from the parental units ", "0"],
+                                                ["the greatest musicians ", "1"]]),
+              "dev": (["sentence", "label"], [["it 's a charming and often affecting journey . ", "1"]]),
+              "test": (["index", "sentence"], [["0", "uneasy mishmash of styles and genres ."]])},
+    "MRPC": {"train": (["Quality", "#1 ID", "#2 ID", "#1 String", "#2 String"],
+                       [["1", "702876", "702977", "Amrozi accused his brother .", "Referring to him , Amrozi ."]]),
+             "dev": (["Quality", "#1 ID", "#2 ID", "#1 String", "#2 String"],
+                     [["0", "1", "2", "He said the foodservice pie business .", "The foodservice pie business ."]]),
+             "test": (["index", "#1 ID", "#2 ID", "#1 String", "#2 String"],
+                      [["0", "1089874", "1089925", "PCCW 's chief operating officer", "Mr Sun"]])},
+    "STS-B": {"train": (["index", "genre", "filename", "year", "old_index", "source1", "source2", "sentence1",
+                         "sentence2", "score"],
+                        [["0", "main-captions", "MSRvid", "2012test", "0001", "none", "none", "A plane is taking off.",
+                          "An air plane is taking off.", "5.000"]]),
+              "dev": (["index", "genre", "filename", "year", "old_index", "source1", "source2", "sentence1",
+                       "sentence2", "score"],
+                      [["0", "main-captions", "MSRvid", "2012test", "0000", "none", "none", "A man with a hard hat.",
+                        "A man wearing a hard hat is dancing.", "3.800"]]),
+              "test": (["index", "genre", "filename", "year", "old_index", "source1", "source2", "sentence1",
+                        "sentence2"],
+                       [["0", "main-captions", "MSRvid", "2012test", "0024", "none", "none", "A girl is styling.",
+                         "A girl is brushing her hair."]])},
+    "QQP": {"train": (["id", "qid1", "qid2", "question1", "question2", "is_duplicate"],
+                      [["133273", "213221", "213222", "How is the life of a math student?",
+                        "Which level of prepration is enough?", "0"],
+                       ["201841", "303951", "174077", "How do I control my horny emotions?"]]),   # a field missing
+            "dev": (["id", "qid1", "qid2", "question1", "question2", "is_duplicate"],
+                    [["40066", "1", "2", "What is the best way to learn?", "How can I learn best?", "1"]]),
+            "test": (["id", "question1", "question2"], [["0", "Why are Indian women so fair?", "Are they?"]])},
+    "MNLI": {"train": (["index", "promptID", "pairID", "genre", "sentence1_binary_parse", "sentence2_binary_parse",
+                        "sentence1_parse", "sentence2_parse", "sentence1", "sentence2", "label1", "gold_label"],
+                       [["0", "31193", "31193n", "government", "( ( Conceptually", "( Product", "(ROOT", "(ROOT",
+                         "Conceptually cream skimming has two basic dimensions.",
+                         "Product and geography are what make cream skimming work.", "neutral", "neutral"]]),
+             "dev_matched": (["index", "promptID", "pairID", "genre", "sentence1_binary_parse",
+                              "sentence2_binary_parse", "sentence1_parse", "sentence2_parse", "sentence1",
+                              "sentence2", "label1", "label2", "label3", "label4", "label5", "gold_label"],
+                             [["0", "63735", "63735n", "slate", "(", "(", "(ROOT", "(ROOT", "The new rights are nice.",
+                               "Everyone really likes the newest benefits.", "neutral", "entailment", "neutral",
+                               "neutral", "neutral", "neutral"]]),
+             "dev_mismatched": (["index", "promptID", "pairID", "genre", "sentence1_binary_parse",
+                                 "sentence2_binary_parse", "sentence1_parse", "sentence2_parse", "sentence1",
+                                 "sentence2", "label1", "label2", "label3", "label4", "label5", "gold_label"],
+                                [["0", "75290", "75290c", "letters", "(", "(", "(ROOT", "(ROOT",
+                                  "Your contribution helped make it possible.", "Your contributions were of no help.",
+                                  "contradiction", "contradiction", "contradiction", "contradiction",
+                                  "contradiction", "contradiction"]]),
+             "test_matched": (["index", "promptID", "pairID", "genre", "sentence1_binary_parse",
+                               "sentence2_binary_parse", "sentence1_parse", "sentence2_parse", "sentence1",
+                               "sentence2"],
+                              [["0", "31493", "31493", "travel", "(", "(", "(ROOT", "(ROOT", "Hierbas, ans seco.",
+                                "Hierbas is a name worth looking out for."]]),
+             "test_mismatched": (["index", "promptID", "pairID", "genre", "sentence1_binary_parse",
+                                  "sentence2_binary_parse", "sentence1_parse", "sentence2_parse", "sentence1",
+                                  "sentence2"],
+                                 [["0", "1", "1", "letters", "(", "(", "(ROOT", "(ROOT", "What have you decided?",
+                                   "I am not sure."]])},
+    "QNLI": {"train": (["index", "question", "sentence", "label"],
+                       [["0", "When did the third Digimon series begin?", "Unlike the two seasons before it.",
+                         "not_entailment"]]),
+             "dev": (["index", "question", "sentence", "label"],
+                     [["0", "What came into force after the new constitution?", "As of that day, the law.",
+                       "entailment"]]),
+             "test": (["index", "question", "sentence"], [["0", "What organization is devoted?", "The Church."]])},
+    "RTE": {"train": (["index", "sentence1", "sentence2", "label"],
+                      [["0", "No Weapons of Mass Destruction Found in Iraq Yet.", "Weapons Found in Iraq.",
+                        "not_entailment"]]),
+            "dev": (["index", "sentence1", "sentence2", "label"],
+                    [["0", "Dana Reeve died of lung cancer.", "Christopher Reeve had an accident.", "not_entailment"]]),
+            "test": (["index", "sentence1", "sentence2"], [["0", "Mangla was built in 1967.", "Mangla was built."]])},
+    "WNLI": {"train": (["index", "sentence1", "sentence2", "label"],
+                       [["0", "I stuck a pin through a carrot.", "The carrot had a hole.", "1"]]),
+             "dev": (["index", "sentence1", "sentence2", "label"],
+                     [["0", "The drain is clogged with hair.", "The hair has to be cleaned out.", "0"]]),
+             "test": (["index", "sentence1", "sentence2"], [["0", "Maude and Dora had seen the trains.", "x."]])},
+}
+
+
+def write_glue(root, layout=LAYOUT):
+    for folder, splits in layout.items():
+        (root / folder).mkdir(parents=True, exist_ok=True)
+        for split, (header, rows) in splits.items():
+            lines = ([header] if header else []) + rows
+            (root / folder / f"{split}.tsv").write_text("".join("\t".join(r) + "\n" for r in lines))
+    return root
+
+
+def test_every_task_reads_its_files_as_distributed(tmp_path):
+    root = write_glue(tmp_path)
+    assert glue.parse_tasks("all") == list(glue.TASKS) and glue.parse_tasks("CoLA, mnli") == ["cola", "mnli"]
+    with pytest.raises(ConfigError, match="--tasks=cola,squad: unknown task squad; valid: cola, sst2"):
+        glue.parse_tasks("cola,squad")
+    for name, task in glue.TASKS.items():
+        for split in ("train", *task.dev_splits, *task.test_splits):
+            got = glue.read_split(task, str(root), split)
+            rows = LAYOUT[task.folder][split][1]
+            assert len(got.examples) == len(rows) - got.skipped, (name, split)
+    cola = glue.read_split(glue.TASKS["cola"], str(root), "train")     # no header: both rows are examples
+    assert [(e.text_a, e.label) for e in cola.examples] == [("Our friends won't buy this analysis.", 1),
+                                                            ("One more pseudo generalization and I'm giving up.", 0)]
+    mnli = glue.TASKS["mnli"]
+    dev_mm = glue.read_split(mnli, str(root), "dev_mismatched").examples[0]
+    assert (dev_mm.text_b, mnli.labels[dev_mm.label]) == ("Your contributions were of no help.", "contradiction")
+    qqp = glue.read_split(glue.TASKS["qqp"], str(root), "train")
+    assert qqp.skipped == 1 and len(qqp.examples) == 1                # the row with a missing field, counted
+    sts = glue.read_split(glue.TASKS["stsb"], str(root), "dev").examples[0]
+    assert sts.label == 3.8 and sts.text_b == "A man wearing a hard hat is dancing."
+    test = glue.read_split(glue.TASKS["mrpc"], str(root), "test").examples[0]
+    assert (test.guid, test.text_a, test.label) == ("0", "PCCW 's chief operating officer", None)
+
+
+def test_files_without_their_tasks_layout_are_named_with_the_line(tmp_path):
+    root = write_glue(tmp_path)
+    rte = glue.TASKS["rte"]
+    with pytest.raises(ConfigError, match=r"rte: .*RTE/dev.tsv not found"):
+        glue.read_split(rte, str(tmp_path / "elsewhere"), "dev")
+    (root / "RTE" / "train.tsv").write_text("index\tsentence1\tsentence2\tlabel\n0\ta\tb\tentailment\n1\tonly two\n")
+    with pytest.raises(ConfigError, match=r"RTE/train.tsv:3: 2 fields, a rte row has 4"):
+        glue.read_split(rte, str(root), "train")
+    (root / "RTE" / "train.tsv").write_text("index\tsentence1\tsentence2\tlabel\n0\ta\tb\tneutral\n")
+    with pytest.raises(ConfigError, match=r"RTE/train.tsv:2: rte label 'neutral' is not one of entailment, "
+                                          r"not_entailment"):
+        glue.read_split(rte, str(root), "train")
+    (root / "RTE" / "dev.tsv").write_text("index\tsentence1\tsentence2\tlabel\n")
+    with pytest.raises(ConfigError, match=r"RTE/dev.tsv: no examples"):
+        glue.read_split(rte, str(root), "dev")
+    (root / "STS-B" / "dev.tsv").write_text("h\n" + "\t".join(["0"] * 9 + ["high"]) + "\n")
+    with pytest.raises(ConfigError, match=r"STS-B/dev.tsv:2: stsb score 'high' is not a number"):
+        glue.read_split(glue.TASKS["stsb"], str(root), "dev")
+
+
+def test_metrics_by_hand():
+    labels, predictions = [1, 1, 0, 0, 1, 0], [1, 0, 0, 1, 1, 0]
+    # tp 2, tn 2, fp 1, fn 1: MCC = (2*2 - 1*1) / sqrt(3*3*3*3) = 1/3; F1 = 2*2 / (3 + 3)
+    assert glue.matthews_corr(labels, predictions) == pytest.approx(1 / 3)
+    assert glue.f1(labels, predictions) == pytest.approx(2 / 3) and glue.accuracy(labels, predictions) == 4 / 6
+    assert glue.matthews_corr([1, 1, 0], [1, 1, 1]) == 0.0            # one predicted class: 0, as GLUE's
+    assert glue.pearson([1, 2, 3], [2, 4, 7]) == pytest.approx(5 / (2 * 114 / 9) ** 0.5)
+    # ties share ranks: x -> 1, 2.5, 2.5, 4; r = 4.5 / sqrt(4.5 * 5)
+    assert glue.ranks([1, 2, 2, 3]) == [1, 2.5, 2.5, 4]
+    assert glue.spearman([1, 2, 2, 3], [1, 3, 2, 4]) == pytest.approx(4.5 / (4.5 * 5) ** 0.5)
+    with pytest.raises(ValueError, match="cola: 2 predictions for 3 labels"):
+        glue.score(glue.TASKS["cola"], [1, 0, 1], [1, 0])
+
+
+def test_task_and_glue_scores_average_as_papers_do():
+    results = {"cola": {"dev": {"matthews_corr": 0.5}},
+               "mrpc": {"dev": {"f1": 0.8, "accuracy": 0.7}},
+               "stsb": {"dev": {"pearson": 0.9, "spearman": 0.8}},
+               "mnli": {"dev_matched": {"accuracy": 0.8}, "dev_mismatched": {"accuracy": 0.7}},
+               "wnli": {"dev": {"accuracy": 0.5}}}
+    assert glue.task_score(glue.TASKS["mnli"], results["mnli"]) == pytest.approx(0.75)
+    assert glue.glue_score(results) == pytest.approx((0.5 + 0.75 + 0.85 + 0.75 + 0.5) / 5)
+    assert glue.glue_score(results, without=("wnli",)) == pytest.approx((0.5 + 0.75 + 0.85 + 0.75) / 4)
+
+
+def test_submission_files_carry_the_index_and_the_label_names(tmp_path):
+    root = write_glue(tmp_path / "glue")
+    mnli = glue.TASKS["mnli"]
+    examples = glue.read_split(mnli, str(root), "test_mismatched").examples
+    path = glue.write_submission(mnli, "test_mismatched", examples, [1], tmp_path / "out")
+    assert path.endswith("MNLI-mm.tsv") and open(path).read() == "index\tprediction\n0\tentailment\n"
+    sts = glue.TASKS["stsb"]
+    path = glue.write_submission(sts, "test", glue.read_split(sts, str(root), "test").examples, [5.7], tmp_path / "out")
+    assert open(path).read() == "index\tprediction\n0\t5.000\n"
+    with pytest.raises(ValueError):
+        glue.write_submission(mnli, "test_matched", examples, [1, 2], tmp_path / "out")
