@@ -61,15 +61,23 @@ def encode(examples: Examples, tokenizer, max_seq_length, label_names):
     unknown = sorted(set(examples.labels) - set(label_names))
     if unknown:
         raise ConfigError(f"labels {unknown} are not among the training labels {label_names}")
-    a = tokenizer.tokenize(examples.texts_a)
-    b = tokenizer.tokenize([t or "" for t in examples.texts_b])
+    features, truncated = encode_texts(examples.texts_a, examples.texts_b, tokenizer, max_seq_length)
+    labels = np.array([label_names.index(x) for x in examples.labels], np.int32)
+    return features, labels, truncated
+
+
+def encode_texts(texts_a, texts_b, tokenizer, max_seq_length):
+    """[CLS] a [SEP] (b [SEP]) as google's run_classifier builds it, the longer text truncated first.
+    texts_b: None entries for single sentences. -> (features dict of int32 arrays, truncated count)."""
+    a = tokenizer.tokenize(list(texts_a))
+    b = tokenizer.tokenize([t or "" for t in texts_b])
     n = len(a)
     ids = np.zeros([n, max_seq_length], np.int32)
     mask = np.zeros_like(ids)
     segments = np.zeros_like(ids)
     truncated = 0
     for i in range(n):
-        tokens_a, tokens_b = list(a[i]), list(b[i]) if examples.texts_b[i] else []
+        tokens_a, tokens_b = list(a[i]), list(b[i]) if texts_b[i] else []
         budget = max_seq_length - (3 if tokens_b else 2)
         if len(tokens_a) + len(tokens_b) > budget:
             truncated += 1
@@ -81,21 +89,24 @@ def encode(examples: Examples, tokenizer, max_seq_length, label_names):
             row += tokens_b + [tokenizer.sep_id]
             seg += [1] * (len(tokens_b) + 1)
         ids[i, :len(row)], mask[i, :len(row)], segments[i, :len(row)] = row, 1, seg
-    labels = np.array([label_names.index(x) for x in examples.labels], np.int32)
-    return {"input_ids": ids, "input_mask": mask, "segment_ids": segments}, labels, truncated
+    return {"input_ids": ids, "input_mask": mask, "segment_ids": segments}, truncated
 
 
 class BertClassifier(tf.Module):
-    """Encoder -> pooled [B, H] -> dropout -> dense [B, num_labels]; loss, correct and count."""
+    """Encoder -> pooled [B, H] -> dropout -> dense [B, num_labels]; loss, correct and count.
+    regression (STS-B): one output, mean squared error against a float "label"."""
 
-    def __init__(self, config: modeling.BertConfig, num_labels: int, name=None):
+    def __init__(self, config: modeling.BertConfig, num_labels: int, regression=False, name=None):
         super().__init__(name=name)
-        self.config = config
+        if regression and num_labels != 1:
+            raise ValueError(f"a regression head has 1 output, not {num_labels}")
+        self.config, self.regression = config, regression
         self.encoder = modeling.BertEncoder(config)
         self.classifier = modeling.Dense(config.hidden_size, num_labels, config.initializer_range)
         self.dropout_rate = config.hidden_dropout_prob
 
     def logits(self, features, dtype=tf.float32, seed=None, training=False):
+        """[B, num_labels] float32 (regression: [B, 1], the predicted score)."""
         seed = tf.zeros([2], tf.int32) if seed is None else seed
         _, pooled = self.encoder(features["input_ids"], features["input_mask"], features["segment_ids"],
                                  dtype=dtype, seed=seed, training=training)
@@ -103,12 +114,20 @@ class BertClassifier(tf.Module):
                                   training)
         return tf.cast(self.classifier(pooled), tf.float32)
 
+    def predict(self, features):
+        """Label indices [B], or scores [B] for regression."""
+        logits = self.logits(features)
+        return logits[:, 0] if self.regression else tf.argmax(logits, -1, output_type=tf.int32)
+
     def __call__(self, features, *, dtype=tf.float32, seed=None, training=False):
         logits = self.logits(features, dtype, seed, training)
         labels = features["label"]
+        count = tf.cast(tf.size(labels), tf.float32)
+        if self.regression:
+            return {"loss": tf.reduce_mean(tf.square(logits[:, 0] - tf.cast(labels, tf.float32))), "count": count}
         loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits))
         correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, -1, output_type=labels.dtype), labels), tf.float32))
-        return {"loss": loss, "correct": correct, "count": tf.cast(tf.size(labels), tf.float32)}
+        return {"loss": loss, "correct": correct, "count": count}
 
 
 def load_encoder(encoder: modeling.BertEncoder, checkpoint, vocab_size: int | None = None, vocab_file: str = ""):
@@ -136,43 +155,26 @@ def binary_f1(labels, predictions, positive=1):
 
 
 def train_and_evaluate(model_config, label_names, train, evaluation, init_checkpoint=None, vocab_size=None,
-                       epochs=10, batch_size=16, learning_rate=1e-3, warmup_fraction=0.1, seed=0,
+                       epochs=3, batch_size=32, learning_rate=2e-5, warmup_fraction=0.1, seed=0,
                        precision="float32", allreduce=None, broadcast=None, rank=0, size=1):
-    """Fine-tunes a fresh classifier (encoder from `init_checkpoint`, else random) and evaluates it.
+    """Fine-tunes a fresh classifier (encoder from `init_checkpoint`, else random) with
+    finetuning.fine_tune and evaluates it. batch_size: examples per rank per update.
 
-    train / evaluation: (features dict of numpy arrays, labels). Each rank trains on its share
-    (rows rank::size of a permutation shared by all ranks) of every epoch. Returns (metrics, model).
+    train / evaluation: (features dict of numpy arrays, labels). Returns (metrics, model).
     """
-    from bert_tf import training
+    from bert_tf import finetuning
 
     tf.random.set_seed(seed)
     model = BertClassifier(model_config, len(label_names))
     if init_checkpoint:
         load_encoder(model.encoder, init_checkpoint, vocab_size)
     (x, y), (ex, ey) = train, evaluation
-    steps_per_epoch = len(y) // (batch_size * size)
-    if steps_per_epoch < 1:
-        raise ConfigError(f"{len(y)} training examples are fewer than one global batch of {batch_size * size}")
-    total = epochs * steps_per_epoch
-    config = training.TrainConfig(optimizer="adamw", learning_rate=learning_rate, precision=precision,
-                                  warmup_steps=int(total * warmup_fraction), total_steps=total,
-                                  weight_decay=0.01, seed=seed)
-    trainer = training.Trainer(model, config, allreduce or training.identity_allreduce, seed_offset=rank)
-    if broadcast:
-        broadcast(trainer.variables)
-    rng = np.random.RandomState(seed)
-    for _ in range(epochs):
-        mine = rng.permutation(len(y))[rank::size]
-        for s in range(steps_per_epoch):
-            rows = mine[s * batch_size:(s + 1) * batch_size]
-            batch = {k: tf.constant(v[rows]) for k, v in x.items()}
-            batch["label"] = tf.constant(y[rows])
-            out = trainer.train_step([batch])
-    predictions = np.concatenate([
-        np.argmax(model.logits({k: tf.constant(v[i:i + 64]) for k, v in ex.items()}).numpy(), -1)
-        for i in range(0, len(ey), 64)])
-    metrics = {"accuracy": float(np.mean(predictions == ey)), "eval_examples": int(len(ey)),
-               "train_steps": total, "final_train_loss": float(out["loss"])}
+    recipe = finetuning.Recipe(learning_rate=learning_rate, epochs=epochs, warmup_fraction=warmup_fraction,
+                               seed=seed, precision=precision)
+    run = finetuning.fine_tune(model, {**x, "label": y}, recipe, rank, size, allreduce, broadcast,
+                               per_rank_batch=batch_size)
+    predictions = finetuning.predict(model.predict, ex)
+    metrics = {"accuracy": float(np.mean(predictions == ey)), "eval_examples": int(len(ey)), **run}
     if len(label_names) == 2:
         metrics["f1"] = binary_f1(ey, predictions)
     return metrics, model

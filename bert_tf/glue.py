@@ -221,3 +221,115 @@ def write_submission(task: Task, split: str, examples, predictions, out_dir) -> 
             value = f"{min(5.0, max(0.0, float(prediction))):.3f}" if task.is_regression else task.labels[prediction]
             f.write(f"{example.guid}\t{value}\n")
     return path
+
+
+# -- the protocol -------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    learning_rate: float
+    batch_size: int             # sequences per update over all ranks
+    epochs: float
+
+    def label(self) -> str:
+        return f"lr {self.learning_rate:g}, batch {self.batch_size}, {self.epochs:g} epochs"
+
+
+def sweep(learning_rates, batch_sizes, epochs) -> list:
+    """Every combination, in the order given (the recipe alone: 2e-5 x 32 x 3)."""
+    return [Setting(lr, b, e) for lr in learning_rates for b in batch_sizes for e in epochs]
+
+
+def encode_split(task: Task, split: Split, tokenizer, max_seq_length):
+    """-> (features with "label" where the split has labels, number of truncated examples)."""
+    from bert_tf import classification
+    import numpy as np
+    examples = split.examples
+    features, truncated = classification.encode_texts([e.text_a for e in examples], [e.text_b for e in examples],
+                                                      tokenizer, max_seq_length)
+    if examples[0].label is not None:
+        features["label"] = np.array([e.label for e in examples], np.float32 if task.is_regression else np.int32)
+    return features, truncated
+
+
+def run_task(task: Task, data_dir, tokenizer, model_config, init, settings, seeds, recipe, distributed=None,
+             log=print) -> dict:
+    """Fine-tunes `task` once per setting and seed, scores every dev split, and keeps the test
+    predictions of the selected run: the setting with the best median dev score over the seeds, and
+    within it the seed with the best dev score (selection on dev, as papers report dev results).
+    init: a read checkpoint (checkpoint_formats.read) or None for random initialisation. recipe: the
+    other fine-tuning settings (finetuning.Recipe). distributed: (rank, size, allreduce, broadcast)."""
+    from bert_tf import classification, finetuning
+    import tensorflow as tf
+    rank, size, allreduce, broadcast = distributed or (0, 1, None, None)
+    splits = {name: read_split(task, data_dir, name) for name in ("train", *task.dev_splits, *task.test_splits)}
+    if splits["train"].skipped:
+        log(f"{task.name}: {splits['train'].skipped} rows of {split_path(task, data_dir, 'train')} have missing "
+            f"fields: skipped")
+    for name in task.dev_splits + task.test_splits:
+        if splits[name].skipped:
+            raise ConfigError(f"{split_path(task, data_dir, name)}: {splits[name].skipped} rows have missing fields "
+                              f"(a score on the rest would not be the task's)")
+    encoded = {name: encode_split(task, s, tokenizer, recipe.max_seq_length) for name, s in splits.items()}
+    truncated = {name: t for name, (_, t) in encoded.items() if t}
+    runs = []
+    for setting in settings:
+        for seed in seeds:
+            r = dataclasses.replace(recipe, learning_rate=setting.learning_rate, batch_size=setting.batch_size,
+                                    epochs=setting.epochs, seed=seed)
+            tf.random.set_seed(seed)
+            model = classification.BertClassifier(model_config, 1 if task.is_regression else len(task.labels),
+                                                  regression=task.is_regression)
+            if init is not None:
+                classification.load_encoder(model.encoder, init, len(tokenizer))
+            trained = finetuning.fine_tune(model, encoded["train"][0], r, rank, size, allreduce, broadcast)
+            dev = {}
+            for name in task.dev_splits:
+                features = encoded[name][0]
+                predictions = finetuning.predict(model.predict, {k: v for k, v in features.items() if k != "label"})
+                dev[name] = score(task, features["label"].tolist(), predictions.tolist())
+            test = {name: finetuning.predict(model.predict, encoded[name][0]).tolist() for name in task.test_splits}
+            runs.append({"setting": dataclasses.asdict(setting), "seed": seed, "dev": dev,
+                         "score": task_score(task, dev), **trained, "test_predictions": test})
+            log(f"{task.name}: {setting.label()}, seed {seed}: " + "; ".join(
+                f"{name} " + ", ".join(f"{m} {v:.4f}" for m, v in d.items()) for name, d in dev.items()))
+    by_setting = {}
+    for run in runs:
+        by_setting.setdefault(Setting(**run["setting"]), []).append(run)
+    summaries = []
+    for setting, group in by_setting.items():
+        metrics = {f"{name}/{m}": finetuning.summarize([g["dev"][name][m] for g in group])
+                   for name in task.dev_splits for m in task.metrics}
+        summaries.append({"setting": dataclasses.asdict(setting), "score": finetuning.summarize([g["score"] for g in group]),
+                          "metrics": metrics})
+    best = max(summaries, key=lambda s: s["score"]["median"])
+    chosen = max(by_setting[Setting(**best["setting"])], key=lambda g: g["score"])
+    return {"task": task.name, "examples": {name: len(s.examples) for name, s in splits.items()},
+            "truncated": truncated, "train_rows_skipped": splits["train"].skipped, "settings": summaries,
+            "selected": {"setting": best["setting"], "seed": chosen["seed"], "by": "best median dev score over "
+                         "the seeds; test predictions from its best seed on dev"},
+            "runs": [{k: v for k, v in run.items() if k != "test_predictions"} for run in runs],
+            "test_predictions": chosen["test_predictions"]}
+
+
+def markdown(results: dict, recipe, seeds) -> str:
+    """The tables people compare with papers: per task and setting, dev metrics as mean ± std and
+    median over the seeds, then the GLUE score of the selected settings."""
+    lines = [f"Dev set, {len(seeds)} seed(s) per setting ({', '.join(map(str, seeds))}); sequence "
+             f"{recipe.max_seq_length}, warmup {recipe.warmup_fraction:g}, AdamW "
+             f"(weight decay {recipe.weight_decay:g}), precision {recipe.precision}. Selection on dev.", "",
+             "| task | setting | metric | mean ± std | median | selected |", "|---|---|---|---|---|---|"]
+    for name, result in results.items():
+        for summary in result["settings"]:
+            chosen = "yes" if summary["setting"] == result["selected"]["setting"] else ""
+            label = Setting(**summary["setting"]).label()
+            for metric, s in summary["metrics"].items():
+                lines.append(f"| {name} | {label} | {metric} | {100 * s['mean']:.2f} ± {100 * s['std']:.2f} | "
+                             f"{100 * s['median']:.2f} | {chosen} |")
+    selected = {name: {split: {m: next(s for s in r["settings"] if s["setting"] == r["selected"]["setting"])
+                               ["metrics"][f"{split}/{m}"]["median"] for m in TASKS[name].metrics}
+                       for split in TASKS[name].dev_splits} for name, r in results.items()}
+    lines += ["", f"GLUE score over these {len(selected)} task(s), medians of the selected settings: "
+              f"{100 * glue_score(selected):.2f}"]
+    if "wnli" in selected and len(selected) > 1:
+        lines.append(f"without WNLI (as BERT reports its average): {100 * glue_score(selected, without=('wnli',)):.2f}")
+    return "\n".join(lines) + "\n"

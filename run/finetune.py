@@ -1,5 +1,6 @@
 """Fine-tunes a sentence(-pair) classifier from a pre-trained encoder; k-fold cross-validation;
-a probe over a pre-training run's checkpoints.
+a probe over a pre-training run's checkpoints. Defaults: the standard BERT recipe (finetuning.Recipe:
+AdamW 2e-5, batch 32, 3 epochs, 10% warmup, sequence 128).
 
     python run/finetune.py --train_file=data/corpus/pang_lee_polarity.cor --kfold=5 \
         --init_checkpoint=runs/demo --vocab_file=data/demo/vocab.txt --output_json=runs/finetune.json
@@ -26,10 +27,10 @@ flags.DEFINE_string("bert_config_file", "", "Model config; default: the checkpoi
                     "(bert_config.json / config.json).")
 flags.DEFINE_string("vocab_file", None, "The vocab.txt the encoder was pre-trained with.")
 flags.DEFINE_bool("do_lower_case", True, "Tokeniser lower-cases.")
-flags.DEFINE_integer("max_seq_length", 64, "Longer examples are truncated (and counted).")
-flags.DEFINE_integer("epochs", 10, "Passes over the training examples.")
-flags.DEFINE_integer("batch_size", 16, "Examples per rank per step.")
-flags.DEFINE_float("learning_rate", 1e-3, "AdamW peak learning rate (10% linear warmup, then linear decay).")
+flags.DEFINE_integer("max_seq_length", 128, "Longer examples are truncated (and counted).")
+flags.DEFINE_integer("epochs", 3, "Passes over the training examples.")
+flags.DEFINE_integer("batch_size", 32, "Examples per update over all ranks (a multiple of the rank count).")
+flags.DEFINE_float("learning_rate", 2e-5, "AdamW peak learning rate (10% linear warmup, then linear decay).")
 flags.DEFINE_integer("seed", 0, "Seed for folds, initialisation and order.")
 flags.DEFINE_string("output_json", "", "Write the metrics here.")
 flags.DEFINE_string("probe_checkpoint_dir", "", "Run the probe on every checkpoint of this pre-training run and "
@@ -39,7 +40,7 @@ FLAGS = flags.FLAGS
 
 
 def cross_validate(model_config, tokenizer, examples, checkpoint, hvd, label_names):
-    from bert_tf import classification, distributed
+    from bert_tf import classification, distributed, finetuning
     x, y, truncated = classification.encode(examples, tokenizer, FLAGS.max_seq_length, label_names)
     if FLAGS.eval_file:
         ev = classification.read_examples(FLAGS.eval_file)
@@ -54,7 +55,8 @@ def cross_validate(model_config, tokenizer, examples, checkpoint, hvd, label_nam
     for train, evaluation in data:
         metrics, model = classification.train_and_evaluate(
             model_config, label_names, train, evaluation, init_checkpoint=checkpoint, vocab_size=len(tokenizer),
-            epochs=FLAGS.epochs, batch_size=FLAGS.batch_size, learning_rate=FLAGS.learning_rate, seed=FLAGS.seed,
+            epochs=FLAGS.epochs, batch_size=finetuning.Recipe(batch_size=FLAGS.batch_size).per_rank_batch(hvd.size()),
+            learning_rate=FLAGS.learning_rate, seed=FLAGS.seed,
             allreduce=distributed.make_gradient_allreduce(False, name="ft"),
             broadcast=distributed.broadcast_variables, rank=hvd.rank(), size=hvd.size())
         folds.append(metrics)

@@ -1,5 +1,7 @@
 """GLUE: every task's files in the layout the standard download writes, the metrics by hand, the GLUE
 score, the submission files, and the errors for files that do not have their task's layout."""
+import sys
+
 import pytest
 
 from bert_tf import ConfigError, glue
@@ -177,3 +179,99 @@ def test_submission_files_carry_the_index_and_the_label_names(tmp_path):
     assert open(path).read() == "index\tprediction\n0\t5.000\n"
     with pytest.raises(ValueError):
         glue.write_submission(mnli, "test_matched", examples, [1, 2], tmp_path / "out")
+
+
+def grown_layout(n):
+    """LAYOUT with n rows in every train and dev split: the template rows repeated, their labels cycling
+    through the task's (STS-B: scores 0-5) and a word added to their texts, so each task has something to fit."""
+    out = {}
+    for folder, splits in LAYOUT.items():
+        task = next(t for t in glue.TASKS.values() if t.folder == folder)
+        out[folder] = {}
+        for split, (header, rows) in splits.items():
+            if split.startswith("test"):
+                out[folder][split] = (header, rows)
+                continue
+            template = max(rows, key=len)
+            grown = []
+            for i in range(n):
+                row = list(template)
+                label = f"{(i % 6) * 1.0:.3f}" if task.is_regression else task.labels[i % len(task.labels)]
+                row[task.label_column] = label
+                for column in task.text_columns:
+                    if column is not None:
+                        row[column] = f"{row[column]} {['good', 'bad', 'fine'][i % 3]} {label}"
+                grown.append(row)
+            out[folder][split] = (header, grown)
+    return out
+
+
+@pytest.mark.cluster
+def test_every_task_trains_predicts_scores_and_writes_its_submission_under_mpirun(tiny_data, tmp_path):
+    """run/glue.py on all nine tasks, 2 ranks, a tiny random-init BERT: dev tables, the GLUE score and
+    the server's files (one per test split, every test row, the task's label names)."""
+    import json
+    import subprocess
+    from conftest import REPO, mpirun
+    from bert_tf import modeling, tokenization
+    data = write_glue(tmp_path / "glue", grown_layout(16))
+    config = tmp_path / "bert_config.json"
+    vocab = len(tokenization.Tokenizer.from_file(tiny_data["vocab_file"]))
+    modeling.BertConfig.preset("tiny", vocab_size=vocab).to_json_file(str(config))
+    out = tmp_path / "out"
+    mpirun(2, [REPO / "run" / "glue.py", "--tasks=all", f"--data_dir={data}", "--random_init",
+               f"--bert_config_file={config}", f"--vocab_file={tiny_data['vocab_file']}", "--max_seq_length=32",
+               "--batch_sizes=8", "--epochs=1", "--learning_rates=1e-3", "--seeds=1", f"--output_dir={out}"],
+           timeout=900)
+    result = json.loads((out / "glue.json").read_text())["results"]
+    assert list(result) == list(glue.TASKS)
+    for name, r in result.items():
+        task = glue.TASKS[name]
+        assert len(r["runs"]) == 1 and r["selected"]["setting"]["learning_rate"] == 1e-3
+        assert all(set(run["dev"]) == set(task.dev_splits) for run in r["runs"])
+        assert all(set(run["dev"][s]) == set(task.metrics) for run in r["runs"] for s in task.dev_splits)
+        for split, submission in zip(task.test_splits, task.submission):
+            lines = (out / "submission" / f"{submission}.tsv").read_text().splitlines()
+            assert lines[0] == "index\tprediction" and len(lines) == 1 + len(LAYOUT[task.folder][split][1])
+            value = lines[1].split("\t")[1]
+            assert (0.0 <= float(value) <= 5.0) if task.is_regression else value in task.labels, (name, value)
+    assert result["qqp"]["train_rows_skipped"] == 0 and result["mnli"]["examples"]["dev_mismatched"] == 16
+    table = (out / "glue.md").read_text()
+    assert "GLUE score over these 9 task(s)" in table and "without WNLI" in table and "Selection on dev" in table
+    # a folder without a task's files stops before any training, naming the file
+    bad = subprocess.run(
+        [sys.executable, str(REPO / "run" / "glue.py"), "--tasks=rte", f"--data_dir={tmp_path / 'none'}",
+         "--random_init", f"--bert_config_file={config}", f"--vocab_file={tiny_data['vocab_file']}",
+         f"--output_dir={out}"], capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 1 and "rte: " in bad.stderr and "RTE/train.tsv not found" in bad.stderr, bad.stderr[-2000:]
+
+
+def test_a_sweep_with_seeds_summarises_each_setting_and_selects_on_dev(tiny_data, tmp_path):
+    """2 batch sizes x 2 seeds on MRPC (two metrics): each setting's metrics summarised over
+    its seeds, the setting with the best median dev score selected, its best seed's test predictions kept."""
+    import statistics
+    from bert_tf import distributed, finetuning, modeling, tokenization
+    distributed.init()
+    data = write_glue(tmp_path / "glue", grown_layout(16))
+    tokenizer = tokenization.Tokenizer.from_file(tiny_data["vocab_file"])
+    config = modeling.BertConfig.preset("tiny", vocab_size=len(tokenizer))
+    assert len(glue.sweep([1e-3, 1e-5], [4, 8], [1, 2])) == 8
+    settings = glue.sweep([1e-3], [4, 8], [1])
+    assert [s.label() for s in settings] == ["lr 0.001, batch 4, 1 epochs", "lr 0.001, batch 8, 1 epochs"]
+    result = glue.run_task(glue.TASKS["mrpc"], str(data), tokenizer, config, None, settings, [3, 4],
+                           finetuning.Recipe(max_seq_length=32), log=lambda *a, **k: None)
+    assert len(result["runs"]) == 4 and len(result["settings"]) == 2
+    for summary in result["settings"]:
+        runs = [r for r in result["runs"] if r["setting"] == summary["setting"]]
+        assert [r["seed"] for r in runs] == [3, 4]
+        f1s = [r["dev"]["dev"]["f1"] for r in runs]
+        assert summary["metrics"]["dev/f1"]["mean"] == pytest.approx(statistics.fmean(f1s))
+        assert summary["metrics"]["dev/f1"]["std"] == pytest.approx(statistics.stdev(f1s))
+        assert summary["score"]["median"] == pytest.approx(statistics.median(
+            [(r["dev"]["dev"]["f1"] + r["dev"]["dev"]["accuracy"]) / 2 for r in runs]))
+    best = max(result["settings"], key=lambda s: s["score"]["median"])
+    assert result["selected"]["setting"] == best["setting"]
+    chosen = max((r for r in result["runs"] if r["setting"] == best["setting"]), key=lambda r: r["score"])
+    assert result["selected"]["seed"] == chosen["seed"] and len(result["test_predictions"]["test"]) == 1
+    # the steps follow from the batch: 16 examples, 1 epoch
+    assert sorted({(r["setting"]["batch_size"], r["train_steps"]) for r in result["runs"]}) == [(4, 4), (8, 2)]

@@ -1,0 +1,86 @@
+"""Fine-tuning: the one loop that trains a head on the pre-trained encoder, for run/finetune.py and
+run/glue.py, with the recipe BERT papers fine-tune with as its defaults.
+
+The model is any tf.Module whose call returns a dict with a float32 "loss" (classification.
+BertClassifier: classification or regression), so `training.Trainer` (AdamW, warmup and linear
+decay, precision, XLA, the allreduce hook) trains it unchanged. Data-parallel like pre-training:
+every epoch all ranks draw the same permutation of the examples and rank r trains on rows r, r +
+size, ...; the gradients are averaged over ranks, so the weights stay equal (rank 0's initial
+weights are broadcast first).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+
+import numpy as np
+import tensorflow as tf
+
+from bert_tf import ConfigError, training
+
+
+@dataclasses.dataclass
+class Recipe:
+    """Devlin et al. (2019), appendix A.3, as most BERT papers report GLUE: AdamW, peak learning
+    rate 2e-5 (the paper sweeps 5e-5, 3e-5, 2e-5), batch 32, 3 epochs, 10% linear warmup, sequence 128."""
+    learning_rate: float = 2e-5
+    batch_size: int = 32              # sequences per update over all ranks
+    epochs: float = 3.0
+    warmup_fraction: float = 0.1
+    weight_decay: float = 0.01
+    max_seq_length: int = 128
+    seed: int = 0
+    precision: str = "float32"
+    xla: bool = False
+
+    def per_rank_batch(self, size: int) -> int:
+        if self.batch_size < 1 or self.batch_size % size:
+            raise ConfigError(f"batch size {self.batch_size} (sequences per update) is not a positive multiple of "
+                              f"the {size} ranks")
+        return self.batch_size // size
+
+
+def fine_tune(model, features: dict, recipe: Recipe, rank=0, size=1, allreduce=None, broadcast=None,
+              per_rank_batch=None) -> dict:
+    """Trains `model` in place. features: numpy arrays with the same first dimension (the labels
+    among them, under the name the model reads). per_rank_batch: overrides recipe.batch_size / size.
+    Returns {"train_steps", "final_train_loss"}."""
+    n = len(next(iter(features.values())))
+    batch = per_rank_batch or recipe.per_rank_batch(size)
+    steps_per_epoch = n // (batch * size)
+    if steps_per_epoch < 1:
+        raise ConfigError(f"{n} training examples are fewer than one global batch of {batch * size}")
+    total = max(1, int(math.ceil(recipe.epochs * steps_per_epoch)))
+    config = training.TrainConfig(optimizer="adamw", learning_rate=recipe.learning_rate, precision=recipe.precision,
+                                  xla=recipe.xla, warmup_steps=int(total * recipe.warmup_fraction),
+                                  total_steps=total, weight_decay=recipe.weight_decay, seed=recipe.seed)
+    trainer = training.Trainer(model, config, allreduce or training.identity_allreduce, seed_offset=rank)
+    if broadcast:
+        broadcast(trainer.variables)
+    rng = np.random.RandomState(recipe.seed)
+    step, out = 0, {}
+    while step < total:
+        mine = rng.permutation(n)[rank::size]
+        for s in range(steps_per_epoch):
+            if step == total:
+                break
+            rows = mine[s * batch:(s + 1) * batch]
+            out = trainer.train_step([{k: tf.constant(v[rows]) for k, v in features.items()}])
+            step += 1
+    return {"train_steps": total, "final_train_loss": float(out["loss"])}
+
+
+def predict(fn, features: dict, batch_size=64) -> np.ndarray:
+    """fn(features of a batch) -> [B, ...] tensor, over all rows in order, concatenated."""
+    n = len(next(iter(features.values())))
+    return np.concatenate([fn({k: tf.constant(v[i:i + batch_size]) for k, v in features.items()}).numpy()
+                           for i in range(0, n, batch_size)])
+
+
+def summarize(values) -> dict:
+    """Mean, median, standard deviation (sample, n - 1; 0 for one value), min and max over seeds."""
+    values = [float(v) for v in values]
+    return {"mean": statistics.fmean(values), "median": statistics.median(values),
+            "std": statistics.stdev(values) if len(values) > 1 else 0.0, "min": min(values), "max": max(values),
+            "n": len(values)}

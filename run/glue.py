@@ -1,0 +1,113 @@
+"""Fine-tunes and scores a BERT on GLUE: every task's dev metrics as GLUE defines them, the GLUE score,
+and the server's submission files for the test sets.
+
+    python run/glue.py --tasks=all --data_dir=glue_data --init_checkpoint=runs/base_phase2 \
+        --vocab_file=vocab.txt --output_dir=runs/glue            # the recipe: 2e-5, batch 32, 3 epochs
+    python run/glue.py --tasks=rte,mrpc,stsb,cola ... --learning_rates=5e-5,3e-5,2e-5 --seeds=1,2,3,4,5
+    mpirun -np 2 python run/glue.py ...                          # data-parallel, like pre-training
+
+--data_dir is the folder the standard GLUE download writes (CoLA/, SST-2/, MRPC/, STS-B/, QQP/, MNLI/,
+QNLI/, RTE/, WNLI/). Writes glue.json and glue.md (per task and setting: dev metrics as mean ± std and
+median over the seeds; which setting is selected, on dev), and submission/<Task>.tsv from the selected
+run of each task.
+"""
+import dataclasses
+import json
+import os
+
+from absl import flags
+
+from bert_tf import ConfigError, cli
+
+flags.DEFINE_string("tasks", "all", "Comma-separated GLUE tasks (cola, sst2, mrpc, stsb, qqp, mnli, qnli, rte, "
+                    "wnli) or all.")
+flags.DEFINE_string("data_dir", None, "The GLUE download's folder.")
+flags.DEFINE_string("init_checkpoint", "", "Encoder weights: a pre-training run (its latest checkpoint), an "
+                    "export, google-research/bert's bert_model.ckpt or a Hugging Face directory.")
+flags.DEFINE_bool("random_init", False, "Randomly initialised encoder (the baseline); needs --bert_config_file.")
+flags.DEFINE_string("bert_config_file", "", "Model config; default: the checkpoint's own.")
+flags.DEFINE_string("vocab_file", None, "The vocab.txt the encoder was pre-trained with.")
+flags.DEFINE_bool("do_lower_case", True, "Tokeniser lower-cases.")
+flags.DEFINE_list("learning_rates", ["2e-5"], "AdamW peak learning rates to sweep.")
+flags.DEFINE_list("batch_sizes", ["32"], "Sequences per update over all ranks, to sweep.")
+flags.DEFINE_list("epochs", ["3"], "Epochs to sweep.")
+flags.DEFINE_list("seeds", ["0"], "Seeds per setting (initialisation of the head, order, dropout).")
+flags.DEFINE_integer("max_seq_length", 128, "Longer pairs are truncated, the longer text first (and counted).")
+flags.DEFINE_float("warmup_fraction", 0.1, "Linear warmup over this fraction of the updates, then linear decay.")
+flags.DEFINE_float("weight_decay", 0.01, "AdamW's decoupled weight decay.")
+flags.DEFINE_enum("precision", "float32", ["float32", "mixed_bfloat16", "mixed_float16"], "Compute precision.")
+flags.DEFINE_bool("xla", False, "Compile the forward/backward pass and the update with XLA.")
+flags.DEFINE_string("output_dir", None, "glue.json, glue.md and submission/ go here.")
+flags.mark_flags_as_required(["data_dir", "vocab_file", "output_dir"])
+FLAGS = flags.FLAGS
+
+
+def numbers(name, kind):
+    try:
+        return [kind(v) for v in FLAGS[name].value]
+    except ValueError:
+        raise ConfigError(f"--{name}={','.join(FLAGS[name].value)}: not a list of numbers") from None
+
+
+def main(argv):
+    from bert_tf import checkpoint_formats, distributed, finetuning, glue, modeling, tokenization
+    if len(argv) > 1:
+        raise ConfigError(f"unexpected arguments {argv[1:]}")
+    tasks = glue.parse_tasks(FLAGS.tasks)
+    settings = glue.sweep(numbers("learning_rates", float), numbers("batch_sizes", int), numbers("epochs", float))
+    seeds = numbers("seeds", int)
+    recipe = finetuning.Recipe(max_seq_length=FLAGS.max_seq_length, warmup_fraction=FLAGS.warmup_fraction,
+                               weight_decay=FLAGS.weight_decay, precision=FLAGS.precision, xla=FLAGS.xla)
+    for task in tasks:          # every task's files, before any training
+        for split in ("train", *glue.TASKS[task].dev_splits, *glue.TASKS[task].test_splits):
+            path = glue.split_path(glue.TASKS[task], FLAGS.data_dir, split)
+            if not os.path.exists(path):
+                raise ConfigError(f"{task}: {path} not found (--data_dir is the folder the GLUE download writes)")
+    tokenizer = tokenization.Tokenizer.from_file(FLAGS.vocab_file, FLAGS.do_lower_case)
+    init = None
+    if FLAGS.random_init:
+        if not FLAGS.bert_config_file:
+            raise ConfigError("--random_init needs --bert_config_file")
+    elif FLAGS.init_checkpoint:
+        init = checkpoint_formats.read(FLAGS.init_checkpoint)
+    else:
+        raise ConfigError("give --init_checkpoint, or --random_init for the baseline")
+    if FLAGS.bert_config_file:
+        config = modeling.BertConfig.from_json_file(FLAGS.bert_config_file)
+    elif init.config is not None:
+        config = init.config
+    else:
+        raise ConfigError(f"{init.path} has no model config beside it: give --bert_config_file")
+    if init is not None:
+        checkpoint_formats.check_fits(init, config, len(tokenizer), FLAGS.vocab_file, FLAGS.max_seq_length)
+    hvd = distributed.init()
+    for s in settings:
+        finetuning.Recipe(batch_size=s.batch_size).per_rank_batch(hvd.size())   # divisible: checked up front
+    rank = hvd.rank()
+    log = print if rank == 0 else (lambda *a, **k: None)
+    dist = (rank, hvd.size(), distributed.make_gradient_allreduce(False, name="glue"), distributed.broadcast_variables)
+    results = {}
+    for name in tasks:
+        task = glue.TASKS[name]
+        results[name] = glue.run_task(task, FLAGS.data_dir, tokenizer, config, init, settings, seeds, recipe,
+                                      dist, log)
+        if rank == 0:
+            for split in task.test_splits:
+                examples = glue.read_split(task, FLAGS.data_dir, split).examples
+                glue.write_submission(task, split, examples, results[name]["test_predictions"][split],
+                                      os.path.join(FLAGS.output_dir, "submission"))
+    if rank == 0:
+        os.makedirs(FLAGS.output_dir, exist_ok=True)
+        with open(os.path.join(FLAGS.output_dir, "glue.json"), "w") as f:
+            json.dump({"init": init.path if init is not None else "random",
+                       "recipe": dataclasses.asdict(recipe) | {"seeds": seeds},
+                       "results": {k: {kk: vv for kk, vv in v.items() if kk != "test_predictions"}
+                                   for k, v in results.items()}}, f, indent=1)
+        table = glue.markdown(results, recipe, seeds)
+        with open(os.path.join(FLAGS.output_dir, "glue.md"), "w") as f:
+            f.write(table)
+        print(table, flush=True)
+
+
+if __name__ == "__main__":
+    cli.run(main)
