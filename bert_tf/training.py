@@ -181,7 +181,8 @@ class Trainer:
             loss = out["loss"]
             if self.loss_scale is not None:
                 loss = loss * self.loss_scale.scale
-        grads = tape.gradient(loss, self.variables)
+        # zeros for variables the loss does not reach (a span head leaves the pooler out)
+        grads = tape.gradient(loss, self.variables, unconnected_gradients=tf.UnconnectedGradients.ZERO)
         return [tf.convert_to_tensor(g) for g in grads], out
 
     def _accumulate_impl(self, features, seed):
