@@ -71,6 +71,12 @@ def _table(num_layers):
     rows.append(("mlm_output_bias", "cls/predictions/output_bias", "cls.predictions.bias", "vector"))
     rows.append(("nsp/kernel", "cls/seq_relationship/output_weights", "cls.seq_relationship.weight", "nsp"))
     rows.append(("nsp/bias", "cls/seq_relationship/output_bias", "cls.seq_relationship.bias", "vector"))
+    # fine-tuned heads: run_classifier.py's and BertForSequenceClassification's, run_squad.py's and
+    # BertForQuestionAnswering's (both [labels, H] there, like the NSP head)
+    rows.append(("classifier/kernel", "output_weights", "classifier.weight", "nsp"))
+    rows.append(("classifier/bias", "output_bias", "classifier.bias", "vector"))
+    rows.append(("span/kernel", "cls/squad/output_weights", "qa_outputs.weight", "nsp"))
+    rows.append(("span/bias", "cls/squad/output_bias", "qa_outputs.bias", "vector"))
     return rows
 
 
@@ -129,11 +135,21 @@ def config_from_huggingface(values: dict, path: str) -> modeling.BertConfig:
         raise ConfigError(f"{path}: {e}") from None
 
 
-def config_to_huggingface(config: modeling.BertConfig) -> dict:
+def config_to_huggingface(config: modeling.BertConfig, architecture="BertForPreTraining", labels=None,
+                          regression=False) -> dict:
+    """transformers' config.json. labels: a classifier's label names (id2label / label2id);
+    regression: one output under mean squared error (problem_type "regression")."""
     values = config.to_dict()
     values["hidden_act"] = _ACT_TO_HF[config.hidden_act]
-    return {"architectures": ["BertForPreTraining"], "model_type": "bert", **values,
-            "layer_norm_eps": 1e-12, "position_embedding_type": "absolute", "pad_token_id": 0}
+    out = {"architectures": [architecture], "model_type": "bert", **values,
+           "layer_norm_eps": 1e-12, "position_embedding_type": "absolute", "pad_token_id": 0}
+    if regression:
+        out.update(num_labels=1, problem_type="regression", id2label={"0": "score"}, label2id={"score": 0})
+    elif labels is not None:
+        out.update(num_labels=len(labels), problem_type="single_label_classification",
+                   id2label={str(i): name for i, name in enumerate(labels)},
+                   label2id={name: i for i, name in enumerate(labels)})
+    return out
 
 
 # ------------------------------------------------------------------------------------------ reading
@@ -281,7 +297,7 @@ def expected_shapes(config: modeling.BertConfig, use_nsp=True) -> dict:
               "encoder/embeddings/token_type_embeddings": [c.type_vocab_size, h],
               "mlm_output_bias": [v], "nsp/kernel": [h, 2], "nsp/bias": [2]}
     for ours, _, _, kind in _table(c.num_hidden_layers):
-        if ours in shapes:
+        if ours in shapes or ours.startswith(("classifier/", "span/")):   # fine-tuned heads: the task's shape
             continue
         if "/intermediate/" in ours:
             shapes[ours] = [h, i] if kind == "kernel" else [i]
@@ -400,8 +416,9 @@ def write_google(weights: dict, config: modeling.BertConfig, vocab_file: str, ou
 
 
 def write_huggingface(weights: dict, config: modeling.BertConfig, vocab_file: str, out_dir: str,
-                      do_lower_case: bool = True) -> list:
-    """config.json, model.safetensors (BertForPreTraining names), vocab.txt, tokenizer_config.json."""
+                      do_lower_case: bool = True, hf_config: dict | None = None) -> list:
+    """config.json, model.safetensors (transformers' names), vocab.txt, tokenizer_config.json.
+    hf_config: config.json's content (default: BertForPreTraining's, config_to_huggingface)."""
     from safetensors.numpy import save_file
     tensors = {}
     for ours, _, hf, kind in _tables(weights):
@@ -413,7 +430,7 @@ def write_huggingface(weights: dict, config: modeling.BertConfig, vocab_file: st
     save_file(tensors, tmp, metadata={"format": "pt"})  # transformers refuses files without this metadata
     os.replace(tmp, os.path.join(out_dir, HF_WEIGHTS))
     with open(os.path.join(out_dir, HF_CONFIG), "w") as f:
-        json.dump(config_to_huggingface(config), f, indent=2, sort_keys=True)
+        json.dump(hf_config or config_to_huggingface(config), f, indent=2, sort_keys=True)
         f.write("\n")
     with open(os.path.join(out_dir, "tokenizer_config.json"), "w") as f:
         json.dump({"tokenizer_class": "BertTokenizer", "do_lower_case": do_lower_case,

@@ -84,3 +84,19 @@ def summarize(values) -> dict:
     return {"mean": statistics.fmean(values), "median": statistics.median(values),
             "std": statistics.stdev(values) if len(values) > 1 else 0.0, "min": min(values), "max": max(values),
             "n": len(values)}
+
+
+def export(model, vocab_file, out_dir, labels=None, do_lower_case=True) -> list:
+    """A fine-tuned model in google-research/bert's names (run_classifier.py's output_weights, run_squad.py's
+    cls/squad/...) and as a transformers directory that BertForSequenceClassification (id2label /
+    label2id; STS-B: regression) or BertForQuestionAnswering loads without conversion. model: a
+    classification.BertClassifier (labels: its label names) or a squad.BertSpanExtractor."""
+    from bert_tf import checkpoint_formats, checkpointing
+    weights = {name: v.numpy() for name, v in checkpointing.module_variables(model).items()}
+    if "span/kernel" in weights:
+        hf = checkpoint_formats.config_to_huggingface(model.config, "BertForQuestionAnswering")
+    else:
+        hf = checkpoint_formats.config_to_huggingface(model.config, "BertForSequenceClassification", labels,
+                                                      regression=getattr(model, "regression", False))
+    written = checkpoint_formats.write_google(weights, model.config, vocab_file, out_dir)
+    return written + checkpoint_formats.write_huggingface(weights, model.config, vocab_file, out_dir, do_lower_case, hf)

@@ -252,12 +252,13 @@ def encode_split(task: Task, split: Split, tokenizer, max_seq_length):
 
 
 def run_task(task: Task, data_dir, tokenizer, model_config, init, settings, seeds, recipe, distributed=None,
-             log=print) -> dict:
+             log=print, keep_model=False) -> dict:
     """Fine-tunes `task` once per setting and seed, scores every dev split, and keeps the test
     predictions of the selected run: the setting with the best median dev score over the seeds, and
     within it the seed with the best dev score (selection on dev, as papers report dev results).
     init: a read checkpoint (checkpoint_formats.read) or None for random initialisation. recipe: the
-    other fine-tuning settings (finetuning.Recipe). distributed: (rank, size, allreduce, broadcast)."""
+    other fine-tuning settings (finetuning.Recipe). distributed: (rank, size, allreduce, broadcast).
+    keep_model: the selected run's model is returned too ("model"), for finetuning.export."""
     from bert_tf import classification, finetuning
     import tensorflow as tf
     rank, size, allreduce, broadcast = distributed or (0, 1, None, None)
@@ -271,7 +272,7 @@ def run_task(task: Task, data_dir, tokenizer, model_config, init, settings, seed
                               f"(a score on the rest would not be the task's)")
     encoded = {name: encode_split(task, s, tokenizer, recipe.max_seq_length) for name, s in splits.items()}
     truncated = {name: t for name, (_, t) in encoded.items() if t}
-    runs = []
+    runs, kept = [], {}       # kept: the best seed's model of each setting (keep_model)
     for setting in settings:
         for seed in seeds:
             r = dataclasses.replace(recipe, learning_rate=setting.learning_rate, batch_size=setting.batch_size,
@@ -290,6 +291,8 @@ def run_task(task: Task, data_dir, tokenizer, model_config, init, settings, seed
             test = {name: finetuning.predict(model.predict, encoded[name][0]).tolist() for name in task.test_splits}
             runs.append({"setting": dataclasses.asdict(setting), "seed": seed, "dev": dev,
                          "score": task_score(task, dev), **trained, "test_predictions": test})
+            if keep_model and (setting not in kept or runs[-1]["score"] > kept[setting][0]):
+                kept[setting] = (runs[-1]["score"], model)
             log(f"{task.name}: {setting.label()}, seed {seed}: " + "; ".join(
                 f"{name} " + ", ".join(f"{m} {v:.4f}" for m, v in d.items()) for name, d in dev.items()))
     by_setting = {}
@@ -303,7 +306,8 @@ def run_task(task: Task, data_dir, tokenizer, model_config, init, settings, seed
                           "metrics": metrics})
     best = max(summaries, key=lambda s: s["score"]["median"])
     chosen = max(by_setting[Setting(**best["setting"])], key=lambda g: g["score"])
-    return {"task": task.name, "examples": {name: len(s.examples) for name, s in splits.items()},
+    out = {"model": kept[Setting(**best["setting"])][1]} if keep_model else {}
+    return {**out, "task": task.name, "examples": {name: len(s.examples) for name, s in splits.items()},
             "truncated": truncated, "train_rows_skipped": splits["train"].skipped, "settings": summaries,
             "selected": {"setting": best["setting"], "seed": chosen["seed"], "by": "best median dev score over "
                          "the seeds; test predictions from its best seed on dev"},

@@ -38,6 +38,8 @@ flags.DEFINE_float("weight_decay", 0.01, "AdamW's decoupled weight decay.")
 flags.DEFINE_enum("precision", "float32", ["float32", "mixed_bfloat16", "mixed_float16"], "Compute precision.")
 flags.DEFINE_bool("xla", False, "Compile the forward/backward pass and the update with XLA.")
 flags.DEFINE_string("output_dir", None, "glue.json, glue.md and submission/ go here.")
+flags.DEFINE_bool("export_models", False, "Also write each task's selected model to <output_dir>/models/<task>/: "
+                  "google-research/bert's names and a transformers BertForSequenceClassification directory.")
 flags.mark_flags_as_required(["data_dir", "vocab_file", "output_dir"])
 FLAGS = flags.FLAGS
 
@@ -90,7 +92,11 @@ def main(argv):
     for name in tasks:
         task = glue.TASKS[name]
         results[name] = glue.run_task(task, FLAGS.data_dir, tokenizer, config, init, settings, seeds, recipe,
-                                      dist, log)
+                                      dist, log, keep_model=FLAGS.export_models)
+        model = results[name].pop("model", None)
+        if rank == 0 and model is not None:
+            finetuning.export(model, FLAGS.vocab_file, os.path.join(FLAGS.output_dir, "models", name),
+                              labels=list(task.labels) or None, do_lower_case=FLAGS.do_lower_case)
         if rank == 0:
             for split in task.test_splits:
                 examples = glue.read_split(task, FLAGS.data_dir, split).examples

@@ -42,6 +42,8 @@ flags.DEFINE_integer("max_answer_length", 30, "Longest answer, in tokens.")
 flags.DEFINE_float("null_score_diff_threshold", 0.0, "v2.0: answer \"\" when the no-answer score exceeds the best "
                    "span's by more than this (eval.json's best_f1_thresh tunes it on dev).")
 flags.DEFINE_string("output_dir", None, "predictions.json, null_odds.json, nbest_predictions.json, eval.json.")
+flags.DEFINE_bool("export_model", False, "Also write the fine-tuned model to <output_dir>/model/: google-research/"
+                  "bert's names (cls/squad/...) and a transformers BertForQuestionAnswering directory.")
 flags.mark_flags_as_required(["predict_file", "vocab_file", "output_dir"])
 FLAGS = flags.FLAGS
 
@@ -101,6 +103,9 @@ def main(argv):
     if rank != 0:
         return
     squad.write_predictions(FLAGS.output_dir, predictions, null_odds, nbest, FLAGS.version)
+    if FLAGS.export_model:
+        finetuning.export(model, FLAGS.vocab_file, os.path.join(FLAGS.output_dir, "model"),
+                          do_lower_case=FLAGS.do_lower_case)
     with open(FLAGS.predict_file, encoding="utf-8") as f:
         dataset = json.load(f)["data"]
     scores = squad_scoring.evaluate(dataset, predictions, null_odds if FLAGS.version == "2.0" else None,

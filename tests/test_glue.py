@@ -221,7 +221,8 @@ def test_every_task_trains_predicts_scores_and_writes_its_submission_under_mpiru
     out = tmp_path / "out"
     mpirun(2, [REPO / "run" / "glue.py", "--tasks=all", f"--data_dir={data}", "--random_init",
                f"--bert_config_file={config}", f"--vocab_file={tiny_data['vocab_file']}", "--max_seq_length=32",
-               "--batch_sizes=8", "--epochs=1", "--learning_rates=1e-3", "--seeds=1", f"--output_dir={out}"],
+               "--batch_sizes=8", "--epochs=1", "--learning_rates=1e-3", "--seeds=1", "--export_models",
+               f"--output_dir={out}"],
            timeout=900)
     result = json.loads((out / "glue.json").read_text())["results"]
     assert list(result) == list(glue.TASKS)
@@ -236,6 +237,10 @@ def test_every_task_trains_predicts_scores_and_writes_its_submission_under_mpiru
             value = lines[1].split("\t")[1]
             assert (0.0 <= float(value) <= 5.0) if task.is_regression else value in task.labels, (name, value)
     assert result["qqp"]["train_rows_skipped"] == 0 and result["mnli"]["examples"]["dev_mismatched"] == 16
+    exported = json.loads((out / "models" / "mnli" / "config.json").read_text())
+    assert exported["architectures"] == ["BertForSequenceClassification"] and exported["label2id"] == {
+        "contradiction": 0, "entailment": 1, "neutral": 2}
+    assert json.loads((out / "models" / "stsb" / "config.json").read_text())["problem_type"] == "regression"
     table = (out / "glue.md").read_text()
     assert "GLUE score over these 9 task(s)" in table and "without WNLI" in table and "Selection on dev" in table
     # a folder without a task's files stops before any training, naming the file

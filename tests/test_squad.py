@@ -124,7 +124,9 @@ def test_both_versions_train_predict_and_score_end_to_end(tiny_data, tmp_path):
         args = [REPO / "run" / "squad.py", f"--version={version}", f"--train_file={tmp_path / f'{version}.json'}",
                 f"--predict_file={tmp_path / f'{version}.json'}", f"--output_dir={out}", *common]
         if launch == "mpirun":
-            mpirun(2, args, timeout=600)
+            mpirun(2, args + ["--export_model"], timeout=600)
+            assert json.loads((out / "model" / "config.json").read_text())["architectures"] == \
+                ["BertForQuestionAnswering"]
         else:
             proc = subprocess.run([sys.executable, *map(str, args)], capture_output=True, text=True, timeout=600)
             assert proc.returncode == 0, proc.stderr[-3000:]
