@@ -74,6 +74,11 @@ def read_examples(path: str, version: str, training: bool, log=print) -> list:
         raise ConfigError(f"{path} not found") from None
     except (json.JSONDecodeError, KeyError, TypeError) as e:
         raise ConfigError(f"{path} is not SQuAD's JSON (a top-level \"data\" list): {e}") from None
+    return examples_of(data, version, training, path, log)
+
+
+def examples_of(data: list, version: str, training: bool, path="(in memory)", log=print) -> list:
+    """The questions of the official JSON's "data" list (read_examples); `path` names it in messages."""
     examples, mismatched = [], []
     for article in data:
         for paragraph in article["paragraphs"]:
@@ -330,3 +335,34 @@ def write_predictions(out_dir, predictions, null_odds, nbest, version):
     for name, value in paths.items():
         with open(os.path.join(out_dir, f"{name}.json"), "w", encoding="utf-8") as f:
             json.dump(value, f, indent=1, ensure_ascii=False)
+
+
+def train_and_predict(train_examples, predict_examples, tokenizer, config, init, recipe, window_flags,
+                      version="1.1", n_best_size=20, max_answer_length=30, null_score_diff_threshold=0.0,
+                      distributed=None, log=print):
+    """A span model (encoder from `init`, a read checkpoint, else random) fine-tuned on train_examples
+    (None: left untrained) with finetuning.fine_tune, then predictions for predict_examples.
+    window_flags: make_windows' max_seq_length, doc_stride, max_query_length. distributed: (rank, size,
+    allreduce, broadcast). Returns (model, predictions, null_odds, nbest, report)."""
+    from bert_tf import classification, finetuning
+    rank, size, allreduce, broadcast = distributed or (0, 1, None, None)
+    predict_windows, predict_counts = make_windows(predict_examples, tokenizer, training=False, **window_flags)
+    report = {"predict": dataclasses.asdict(predict_counts)}
+    if train_examples is not None:
+        recipe.per_rank_batch(size)
+        train_windows, train_counts = make_windows(train_examples, tokenizer, training=True, **window_flags)
+        report["train"] = dataclasses.asdict(train_counts)
+        log(f"training: {len(train_examples)} questions, {train_counts.windows} windows "
+            f"({train_counts.split_contexts} contexts longer than one window, {train_counts.questions_cut} "
+            f"questions cut to --max_query_length={window_flags.get('max_query_length', 64)})")
+    tf.random.set_seed(recipe.seed)
+    model = BertSpanExtractor(config)
+    if init is not None:
+        classification.load_encoder(model.encoder, init, len(tokenizer))
+    if train_examples is not None:
+        report.update(finetuning.fine_tune(model, features(train_windows, window_flags["max_seq_length"], training=True),
+                                           recipe, rank, size, allreduce, broadcast))
+    logits = finetuning.predict(model.predict, features(predict_windows, window_flags["max_seq_length"]))
+    predictions, null_odds, nbest = predict_answers(predict_examples, predict_windows, logits, tokenizer, version,
+                                                    n_best_size, max_answer_length, null_score_diff_threshold)
+    return model, predictions, null_odds, nbest, report

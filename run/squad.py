@@ -49,9 +49,7 @@ FLAGS = flags.FLAGS
 
 
 def main(argv):
-    from bert_tf import (checkpoint_formats, classification, distributed, finetuning, modeling, squad,
-                         squad_scoring, tokenization)
-    import tensorflow as tf
+    from bert_tf import checkpoint_formats, distributed, finetuning, modeling, squad, squad_scoring, tokenization
     if len(argv) > 1:
         raise ConfigError(f"unexpected arguments {argv[1:]}")
     tokenizer = tokenization.Tokenizer.from_file(FLAGS.vocab_file, FLAGS.do_lower_case)
@@ -76,30 +74,14 @@ def main(argv):
     hvd = distributed.init()
     rank, size = hvd.rank(), hvd.size()
     log = print if rank == 0 else (lambda *a, **k: None)
-    # every input read and windowed before any training
+    # every input read before any training
     predict_examples = squad.read_examples(FLAGS.predict_file, FLAGS.version, training=False, log=log)
-    predict_windows, predict_counts = squad.make_windows(predict_examples, tokenizer, training=False, **window_flags)
-    train_counts = None
-    if FLAGS.train_file:
-        recipe.per_rank_batch(size)
-        train_examples = squad.read_examples(FLAGS.train_file, FLAGS.version, training=True, log=log)
-        train_windows, train_counts = squad.make_windows(train_examples, tokenizer, training=True, **window_flags)
-    tf.random.set_seed(FLAGS.seed)
-    model = squad.BertSpanExtractor(config)
-    if init is not None:
-        classification.load_encoder(model.encoder, init, len(tokenizer))
-    trained = {}
-    if FLAGS.train_file:
-        log(f"training: {len(train_examples)} questions, {train_counts.windows} windows "
-            f"({train_counts.split_contexts} contexts longer than one window, {train_counts.questions_cut} questions "
-            f"cut to --max_query_length={FLAGS.max_query_length})")
-        trained = finetuning.fine_tune(
-            model, squad.features(train_windows, FLAGS.max_seq_length, training=True), recipe, rank, size,
-            distributed.make_gradient_allreduce(False, name="squad"), distributed.broadcast_variables)
-    logits = finetuning.predict(model.predict, squad.features(predict_windows, FLAGS.max_seq_length))
-    predictions, null_odds, nbest = squad.predict_answers(
-        predict_examples, predict_windows, logits, tokenizer, FLAGS.version, FLAGS.n_best_size,
-        FLAGS.max_answer_length, FLAGS.null_score_diff_threshold)
+    train_examples = squad.read_examples(FLAGS.train_file, FLAGS.version, training=True, log=log) \
+        if FLAGS.train_file else None
+    model, predictions, null_odds, nbest, report = squad.train_and_predict(
+        train_examples, predict_examples, tokenizer, config, init, recipe, window_flags, FLAGS.version,
+        FLAGS.n_best_size, FLAGS.max_answer_length, FLAGS.null_score_diff_threshold,
+        (rank, size, distributed.make_gradient_allreduce(False, name="squad"), distributed.broadcast_variables), log)
     if rank != 0:
         return
     squad.write_predictions(FLAGS.output_dir, predictions, null_odds, nbest, FLAGS.version)
@@ -110,9 +92,7 @@ def main(argv):
         dataset = json.load(f)["data"]
     scores = squad_scoring.evaluate(dataset, predictions, null_odds if FLAGS.version == "2.0" else None,
                                     version=FLAGS.version)
-    report = {"version": FLAGS.version, "scores": scores, "predict": vars(predict_counts), **trained,
-              "train": vars(train_counts) if train_counts else None,
-              "init": init.path if init is not None else "random"}
+    report = {"version": FLAGS.version, "scores": scores, **report, "init": init.path if init is not None else "random"}
     with open(os.path.join(FLAGS.output_dir, "eval.json"), "w") as f:
         json.dump(report, f, indent=1)
     print("SQuAD " + FLAGS.version + ": " + ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}"

@@ -1,0 +1,28 @@
+"""The proof tasks made from a corpus: deterministic, balanced, answers where they stand in the context,
+dev documents never trained on."""
+import collections
+
+from bert_tf import corpus, corpus_tasks, squad
+
+
+def test_pairs_and_spans_from_the_bundled_news(corpus_dir):
+    documents = list(corpus.read_documents([str(corpus_dir / "lee_background.cor") + "@documents"]))
+    train, dev = corpus_tasks.split_documents(documents, 0.2, seed=1)
+    assert len(dev) >= 40 and not {id(d) for d in train} & {id(d) for d in dev}
+    assert corpus_tasks.split_documents(documents, 0.2, seed=1) == (train, dev)
+    pairs = corpus_tasks.pairs(train, 100, seed=2)
+    assert collections.Counter(pairs.labels) == {"same": 50, "different": 50}
+    where = {s: i for i, d in enumerate(train) for s in d}
+    for label, a, b in zip(pairs.labels, pairs.texts_a, pairs.texts_b):
+        assert (where[a] == where[b]) == (label == "same")          # sentences are distinct across documents here
+    assert corpus_tasks.pairs(train, 100, seed=2) == pairs
+    data = corpus_tasks.spans(dev, 50, seed=3)
+    examples = squad.examples_of(data, "1.1", training=True)
+    assert len(examples) == 50                                        # every answer_start points at its text
+    dev_text = {" ".join(s.split()) for d in dev for s in d}
+    for article, example in zip(data, examples):
+        paragraph = article["paragraphs"][0]
+        answer = paragraph["qas"][0]["answers"][0]["text"]
+        assert " ".join(example.words[example.start_word:example.end_word + 1]).strip(".,;:!?\"'()") == answer
+        assert "what" in paragraph["qas"][0]["question"].split()
+        assert paragraph["context"].startswith(tuple(dev_text))      # made of dev documents' sentences
