@@ -51,6 +51,41 @@ def define_corpus_input(flag_values=FLAGS):
                          flag_values=flag_values)
 
 
+def define_finetune_start(flag_values=FLAGS):
+    """Where a fine-tuning run starts (run/glue.py, run/squad.py): an encoder checkpoint in any format,
+    or random weights for the baseline; the vocabulary it was trained with. finetune_start() reads them."""
+    flags.DEFINE_string("init_checkpoint", "", "Encoder weights: a pre-training run (its latest checkpoint), an "
+                        "export, google-research/bert's bert_model.ckpt or a Hugging Face directory.",
+                        flag_values=flag_values)
+    flags.DEFINE_bool("random_init", False, "Randomly initialised encoder (the baseline); needs --bert_config_file.",
+                      flag_values=flag_values)
+    flags.DEFINE_string("bert_config_file", "", "Model config; default: the checkpoint's own.", flag_values=flag_values)
+    flags.DEFINE_string("vocab_file", None, "The vocab.txt the encoder was pre-trained with.", flag_values=flag_values)
+    flags.DEFINE_bool("do_lower_case", True, "Tokeniser lower-cases.", flag_values=flag_values)
+
+
+def finetune_start(max_seq_length, flag_values=FLAGS):
+    """(tokenizer, read checkpoint or None, model config) from define_finetune_start's flags, checked
+    against each other (vocabulary size, sequence length) before any training."""
+    from bert_tf import checkpoint_formats, modeling, tokenization
+    f = flag_values
+    tokenizer = tokenization.Tokenizer.from_file(f.vocab_file, f.do_lower_case)
+    init = None
+    if f.random_init:
+        if not f.bert_config_file:
+            raise ConfigError("--random_init needs --bert_config_file")
+    elif f.init_checkpoint:
+        init = checkpoint_formats.read(f.init_checkpoint)
+    else:
+        raise ConfigError("give --init_checkpoint, or --random_init for the baseline")
+    config = modeling.BertConfig.from_json_file(f.bert_config_file) if f.bert_config_file else init.config
+    if config is None:
+        raise ConfigError(f"{init.path} has no model config beside it: give --bert_config_file")
+    if init is not None:
+        checkpoint_formats.check_fits(init, config, len(tokenizer), f.vocab_file, max_seq_length)
+    return tokenizer, init, config
+
+
 def define_sequence(max_seq_length=128, max_predictions_per_seq=20, flag_values=FLAGS):
     flags.DEFINE_integer("max_seq_length", max_seq_length, "Tokens per sequence, with [CLS] and [SEP]s.",
                          flag_values=flag_values)

@@ -22,12 +22,7 @@ from bert_tf import ConfigError, cli
 flags.DEFINE_string("tasks", "all", "Comma-separated GLUE tasks (cola, sst2, mrpc, stsb, qqp, mnli, qnli, rte, "
                     "wnli) or all.")
 flags.DEFINE_string("data_dir", None, "The GLUE download's folder.")
-flags.DEFINE_string("init_checkpoint", "", "Encoder weights: a pre-training run (its latest checkpoint), an "
-                    "export, google-research/bert's bert_model.ckpt or a Hugging Face directory.")
-flags.DEFINE_bool("random_init", False, "Randomly initialised encoder (the baseline); needs --bert_config_file.")
-flags.DEFINE_string("bert_config_file", "", "Model config; default: the checkpoint's own.")
-flags.DEFINE_string("vocab_file", None, "The vocab.txt the encoder was pre-trained with.")
-flags.DEFINE_bool("do_lower_case", True, "Tokeniser lower-cases.")
+cli.define_finetune_start()
 flags.DEFINE_list("learning_rates", ["2e-5"], "AdamW peak learning rates to sweep.")
 flags.DEFINE_list("batch_sizes", ["32"], "Sequences per update over all ranks, to sweep.")
 flags.DEFINE_list("epochs", ["3"], "Epochs to sweep.")
@@ -52,7 +47,7 @@ def numbers(name, kind):
 
 
 def main(argv):
-    from bert_tf import checkpoint_formats, distributed, finetuning, glue, modeling, tokenization
+    from bert_tf import distributed, finetuning, glue
     if len(argv) > 1:
         raise ConfigError(f"unexpected arguments {argv[1:]}")
     tasks = glue.parse_tasks(FLAGS.tasks)
@@ -60,28 +55,10 @@ def main(argv):
     seeds = numbers("seeds", int)
     recipe = finetuning.Recipe(max_seq_length=FLAGS.max_seq_length, warmup_fraction=FLAGS.warmup_fraction,
                                weight_decay=FLAGS.weight_decay, precision=FLAGS.precision, xla=FLAGS.xla)
-    for task in tasks:          # every task's files, before any training
+    for task in tasks:          # every task's files read and checked before any training
         for split in ("train", *glue.TASKS[task].dev_splits, *glue.TASKS[task].test_splits):
-            path = glue.split_path(glue.TASKS[task], FLAGS.data_dir, split)
-            if not os.path.exists(path):
-                raise ConfigError(f"{task}: {path} not found (--data_dir is the folder the GLUE download writes)")
-    tokenizer = tokenization.Tokenizer.from_file(FLAGS.vocab_file, FLAGS.do_lower_case)
-    init = None
-    if FLAGS.random_init:
-        if not FLAGS.bert_config_file:
-            raise ConfigError("--random_init needs --bert_config_file")
-    elif FLAGS.init_checkpoint:
-        init = checkpoint_formats.read(FLAGS.init_checkpoint)
-    else:
-        raise ConfigError("give --init_checkpoint, or --random_init for the baseline")
-    if FLAGS.bert_config_file:
-        config = modeling.BertConfig.from_json_file(FLAGS.bert_config_file)
-    elif init.config is not None:
-        config = init.config
-    else:
-        raise ConfigError(f"{init.path} has no model config beside it: give --bert_config_file")
-    if init is not None:
-        checkpoint_formats.check_fits(init, config, len(tokenizer), FLAGS.vocab_file, FLAGS.max_seq_length)
+            glue.read_split(glue.TASKS[task], FLAGS.data_dir, split)
+    tokenizer, init, config = cli.finetune_start(FLAGS.max_seq_length)
     hvd = distributed.init()
     for s in settings:
         finetuning.Recipe(batch_size=s.batch_size).per_rank_batch(hvd.size())   # divisible: checked up front

@@ -21,12 +21,7 @@ flags.DEFINE_enum("version", "1.1", ["1.1", "2.0"], "SQuAD version (2.0: unanswe
 flags.DEFINE_string("train_file", "", "SQuAD JSON to fine-tune on (empty: predict with an untrained span head, "
                     "the floor a fine-tuned one must beat).")
 flags.DEFINE_string("predict_file", None, "SQuAD JSON to predict and score.")
-flags.DEFINE_string("init_checkpoint", "", "Encoder weights: a pre-training run, an export, google-research/bert's "
-                    "bert_model.ckpt or a Hugging Face directory.")
-flags.DEFINE_bool("random_init", False, "Randomly initialised encoder (the baseline); needs --bert_config_file.")
-flags.DEFINE_string("bert_config_file", "", "Model config; default: the checkpoint's own.")
-flags.DEFINE_string("vocab_file", None, "The vocab.txt the encoder was pre-trained with.")
-flags.DEFINE_bool("do_lower_case", True, "Tokeniser lower-cases.")
+cli.define_finetune_start()
 flags.DEFINE_integer("max_seq_length", 384, "Tokens per window: [CLS] question [SEP] context [SEP].")
 flags.DEFINE_integer("doc_stride", 128, "A long context's next window starts this many tokens later.")
 flags.DEFINE_integer("max_query_length", 64, "Longer questions are cut to this many tokens (and counted).")
@@ -49,28 +44,15 @@ FLAGS = flags.FLAGS
 
 
 def main(argv):
-    from bert_tf import checkpoint_formats, distributed, finetuning, modeling, squad, squad_scoring, tokenization
+    from bert_tf import distributed, finetuning, squad, squad_scoring
     if len(argv) > 1:
         raise ConfigError(f"unexpected arguments {argv[1:]}")
-    tokenizer = tokenization.Tokenizer.from_file(FLAGS.vocab_file, FLAGS.do_lower_case)
+    tokenizer, init, config = cli.finetune_start(FLAGS.max_seq_length)
     recipe = finetuning.Recipe(learning_rate=FLAGS.learning_rate, batch_size=FLAGS.batch_size, epochs=FLAGS.epochs,
                                warmup_fraction=FLAGS.warmup_fraction, max_seq_length=FLAGS.max_seq_length,
                                seed=FLAGS.seed, precision=FLAGS.precision, xla=FLAGS.xla)
     window_flags = dict(max_seq_length=FLAGS.max_seq_length, doc_stride=FLAGS.doc_stride,
                         max_query_length=FLAGS.max_query_length)
-    init = None
-    if FLAGS.random_init:
-        if not FLAGS.bert_config_file:
-            raise ConfigError("--random_init needs --bert_config_file")
-    elif FLAGS.init_checkpoint:
-        init = checkpoint_formats.read(FLAGS.init_checkpoint)
-    else:
-        raise ConfigError("give --init_checkpoint, or --random_init for the baseline")
-    config = modeling.BertConfig.from_json_file(FLAGS.bert_config_file) if FLAGS.bert_config_file else init.config
-    if config is None:
-        raise ConfigError(f"{init.path} has no model config beside it: give --bert_config_file")
-    if init is not None:
-        checkpoint_formats.check_fits(init, config, len(tokenizer), FLAGS.vocab_file, FLAGS.max_seq_length)
     hvd = distributed.init()
     rank, size = hvd.rank(), hvd.size()
     log = print if rank == 0 else (lambda *a, **k: None)
