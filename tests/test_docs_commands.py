@@ -9,6 +9,7 @@ what runs is what the docs say. They run in one work directory laid out like the
 linked, data made small; tests/services.py) and build on each other as a reader would: the demo
 pre-training, its export, continued pre-training and fine-tuning from it, the recipes' dry runs."""
 import ast
+import concurrent.futures
 import dataclasses
 import json
 import os
@@ -127,12 +128,14 @@ COMMANDS = {
     "python run/pretrain.py --flagfile=configs/continue_base.flags --init_checkpoint=checkpoints/bert-base-uncased "
     "--vocab_file=checkpoints/bert-base-uncased/vocab.txt":
         here("test_continue_base_from_both_formats", "--total_steps=3 --warmup_steps=1 --log_interval=1 "
-             "--eval_interval=3 --eval_batches=2 (the recipe's 100 held-out batches of 32 are most of the time on 2 "
-             "cores); checkpoints/ holds the demo's export (tiny BERT, 2 layers), not the published BERT-base (no "
-             "download): the recipe's other flags (AdamW, mixed_float16, batch 32) run as written"),
+             "--eval_interval=3 --eval_batches=2 --batch_size=4 (the recipe's mixed_float16 is emulated on this CPU, "
+             "~60x float32's time: its 100 held-out batches of 32 were most of the test); checkpoints/ holds the "
+             "demo's export (tiny BERT, 2 layers), not the published BERT-base (no download); the recipe's other "
+             "flags (AdamW, mixed_float16 with loss scaling, data, schedule shape) run as written"),
     "python run/pretrain.py --flagfile=configs/continue_base.flags "
     "--init_checkpoint=checkpoints/uncased_L-12_H-768_A-12/bert_model.ckpt":
-        here("test_continue_base_from_both_formats", "as the line above"),
+        here("test_continue_base_from_both_formats", "as the line above; run at the same time as it, in a copy of "
+             "the work directory (symlinks, its own runs/)"),
     "python run/finetune.py --train_file=data/corpus/pang_lee_polarity.cor --vocab_file=data/demo/vocab.txt "
     "--init_checkpoint=runs/demo --kfold=5 --output_json=runs/finetune_pre.json":
         here("test_finetune_commands", "--epochs=1"),
@@ -140,6 +143,25 @@ COMMANDS = {
     "--random_init --bert_config_file=runs/demo/bert_config.json --kfold=5": here("test_finetune_commands", "--epochs=1"),
     "python run/finetune.py --train_file=data/corpus/pang_lee_polarity.cor --vocab_file=data/demo/vocab.txt "
     "--probe_checkpoint_dir=runs/demo": here("test_finetune_commands", "--epochs=1"),
+    "python run/glue.py --tasks=all --data_dir=glue_data --init_checkpoint=runs/base_phase2 "
+    "--vocab_file=data/wiki/vocab.txt --output_dir=runs/glue":
+        by("test_glue.py::test_every_task_trains_predicts_scores_and_writes_its_submission_under_mpirun",
+           "NOT verbatim: no GLUE download and no BERT-base here: the nine tasks' files in the download's exact layout (a few rows each), a tiny random-init BERT, sequence 32, batch 8, 1 epoch, 2 ranks under mpirun", uses='"glue.py", "--tasks=all"'),
+    "python run/glue.py --tasks=cola,mrpc,stsb,rte --data_dir=glue_data --init_checkpoint=runs/base_phase2 "
+    "--vocab_file=data/wiki/vocab.txt --learning_rates=5e-5,4e-5,3e-5,2e-5 --seeds=1,2,3,4,5 "
+    "--output_dir=runs/glue_small":
+        by("test_glue.py::test_a_sweep_with_seeds_summarises_each_setting_and_selects_on_dev",
+           "NOT verbatim: the sweep and seeds through glue.sweep and glue.run_task (what run/glue.py calls), on "
+           "MRPC's layout, 2 settings x 2 seeds, a tiny BERT", uses="glue.sweep("),
+    "python run/squad.py --version=1.1 --train_file=squad/train-v1.1.json --predict_file=squad/dev-v1.1.json "
+    "--init_checkpoint=runs/base_phase2 --vocab_file=data/wiki/vocab.txt --output_dir=runs/squad11":
+        by("test_squad.py::test_both_versions_train_predict_and_score_end_to_end",
+           "NOT verbatim: no SQuAD download here: questions in the official JSON layout, a tiny random-init BERT, "
+           "windows of 48, 2 ranks under mpirun", uses='"squad.py"'),
+    "python run/squad.py --version=2.0 --train_file=squad/train-v2.0.json --predict_file=squad/dev-v2.0.json "
+    "--init_checkpoint=runs/base_phase2 --vocab_file=data/wiki/vocab.txt --output_dir=runs/squad20":
+        by("test_squad.py::test_both_versions_train_predict_and_score_end_to_end",
+           "NOT verbatim: as the line above, v2.0 with an unanswerable question, one process", uses='"2.0"'),
     "python run/benchmark.py --model_preset=base --max_seq_length=128 --batch_size=8 --output_dir=runs/bench_base":
         by("test_benchmark.py::test_the_self_tuned_flagfile_is_taken_by_pretrain_after_the_recipe",
            "NOT verbatim: BERT-tiny, a few rungs and updates (every rung of BERT-base takes well over the suite's "
@@ -166,8 +188,8 @@ COMMANDS = {
     "python run/emulated_cluster.py down": here("test_emulated_cluster_up_and_down"),
     "python run/comm_study.py --output_dir=runs/comm_study":
         by("test_comm_study.py::test_planner_predicts_the_emulated_study_within_25_percent",
-           "NOT verbatim: BERT-mini, 3 rungs, 1 Gbit/s, 2 updates after 1 warm-up, without XLA (the full study takes "
-           "~45 min)"),
+           "NOT verbatim: the study's BERT-small with the tiny test vocabulary at sequence 64, 4 x 4 sequences per "
+           "update, 3 rungs, 1 Gbit/s, 3 updates after 1 warm-up, without XLA (the full study takes ~45 min)"),
     "python run/validate_planner.py --study=runs/comm_study/study.json":
         by("test_comm_study.py::test_planner_predicts_the_emulated_study_within_25_percent",
            "--study= the small study that test makes"),
@@ -491,33 +513,46 @@ def test_recipe_dry_runs(workdir, ranks_dry_runs, phase1_checkpoint_stand_in):
 
 
 @pytest.mark.cluster
-def test_continue_base_from_both_formats(exported, workdir):
+def test_continue_base_from_both_formats(exported, workdir, tmp_path):
     """configs/continue_base.flags from a Hugging Face folder and from google's bert_model.ckpt (the
-    demo's export stands in for the published BERT-base): 3 real updates each, with evaluation."""
+    demo's export, tiny BERT, stands in for the published BERT-base): 3 real updates each in the
+    recipe's mixed_float16 (emulated on this CPU: ~60x float32's time, hence 4-sequence batches),
+    with evaluation. The two run at once, the second in a copy of the work directory (its own runs/:
+    both commands write runs/continue_base), each mostly on one core."""
     ok(exported)
     checkpoints = workdir / "checkpoints"
     checkpoints.mkdir(exist_ok=True)
     for name in ("bert-base-uncased", "uncased_L-12_H-768_A-12"):
         (checkpoints / name).symlink_to(workdir / "runs" / "demo_export")
+    second = tmp_path / "workdir2"
+    second.mkdir()
+    for entry in workdir.iterdir():
+        if entry.name != "runs":
+            (second / entry.name).symlink_to(entry)
+    (second / "runs").mkdir()
     hf, google = commands_of("test_continue_base_from_both_formats")
-    short = ["--total_steps=3", "--warmup_steps=1", "--log_interval=1", "--eval_interval=3", "--eval_batches=2"]
-    run_dir = workdir / "runs" / "continue_base"
-    evals = {}
-    for command, says in ((hf, "from checkpoints/bert-base-uncased (huggingface format)"),
-                          (google, "from checkpoints/uncased_L-12_H-768_A-12/bert_model.ckpt (google format)")):
-        out = ok(run_doc_command(command, workdir, short))
+    short = ["--total_steps=3", "--warmup_steps=1", "--log_interval=1", "--eval_interval=3", "--eval_batches=2",
+             "--batch_size=4"]
+    runs = ((hf, workdir, "from checkpoints/bert-base-uncased (huggingface format)"),
+            (google, second, "from checkpoints/uncased_L-12_H-768_A-12/bert_model.ckpt (google format)"))
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        procs = list(pool.map(lambda run: run_doc_command(run[0], run[1], short), runs))
+    evals = []
+    for proc, (_, cwd, says) in zip(procs, runs):
+        out = ok(proc)
         assert f"initialised encoder and heads {says}" in out, out[-3000:]
-        assert "initialised at random" not in out, out[-3000:]               # both heads came with it
+        assert "initialised at random" not in out and "precision mixed_float16" in out, out[-3000:]
+        run_dir = cwd / "runs" / "continue_base"
         assert latest_step(run_dir) == 3
         records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
         assert [r["step"] for r in records if r["kind"] == "train"] == [1, 2, 3], records
-        evals[says] = [r for r in records if r["kind"] == "eval"]
-        assert [r["step"] for r in evals[says]] == [0, 3], records       # the published model first, then adapted
-        shutil.rmtree(run_dir)                    # both write there: the second would resume
+        evals.append([r for r in records if r["kind"] == "eval"])
+        assert [r["step"] for r in evals[-1]] == [0, 3], records       # the published model first, then adapted
+    shutil.rmtree(workdir / "runs" / "continue_base")
     # the same weights through both formats: the same held-out figures before the first update
-    first, second = (e[0] for e in evals.values())
-    assert first["eval_mlm_accuracy"] == second["eval_mlm_accuracy"], evals
-    assert abs(first["eval_mlm_loss"] - second["eval_mlm_loss"]) < 1e-4, evals
+    first, other = (e[0] for e in evals)
+    assert first["eval_mlm_accuracy"] == other["eval_mlm_accuracy"], evals
+    assert abs(first["eval_mlm_loss"] - other["eval_mlm_loss"]) < 1e-4, evals
 
 
 @pytest.mark.cluster
