@@ -310,7 +310,7 @@ check novolume launch /hosts-self --flagfile=configs/demo.flags --checkpoint_dir
 
 @pytest.mark.cluster
 def test_bad_input_in_the_image_gets_a_message_within_seconds(image, net, keys, tmp_path):
-    """In one container (each container is a full copy of the image on vfs): a worker without a key,
+    """In one container (on vfs storage every container is a full copy of the image): a worker without a key,
     a hostfile naming a host that does not answer ssh (an unused address of the test network: a
     dead node), and no volume for --checkpoint_dir. Each must end with exit 2 and its message."""
     me = f"{PREFIX}-bad"
