@@ -251,6 +251,12 @@ def encode_split(task: Task, split: Split, tokenizer, max_seq_length):
     return features, truncated
 
 
+def select(summaries: list) -> dict:
+    """The setting to report: the best median dev score over its seeds (a median, so one lucky seed
+    does not pick it); the first of equals."""
+    return max(summaries, key=lambda s: s["score"]["median"])
+
+
 def run_task(task: Task, data_dir, tokenizer, model_config, init, settings, seeds, recipe, distributed=None,
              log=print, keep_model=False) -> dict:
     """Fine-tunes `task` once per setting and seed, scores every dev split, and keeps the test
@@ -304,7 +310,7 @@ def run_task(task: Task, data_dir, tokenizer, model_config, init, settings, seed
                    for name in task.dev_splits for m in task.metrics}
         summaries.append({"setting": dataclasses.asdict(setting), "score": finetuning.summarize([g["score"] for g in group]),
                           "metrics": metrics})
-    best = max(summaries, key=lambda s: s["score"]["median"])
+    best = select(summaries)
     chosen = max(by_setting[Setting(**best["setting"])], key=lambda g: g["score"])
     out = {"model": kept[Setting(**best["setting"])][1]} if keep_model else {}
     return {**out, "task": task.name, "examples": {name: len(s.examples) for name, s in splits.items()},

@@ -54,6 +54,10 @@ def test_a_fine_tuned_model_loads_in_transformers_and_back_in_bert_tf(kind, tmp_
     else:
         np.testing.assert_allclose(got.logits.numpy(), model.logits(f).numpy(), atol=1e-4)
     # google's names, read back by bert_tf into a fresh model of the same kind: the same outputs
+    # run_classifier.py's output_weights and run_squad.py's cls/squad/output_weights are [labels, H]
+    name = "cls/squad/output_weights" if kind == "span" else "output_weights"
+    outputs = 2 if kind == "span" else 3 if kind == "classifier" else 1
+    assert tf.train.load_variable(str(out / "bert_model.ckpt"), name).shape == (outputs, config.hidden_size)
     google = checkpoint_formats.read(str(out / "bert_model.ckpt"))
     assert ("span/kernel" if kind == "span" else "classifier/kernel") in google.weights
     fresh = squad.BertSpanExtractor(config) if kind == "span" else classification.BertClassifier(

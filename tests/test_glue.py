@@ -280,3 +280,11 @@ def test_a_sweep_with_seeds_summarises_each_setting_and_selects_on_dev(tiny_data
     assert result["selected"]["seed"] == chosen["seed"] and len(result["test_predictions"]["test"]) == 1
     # the steps follow from the batch: 16 examples, 1 epoch
     assert sorted({(r["setting"]["batch_size"], r["train_steps"]) for r in result["runs"]}) == [(4, 4), (8, 2)]
+
+
+def test_the_setting_selected_is_the_best_median_not_the_best_mean_or_seed():
+    def summary(lr, median, mean, best):
+        return {"setting": {"learning_rate": lr}, "score": {"median": median, "mean": mean, "max": best}}
+    summaries = [summary(5e-5, 0.70, 0.72, 0.90), summary(3e-5, 0.74, 0.70, 0.75), summary(2e-5, 0.72, 0.73, 0.74)]
+    assert glue.select(summaries)["setting"]["learning_rate"] == 3e-5
+    assert glue.select([summary(1e-5, 0.5, 0.5, 0.5), summary(2e-5, 0.5, 0.6, 0.6)])["setting"]["learning_rate"] == 1e-5

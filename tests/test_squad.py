@@ -67,10 +67,36 @@ def test_windows_slide_by_the_stride_and_train_no_answer_outside_the_answer():
         else:
             assert w.end == 0                      # "no answer here": [CLS]
     assert sum(1 for w in windows if w.start) >= 1 and sum(1 for w in windows if not w.start) >= 1
+    # an answer that starts in a window but ends past it is "no answer here" in that window: with a stride
+    # of 3 the window at word 9 ends at word 21, the first of "denver broncos" at words 21-22
+    cut = squad.Example("q", example.question, words, start_word=21, end_word=22, answer="denver broncos")
+    spans, _ = squad.make_windows([cut], tok, max_seq_length=24, doc_stride=3, max_query_length=8, training=True)
+    edge = [w for w in spans if max(w.token_to_word.values()) == 21]
+    assert edge and all((w.start, w.end) == (0, 0) for w in edge)
+    assert any(w.start for w in spans)
     # each context token's best window is the one with the most context around it: exactly one
     for word in range(30):
         best = [w for w in windows for p, v in w.token_to_word.items() if v == word and w.best_window[p]]
         assert len(best) == 1, word
+
+
+def test_a_span_counts_only_in_the_window_where_its_start_has_the_most_context():
+    """Word 12 sits at window 0's right edge (its best window starts at word 5): a high score for it there is
+    not taken; word 6, in the middle of window 0, is."""
+    tok = tokenization.Tokenizer(VOCAB)
+    words = ["the", "denver", "broncos", "won", "super", "bowl", "50", "in", "2016", "."] * 3
+    question = "who won super bowl 50 in the year 2016 , the team ?"
+    windows, _ = squad.make_windows([squad.Example("q", question, words)], tok, max_seq_length=24, doc_stride=5,
+                                    max_query_length=8)
+    logits = np.full([len(windows), 2, 24], -5.0, np.float32)
+    position = {word: p for p, word in windows[0].token_to_word.items()}
+    logits[0, :, position[6]] = 4.0
+    logits[0, :, position[12]] = 9.0
+    assert not windows[0].best_window[position[12]] and windows[0].best_window[position[6]]
+    # answers of at most 3 tokens: the span from word 6 to word 12 is not one
+    predictions, _, _ = squad.predict_answers([squad.Example("q", question, words)], windows, logits, tok, "1.1",
+                                              max_answer_length=3)
+    assert predictions == {"q": "50"}
 
 
 def test_final_text_keeps_the_contexts_own_characters():
