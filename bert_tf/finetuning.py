@@ -58,17 +58,23 @@ def fine_tune(model, features: dict, recipe: Recipe, rank=0, size=1, allreduce=N
     trainer = training.Trainer(model, config, allreduce or training.identity_allreduce, seed_offset=rank)
     if broadcast:
         broadcast(trainer.variables)
-    rng = np.random.RandomState(recipe.seed)
-    step, out = 0, {}
+    out = {}
+    for rows in batch_rows(n, batch, total, recipe.seed, rank, size):
+        out = trainer.train_step([{k: tf.constant(v[rows]) for k, v in features.items()}])
+    return {"train_steps": total, "final_train_loss": float(out["loss"])}
+
+
+def batch_rows(n, batch, total, seed, rank=0, size=1):
+    """This rank's rows for each of `total` updates: every epoch all ranks draw the same permutation of
+    the n examples and rank r takes rows r, r + size, ... of it, in batches (a last partial batch of
+    an epoch is dropped, as google's run_classifier.py does)."""
+    rng = np.random.RandomState(seed)
+    steps_per_epoch, step = n // (batch * size), 0
     while step < total:
         mine = rng.permutation(n)[rank::size]
-        for s in range(steps_per_epoch):
-            if step == total:
-                break
-            rows = mine[s * batch:(s + 1) * batch]
-            out = trainer.train_step([{k: tf.constant(v[rows]) for k, v in features.items()}])
+        for s in range(min(steps_per_epoch, total - step)):
+            yield mine[s * batch:(s + 1) * batch]
             step += 1
-    return {"train_steps": total, "final_train_loss": float(out["loss"])}
 
 
 def predict(fn, features: dict, batch_size=64) -> np.ndarray:

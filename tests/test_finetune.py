@@ -172,3 +172,15 @@ def test_finetuning_on_two_ranks_keeps_identical_weights(tmp_path, monkeypatch):
                                                      ["neg", "pos"], (x, y), (x, y), epochs=3, batch_size=4, seed=0)
     initial = hashlib.sha256(b"".join(v.numpy().tobytes() for v in untrained.trainable_variables)).hexdigest()
     assert a["digest"] != initial
+
+
+def test_fine_tuning_batches_reshuffle_each_epoch_and_split_the_ranks_disjointly():
+    from bert_tf import finetuning
+    n, batch, size = 20, 3, 2                  # 3 updates per epoch on each rank: 18 of 20 rows
+    ranks = [list(finetuning.batch_rows(n, batch, total=7, seed=5, rank=r, size=size)) for r in range(size)]
+    assert [len(r) for r in ranks] == [7, 7] and all(len(rows) == batch for r in ranks for rows in r)
+    epochs = [[np.concatenate(r[e * 3:(e + 1) * 3]) for r in ranks] for e in range(2)]
+    for a, b in epochs:
+        assert not set(a) & set(b) and len(set(a) | set(b)) == 18      # disjoint, no row twice in an epoch
+    assert list(np.concatenate(epochs[0])) != list(np.concatenate(epochs[1]))   # another order each epoch
+    assert [list(x) for x in ranks[0]] == [list(x) for x in finetuning.batch_rows(n, batch, 7, 5, 0, size)]
