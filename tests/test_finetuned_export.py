@@ -14,7 +14,7 @@ from conftest import random_features
 
 def _vocab(tmp_path, size=100):
     path = tmp_path / "vocab.txt"
-    path.write_text("".join(f"[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\n" if i == 0 else f"w{i}\n" for i in range(size - 4)))
+    path.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(size - 5)]) + "\n")
     return str(path)
 
 

@@ -4,7 +4,6 @@ import json
 import os
 import sys
 
-import numpy as np
 
 from bert_tf import classification, distributed, modeling, tokenization
 
