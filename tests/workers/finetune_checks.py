@@ -4,7 +4,6 @@ import json
 import os
 import sys
 
-
 from bert_tf import classification, distributed, modeling, tokenization
 
 out_dir = sys.argv[1]
