@@ -417,7 +417,7 @@ def write_google(weights: dict, config: modeling.BertConfig, vocab_file: str, ou
 
 def write_huggingface(weights: dict, config: modeling.BertConfig, vocab_file: str, out_dir: str,
                       do_lower_case: bool = True, hf_config: dict | None = None) -> list:
-    """config.json, model.safetensors (transformers' names), vocab.txt, tokenizer_config.json.
+    """config.json, model.safetensors (transformers' names) and the tokenizer files (write_tokenizer_files).
     hf_config: config.json's content (default: BertForPreTraining's, config_to_huggingface)."""
     from safetensors.numpy import save_file
     tensors = {}
@@ -432,14 +432,30 @@ def write_huggingface(weights: dict, config: modeling.BertConfig, vocab_file: st
     with open(os.path.join(out_dir, HF_CONFIG), "w") as f:
         json.dump(hf_config or config_to_huggingface(config), f, indent=2, sort_keys=True)
         f.write("\n")
-    with open(os.path.join(out_dir, "tokenizer_config.json"), "w") as f:
-        json.dump({"tokenizer_class": "BertTokenizer", "do_lower_case": do_lower_case,
-                   "model_max_length": config.max_position_embeddings, "unk_token": "[UNK]",
-                   "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]", "mask_token": "[MASK]"},
-                  f, indent=2)
-        f.write("\n")
+    return [HF_CONFIG, HF_WEIGHTS] + write_tokenizer_files(vocab_file, out_dir, do_lower_case,
+                                                           config.max_position_embeddings)
+
+
+SPECIAL_TOKENS_MAP = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]",
+                      "mask_token": "[MASK]"}
+
+
+def write_tokenizer_files(vocab_file, out_dir, do_lower_case=True, model_max_length=512) -> list:
+    """vocab.txt, tokenizer.json (the fast tokenizer: tokenization.huggingface_tokenizer), tokenizer_config.json
+    and special_tokens_map.json: what AutoTokenizer, text-embeddings-inference and transformers.js look for."""
+    from bert_tf import tokenization
+    os.makedirs(out_dir, exist_ok=True)
+    vocab = tokenization.load_vocab(vocab_file)
+    tokenization.huggingface_tokenizer(vocab, do_lower_case).save(os.path.join(out_dir, "tokenizer.json"))
+    # strip_accents None: follow do_lower_case, as google's tokenizer does.
+    config = {"tokenizer_class": "BertTokenizer", "do_lower_case": do_lower_case, "strip_accents": None,
+              "tokenize_chinese_chars": True, "model_max_length": model_max_length, **SPECIAL_TOKENS_MAP}
+    for name, content in (("tokenizer_config.json", config), ("special_tokens_map.json", SPECIAL_TOKENS_MAP)):
+        with open(os.path.join(out_dir, name), "w") as f:
+            json.dump(content, f, indent=2)
+            f.write("\n")
     _copy_vocab(vocab_file, out_dir)
-    return [HF_CONFIG, HF_WEIGHTS, "tokenizer_config.json", "vocab.txt"]
+    return ["vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"]
 
 
 def _copy_vocab(vocab_file, out_dir):

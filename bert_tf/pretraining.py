@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shlex
 import signal
+import sys
 import time
 from typing import Callable
 
@@ -343,7 +345,8 @@ def build(cfg: PretrainConfig, say, asked: PretrainConfig | None = None) -> Job:
             f"{'is elastic' if cfg.elastic else f'has {size}'}: a fresh pass over the training files starts at "
             f"step {step} (records read since the last pass began may be read again)")
     run_record = {"kind": "run", "global_batch": global_batch, "parameters": parameters,
-                  "config": dataclasses.asdict(asked or cfg), "resolved": dataclasses.asdict(cfg)}
+                  "config": dataclasses.asdict(asked or cfg), "resolved": dataclasses.asdict(cfg),
+                  "command": "python " + shlex.join(sys.argv)}  # for the export's model card
     return Job(trainer=trainer, input=train_input, position=position, ckpts=ckpts,
                writer=metrics.MetricsWriter(cfg.checkpoint_dir, active=rank == 0),
                evaluate=make_evaluator(trainer, cfg, inputs.eval_files, len(tokenizer), masker),

@@ -146,6 +146,28 @@ class Tokenizer:
         return [self.vocab[i] for i in self.tokenize([sentence])[0]]
 
 
+def huggingface_tokenizer(vocab, lower_case=True, max_chars_per_word=100):
+    """Our vocabulary and rules as a `tokenizers` (Rust) Tokenizer: what tokenizer.json holds, so that
+    transformers' fast AutoTokenizer, text-embeddings-inference and transformers.js read an export.
+    Built from the parts google's rules map to (BertNormalizer, BertPreTokenizer, WordPiece, and the
+    [CLS] A [SEP] B [SEP] template with segment ids 0/1); tests/test_checkpoint_formats.py checks its ids."""
+    from tokenizers import Tokenizer as RustTokenizer, decoders, models, normalizers, pre_tokenizers, processors
+    index = {t: i for i, t in enumerate(vocab)}
+    tok = RustTokenizer(models.WordPiece(vocab=index, unk_token="[UNK]", max_input_chars_per_word=max_chars_per_word))
+    # strip_accents=None follows lowercase, as google's BasicTokenizer does (NFD + drop Mn only when lower-casing).
+    tok.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True, strip_accents=None,
+                                                lowercase=lower_case)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    cls, sep = ("[CLS]", index["[CLS]"]), ("[SEP]", index["[SEP]"])
+    tok.post_processor = processors.TemplateProcessing(single="[CLS]:0 $A:0 [SEP]:0",
+                                                       pair="[CLS]:0 $A:0 [SEP]:0 $B:1 [SEP]:1",
+                                                       special_tokens=[cls, sep])
+    tok.decoder = decoders.WordPiece(prefix="##")
+    # Registered whole, so "[MASK]" in a fill-mask prompt is one token, not "[", "mask", "]".
+    tok.add_special_tokens(list(SPECIAL_TOKENS))
+    return tok
+
+
 def _is_cjk(cp):
     # CJK Unified Ideographs and extensions, compatibility ideographs (not Hangul or kana: those are
     # written with spaces, as google's tokenizer assumes).

@@ -5,14 +5,18 @@
 writes into <output_dir> (--format, all three by default):
     google        bert_model.ckpt.*, bert_config.json, vocab.txt: google-research/bert's names (run_classifier.py,
                   NVIDIA's scripts, Hugging Face's google-checkpoint converter, run/finetune.py --init_checkpoint)
-    huggingface   config.json, model.safetensors, vocab.txt, tokenizer_config.json:
-                  transformers' BertForPreTraining.from_pretrained(<output_dir>), BertTokenizer.from_pretrained(...)
+    huggingface   config.json, model.safetensors, vocab.txt, tokenizer.json, tokenizer_config.json,
+                  special_tokens_map.json and a README.md model card: transformers'
+                  BertForPreTraining.from_pretrained(<output_dir>), AutoTokenizer.from_pretrained(...) (fast),
+                  pipeline("fill-mask", model=<output_dir>)
     saved_model   saved_model/: serve(input_ids, input_mask, segment_ids) -> sequence_output, pooled_output
 
 --checkpoint takes any format run/pretrain.py --init_checkpoint takes (this project's checkpoints, google's,
 a Hugging Face directory), so this also converts between them.
 """
 import os
+import shlex
+import sys
 
 from absl import flags
 
@@ -35,7 +39,7 @@ FLAGS = flags.FLAGS
 def main(_):
     import tensorflow as tf
 
-    from bert_tf import checkpoint_formats, classification, modeling, tokenization
+    from bert_tf import checkpoint_formats, classification, model_card, modeling, tokenization
     vocab = tokenization.load_vocab(FLAGS.vocab_file)
     ckpt = checkpoint_formats.read(FLAGS.checkpoint)
     config = (modeling.BertConfig.from_json_file(FLAGS.bert_config_file) if FLAGS.bert_config_file
@@ -55,6 +59,9 @@ def main(_):
     if "huggingface" in FLAGS.format:
         written += checkpoint_formats.write_huggingface(weights, config, FLAGS.vocab_file, FLAGS.output_dir,
                                                         FLAGS.do_lower_case)
+        heads = "masked-LM and next-sentence heads" if "nsp/kernel" in weights else "a masked-LM head"
+        written.append(model_card.write(FLAGS.output_dir, config, sum(v.size for v in weights.values()), ckpt.path,
+                                        ckpt.format, "python " + shlex.join(sys.argv), heads))
     if "saved_model" in FLAGS.format:
         tf.saved_model.save(classification.ServingEncoder(model.encoder), os.path.join(FLAGS.output_dir, "saved_model"))
         written.append("saved_model/")

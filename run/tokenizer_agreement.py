@@ -109,6 +109,36 @@ def compare(tokenizer, sentences, expected):
     return len(sentences) - len(differing), differing, sum(map(len, ours)) / seconds
 
 
+def compare_export(vocab_file, tmp, parts, exact):
+    """What an export's tokenizer files give through transformers' AutoTokenizer (the Rust tokenizer.json),
+    against google's ids (our exact tokenizer); differences explained as for the oracle."""
+    import os
+
+    from transformers import AutoTokenizer
+
+    from bert_tf import checkpoint_formats
+    export_dir = os.path.join(tmp, "export")
+    checkpoint_formats.write_tokenizer_files(vocab_file, export_dir, FLAGS.do_lower_case)
+    hf = AutoTokenizer.from_pretrained(export_dir)
+    report = {"export_tokenizer_class": type(hf).__name__, "export_is_fast": hf.is_fast}
+    for part, sample in parts.items():
+        start = time.perf_counter()
+        ids = hf(sample, add_special_tokens=False, verbose=False)["input_ids"]
+        if part == "corpus":
+            report["export_tokens_per_second"] = sum(map(len, ids)) / (time.perf_counter() - start)
+        same, differing, _ = compare(exact, sample, ids)
+        report[f"export_{part}_identical"] = same
+        report[f"export_{part}_differing"] = [{"text": s, "explained_by": explain(exact, s, b)}
+                                              for s, _, b in differing]
+    print(f"export: {report['export_tokenizer_class']} from tokenizer.json: google's ids on "
+          f"{report['export_corpus_identical']}/{len(parts['corpus'])} corpus and "
+          f"{report['export_adversarial_identical']}/{len(parts['adversarial'])} adversarial sentences; "
+          f"{report['export_tokens_per_second']:,.0f} tokens/s")
+    for d in report["export_adversarial_differing"] + report["export_corpus_differing"][:3]:
+        print(f"   {d['text'][:70]!r}" + "".join(f"\n      explained: {cause}" for cause in d["explained_by"]))
+    return report
+
+
 def main(_):
     import os
     import tempfile
@@ -147,6 +177,7 @@ def main(_):
                 print(f"   {d['text'][:70]!r}\n      ours   {d['ours'][:14]}\n      oracle {d['oracle'][:14]}"
                       + "".join(f"\n      explained: {cause}" for cause in d["explained_by"]))
         print(f"oracle (transformers BertTokenizer): {report['oracle_tokens_per_second']:,.0f} tokens/s")
+        report.update(compare_export(vocab_file, tmp, parts, tokenization.Tokenizer(vocab, FLAGS.do_lower_case)))
     if FLAGS.output_json:
         with open(FLAGS.output_json, "w") as f:
             json.dump(report, f, indent=1, ensure_ascii=False)

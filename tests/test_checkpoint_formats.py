@@ -11,7 +11,7 @@ import tensorflow as tf
 
 import bert_reference as ref
 from bert_tf import checkpoint_formats as cf
-from bert_tf import ConfigError, modeling
+from bert_tf import ConfigError, modeling, tokenization
 from conftest import REPO, mpi_env
 
 
@@ -98,8 +98,8 @@ def exported(google_dir, tmp_path_factory):
 
 def test_export_writes_google_names_exactly(exported, weights):
     assert sorted(os.listdir(exported)) == [
-        "bert_config.json", "bert_model.ckpt.data-00000-of-00001", "bert_model.ckpt.index", "config.json",
-        "model.safetensors", "saved_model", "tokenizer_config.json", "vocab.txt"]
+        "README.md", "bert_config.json", "bert_model.ckpt.data-00000-of-00001", "bert_model.ckpt.index", "config.json",
+        "model.safetensors", "saved_model", "special_tokens_map.json", "tokenizer.json", "tokenizer_config.json", "vocab.txt"]
     names = dict(tf.train.list_variables(str(exported / "bert_model.ckpt")))
     assert names == {k: list(v.shape) for k, v in weights.items()}        # encoder and heads, nothing else
     for name, value in weights.items():                                    # and the values, bit for bit
@@ -169,6 +169,41 @@ def test_export_is_what_transformers_reads(exported, google_dir):
              float(np.abs(out.seq_relationship_logits.numpy() - ours.nsp(pooled).numpy()).max())]
     print("transformers TFBertForPreTraining vs ours, max abs diff (MLM, NSP):", diffs)
     assert max(diffs) < 5e-5, diffs
+
+
+def test_fill_mask_pipeline_on_the_export_predicts_our_top_tokens(exported, google_dir):
+    """transformers' fill-mask pipeline, its TF BertForMaskedLM read from model.safetensors and the fast
+    tokenizer from tokenizer.json: the ids we would give, "[MASK]" as one token, and our top tokens in order."""
+    import transformers
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(exported))
+    assert tokenizer.is_fast and len(tokenizer) == ref.CONFIG["vocab_size"]
+    ours_tok = tokenization.Tokenizer.from_file(str(exported / "vocab.txt"))
+    text = "W5 w17, [MASK] w42 w8"
+    ids = tokenizer(text)["input_ids"]
+    assert ids == [ours_tok.cls_id, *ours_tok.ids("W5 w17,"), ours_tok.mask_id, *ours_tok.ids("w42 w8"),
+                   ours_tok.sep_id]
+    # tokenizer.json alone (text-embeddings-inference, transformers.js read only it): the same ids
+    from tokenizers import Tokenizer
+    assert Tokenizer.from_file(str(exported / "tokenizer.json")).encode(text).ids == ids
+    pair = tokenizer("w1 w2", "w3")
+    assert pair["token_type_ids"] == [0, 0, 0, 0, 1, 1] and pair["input_ids"][-1] == ours_tok.sep_id
+    # TFBertForMaskedLM.from_pretrained(export) fails inside transformers 4.57 with safetensors 0.8
+    # ("'builtins.safe_open' object is not iterable"), so the same loader gets the tensors as numpy.
+    from safetensors.numpy import load_file
+    from transformers.modeling_tf_pytorch_utils import load_pytorch_state_dict_in_tf2_model
+    model = transformers.TFBertForMaskedLM(transformers.BertConfig.from_pretrained(str(exported)))
+    model.build_in_name_scope()
+    model, info = load_pytorch_state_dict_in_tf2_model(model, load_file(str(exported / "model.safetensors")),
+                                                       tf_inputs=False, output_loading_info=True)
+    assert info["missing_keys"] == [] and info["mismatched_keys"] == [], info
+    fill = transformers.pipeline("fill-mask", model=model, tokenizer=tokenizer, framework="tf",
+                                 dtype=None)  # its default "auto" looks torch up
+    theirs = [p["token"] for p in fill(text, top_k=5)]
+    _, ours = load(google_dir)
+    x = tf.constant([ids], tf.int32)
+    seq, _ = ours.encoder(x, tf.ones_like(x), tf.zeros_like(x))
+    logits = ours.mlm_logits(seq, tf.constant([[ids.index(ours_tok.mask_id)]], tf.int32)).numpy().ravel()
+    assert theirs == list(np.argsort(-logits)[:5]), (theirs, np.argsort(-logits)[:5])
 
 
 def test_a_missing_head_is_initialised_and_said_in_one_line(tmp_path, weights):

@@ -34,8 +34,15 @@ def test_pretrain_export_huggingface_continue_from_it(tiny_data, tmp_path):
 
     run([REPO / "run" / "export.py", f"--checkpoint={first}", f"--vocab_file={tiny_data['vocab_file']}",
          f"--output_dir={export}", "--format=huggingface"])
-    assert sorted(p.name for p in export.iterdir()) == ["config.json", "model.safetensors",
+    assert sorted(p.name for p in export.iterdir()) == ["README.md", "config.json", "model.safetensors",
+                                                        "special_tokens_map.json", "tokenizer.json",
                                                         "tokenizer_config.json", "vocab.txt"]
+    card = (export / "README.md").read_text()          # the model card says what the run recorded
+    for fact in ["| 2 | 128 | 2 | 512 | gelu_new |", "- updates: 40 (160 sequences; global batch 4 on 1 rank)",
+                 f"- held-out masked-LM accuracy {trained['eval_mlm_accuracy']:.4f} at update 40",
+                 f"- command (each rank): `python {REPO / 'run' / 'pretrain.py'} ", f"--train_files={shard0}",
+                 "masked LM and next-sentence prediction", "pipeline_tag: fill-mask"]:
+        assert fact in card, (fact, card)
 
     # the model's size comes from the directory's config.json (no --model_preset)
     flags = [f for f in tiny_data["flags"] if not f.startswith("--model_preset")]

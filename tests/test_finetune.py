@@ -103,9 +103,9 @@ def test_export_round_trip_reproduces_the_encoder(pretrained, tmp_path):
                            f"--vocab_file={folder / 'vocab.txt'}", f"--output_dir={tmp_path}"],
                           env=mpi_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert sorted(os.listdir(tmp_path)) == ["bert_config.json", "bert_model.ckpt.data-00000-of-00001",
+    assert sorted(os.listdir(tmp_path)) == ["README.md", "bert_config.json", "bert_model.ckpt.data-00000-of-00001",
                                             "bert_model.ckpt.index", "config.json", "model.safetensors",
-                                            "saved_model", "tokenizer_config.json", "vocab.txt"]
+                                            "saved_model", "special_tokens_map.json", "tokenizer.json", "tokenizer_config.json", "vocab.txt"]
     ids = tf.constant([[101, 104, 105, 106, 102, 0]], tf.int32)
     mask = tf.constant([[1, 1, 1, 1, 1, 0]], tf.int32)
     seg = tf.zeros_like(ids)

@@ -43,6 +43,19 @@ def test_adversarial_set_differs_only_where_the_oracle_departs_from_google(agree
         "transformers drops every Unicode C* character", "transformers lower-cases one character at a time"]
 
 
+def test_exported_tokenizer_json_is_the_fast_tokenizer_and_gives_google_ids(agreement):
+    """An export's tokenizer files (checkpoint_formats.write_tokenizer_files), read by AutoTokenizer: the Rust
+    tokenizer from tokenizer.json, google's ids on the whole corpus; on the adversarial set it departs from
+    google only where transformers' tokenizers do (the same two causes as the pure-Python oracle)."""
+    assert agreement["export_is_fast"] and agreement["export_tokenizer_class"] == "BertTokenizerFast"
+    assert agreement["export_corpus_identical"] == agreement["corpus_sentences"], \
+        agreement["export_corpus_differing"][:3]
+    differing = agreement["export_adversarial_differing"]
+    assert agreement["export_adversarial_identical"] + len(differing) == agreement["adversarial_sentences"]
+    assert sorted(d["explained_by"][0].split(" (")[0] for d in differing) == [
+        "transformers drops every Unicode C* character", "transformers lower-cases one character at a time"]
+
+
 def test_transformers_basic_tokenizer_lower_cases_words_as_google_does():
     """The cause of the sigma difference, shown with transformers' own BasicTokenizer (per-word lower())."""
     from transformers.models.bert.tokenization_bert import BasicTokenizer

@@ -1,0 +1,93 @@
+"""The README.md that goes with a Hugging Face export: what the model is, what it was trained on, for how
+long, how good its masked-LM is on held-out data, and the commands that made it.
+
+What a bert_tf run knows is read from its folder (the checkpoint's ckpt-N.json, metrics.jsonl's run record
+and its held-out evaluations); a google or Hugging Face checkpoint brought in from elsewhere gets its
+architecture and a line saying that its training is not recorded here.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+from bert_tf import metrics, modeling
+
+
+def provenance(checkpoint_path: str) -> dict:
+    """What the run that wrote `checkpoint_path` (a bert_tf ckpt-N prefix) recorded; {} for other sources."""
+    info = {}
+    meta = checkpoint_path + ".json"
+    if os.path.exists(meta):
+        with open(meta) as f:
+            info["checkpoint"] = json.load(f)
+    log = os.path.join(os.path.dirname(checkpoint_path), "metrics.jsonl")
+    if info and os.path.exists(log):
+        step = info["checkpoint"]["step"]
+        records = metrics.read_metrics(log, growing=True)
+        runs = [r for r in records if r.get("kind") == "run" and r.get("step", 0) <= step]
+        evals = [r for r in records if r.get("kind") == "eval" and r.get("step") == step]
+        if runs:
+            info["run"] = runs[-1]
+        if evals:
+            info["eval"] = evals[-1]
+    return info
+
+
+def render(config: modeling.BertConfig, parameters: int, source: str, source_format: str, info: dict,
+           export_command: str, heads: str) -> str:
+    """The model card's markdown (Hugging Face's YAML header first)."""
+    from bert_tf import checkpoint_formats
+    activation = checkpoint_formats.config_to_huggingface(config)["hidden_act"]   # the name config.json has
+    lines = ["---", "library_name: transformers", "pipeline_tag: fill-mask", "tags:", "- bert", "- bert_tf",
+             "- fill-mask", "---", "", f"# BERT ({config.num_hidden_layers} layers, hidden {config.hidden_size})", "",
+             f"A BERT encoder with {heads}, exported by bert_tf from `{source}` ({source_format} format).", "",
+             "## Architecture", "",
+             "| layers | hidden | attention heads | intermediate | activation | vocabulary | positions | parameters |",
+             "|---|---|---|---|---|---|---|---|",
+             f"| {config.num_hidden_layers} | {config.hidden_size} | {config.num_attention_heads} | "
+             f"{config.intermediate_size} | {activation} | {config.vocab_size} | "
+             f"{config.max_position_embeddings} | {parameters:,} |", "", "## Training", ""]
+    if "checkpoint" not in info:
+        lines.append("Not recorded here: this export was converted from a checkpoint bert_tf did not train.")
+    else:
+        ckpt = info["checkpoint"]
+        ranks = ckpt.get("ranks", "?")
+        lines.append(f"- updates: {ckpt['step']:,} ({ckpt.get('samples_seen', 0):,} sequences; global batch "
+                     f"{ckpt.get('global_batch', '?')} on {ranks} rank{'' if ranks == 1 else 's'})")
+        cfg = info.get("run", {}).get("resolved") or info.get("run", {}).get("config")
+        if cfg:
+            objective = "masked LM only" if cfg.get("mlm_only") else "masked LM and next-sentence prediction"
+            lines += [f"- data: `{cfg.get('train_files')}`, sequence length {cfg.get('max_seq_length')}, "
+                      f"{objective}",
+                      f"- optimizer: {cfg.get('optimizer')}, peak learning rate {cfg.get('learning_rate')}, "
+                      f"warmup {cfg.get('warmup_steps')} of {cfg.get('total_steps')} updates, "
+                      f"precision {cfg.get('precision')}"]
+        evaluation = info.get("eval")
+        if evaluation:
+            nsp = (f", next-sentence accuracy {evaluation['eval_nsp_accuracy']:.4f}"
+                   if "eval_nsp_accuracy" in evaluation else "")
+            lines.append(f"- held-out masked-LM accuracy {evaluation['eval_mlm_accuracy']:.4f} at update "
+                         f"{evaluation['step']:,} on {int(evaluation.get('eval_sequences', 0)):,} sequences of "
+                         f"`{cfg.get('eval_files') if cfg else '?'}`{nsp}")
+        else:
+            lines.append("- held-out masked-LM accuracy: not evaluated at this update")
+        command = info.get("run", {}).get("command")
+        lines.append(f"- command (each rank): `{command}`" if command else "- command: not recorded")
+    lines += ["", "## Use", "", "```python", "from transformers import pipeline",
+              "fill = pipeline(\"fill-mask\", model=\"path/to/this/folder\")",
+              "fill(\"The capital of France is [MASK].\")", "```", "",
+              "tokenizer.json is the fast (Rust) tokenizer; it gives google-research/bert's ids. bert_tf's tests "
+              "run this pipeline with transformers' TensorFlow classes.", "",
+              "The folder also holds google-research/bert's files when exported with them "
+              "(bert_model.ckpt.*, bert_config.json).", "", "## Export", "", f"`{export_command}`", ""]
+    return "\n".join(lines)
+
+
+def write(out_dir: str, config: modeling.BertConfig, parameters: int, source: str, source_format: str,
+          export_command: str, heads: str) -> str:
+    """Writes <out_dir>/README.md; returns its name."""
+    os.makedirs(out_dir, exist_ok=True)
+    text = render(config, parameters, source, source_format, provenance(source), export_command, heads)
+    with open(os.path.join(out_dir, "README.md"), "w") as f:
+        f.write(text)
+    return "README.md"
