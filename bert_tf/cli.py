@@ -30,18 +30,22 @@ def define_model_preset(default, flag_values=FLAGS):
 def define_input_format(flag_values=FLAGS):
     flags.DEFINE_enum("input_format", "auto", ["auto", *corpus.FORMATS],
                       "sentences: one per line, blank line between documents (google); documents: one per "
-                      "line; mediawiki: XML dump; jsonl: JSON lines, the text in --text_field; auto: mediawiki "
-                      "if the file starts with <mediawiki>, jsonl if it starts with { or is named *.jsonl/*.json, "
-                      "else sentences. PATH@FORMAT in --input_files gives one file its own format.",
+                      "line; mediawiki: XML dump; jsonl: JSON lines, the text in --text_field; parquet: a row "
+                      "per document (Hugging Face datasets' shards); arrow: a datasets.save_to_disk folder; "
+                      "auto: parquet for *.parquet, arrow for a folder with state.json, mediawiki if the file "
+                      "starts with <mediawiki>, jsonl if it starts with { or is named *.jsonl/*.json, else "
+                      "sentences. PATH@FORMAT in --input_files gives one file its own format.",
                       flag_values=flag_values)
-    flags.DEFINE_string("text_field", "text", "JSON lines: the field that holds a document's text.",
+    flags.DEFINE_string("text_field", "text", "JSON lines, Parquet, Arrow: the field that holds a document's text.",
                         flag_values=flag_values)
+    flags.DEFINE_string("title_field", "", "Parquet, Arrow: a column whose value becomes each document's first "
+                        "sentence (e.g. title for wikimedia/wikipedia); empty: none.", flag_values=flag_values)
 
 
 def define_corpus_input(flag_values=FLAGS):
     """A corpus to read (run/learn_vocab.py, run/create_pretraining_data.py): files, format,
     casing, and the seeded document-level held-out split both scripts make the same way."""
-    flags.DEFINE_list("input_files", None, "Corpus files or globs (comma-separated); .gz/.bz2 read transparently. "
+    flags.DEFINE_list("input_files", None, "Corpus files or globs (comma-separated); .gz/.bz2/.zst read transparently. "
                       "PATH@FORMAT gives one file its own format, e.g. news.txt@documents.", flag_values=flag_values)
     define_input_format(flag_values)
     flags.DEFINE_bool("do_lower_case", True, "Lower-case and strip accents.", flag_values=flag_values)

@@ -5,18 +5,24 @@ Formats (`FORMATS`):
   documents  one document per line (split into sentences here)
   mediawiki  a MediaWiki XML dump: article text with the markup stripped
   jsonl      JSON lines, one document per line: {"text": ...} (the field is `text_field`)
+  parquet    Parquet (Hugging Face datasets' shards, e.g. wikimedia/wikipedia): a row per document, its
+             text in column `text_field`, optionally a title in `title_field` (the document's first sentence)
+  arrow      a `datasets.save_to_disk` folder (state.json and its Arrow stream files), columns as parquet
 
-`auto` picks mediawiki for files that start with a <mediawiki> element, jsonl for files that
-start with "{" or are named *.jsonl / *.json (before .gz/.bz2), else sentences.
+`auto` picks parquet for *.parquet files, arrow for a folder with state.json, mediawiki for files that
+start with a <mediawiki> element, jsonl for files that start with "{" or are named *.jsonl / *.json
+(before .gz/.bz2/.zst), else sentences.
 
-Files may be plain, .gz or .bz2. Bytes that are not UTF-8 are replaced by U+FFFD and
-counted in `ReadStats.bad_bytes_lines`, never fatal. Nothing loads a whole file.
+Text files may be plain, .gz, .bz2 or .zst (Zstandard, streamed across frames). Bytes that are not
+UTF-8 are replaced by U+FFFD and counted in `ReadStats.bad_bytes_lines`, never fatal. Nothing loads
+a whole file: Parquet is read a row group at a time, Arrow a record batch at a time (memory-mapped).
 
 Ranks split the corpus by bytes (`plan_shares`): a rank reads only the documents that begin
 in its byte ranges (after a blank line for google format, at a line start for one document
 per line, at `<page>` for MediaWiki XML), reading at most READ_BUFFER bytes beyond its last
 document; a compressed file is read whole by one rank, except a Wikipedia multistream dump
-with its index beside it (`multistream_index`), whose bz2 streams are shared out. A document is
+with its index beside it (`multistream_index`), whose bz2 streams are shared out; Parquet row groups
+and Arrow record batches are shared out the same way, whole, to the rank their first byte falls to. A document is
 named by its file and byte offset (in a compressed file read whole, by its number in the file;
 `read_share`), whatever the rank count.
 
@@ -41,7 +47,9 @@ import xml.etree.ElementTree as ET
 
 from bert_tf import ConfigError
 
-FORMATS = ("sentences", "documents", "mediawiki", "jsonl")
+FORMATS = ("sentences", "documents", "mediawiki", "jsonl", "parquet", "arrow")
+TABLES = ("parquet", "arrow")           # columnar formats: a row per document, shared by row group / batch
+COMPRESSED = (".gz", ".bz2", ".zst")
 READ_BUFFER = 1 << 16   # bytes read at a time: a rank reads at most this much past its share's last document
 
 
@@ -56,28 +64,79 @@ class ReadStats:
     truncated_pages: int = 0    # MediaWiki: a <page> the file ends inside
     bad_pages: int = 0          # MediaWiki: a <page> that is not valid XML
     bad_json_lines: int = 0     # JSON lines: not JSON, or without a string in the text field
+    bad_rows: int = 0           # Parquet/Arrow: a row whose text is not a string (null)
     truncated_files: int = 0    # compressed files that end before their end-of-stream marker
     problems: list = dataclasses.field(default_factory=list)   # "file: byte N: what" for each skipped item
 
 
-def open_binary(path):
+def decompressing(f, path):
+    """A binary file object -> one that yields `path`'s uncompressed bytes (by its suffix)."""
     if path.endswith(".gz"):
-        return gzip.open(path, "rb")
+        return gzip.GzipFile(fileobj=f, mode="rb")
     if path.endswith(".bz2"):
-        return bz2.open(path, "rb")
-    return open(path, "rb")
+        return bz2.BZ2File(f, "rb")
+    if path.endswith(".zst"):
+        return io.BufferedReader(_ZstdReader(f), READ_BUFFER)
+    return f
+
+
+class _ZstdReader(io.RawIOBase):
+    """Zstandard frames one after another (zstd -T and pzstd write several), streamed; like gzip and bz2,
+    EOFError when the file ends inside a frame (zstandard's own stream reader just stops there)."""
+
+    def __init__(self, f):
+        import zstandard
+        self.f, self.zstd, self.pending = f, zstandard, b""
+        self.frame = zstandard.ZstdDecompressor().decompressobj()
+        self.started = False        # bytes of the current frame have been fed
+
+    def readable(self):
+        return True
+
+    def readinto(self, b):
+        while not self.pending:
+            data = self.f.read(READ_BUFFER)
+            if not data:
+                if self.started:
+                    raise EOFError("compressed file ended before the end-of-stream marker was reached")
+                return 0
+            while data:
+                try:
+                    self.pending += self.frame.decompress(data)
+                except self.zstd.ZstdError as e:
+                    raise EOFError(f"not valid Zstandard data ({e})")
+                self.started = not self.frame.eof
+                data = self.frame.unused_data if self.frame.eof else b""
+                if self.frame.eof:
+                    self.frame = self.zstd.ZstdDecompressor().decompressobj()
+        n = min(len(b), len(self.pending))
+        b[:n], self.pending = self.pending[:n], self.pending[n:]
+        return n
+
+    def close(self):
+        self.f.close()
+        super().close()
+
+
+def open_binary(path):
+    return decompressing(open(path, "rb"), path)
 
 
 def detect_format(path):
-    """mediawiki when the file starts with a <mediawiki> element, jsonl for JSON lines, else sentences."""
+    """parquet (*.parquet), arrow (a save_to_disk folder), mediawiki when the file starts with a <mediawiki>
+    element, jsonl for JSON lines, else sentences."""
+    if os.path.isdir(path):
+        return "arrow"
+    if path.endswith(".parquet"):
+        return "parquet"
     with open_binary(path) as f:
         try:
             head = f.read(4096).lstrip()
-        except EOFError:          # a truncated compressed file: reading it says so, with the file's name
+        except (EOFError, OSError):   # a truncated compressed file: reading it says so, with the file's name
             head = b""
     if head.startswith(b"<mediawiki") or b"<mediawiki " in head[:200]:
         return "mediawiki"
-    stem = path[:-3] if path.endswith(".gz") else path[:-4] if path.endswith(".bz2") else path
+    stem = next((path[:-len(c)] for c in COMPRESSED if path.endswith(c)), path)
     return "jsonl" if head.startswith(b"{") or stem.endswith((".jsonl", ".json")) else "sentences"
 
 
@@ -94,20 +153,20 @@ def expand_inputs(patterns):
     return sorted(files)
 
 
-def read_documents(paths, fmt="auto", stats: ReadStats | None = None, text_field="text"):
+def read_documents(paths, fmt="auto", stats: ReadStats | None = None, text_field="text", title_field=""):
     """Yields documents (lists of non-empty sentence strings) from `paths`, in order.
 
     A path may end in @FORMAT to override `fmt` for that file.
     """
     if not paths:
         raise ConfigError("no input files given")
-    for _, doc in read_share(plan_shares(paths, 1, fmt, text_field)[0], stats):
+    for _, doc in read_share(plan_shares(paths, 1, fmt, text_field, title_field)[0], stats):
         yield doc
 
 
 # ------------------------------------------------------------------------- rank shares
 def is_compressed(path):
-    return path.endswith((".gz", ".bz2"))
+    return path.endswith(COMPRESSED)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,40 +178,53 @@ class Share:
     fmt: str
     start: int = 0
     end: int | None = None
-    text_field: str = "text"       # jsonl: the field holding a document's text
-    streams: tuple = ()            # multistream .bz2: offsets of the bz2 streams in [start, end), from the index
+    text_field: str = "text"       # jsonl, parquet, arrow: the field holding a document's text
+    streams: tuple = ()            # multistream .bz2: offsets of the bz2 streams in [start, end), from the index;
+                                   # parquet / arrow: the numbers of the row groups / record batches
+    title_field: str = ""          # parquet, arrow: a column whose value becomes the first sentence
 
 
-def plan_shares(specs, size, fmt="auto", text_field="text"):
+def plan_shares(specs, size, fmt="auto", text_field="text", title_field=""):
     """Splits the corpus among `size` ranks by bytes: a list of Shares per rank, in corpus order.
 
     Plain files are cut at byte offsets (aligned to documents when read); a compressed file
     cannot be entered in the middle, so it goes whole to one rank (the one whose byte range its
-    first byte falls in): a single large .bz2 is read and split by one rank only.
+    first byte falls in): a single large .bz2 is read and split by one rank only. Units that can be
+    entered (multistream bz2 streams, Parquet row groups, Arrow record batches) go whole to the rank
+    their first byte falls to.
     """
     files = []
     for spec in specs:
         path, _, own_fmt = spec.partition("@")
-        if not os.path.isfile(path):
+        if not os.path.exists(path):
             raise ConfigError(f"input file not found: {path}")
         kind = own_fmt or fmt
         kind = detect_format(path) if kind == "auto" else kind
         if kind not in FORMATS:
             raise ConfigError(f"unknown input format {kind!r} for {path}; valid: auto, {', '.join(FORMATS)}")
-        files.append((path, kind, os.path.getsize(path)))
-    streams = {path: read_stream_index(path) for path, kind, _ in files if multistream_index(path)}
+        if kind == "arrow":
+            files += [(f, kind, os.path.getsize(f)) for f in arrow_folder_files(path)]
+        elif os.path.isdir(path):
+            raise ConfigError(f"{path} is a folder; only a datasets.save_to_disk folder (with state.json) is read "
+                              f"as a whole: give its files, or the folder with @arrow")
+        else:
+            files.append((path, kind, os.path.getsize(path)))
+    units = {path: table_units(path, kind, text_field, title_field) if kind in TABLES else read_stream_index(path)
+             for path, kind, _ in files if kind in TABLES or multistream_index(path)}
     total = sum(n for _, _, n in files)
     bounds = [total * r // size for r in range(size + 1)]      # rank r owns global bytes [bounds[r], bounds[r+1])
     shares = [[] for _ in range(size)]
     offset = 0
     for i, (path, kind, n) in enumerate(files):
-        if path in streams:        # a multistream dump: whole streams to the rank their first byte falls to
-            offsets = streams[path] + [n]
+        if path in units:          # whole units to the rank their first byte falls to
+            offsets = [o for o, _ in units[path]] if kind in TABLES else units[path]
+            names = [u for _, u in units[path]] if kind in TABLES else offsets
+            offsets = offsets + [n]
             for r in range(size):
-                mine = tuple(o for o in offsets[:-1] if bounds[r] <= offset + o < bounds[r + 1])
+                mine = [j for j, o in enumerate(offsets[:-1]) if bounds[r] <= offset + o < bounds[r + 1]]
                 if mine:
-                    end = offsets[offsets.index(mine[-1]) + 1]
-                    shares[r].append(Share(i, path, kind, mine[0], end, text_field, mine))
+                    shares[r].append(Share(i, path, kind, offsets[mine[0]], offsets[mine[-1] + 1], text_field,
+                                           tuple(names[j] for j in mine), title_field))
         elif is_compressed(path) or n == 0:
             owner = max(r for r in range(size) if bounds[r] <= offset) if n else 0
             shares[owner].append(Share(i, path, kind, text_field=text_field))
@@ -172,14 +244,14 @@ def read_share(shares, stats: ReadStats | None = None):
     stats = stats if stats is not None else ReadStats()
     for share in shares:
         stats.files += 1
-        reader = {"sentences": _sentences_in_range, "documents": _lines_in_range,
-                  "mediawiki": _pages_in_range, "jsonl": _json_in_range}[share.fmt]
+        reader = {"sentences": _sentences_in_range, "documents": _lines_in_range, "mediawiki": _pages_in_range,
+                  "jsonl": _json_in_range, "parquet": _table_rows, "arrow": _table_rows}[share.fmt]
         for number, (offset, doc) in enumerate(reader(share, stats)):
             doc = [s for s in (s.strip() for s in doc) if s]
             if doc:
                 stats.documents += 1
                 stats.sentences += len(doc)
-                named_by_offset = share.streams or not is_compressed(share.path)
+                named_by_offset = share.streams or not is_compressed(share.path)   # tables: unit << 32 | row
                 yield (share.file_index, offset if named_by_offset else number), doc
 
 
@@ -209,6 +281,96 @@ class _CountingReader(io.RawIOBase):
     def close(self):
         self.f.close()
         super().close()
+
+
+# ------------------------------------------------------------------------- Parquet and Arrow
+def arrow_folder_files(folder):
+    """The Arrow stream files of a `datasets.save_to_disk` folder, from its state.json."""
+    import json
+    state = os.path.join(folder, "state.json")
+    if not os.path.isfile(state):
+        hint = (" (a DatasetDict: give one split's folder, e.g. train/)"
+                if os.path.isfile(os.path.join(folder, "dataset_dict.json")) else "")
+        raise ConfigError(f"{folder}: no state.json: not a datasets.save_to_disk folder{hint}")
+    try:
+        with open(state) as f:
+            files = [os.path.join(folder, entry["filename"]) for entry in json.load(f)["_data_files"]]
+    except (ValueError, KeyError, TypeError) as e:
+        raise ConfigError(f"{state}: not the layout datasets.save_to_disk writes (a list '_data_files' of "
+                          f"{{'filename': ...}}; another datasets version?): {e!r}")
+    for path in files:
+        if not os.path.isfile(path):
+            raise ConfigError(f"{state} names {path}, which does not exist")
+    return files
+
+
+def _open_table(path, kind):
+    """(pyarrow reader, memory map or None) for a Parquet file or an Arrow stream file; errors name the file."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    try:
+        if kind == "parquet":
+            return pq.ParquetFile(path), None
+        mapped = pa.memory_map(path)
+        return pa.ipc.open_stream(mapped), mapped
+    except (pa.ArrowException, OSError) as e:
+        what = "Parquet" if kind == "parquet" else "an Arrow stream (datasets.save_to_disk)"
+        raise ConfigError(f"{path}: not a readable {what} file (corrupt or truncated?): {e}")
+
+
+def _check_columns(path, schema, text_field, title_field):
+    import pyarrow as pa
+    for field in filter(None, (text_field, title_field)):
+        if field not in schema.names:
+            raise ConfigError(f"{path}: no column {field!r} (--text_field/--title_field); its columns: "
+                              f"{', '.join(schema.names)}")
+        if not (pa.types.is_string(schema.field(field).type) or pa.types.is_large_string(schema.field(field).type)):
+            raise ConfigError(f"{path}: column {field!r} holds {schema.field(field).type}, not text")
+
+
+def table_units(path, kind, text_field, title_field):
+    """[(byte offset, unit number)]: a Parquet file's row groups (offset of its first column chunk) or an
+    Arrow stream's record batches (offset in the memory-mapped file), after checking the columns."""
+    import pyarrow as pa
+    reader, mapped = _open_table(path, kind)
+    _check_columns(path, reader.schema_arrow if kind == "parquet" else reader.schema, text_field, title_field)
+    if kind == "parquet":
+        meta = reader.metadata
+        return [(min(c.dictionary_page_offset or c.data_page_offset for c in
+                     (meta.row_group(g).column(k) for k in range(meta.num_columns))), g)
+                for g in range(meta.num_row_groups) if meta.row_group(g).num_rows]
+    units, offset = [], mapped.tell()
+    while True:
+        try:
+            reader.read_next_batch()
+        except StopIteration:
+            return units
+        except pa.ArrowException as e:
+            raise ConfigError(f"{path}: the Arrow stream breaks off in record batch {len(units)} (truncated?): {e}")
+        units.append((offset, len(units)))
+        offset = mapped.tell()
+
+
+def _table_rows(share, stats):
+    """(unit << 32 | row, sentences) for the rows of the share's row groups / record batches."""
+    reader, _ = _open_table(share.path, share.fmt)
+    columns = [c for c in (share.text_field, share.title_field) if c]
+    stats.bytes_read += share.end - share.start
+    if share.fmt == "parquet":
+        batches = ((g, reader.read_row_group(g, columns=columns)) for g in share.streams)
+    else:
+        wanted = set(share.streams)
+        batches = ((number, batch) for number, batch in enumerate(reader) if number in wanted)
+    for unit, table in batches:
+        texts = table.column(share.text_field).to_pylist()
+        titles = table.column(share.title_field).to_pylist() if share.title_field else [None] * len(texts)
+        for row, (text, title) in enumerate(zip(texts, titles)):
+            if not isinstance(text, str):
+                stats.bad_rows += 1
+                stats.problems.append(f"{share.path}: row {row} of {'row group' if share.fmt == 'parquet' else 'record batch'} "
+                                      f"{unit}: {share.text_field!r} is {text!r}, not text; skipped")
+                continue
+            yield unit << 32 | row, ([title] if title else []) + split_sentences(text)
 
 
 def multistream_index(path):
@@ -272,11 +434,7 @@ def _lines_from(share, stats):
     if share.streams:
         yield from _stream_lines(share, stats)
         return
-    f = io.BufferedReader(_CountingReader(open(share.path, "rb"), stats), READ_BUFFER)
-    if share.path.endswith(".gz"):
-        f = gzip.GzipFile(fileobj=f, mode="rb")
-    elif share.path.endswith(".bz2"):
-        f = bz2.BZ2File(f, "rb")
+    f = decompressing(io.BufferedReader(_CountingReader(open(share.path, "rb"), stats), READ_BUFFER), share.path)
     with f:
         offset = 0
         if share.start:

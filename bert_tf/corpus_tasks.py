@@ -1,8 +1,10 @@
 """Two fine-tuning tasks made from a corpus's own documents, for proving on a machine without GLUE or
 SQuAD that pre-training helped (run/finetune_proof.py):
 
-- pairs: two sentences from the same document (not adjacent) or from two different documents,
+- same_document: two sentences from the same document (not adjacent) or from two different documents,
   labels "same" / "different", half each; a sentence-pair classification task.
+- word_order: a sentence and the next one, the second as written or with two pairs of neighbouring words
+  swapped, labels "kept" / "swapped"; a sentence-pair fluency task.
 - spans: SQuAD-layout questions whose answers are spans of the corpus text: the context is a few
   consecutive sentences of a document, the question one of them with a word replaced by "what",
   the answer that word where it stands in the context.
@@ -24,7 +26,7 @@ def split_documents(documents, dev_fraction, seed):
     return docs[n_dev:], docs[:n_dev]
 
 
-def pairs(documents, n, seed) -> classification.Examples:
+def same_document(documents, n, seed) -> classification.Examples:
     """n sentence pairs: "same" (one document, at least two sentences apart) or "different"."""
     rng = random.Random(seed)
     labels, a, b = [], [], []
@@ -40,6 +42,30 @@ def pairs(documents, n, seed) -> classification.Examples:
         labels.append(label)
         a.append(doc[first])
         b.append(second)
+    return classification.Examples(labels, a, b)
+
+
+def word_order(documents, n, seed, swaps=2) -> classification.Examples:
+    """n sentence pairs (a sentence, the one after it): "kept" when the second is as written, "swapped" when
+    `swaps` pairs of neighbouring words in it trade places; half each. A fluency judgement (as CoLA asks)
+    that a masked LM's knowledge of word order helps with, and that the first sentence gives context to."""
+    rng = random.Random(seed)
+    labels, a, b = [], [], []
+    while len(labels) < n:
+        doc = rng.choice(documents)
+        i = rng.randrange(len(doc) - 1)
+        words = doc[i + 1].split()
+        if len(words) < 2 * swaps + 2:
+            continue
+        label = "kept" if len(labels) % 2 == 0 else "swapped"
+        if label == "swapped":
+            for k in rng.sample(range(len(words) - 1), swaps):
+                words[k], words[k + 1] = words[k + 1], words[k]
+            if words == doc[i + 1].split():       # swaps that undid each other, or of equal words
+                continue
+        labels.append(label)
+        a.append(doc[i])
+        b.append(" ".join(words))
     return classification.Examples(labels, a, b)
 
 

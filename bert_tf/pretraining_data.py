@@ -292,16 +292,19 @@ def sha256(path):
 
 
 def fingerprint(input_files, input_format, tokenizer, config, size, num_shards, heldout_fraction, window,
-                text_field="text"):
+                text_field="text", title_field=""):
     """What a shard's content depends on: a completed shard is reused only when all of it is unchanged."""
     import hashlib
+
+    from bert_tf import corpus
     inputs = []
     for spec in input_files:
         path = spec.partition("@")[0]
-        st = os.stat(path)
-        inputs.append([spec, st.st_size, st.st_mtime_ns])
+        files = corpus.arrow_folder_files(path) if os.path.isdir(path) else [path]   # a save_to_disk folder
+        inputs.append([spec, *[(os.stat(f).st_size, os.stat(f).st_mtime_ns) for f in files]])
     key = {"inputs": inputs, "format": input_format, "config": dataclasses.asdict(config), "ranks": size,
            "shards_per_rank": num_shards, "heldout_fraction": heldout_fraction, "window": window, "text_field": text_field,
+           "title_field": title_field,
            "vocab": hashlib.sha256("\n".join(tokenizer.vocab).encode()).hexdigest(),
            "lower_case": tokenizer.lower_case}
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
@@ -352,7 +355,7 @@ def _windows(documents, size):
 
 def create_pretraining_data(input_files, input_format, tokenizer, output_dir, config: InstanceConfig,
                             rank=0, size=1, num_shards=1, heldout_fraction=0.0, window=DOCUMENT_WINDOW,
-                            text_field="text", log=print):
+                            text_field="text", title_field="", log=print):
     """Reads, tokenises and writes this rank's share of the corpus, in bounded memory; restartable.
 
     The corpus is cut by bytes into size x num_shards parts (`corpus.plan_shares`); rank r makes
@@ -374,9 +377,9 @@ def create_pretraining_data(input_files, input_format, tokenizer, output_dir, co
 
     start = time.time()
     os.makedirs(output_dir, exist_ok=True)
-    parts = corpus.plan_shares(input_files, size * num_shards, input_format, text_field)
+    parts = corpus.plan_shares(input_files, size * num_shards, input_format, text_field, title_field)
     key = fingerprint(input_files, input_format, tokenizer, config, size, num_shards, heldout_fraction, window,
-                      text_field)
+                      text_field, title_field)
     summary = {"rank": rank, "shares": [], "documents": 0, "sentences": 0, "tokens": 0, "unk": 0,
                "bad_bytes_lines": 0, "bytes_read": 0, "skipped_pages": 0, "problems": [], "files": {},
                "parts_reused": 0}

@@ -47,7 +47,8 @@ def main(_):
                                                  fast=FLAGS.fast_tokenizer)
     summary = pretraining_data.create_pretraining_data(
         files, FLAGS.input_format, tokenizer, FLAGS.output_dir, config, rank=rank, size=size,
-        num_shards=FLAGS.shards_per_rank, heldout_fraction=FLAGS.heldout_fraction, text_field=FLAGS.text_field)
+        num_shards=FLAGS.shards_per_rank, heldout_fraction=FLAGS.heldout_fraction, text_field=FLAGS.text_field,
+        title_field=FLAGS.title_field)
     summary["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024   # Linux: kB
     summaries = comm.gather(summary, root=0)
     if rank == 0 and not sum(s["documents"] for s in summaries):

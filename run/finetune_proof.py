@@ -1,11 +1,12 @@
 """Does pre-training help? Fine-tunes the same BERT twice, from a pre-trained checkpoint and from random
-weights, on two tasks made from a bundled corpus's documents (bert_tf/corpus_tasks.py: sentence pairs from
-one document or two; SQuAD-layout questions whose answers are words of the corpus text), over several seeds.
+weights, on tasks made from a bundled corpus's documents (bert_tf/corpus_tasks.py: sentence pairs from one
+document or two; a sentence and the next one with its word order kept or disturbed; SQuAD-layout questions
+whose answers are words of the corpus text), over several seeds.
 
     python run/finetune_proof.py --init_checkpoint=runs/demo --vocab_file=data/demo/vocab.txt \
         --seeds=1,2,3 --output_json=runs/finetune_proof.json       # after scripts/demo.sh
 
-Prints, per task and start, the dev metric as mean ± standard deviation over the seeds (pairs: accuracy;
+Prints, per task and start, the dev metric as mean ± standard deviation over the seeds (pair tasks: accuracy;
 spans: SQuAD v1.1 F1 and exact match, as the official script computes them).
 """
 import json
@@ -17,6 +18,7 @@ from bert_tf import ConfigError, cli
 flags.DEFINE_string("init_checkpoint", None, "The pre-trained model (a run's folder, an export, ...).")
 flags.DEFINE_string("vocab_file", None, "Its vocab.txt.")
 flags.DEFINE_list("corpus", ["data/corpus/lee_background.cor@documents"], "Documents to make the tasks from.")
+flags.DEFINE_list("tasks", ["same_document", "word_order", "spans"], "Tasks (bert_tf/corpus_tasks.py).")
 flags.DEFINE_list("seeds", ["1", "2", "3"], "Seeds (the tasks' examples, the heads, the order, dropout).")
 flags.DEFINE_integer("train_examples", 800, "Examples per task to train on.")
 flags.DEFINE_integer("dev_examples", 200, "Examples per task to score (from documents not trained on).")
@@ -26,7 +28,13 @@ flags.DEFINE_float("epochs", 3.0, "Passes over the training examples.")
 flags.DEFINE_integer("max_seq_length", 128, "Tokens per example or window.")
 flags.DEFINE_string("output_json", "", "Every run's figures.")
 flags.mark_flags_as_required(["init_checkpoint", "vocab_file"])
+flags.register_validator("tasks", lambda v: bool(v) and set(v) <= {"same_document", "word_order", "spans"},
+                         "--tasks takes a comma-separated subset of same_document, word_order, spans")
 FLAGS = flags.FLAGS
+
+
+PAIR_TASKS = {"same_document": ["different", "same"], "word_order": ["kept", "swapped"]}
+TASKS = (*PAIR_TASKS, "spans")
 
 
 def main(argv):
@@ -41,47 +49,55 @@ def main(argv):
         raise ConfigError(f"{init.path}: no bert_config.json beside it")
     checkpoint_formats.check_fits(init, init.config, len(tokenizer), FLAGS.vocab_file, FLAGS.max_seq_length)
     documents = list(corpus.read_documents(FLAGS.corpus))
-    label_names = ["different", "same"]
     windows = dict(max_seq_length=FLAGS.max_seq_length, doc_stride=64, max_query_length=64)
     runs = []
-    for seed in map(int, FLAGS.seeds):
-        train_docs, dev_docs = corpus_tasks.split_documents(documents, 0.2, seed)
-        pair_train = corpus_tasks.pairs(train_docs, FLAGS.train_examples, seed)
-        pair_dev = corpus_tasks.pairs(dev_docs, FLAGS.dev_examples, seed + 1000)
-        x, y, _ = classification.encode(pair_train, tokenizer, FLAGS.max_seq_length, label_names)
-        ex, ey, _ = classification.encode(pair_dev, tokenizer, FLAGS.max_seq_length, label_names)
-        span_train = corpus_tasks.spans(train_docs, FLAGS.train_examples, seed)
+
+    def pair_task(task, train_docs, dev_docs, seed, checkpoint):
+        make = getattr(corpus_tasks, task)
+        x, y, _ = classification.encode(make(train_docs, FLAGS.train_examples, seed), tokenizer,
+                                        FLAGS.max_seq_length, PAIR_TASKS[task])
+        ex, ey, _ = classification.encode(make(dev_docs, FLAGS.dev_examples, seed + 1000), tokenizer,
+                                          FLAGS.max_seq_length, PAIR_TASKS[task])
+        metrics, _ = classification.train_and_evaluate(
+            init.config, PAIR_TASKS[task], (x, y), (ex, ey), init_checkpoint=checkpoint, vocab_size=len(tokenizer),
+            epochs=FLAGS.epochs, batch_size=FLAGS.batch_size, learning_rate=FLAGS.learning_rate, seed=seed)
+        return {"accuracy": metrics["accuracy"]}
+
+    def span_task(train_docs, dev_docs, seed, checkpoint):
         span_dev = corpus_tasks.spans(dev_docs, FLAGS.dev_examples, seed + 1000)
         recipe = finetuning.Recipe(learning_rate=FLAGS.learning_rate, batch_size=FLAGS.batch_size,
                                    epochs=FLAGS.epochs, max_seq_length=FLAGS.max_seq_length, seed=seed)
-        for start, checkpoint in (("pre-trained", init), ("random", None)):
-            metrics, _ = classification.train_and_evaluate(
-                init.config, label_names, (x, y), (ex, ey), init_checkpoint=checkpoint, vocab_size=len(tokenizer),
-                epochs=FLAGS.epochs, batch_size=FLAGS.batch_size, learning_rate=FLAGS.learning_rate, seed=seed)
-            runs.append({"task": "pairs", "start": start, "seed": seed, "accuracy": metrics["accuracy"]})
-            train_q = squad.examples_of(span_train, "1.1", training=True)
-            dev_q = squad.examples_of(span_dev, "1.1", training=False)
-            _, predictions, _, _, _ = squad.train_and_predict(train_q, dev_q, tokenizer, init.config, checkpoint,
-                                                              recipe, windows, log=lambda *a, **k: None)
-            scores = squad_scoring.evaluate(span_dev, predictions, version="1.1")
-            runs.append({"task": "spans", "start": start, "seed": seed, "f1": scores["f1"],
-                         "exact_match": scores["exact_match"]})
-            print(json.dumps(runs[-2]), json.dumps(runs[-1]), flush=True)
-    print(f"\n{len(FLAGS.seeds)} seeds; {FLAGS.train_examples} training and {FLAGS.dev_examples} dev examples per task")
+        train_q = squad.examples_of(corpus_tasks.spans(train_docs, FLAGS.train_examples, seed), "1.1", training=True)
+        dev_q = squad.examples_of(span_dev, "1.1", training=False)
+        _, predictions, _, _, _ = squad.train_and_predict(train_q, dev_q, tokenizer, init.config, checkpoint,
+                                                          recipe, windows, log=lambda *a, **k: None)
+        scores = squad_scoring.evaluate(span_dev, predictions, version="1.1")
+        return {"f1": scores["f1"], "exact_match": scores["exact_match"]}
+
+    for seed in map(int, FLAGS.seeds):
+        train_docs, dev_docs = corpus_tasks.split_documents(documents, 0.2, seed)
+        for task in FLAGS.tasks:
+            for start, checkpoint in (("pre-trained", init), ("random", None)):
+                figures = (span_task(train_docs, dev_docs, seed, checkpoint) if task == "spans"
+                           else pair_task(task, train_docs, dev_docs, seed, checkpoint))
+                runs.append({"task": task, "start": start, "seed": seed, **figures})
+                print(json.dumps(runs[-1]), flush=True)
+    print(f"\n{len(FLAGS.seeds)} seeds; {FLAGS.train_examples} training and {FLAGS.dev_examples} dev examples per task; "
+          f"pre-trained: {init.path}")
     print("| task | metric | pre-trained | random init |\n|---|---|---|---|")
-    for task, metric in (("pairs", "accuracy"), ("spans", "f1"), ("spans", "exact_match")):
-        cells = []
-        for start in ("pre-trained", "random"):
-            s = finetuning.summarize([r[metric] for r in runs if r["task"] == task and r["start"] == start])
-            scale = 100 if metric == "accuracy" else 1
-            cells.append(f"{scale * s['mean']:.1f} ± {scale * s['std']:.1f}")
-        print(f"| {task} | {metric} | {cells[0]} | {cells[1]} |")
+    for task in FLAGS.tasks:
+        for metric in (("f1", "exact_match") if task == "spans" else ("accuracy",)):
+            cells = []
+            for start in ("pre-trained", "random"):
+                s = finetuning.summarize([r[metric] for r in runs if r["task"] == task and r["start"] == start])
+                scale = 100 if metric == "accuracy" else 1
+                cells.append(f"{scale * s['mean']:.1f} ± {scale * s['std']:.1f}")
+            print(f"| {task} | {metric} | {cells[0]} | {cells[1]} |")
     if FLAGS.output_json:
         with open(FLAGS.output_json, "w") as f:
-            json.dump({"init": init.path, "flags": {k: FLAGS[k].value for k in ("seeds", "train_examples",
-                                                                              "dev_examples", "learning_rate",
-                                                                              "batch_size", "epochs")},
-                       "runs": runs}, f, indent=1)
+            json.dump({"init": init.path, "flags": {k: FLAGS[k].value for k in (
+                "tasks", "corpus", "seeds", "train_examples", "dev_examples", "learning_rate", "batch_size",
+                "epochs")}, "runs": runs}, f, indent=1)
 
 
 if __name__ == "__main__":

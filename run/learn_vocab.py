@@ -19,7 +19,7 @@ def main(_):
     from bert_tf import corpus, pretraining_data, tokenization
 
     docs = list(corpus.read_documents(corpus.expand_inputs(FLAGS.input_files), FLAGS.input_format,
-                                       text_field=FLAGS.text_field))
+                                       text_field=FLAGS.text_field, title_field=FLAGS.title_field))
     if not docs:
         raise ConfigError(f"no text in {FLAGS.input_files}")
     heldout = pretraining_data.split_heldout(len(docs), FLAGS.heldout_fraction, FLAGS.random_seed)

@@ -10,12 +10,12 @@ def test_pairs_and_spans_from_the_bundled_news(corpus_dir):
     train, dev = corpus_tasks.split_documents(documents, 0.2, seed=1)
     assert len(dev) >= 40 and not {id(d) for d in train} & {id(d) for d in dev}
     assert corpus_tasks.split_documents(documents, 0.2, seed=1) == (train, dev)
-    pairs = corpus_tasks.pairs(train, 100, seed=2)
+    pairs = corpus_tasks.same_document(train, 100, seed=2)
     assert collections.Counter(pairs.labels) == {"same": 50, "different": 50}
     where = {s: i for i, d in enumerate(train) for s in d}
     for label, a, b in zip(pairs.labels, pairs.texts_a, pairs.texts_b):
         assert (where[a] == where[b]) == (label == "same")          # sentences are distinct across documents here
-    assert corpus_tasks.pairs(train, 100, seed=2) == pairs
+    assert corpus_tasks.same_document(train, 100, seed=2) == pairs
     data = corpus_tasks.spans(dev, 50, seed=3)
     examples = squad.examples_of(data, "1.1", training=True)
     assert len(examples) == 50                                        # every answer_start points at its text
@@ -26,3 +26,21 @@ def test_pairs_and_spans_from_the_bundled_news(corpus_dir):
         assert " ".join(example.words[example.start_word:example.end_word + 1]).strip(".,;:!?\"'()") == answer
         assert "what" in paragraph["qas"][0]["question"].split()
         assert paragraph["context"].startswith(tuple(dev_text))      # made of dev documents' sentences
+
+
+def test_word_order_pairs_are_the_next_sentence_kept_or_with_two_neighbour_swaps(corpus_dir):
+    documents = list(corpus.read_documents([str(corpus_dir / "lee_background.cor") + "@documents"]))
+    follows = collections.defaultdict(set)                               # a sentence may occur more than once
+    for d in documents:
+        for a, b in zip(d, d[1:]):
+            follows[a].add(b)
+    task = corpus_tasks.word_order(documents, 200, seed=4)
+    assert collections.Counter(task.labels) == {"kept": 100, "swapped": 100}
+    assert corpus_tasks.word_order(documents, 200, seed=4) == task
+    for label, a, b in zip(task.labels, task.texts_a, task.texts_b):
+        candidates = [o.split() for o in follows[a] if sorted(o.split()) == sorted(b.split())]
+        assert candidates                                                 # the next sentence's words
+        original = candidates[0]
+        moved = [i for i, (x, y) in enumerate(zip(b.split(), original)) if x != y]
+        assert (label == "kept") == (not moved)
+        assert label == "kept" or 2 <= len(moved) <= 4                   # two swaps of neighbours (they may touch)

@@ -671,3 +671,133 @@ def test_two_ranks_write_disjoint_shards_that_match_one_process_but_for_random_p
                       [[str(corpus_dir / "lee_background.cor"), size // 2, None]]]
     assert all(s["bytes_read"] <= size // 2 + corpus.READ_BUFFER for s in summary["per_rank"])
     assert sum(s["documents"] for s in summary["per_rank"]) == 300 and summary["per_rank"][1]["documents"] > 100
+
+
+# ----------------------------------------------------------------------------- the ecosystem's corpora
+def write_ecosystem_corpora(folder, documents):
+    """The same documents as a Parquet shard (title + text columns, small row groups, as pyarrow writes
+    Hugging Face's shards), a datasets.save_to_disk folder (3 Arrow files) and JSON lines in two zstd frames."""
+    import datasets
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import zstandard
+    texts = [" ".join(d) for d in documents]
+    third = len(texts) // 3
+    parquet = folder / "train-00000-of-00001.parquet"
+    pq.write_table(pa.table({"id": [str(i) for i in range(third)], "title": [f"Title {i}" for i in range(third)],
+                             "text": texts[:third]}), parquet, row_group_size=10)
+    arrow = folder / "saved"
+    datasets.Dataset.from_dict({"text": texts[third:2 * third]}).save_to_disk(str(arrow), num_shards=3)
+    lines = "".join(json.dumps({"text": t}) + "\n" for t in texts[2 * third:]).encode()
+    cut = lines.index(b"\n", len(lines) // 2) + 1
+    zst = folder / "rest.jsonl.zst"
+    zst.write_bytes(zstandard.ZstdCompressor().compress(lines[:cut]) + zstandard.ZstdCompressor().compress(lines[cut:]))
+    return parquet, arrow, zst, texts
+
+
+def test_parquet_arrow_and_zst_give_the_documents_and_split_by_row_group_and_batch(tmp_path, corpus_dir):
+    documents = list(corpus.read_documents([str(corpus_dir / "lee_background.cor") + "@documents"]))
+    parquet, arrow, zst, texts = write_ecosystem_corpora(tmp_path, documents)
+    third = len(texts) // 3
+    assert corpus.detect_format(str(parquet)) == "parquet" and corpus.detect_format(str(arrow)) == "arrow"
+    assert corpus.detect_format(str(zst)) == "jsonl"
+    assert list(corpus.read_documents([str(parquet)])) == documents[:third]
+    assert list(corpus.read_documents([str(parquet)], title_field="title"))[3] == ["Title 3", *documents[3]]
+    assert list(corpus.read_documents([str(arrow)])) == documents[third:2 * third]
+    assert list(corpus.read_documents([str(zst)])) == documents[2 * third:]           # both frames
+    specs = [str(parquet), str(arrow), str(zst)]
+    for size in (2, 3, 4):
+        shares = corpus.plan_shares(specs, size)
+        got = [doc for rank in shares for _, doc in corpus.read_share(rank)]
+        assert got == documents[:3 * third], size                                    # once each, in order
+        groups = [g for rank in shares for sh in rank if sh.fmt == "parquet" for g in sh.streams]
+        assert groups == list(range(10))
+    alone = corpus.plan_shares([str(parquet)], 3)                                    # row groups shared out
+    per_rank = [[g for sh in rank for g in sh.streams] for rank in alone]
+    assert sum(per_rank, []) == list(range(10)) and all(per_rank), per_rank   # by bytes (the footer is the last)
+    keys = {k for rank in corpus.plan_shares(specs, 3) for k, _ in corpus.read_share(rank)}
+    assert keys == {k for k, _ in corpus.read_share(corpus.plan_shares(specs, 1)[0])}  # names, whatever the split
+
+
+def test_bad_parquet_arrow_and_zst_inputs_are_named(tmp_path, corpus_dir):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import zstandard
+    no_text = tmp_path / "no_text.parquet"
+    pq.write_table(pa.table({"id": ["1"], "body": ["Some text here."]}), no_text)
+    with pytest.raises(ConfigError, match=r"no_text.parquet: no column 'text' .*its columns: id, body"):
+        list(corpus.read_documents([str(no_text)]))
+    numbers = tmp_path / "numbers.parquet"
+    pq.write_table(pa.table({"text": [1, 2]}), numbers)
+    with pytest.raises(ConfigError, match=r"numbers.parquet: column 'text' holds int64, not text"):
+        list(corpus.read_documents([str(numbers)]))
+    good = tmp_path / "good.parquet"
+    pq.write_table(pa.table({"text": ["First one. Second one.", None, "Third."]}), good)
+    cut = tmp_path / "cut.parquet"
+    cut.write_bytes(good.read_bytes()[:-20])
+    garbage = tmp_path / "garbage.parquet"
+    garbage.write_bytes(b"PAR1" + os.urandom(300))
+    for bad in (cut, garbage):
+        with pytest.raises(ConfigError, match=rf"{bad.name}: not a readable Parquet file"):
+            list(corpus.read_documents([str(bad)]))
+    stats = corpus.ReadStats()
+    assert list(corpus.read_documents([str(good)], stats=stats)) == [["First one.", "Second one."], ["Third."]]
+    assert stats.bad_rows == 1 and stats.problems == [f"{good}: row 1 of row group 0: 'text' is None, not text; "
+                                                      f"skipped"]
+    folder = tmp_path / "not_saved"
+    folder.mkdir()
+    with pytest.raises(ConfigError, match=r"not_saved: no state.json: not a datasets.save_to_disk folder"):
+        list(corpus.read_documents([str(folder)]))
+    (folder / "dataset_dict.json").write_text('{"splits": ["train"]}')
+    with pytest.raises(ConfigError, match=r"a DatasetDict: give one split's folder"):
+        list(corpus.read_documents([str(folder)]))
+    (folder / "state.json").write_text('{"_data_files": "data.arrow"}')            # another layout
+    with pytest.raises(ConfigError, match=r"state.json: not the layout datasets.save_to_disk writes"):
+        list(corpus.read_documents([str(folder)]))
+    (folder / "state.json").write_text('{"_data_files": [{"filename": "data-00000-of-00001.arrow"}]}')
+    (folder / "data-00000-of-00001.arrow").write_bytes(good.read_bytes())          # Parquet where Arrow should be
+    with pytest.raises(ConfigError, match=r"data-00000-of-00001.arrow: not a readable an Arrow stream|"
+                                          r"data-00000-of-00001.arrow: not a readable Arrow stream"):
+        list(corpus.read_documents([str(folder)]))
+    text = "".join(f"Document number {i} has a sentence.\n" for i in range(20000)).encode()
+    truncated = tmp_path / "docs.txt.zst"
+    truncated.write_bytes(zstandard.ZstdCompressor().compress(text)[:-100])
+    stats = corpus.ReadStats()
+    docs = list(corpus.read_documents([str(truncated) + "@documents"], stats=stats))
+    assert 0 < len(docs) < 20000 and docs[0] == ["Document number 0 has a sentence."]
+    assert stats.truncated_files == 1 and "docs.txt.zst: compressed data ends after" in stats.problems[0]
+
+
+@pytest.mark.cluster
+def test_parquet_arrow_and_zst_corpora_made_by_two_ranks_killed_and_resumed(tmp_path, vocab_file, corpus_dir):
+    """2 ranks, one corpus of the three formats: a job killed between parts, run again, skips its complete
+    parts and ends with the shards of an uninterrupted job, byte for byte; the ranks' documents are the corpus."""
+    documents = list(corpus.read_documents([str(corpus_dir / "lee_background.cor") + "@documents"]))
+    parquet, arrow, zst, texts = write_ecosystem_corpora(tmp_path, documents)
+    args = [REPO / "run" / "create_pretraining_data.py", f"--input_files={parquet},{arrow},{zst}",
+            f"--vocab_file={vocab_file}", "--max_seq_length=64", "--max_predictions_per_seq=10", "--dupe_factor=4",
+            "--shards_per_rank=3", "--heldout_fraction=0.05"]
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    mpirun(2, args + [f"--output_dir={straight}"])
+    summary = json.load(open(straight / "summary.json"))
+    assert [s["documents"] for s in summary["per_rank"]] and all(s["documents"] for s in summary["per_rank"])
+    assert summary["total"]["documents"] == len(texts) // 3 * 3
+    cmd = ["mpirun", "-np", "2", "--oversubscribe", "--bind-to", "none"] + (
+        ["--allow-run-as-root"] if os.geteuid() == 0 else []) + [sys.executable, *map(str, args),
+                                                                  f"--output_dir={resumed}"]
+    job = subprocess.Popen(cmd, env=mpi_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           start_new_session=True)
+    deadline = time.time() + 180
+    while not list(resumed.glob("part-*.json")) and job.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    os.killpg(job.pid, 9)                                       # SIGKILL to mpirun and both ranks
+    job.wait()
+    done = sorted(p.name for p in resumed.glob("part-*.json"))
+    assert 0 < len(done) < 6, done                              # killed between parts
+    again = mpirun(2, args + [f"--output_dir={resumed}"])
+    for name in done:
+        assert f"part {name[5:-5]} complete (summary and checksums match), skipped" in again.stdout
+    names = sorted(p.name for p in straight.glob("*.tfrecord"))
+    assert names == sorted(p.name for p in resumed.glob("*.tfrecord")) and len(names) >= 6
+    for name in names:
+        assert pd.sha256(resumed / name) == pd.sha256(straight / name), name
