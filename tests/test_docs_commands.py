@@ -123,6 +123,13 @@ COMMANDS = {
         here("test_data_commands_on_the_bundled_wikipedia_excerpt", "--dupe_factor=1; 8 ranks on 2 cores with "
              "OMPI_MCA_rmaps_base_oversubscribe=1 in the environment (one .bz2: one rank reads it, seven get an "
              "empty share; the per-rank documents must add up to the excerpt's, read in one process)"),
+    "mpirun -np 8 python run/create_pretraining_data.py "
+    "--input_files='wikipedia/20231101.en/train-*-of-00041.parquet' --title_field=title "
+    "--vocab_file=data/wiki/vocab.txt --output_dir=data/wiki/seq128 --shards_per_rank=16":
+        by("test_data.py::test_parquet_arrow_and_zst_corpora_made_by_two_ranks_killed_and_resumed",
+           "2 ranks on a Parquet shard written by pyarrow (with an Arrow folder and a .jsonl.zst) instead of the "
+           "41 wikimedia/wikipedia shards, which cannot be downloaded here; the title column is read in "
+           "test_parquet_arrow_and_zst_give_the_documents_and_split_by_row_group_and_batch"),
     "python run/export.py --checkpoint=runs/demo --vocab_file=data/demo/vocab.txt --output_dir=runs/demo_export "
     "--format=google,huggingface,saved_model": here("test_export_of_the_demo_run"),
     "python run/pretrain.py --flagfile=configs/continue_base.flags --init_checkpoint=checkpoints/bert-base-uncased "
