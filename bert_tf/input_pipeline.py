@@ -103,6 +103,20 @@ def check_file(path, max_seq_length, max_predictions_per_seq, dynamic_masking=Fa
     return count
 
 
+def full_sentence_folders(files):
+    """The folders of `files` whose summary.json says they hold FULL-SENTENCES instances (no sentence pairs:
+    run/create_pretraining_data.py --full_sentences)."""
+    import json
+    found = []
+    for folder in sorted({os.path.dirname(f) for f in files}):
+        path = os.path.join(folder, "summary.json")
+        if os.path.isfile(path):
+            with open(path) as f:
+                if json.load(f).get("total", {}).get("config", {}).get("full_sentences"):
+                    found.append(folder)
+    return found
+
+
 def check_files(files, max_seq_length, max_predictions_per_seq, dynamic_masking=False):
     full = sum(os.path.getsize(f) for f in files) <= FULL_VERIFY_BYTES
     for f in files:

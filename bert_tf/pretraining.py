@@ -223,6 +223,11 @@ def check_inputs(cfg: PretrainConfig, rank: int, size: int) -> Inputs:
         raise ConfigError("--train_files matched no files")
     input_pipeline.check_files(input_pipeline.shard_files(train_files, rank, size)[0], cfg.max_seq_length,
                                cfg.max_predictions_per_seq, cfg.dynamic_masking)
+    packed = input_pipeline.full_sentence_folders(train_files)
+    if packed and not cfg.mlm_only:
+        raise ConfigError(f"{packed[0]}: its records are FULL-SENTENCES instances (summary.json: "
+                          f"full_sentences), which have no sentence pairs to train next-sentence prediction on: "
+                          f"pre-train them with --mlm_only")
     eval_files = input_pipeline.list_files(cfg.eval_files) if cfg.eval_files else []
     if eval_files:
         input_pipeline.check_files(eval_files, cfg.max_seq_length, cfg.max_predictions_per_seq, cfg.dynamic_masking)

@@ -56,6 +56,7 @@ class InstanceConfig:
     whole_word_masking: bool = False
     random_seed: int = 12345
     mask: bool = True            # False: unmasked sequences for dynamic masking in tf.data
+    full_sentences: bool = False  # RoBERTa's FULL-SENTENCES (pack_full_sentences): no A/B pairs, for MLM only
 
     def __post_init__(self):
         if self.max_seq_length < 5:
@@ -175,6 +176,54 @@ def create_instances(doc_index, documents, config: InstanceConfig, special, voca
                     instances.append(Instance(tokens, segment_ids, is_random_next, positions, labels))
             chunk, chunk_len = [], 0
         i += 1
+    return instances
+
+
+def pack_full_sentences(members, state, config: InstanceConfig, special, vocab_size, word_starts=None, dupe=0,
+                        counts: Counts | None = None, flush=False):
+    """RoBERTa's FULL-SENTENCES instances (Liu et al. 2019, section 4.2): [CLS], then whole consecutive
+    sentences up to max_seq_length - 2 tokens, running on across document boundaries with a [SEP] between
+    documents, then [SEP]; one segment, no next-sentence pairing (is_random_next is always False, the
+    records' next_sentence_labels 0: pre-train them with --mlm_only). A sentence longer than a whole
+    sequence is cut to fit.
+
+    members: [(document seed, token-id lists)] in corpus order; `state` (a dict, empty at first) carries
+    the unfinished sequence into the next call, so windows pack as one stream; flush: end the stream.
+    Masking draws from the stream of the sequence's first document and its number among that document's
+    sequences, so the instances do not depend on the window size."""
+    counts = counts if counts is not None else Counts()
+    limit = config.max_seq_length - 2
+    body = state.setdefault("body", [])
+    instances = []
+
+    def emit():
+        rng_mask = _rng(config.random_seed, dupe, state["seed"], "mask", state["chunk"])
+        state["chunk"] += 1
+        tokens = [special["CLS"]] + body + [special["SEP"]]
+        positions, labels = ([], [])
+        if config.mask:
+            positions, labels = mask_tokens(tokens, config, special, vocab_size, rng_mask, word_starts, counts)
+        counts.instances += 1
+        counts.tokens += len(tokens)
+        instances.append(Instance(tokens, [0] * len(tokens), False, positions, labels))
+        body.clear()
+
+    for seed, document in members:
+        if body:                                   # a document boundary inside a sequence
+            if len(body) + 2 > limit:
+                emit()
+            else:
+                body.append(special["SEP"])
+        for sentence in document:
+            if not sentence:
+                continue
+            if body and len(body) + len(sentence) > limit:
+                emit()
+            if not body and state.get("seed") != seed:
+                state["seed"], state["chunk"] = seed, 0
+            body.extend(sentence[:limit - len(body)])
+    if flush and body:
+        emit()
     return instances
 
 
@@ -432,6 +481,13 @@ def _create_part(shares, tokenizer, output_dir, name, config, heldout_fraction, 
             "tokens": 0, "unk": 0, "files": {}}
     counts = {"train": Counts(), "eval": Counts()}
     writers = {}
+    packing = {}               # full_sentences: (split, dupe) -> the sequence that runs into the next window
+
+    def write_packed(split, members, dupe, flush=False):
+        for inst in pack_full_sentences(members, packing.setdefault((split, dupe), {}), config, special,
+                                        len(tokenizer), word_starts, dupe, counts[split], flush):
+            writers[split].write(serialize(inst, config))
+
     try:
         for docs in _windows(corpus.read_share(shares, stats), window):
             # tokenise the window's sentences in one batch, then regroup by document
@@ -454,10 +510,15 @@ def _create_part(shares, tokenizer, output_dir, name, config, heldout_fraction, 
                     writers[split] = ShardWriter(os.path.join(output_dir, f"{split}-{name}.tfrecord"))
                 pool = [tokens for _, tokens in members]
                 for dupe in range(config.dupe_factor):
+                    if config.full_sentences:
+                        write_packed(split, members, dupe)
+                        continue
                     for j, (seed, _) in enumerate(members):
                         for inst in create_instances(j, pool, config, special, len(tokenizer), word_starts,
                                                      dupe=dupe, doc_id=seed, counts=counts[split]):
                             writers[split].write(serialize(inst, config))
+        for split, dupe in sorted(packing):
+            write_packed(split, [], dupe, flush=True)
     except BaseException:
         for writer in writers.values():
             writer.abort()

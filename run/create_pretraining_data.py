@@ -23,6 +23,9 @@ flags.DEFINE_float("masked_lm_prob", 0.15, "Fraction of tokens to mask.")
 flags.DEFINE_float("short_seq_prob", 0.1, "Probability of a shorter target length.")
 flags.DEFINE_integer("dupe_factor", 10, "Passes over the corpus with different masks.")
 flags.DEFINE_bool("whole_word_masking", False, "Mask all pieces of a word together.")
+flags.DEFINE_bool("full_sentences", False, "RoBERTa's FULL-SENTENCES instances: consecutive whole sentences "
+                  "filling each sequence across document boundaries ([SEP] between documents), no sentence "
+                  "pairs; for run/pretrain.py --mlm_only (which it then requires).")
 flags.DEFINE_bool("dynamic_masking", False, "Write unmasked sequences; mask in tf.data each epoch (RoBERTa-style).")
 flags.DEFINE_integer("shards_per_rank", 1, "Parts each rank writes (a train and an eval shard each): the unit "
                      "a restarted job skips when complete.")
@@ -42,7 +45,7 @@ def main(_):
         max_seq_length=FLAGS.max_seq_length, max_predictions_per_seq=FLAGS.max_predictions_per_seq,
         masked_lm_prob=FLAGS.masked_lm_prob, short_seq_prob=FLAGS.short_seq_prob,
         dupe_factor=FLAGS.dupe_factor, whole_word_masking=FLAGS.whole_word_masking,
-        random_seed=FLAGS.random_seed, mask=not FLAGS.dynamic_masking)
+        random_seed=FLAGS.random_seed, mask=not FLAGS.dynamic_masking, full_sentences=FLAGS.full_sentences)
     tokenizer = tokenization.Tokenizer.from_file(FLAGS.vocab_file, FLAGS.do_lower_case,
                                                  fast=FLAGS.fast_tokenizer)
     summary = pretraining_data.create_pretraining_data(

@@ -801,3 +801,69 @@ def test_parquet_arrow_and_zst_corpora_made_by_two_ranks_killed_and_resumed(tmp_
     assert names == sorted(p.name for p in resumed.glob("*.tfrecord")) and len(names) >= 6
     for name in names:
         assert pd.sha256(resumed / name) == pd.sha256(straight / name), name
+
+
+# ----------------------------------------------------------------------------- FULL-SENTENCES
+SPECIAL = {"CLS": 101, "SEP": 102, "MASK": 103}
+
+
+def test_full_sentences_pack_whole_consecutive_sentences_across_documents_whatever_the_window():
+    rng = np.random.RandomState(0)
+    docs = [(1000 + d, [list(rng.randint(200, 300, rng.randint(3, 10))) for _ in range(rng.randint(1, 6))])
+            for d in range(40)]
+    docs[7][1].append(list(range(200, 300)))                         # one sentence longer than a sequence
+    config = pd.InstanceConfig(max_seq_length=32, max_predictions_per_seq=5, mask=False, full_sentences=True)
+
+    def packed(window):
+        state, out = {}, []
+        for i in range(0, len(docs), window):
+            out += pd.pack_full_sentences(docs[i:i + window], state, config, SPECIAL, 400)
+        return out + pd.pack_full_sentences([], state, config, SPECIAL, 400, flush=True)
+
+    instances = packed(1)
+    assert [i.tokens for i in instances] == [i.tokens for i in packed(7)] == [i.tokens for i in packed(40)]
+    assert all(len(i.tokens) <= 32 and i.tokens[0] == 101 and i.tokens[-1] == 102 and set(i.segment_ids) == {0}
+               and not i.is_random_next for i in instances)
+    # the body of all sequences, documents joined by [SEP], is the corpus in order (the long sentence cut to fit)
+    stream = [t for i in instances for t in i.tokens[1:-1]]
+    expected = []
+    for seed, doc in docs:
+        for s in doc:
+            expected += s[:30]
+        expected.append(102)
+    assert [t for t in stream if t != 102] == [t for t in expected if t != 102]
+    # filled across documents: fewer sequences than documents, and each could not take the next sentence
+    assert len(instances) < len(docs) and np.mean([len(i.tokens) for i in instances]) > 32 - 8
+    # a sentence is never split between two sequences: each sequence's body starts where a sentence starts
+    starts = {tuple(s[:3]) for _, doc in docs for s in doc}
+    assert all(tuple(i.tokens[1:4]) in starts for i in instances)
+    masked = pd.InstanceConfig(max_seq_length=32, max_predictions_per_seq=5, full_sentences=True)
+    a = pd.pack_full_sentences(docs, {}, masked, SPECIAL, 400, flush=True)
+    b = pd.pack_full_sentences(docs[:9], state := {}, masked, SPECIAL, 400) + \
+        pd.pack_full_sentences(docs[9:], state, masked, SPECIAL, 400, flush=True)
+    assert [(i.tokens, i.positions) for i in a] == [(i.tokens, i.positions) for i in b]   # masks too
+    assert all(i.positions and 101 not in [i.tokens[p] for p in i.positions] for i in a)
+
+
+def test_full_sentence_records_need_mlm_only(tmp_path, vocab_file, corpus_dir):
+    from bert_tf import pretraining
+    out = tmp_path / "full"
+    subprocess.run([sys.executable, str(REPO / "run" / "create_pretraining_data.py"),
+                    f"--input_files={corpus_dir / 'lee_background.cor'}@documents", f"--vocab_file={vocab_file}",
+                    "--max_seq_length=64", "--max_predictions_per_seq=10", "--dupe_factor=1", "--full_sentences",
+                    "--heldout_fraction=0.05", f"--output_dir={out}"], env=mpi_env(), check=True,
+                   capture_output=True, timeout=300)
+    summary = json.load(open(out / "summary.json"))["total"]
+    assert summary["config"]["full_sentences"] and summary["train"]["random_next"] == 0
+    config = pd.InstanceConfig(max_seq_length=64, max_predictions_per_seq=10)
+    records = read_records(glob.glob(str(out / "train-*")), config)
+    assert all(r["segment_ids"].sum() == 0 and r["next_sentence_labels"][0] == 0 for r in records)
+    # sequences run on across documents: a [SEP] inside some (at 64 tokens a story fills about 4 sequences)
+    tok = tokenization.Tokenizer.from_file(vocab_file)
+    inner = [int((r["input_ids"][:r["input_mask"].sum() - 1] == tok.sep_id).sum()) for r in records]
+    assert np.mean([n > 0 for n in inner]) > 0.05, np.mean(inner)          # measured 0.11 (0 if per document)
+    base = dict(vocab_file=vocab_file, train_files=str(out / "train-*"), max_seq_length=64,
+                max_predictions_per_seq=10, model_preset="tiny", checkpoint_dir=str(tmp_path / "run"))
+    with pytest.raises(ConfigError, match=r"full: its records are FULL-SENTENCES instances .* --mlm_only"):
+        pretraining.check_inputs(pretraining.PretrainConfig(**base), 0, 1)
+    pretraining.check_inputs(pretraining.PretrainConfig(mlm_only=True, **base), 0, 1)
