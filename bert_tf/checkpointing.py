@@ -12,6 +12,13 @@ checkpoint written before the position was part of it; `pretraining.restore`).
 interrupted save leaves the previous checkpoint as the latest one; the JSON comes after the index, so
 a save interrupted between the two leaves a latest checkpoint without its JSON (`read_extra` gives {}).
 
+Damage: each save ends by writing `ckpt-N.manifest.json`, the sizes and SHA-256 of the checkpoint's
+files, read back from the disk. `latest_intact` takes the newest checkpoint whose files match its
+manifest and says which newer ones it passed over and why (a file truncated, overwritten, missing, or no
+manifest: the save did not finish); a folder none of whose checkpoints has a manifest was written before
+manifests existed and resumes from its latest, as it did. A save that fills the disk removes its partial
+files and stops with the folder, the bytes it needed and what is free, the previous checkpoint untouched.
+
 Keys: `tf.train.Checkpoint` stores the value of the variable at object path "model/nsp/bias" under
 "model/nsp/bias/.ATTRIBUTES/VARIABLE_VALUE"; `variable_key` and `variable_path` are the only code
 that spells that suffix out (checkpoint_formats uses them too). `shape_differences` is the one shape
@@ -19,8 +26,13 @@ comparison behind every check of a checkpoint against a model (here and in check
 """
 from __future__ import annotations
 
+import errno
+import glob
+import hashlib
 import json
 import os
+import re
+import shutil
 
 import tensorflow as tf
 
@@ -63,6 +75,87 @@ def shape_differences(expected: dict, found: dict):
     return mismatches, missing, extra
 
 
+MANIFEST = ".manifest.json"
+
+
+def checkpoint_files(path) -> list:
+    """The files of the checkpoint with prefix `path` (its .index and .data-* shards)."""
+    return sorted(glob.glob(glob.escape(path) + ".index") + glob.glob(glob.escape(path) + ".data-*"))
+
+
+def _sha256(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_manifest(path):
+    """Sizes and checksums of the checkpoint's files as they are on the disk, written last (atomically)."""
+    files = {os.path.basename(f): {"bytes": os.path.getsize(f), "sha256": _sha256(f)} for f in checkpoint_files(path)}
+    tmp = path + MANIFEST + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump({"files": files}, f, indent=1)
+    os.replace(tmp, path + MANIFEST)
+
+
+def damage(path):
+    """Why the checkpoint `path` cannot be trusted, or None when its files match its manifest."""
+    try:
+        with open(path + MANIFEST) as f:
+            files = json.load(f)["files"]
+    except FileNotFoundError:
+        return "no manifest: its save did not finish"
+    except (ValueError, KeyError, TypeError) as e:
+        return f"its manifest is unreadable ({e})"
+    folder = os.path.dirname(path)
+    for name, want in sorted(files.items()):
+        file = os.path.join(folder, name)
+        if not os.path.exists(file):
+            return f"{name} is missing"
+        size = os.path.getsize(file)
+        if size != want["bytes"]:
+            return f"{name} has {size} bytes, its manifest says {want['bytes']} (truncated or overwritten)"
+        if _sha256(file) != want["sha256"]:
+            return f"{name} does not match its manifest's SHA-256 (damaged)"
+    if not any(name.endswith(".index") for name in files) or len(files) < 2:
+        return "its manifest lists no index and data files"
+    return None
+
+
+def _step_of(path):
+    return int(re.search(r"-(\d+)$", path).group(1))
+
+
+def latest_intact(directory, log=print):
+    """The newest checkpoint in `directory` whose files match its manifest (None: no checkpoint), logging
+    each newer one passed over and why; ConfigError when there are checkpoints and none is intact."""
+    if "://" in directory:                # a remote file system: TensorFlow's own index
+        return tf.train.latest_checkpoint(directory)
+    if not os.path.isdir(directory):
+        return None
+    prefixes = sorted((f[:-len(".index")] for f in glob.glob(os.path.join(glob.escape(directory), "ckpt-*.index"))
+                       if re.search(r"-\d+$", f[:-len(".index")])), key=_step_of, reverse=True)
+    if not prefixes:
+        return None
+    if not any(os.path.exists(p + MANIFEST) for p in prefixes):
+        return tf.train.latest_checkpoint(directory) or prefixes[0]    # saved before manifests existed
+    passed = []
+    for path in prefixes:
+        reason = damage(path)
+        if reason is None:
+            if passed:
+                log(f"checkpoint {passed[0][0]} is damaged or incomplete ({passed[0][1]})"
+                    + "".join(f"; so is {p} ({r})" for p, r in passed[1:]) + f": resuming from {path}, the newest "
+                    f"intact checkpoint")
+            return path
+        passed.append((path, reason))
+    raise ConfigError(f"--checkpoint_dir={directory}: no intact checkpoint: "
+                      + "; ".join(f"{p}: {r}" for p, r in passed)
+                      + " (move the folder aside to start afresh, or --init_checkpoint= one of them at your own risk)")
+
+
 class Checkpoints:
     def __init__(self, directory, items: dict, keep_last=3, is_writer=True):
         self.directory = directory
@@ -82,20 +175,44 @@ class Checkpoints:
             self.manager = tf.train.CheckpointManager(self.checkpoint, self.directory, max_to_keep=self.keep_last)
         self.is_writer = is_writer
 
-    def latest(self):
-        return tf.train.latest_checkpoint(self.directory) if os.path.isdir(self.directory) else None
+    def latest(self, log=print):
+        return latest_intact(self.directory, log)
 
     def save(self, step, extra: dict | None = None):
         """Rank 0 only; other ranks return None. `extra` goes to a JSON file beside it."""
         if not self.is_writer:
             return None
-        path = self.manager.save(checkpoint_number=int(step))
-        if extra is not None:
-            tmp = path + ".json.tmp"
-            with open(tmp, "w") as f:
-                json.dump(extra, f, indent=1)
-            os.replace(tmp, path + ".json")
+        previous = self.manager.latest_checkpoint
+        try:
+            path = self.manager.save(checkpoint_number=int(step))
+            if extra is not None:
+                tmp = path + ".json.tmp"
+                with open(tmp, "w") as f:
+                    json.dump(extra, f, indent=1)
+                os.replace(tmp, path + ".json")
+            if "://" not in self.directory:    # local folders (gs:// and the like have their own checksums)
+                write_manifest(path)
+            for orphan in glob.glob(os.path.join(glob.escape(self.directory), "ckpt-*" + MANIFEST)):
+                if not os.path.exists(orphan[:-len(MANIFEST)] + ".index"):   # swept by keep_last
+                    os.remove(orphan)
+        except (OSError, tf.errors.OpError) as e:
+            if not _disk_full(e):
+                raise
+            self._disk_full(int(step), previous, e)
         return path
+
+    def _disk_full(self, step, previous, error):
+        prefix = os.path.join(self.directory, f"ckpt-{step}")
+        for f in glob.glob(glob.escape(prefix) + "*"):    # this save's partial files (shards, temp folders)
+            shutil.rmtree(f) if os.path.isdir(f) else os.remove(f)
+        needed = sum(os.path.getsize(f) for f in checkpoint_files(previous)) if previous else None
+        free = shutil.disk_usage(self.directory).free
+        raise ConfigError(f"--checkpoint_dir={self.directory}: the disk filled up while saving step {step} ("
+                          f"{error.__class__.__name__}); a checkpoint needs about "
+                          + (f"{needed:,} bytes" if needed else "as much as the model and optimizer state")
+                          + f", {free:,} are free; "
+                          + (f"the previous checkpoint {previous} is intact" if previous else "nothing was saved")
+                          + ": free space or move --checkpoint_dir, then run again to resume")
 
     def restore(self, path):
         check_compatible(path, self.items.get("model"))
@@ -115,6 +232,11 @@ class Checkpoints:
                 if key in names:
                     getattr(self.items[k], v).assign(tf.train.load_variable(path, key))
         return read_extra(path)
+
+
+def _disk_full(error) -> bool:
+    return getattr(error, "errno", None) == errno.ENOSPC or "No space left on device" in str(error) \
+        or "ENOSPC" in str(error)
 
 
 def _variable_names(module) -> list:

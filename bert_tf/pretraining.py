@@ -216,7 +216,7 @@ def check_inputs(cfg: PretrainConfig, rank: int, size: int) -> Inputs:
     this rank's training files and every evaluation file."""
     tokenizer = tokenization.Tokenizer.from_file(cfg.vocab_file, cfg.do_lower_case)
     init = checkpoint_formats.read(cfg.init_checkpoint) \
-        if cfg.init_checkpoint and not tf.train.latest_checkpoint(cfg.checkpoint_dir) else None
+        if cfg.init_checkpoint and not checkpointing.latest_intact(cfg.checkpoint_dir, log=lambda *_: None) else None
     model_config = build_model_config(cfg, len(tokenizer), init)
     train_files = input_pipeline.list_files(cfg.train_files) if cfg.train_files else []
     if not train_files:
@@ -246,7 +246,7 @@ def dry_run(cfg: PretrainConfig, log=print):
         target = os.path.dirname(target)
     if "://" not in cfg.checkpoint_dir and not (os.path.isdir(target) and os.access(target, os.W_OK | os.X_OK)):
         raise ConfigError(f"--checkpoint_dir={cfg.checkpoint_dir} cannot be created: {target} is not a writable folder")
-    latest = tf.train.latest_checkpoint(cfg.checkpoint_dir)
+    latest = checkpointing.latest_intact(cfg.checkpoint_dir, log)
     config = inputs.model_config
     start = (f"resumes from {latest}" if latest else f"starts from {inputs.init.path} ({inputs.init.format} format)"
              if inputs.init else "starts from random weights")
@@ -383,7 +383,7 @@ def restore(cfg: PretrainConfig, trainer, ckpts, global_batch, init, say) -> int
     """Resumes from --checkpoint_dir's latest checkpoint, else starts the model from
     --init_checkpoint (`init`, already read and checked), else leaves it fresh; returns the
     samples already consumed."""
-    latest = ckpts.latest()
+    latest = ckpts.latest(log=say)
     if latest:
         extra = ckpts.restore(latest)
         step = int(trainer.step.numpy())

@@ -1,4 +1,6 @@
 """The single-device update: optimizers, precision policies, XLA, loss scaling, accumulation, checkpoints."""
+import os
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -207,3 +209,96 @@ def test_restoring_a_different_model_shape_names_both_shapes(tmp_path):
     other = training.Trainer(tiny_model(vocab=120), training.TrainConfig())
     with pytest.raises(ValueError, match=r"word_embeddings: checkpoint \[100, 128\] vs model \[120, 128\]"):
         checkpointing.Checkpoints(str(tmp_path), other.checkpoint_items()).restore(path)
+
+
+# ----------------------------------------------------------------------------- damaged checkpoints
+def saved_checkpoints(directory, steps=(1, 2, 3), keep_last=3):
+    trainer = training.Trainer(tiny_model(), training.TrainConfig(learning_rate=1e-3))
+    ckpts = checkpointing.Checkpoints(str(directory), trainer.checkpoint_items(), keep_last=keep_last)
+    values = {}
+    for step in steps:
+        trainer.train_step([features(seed=step)])
+        values[step] = weights(trainer.model)
+        ckpts.save(step, {"step": step})
+    return trainer, ckpts, values
+
+
+@pytest.mark.parametrize("fault", ["truncated data", "garbage index", "no manifest", "missing data"])
+def test_a_damaged_latest_checkpoint_is_named_and_the_newest_intact_one_restored(tmp_path, fault):
+    trainer, ckpts, values = saved_checkpoints(tmp_path)
+    latest = str(tmp_path / "ckpt-3")
+    assert checkpointing.latest_intact(str(tmp_path)) == latest
+    data = glob_one(latest + ".data-*")
+    if fault == "truncated data":
+        with open(data, "r+b") as f:
+            f.truncate(os.path.getsize(data) // 2)
+    elif fault == "garbage index":
+        size = os.path.getsize(latest + ".index")
+        open(latest + ".index", "wb").write(os.urandom(size))                  # same size, other bytes
+    elif fault == "no manifest":
+        os.remove(latest + checkpointing.MANIFEST)                             # the save stopped before it
+    else:
+        os.remove(data)
+    said = []
+    assert checkpointing.latest_intact(str(tmp_path), said.append) == str(tmp_path / "ckpt-2")
+    reason = {"truncated data": "bytes, its manifest says", "garbage index": "does not match its manifest",
+              "no manifest": "no manifest: its save did not finish", "missing data": "is missing"}[fault]
+    assert len(said) == 1 and said[0].startswith(f"checkpoint {latest} is damaged or incomplete (") \
+        and reason in said[0] and said[0].endswith(f"resuming from {tmp_path / 'ckpt-2'}, the newest intact "
+                                                   f"checkpoint"), said
+    other = training.Trainer(tiny_model(seed=9), training.TrainConfig(learning_rate=1e-3))
+    fresh = checkpointing.Checkpoints(str(tmp_path), other.checkpoint_items())
+    fresh.restore(fresh.latest(log=lambda *_: None))
+    assert int(other.step.numpy()) == 2
+    for restored, value in zip(weights(other.model), values[2], strict=True):
+        np.testing.assert_array_equal(restored, value)
+
+
+def glob_one(pattern):
+    import glob
+    (found,) = glob.glob(pattern)
+    return found
+
+
+def test_no_intact_checkpoint_is_an_error_naming_each_and_old_folders_resume_as_before(tmp_path):
+    _, _, _ = saved_checkpoints(tmp_path, steps=(1, 2))
+    for step in (1, 2):
+        os.remove(tmp_path / f"ckpt-{step}{checkpointing.MANIFEST}")
+    # no checkpoint has a manifest: written before manifests existed, the latest is taken as before
+    assert checkpointing.latest_intact(str(tmp_path)) == str(tmp_path / "ckpt-2")
+    checkpointing.write_manifest(str(tmp_path / "ckpt-1"))
+    with open(glob_one(str(tmp_path / "ckpt-1.data-*")), "ab") as f:
+        f.write(b"x")
+    with pytest.raises(ConfigError, match=r"no intact checkpoint: .*ckpt-2: no manifest.*ckpt-1: ckpt-1.data-\S+ "
+                                          r"has \d+ bytes"):
+        checkpointing.latest_intact(str(tmp_path))
+    assert checkpointing.latest_intact(str(tmp_path / "none")) is None
+
+
+def test_a_full_disk_during_a_save_names_the_folder_and_bytes_and_keeps_the_previous_checkpoint(tmp_path):
+    import subprocess
+    mount = tmp_path / "small"
+    mount.mkdir()
+    trainer = training.Trainer(tiny_model(), training.TrainConfig(learning_rate=1e-3))
+    probe = checkpointing.Checkpoints(str(tmp_path / "probe"), trainer.checkpoint_items()).save(0)
+    one = sum(os.path.getsize(f) for f in checkpointing.checkpoint_files(probe))
+    # room for one checkpoint and a half: the second save fills the disk
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={one * 3 // 2}", "tmpfs", str(mount)], check=True)
+    try:
+        ckpts = checkpointing.Checkpoints(str(mount), trainer.checkpoint_items(), keep_last=1)
+        first = ckpts.save(1, {"step": 1})
+        expected = weights(trainer.model)
+        trainer.train_step([features(seed=5)])
+        with pytest.raises(ConfigError, match=rf"--checkpoint_dir={mount}: the disk filled up while saving step 2"
+                           ) as error:
+            ckpts.save(2, {"step": 2})
+        assert f"the previous checkpoint {first} is intact" in str(error.value)
+        assert f"{sum(os.path.getsize(f) for f in checkpointing.checkpoint_files(first)):,} bytes" in str(error.value)
+        assert not [p for p in os.listdir(mount) if p.startswith("ckpt-2")]   # no partial files left
+        assert checkpointing.latest_intact(str(mount)) == first                  # keep_last=1 kept it
+        other = training.Trainer(tiny_model(seed=9), training.TrainConfig(learning_rate=1e-3))
+        checkpointing.Checkpoints(str(mount), other.checkpoint_items()).restore(first)
+        for restored, value in zip(weights(other.model), expected, strict=True):
+            np.testing.assert_array_equal(restored, value)
+    finally:
+        subprocess.run(["umount", str(mount)], check=False)
