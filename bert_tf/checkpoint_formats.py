@@ -174,7 +174,8 @@ def locate(path: str) -> tuple[str, str]:
     if os.path.isdir(path):
         if os.path.exists(os.path.join(path, HF_CONFIG)) or os.path.exists(os.path.join(path, HF_WEIGHTS)):
             return HUGGINGFACE, path
-        prefix = tf.train.latest_checkpoint(path)
+        # a bert_tf run's folder: its newest intact checkpoint (checkpointing.latest_intact says what it passed over)
+        prefix = checkpointing.latest_intact(path) or tf.train.latest_checkpoint(path)
         if not prefix and tf.io.gfile.exists(os.path.join(path, GOOGLE_CKPT + ".index")):
             prefix = os.path.join(path, GOOGLE_CKPT)
         if not prefix:

@@ -184,6 +184,33 @@ class Share:
     title_field: str = ""          # parquet, arrow: a column whose value becomes the first sentence
 
 
+TEXT_SAMPLE = 1 << 16      # bytes of a text file looked at before reading it: is it text at all?
+
+
+def check_text(path):
+    """ConfigError when a text input's first TEXT_SAMPLE bytes (uncompressed) are mostly not UTF-8 lines or
+    hold NUL bytes: a binary file, or Parquet/Arrow given as text, would otherwise become instances of noise."""
+    try:
+        with open_binary(path) as f:
+            sample = f.read(TEXT_SAMPLE)
+    except (EOFError, OSError):
+        return                     # a truncated compressed file: reading it reports that, with its name
+    lines = sample.split(b"\n")[:-1] if len(sample) == TEXT_SAMPLE else sample.split(b"\n")
+    bad = 0
+    for line in lines:
+        try:
+            line.decode("utf-8")
+        except UnicodeDecodeError:
+            bad += 1
+    nul = sample.count(b"\0")
+    if lines and (bad > len(lines) // 2 or nul > len(sample) // 100):
+        hint = (" (a Parquet file: name it *.parquet or add @parquet)" if sample.startswith(b"PAR1") else
+                " (an Arrow file: give its datasets.save_to_disk folder)" if b"ARROW1" in sample[:8] or
+                sample[:4] == b"\xff\xff\xff\xff" else "")
+        raise ConfigError(f"{path}: not text: {bad} of the first {len(lines)} lines are not UTF-8 and {nul} of "
+                          f"the first {len(sample):,} bytes are NUL{hint}")
+
+
 def plan_shares(specs, size, fmt="auto", text_field="text", title_field=""):
     """Splits the corpus among `size` ranks by bytes: a list of Shares per rank, in corpus order.
 
@@ -208,6 +235,8 @@ def plan_shares(specs, size, fmt="auto", text_field="text", title_field=""):
             raise ConfigError(f"{path} is a folder; only a datasets.save_to_disk folder (with state.json) is read "
                               f"as a whole: give its files, or the folder with @arrow")
         else:
+            if kind not in TABLES:
+                check_text(path)
             files.append((path, kind, os.path.getsize(path)))
     units = {path: table_units(path, kind, text_field, title_field) if kind in TABLES else read_stream_index(path)
              for path, kind, _ in files if kind in TABLES or multistream_index(path)}

@@ -228,12 +228,19 @@ def pack_full_sentences(members, state, config: InstanceConfig, special, vocab_s
 
 
 def _truncate_pair(tokens_a, tokens_b, max_num_tokens, rng):
-    while len(tokens_a) + len(tokens_b) > max_num_tokens:
-        longer = tokens_a if len(tokens_a) > len(tokens_b) else tokens_b
+    """google's truncation (a token off the front or back of the longer segment, at random, until the pair
+    fits), counted on indices and cut once: linear in the length, where deleting from a list's front
+    one token at a time took minutes for a document that is one enormous sentence."""
+    ends = [[0, len(tokens_a)], [0, len(tokens_b)]]
+    while (ends[0][1] - ends[0][0]) + (ends[1][1] - ends[1][0]) > max_num_tokens:
+        longer = ends[0] if ends[0][1] - ends[0][0] > ends[1][1] - ends[1][0] else ends[1]
         if rng.random() < 0.5:
-            del longer[0]
+            longer[0] += 1
         else:
-            longer.pop()
+            longer[1] -= 1
+    for tokens, (start, end) in zip((tokens_a, tokens_b), ends):
+        del tokens[end:]
+        del tokens[:start]
 
 
 def mask_tokens(tokens, config, special, vocab_size, rng, word_starts=None, counts: Counts | None = None):

@@ -867,3 +867,50 @@ def test_full_sentence_records_need_mlm_only(tmp_path, vocab_file, corpus_dir):
     with pytest.raises(ConfigError, match=r"full: its records are FULL-SENTENCES instances .* --mlm_only"):
         pretraining.check_inputs(pretraining.PretrainConfig(**base), 0, 1)
     pretraining.check_inputs(pretraining.PretrainConfig(mlm_only=True, **base), 0, 1)
+
+
+# ----------------------------------------------------------------------------- inputs that are not text
+def test_a_binary_file_or_parquet_given_as_text_stops_at_start_naming_it(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    noise = tmp_path / "noise.txt"
+    noise.write_bytes(np.random.RandomState(0).bytes(200_000))
+    with pytest.raises(ConfigError, match=r"noise.txt: not text: \d+ of the first \d+ lines are not UTF-8"):
+        corpus.plan_shares([str(noise)], 2)
+    shard = tmp_path / "shard.bin"
+    pq.write_table(pa.table({"text": ["A sentence. " * 50] * 200}), shard)
+    with pytest.raises(ConfigError, match=r"shard.bin: not text: .*\(a Parquet file: name it \*.parquet or add "
+                                          r"@parquet\)"):
+        corpus.plan_shares([f"{shard}@documents"], 1)
+    assert list(corpus.read_documents([f"{shard}@parquet"]))[0][0] == "A sentence."
+    text = tmp_path / "latin1.txt"                                   # a few bad lines are text with bad bytes
+    text.write_bytes(b"".join(b"Caf\xe9 number %d is open.\n" % i if i % 4 == 0 else b"A plain line %d.\n" % i
+                              for i in range(400)))
+    assert len(list(corpus.read_documents([f"{text}@documents"]))) == 400
+
+
+def test_truncation_is_googles_and_a_document_of_one_enormous_line_makes_instances(tmp_path):
+    def google_truncate(a, b, max_num_tokens, rng):                 # google-research/bert's loop, as it was
+        while len(a) + len(b) > max_num_tokens:
+            longer = a if len(a) > len(b) else b
+            if rng.random() < 0.5:
+                del longer[0]
+            else:
+                longer.pop()
+
+    import random
+    for seed in range(200):
+        r = random.Random(seed)
+        a, b = list(range(r.randint(0, 300))), list(range(1000, 1000 + r.randint(0, 300)))
+        ours, theirs = (list(a), list(b)), (list(a), list(b))
+        limit = r.randint(1, 200)
+        pd._truncate_pair(*ours, limit, random.Random(seed))
+        google_truncate(*theirs, limit, random.Random(seed))
+        assert ours == theirs, seed
+    words = " ".join(f"word{i % 5000}" for i in range(300_000))       # 2 MB, one line, no sentence end
+    path = tmp_path / "one_line.txt"
+    path.write_text(words + "\n")
+    tok = tokenization.Tokenizer(tokenization.google_reserved_tokens() + ["word"] + [f"##{i}" for i in range(10)])
+    config = pd.InstanceConfig(max_seq_length=64, max_predictions_per_seq=10, dupe_factor=1)
+    summary = pd.create_pretraining_data([f"{path}@documents"], "auto", tok, str(tmp_path / "out"), config)
+    assert summary["documents"] == 1 and summary["train"]["instances"] >= 1
