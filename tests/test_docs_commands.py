@@ -123,6 +123,11 @@ COMMANDS = {
         here("test_data_commands_on_the_bundled_wikipedia_excerpt", "--dupe_factor=1; 8 ranks on 2 cores with "
              "OMPI_MCA_rmaps_base_oversubscribe=1 in the environment (one .bz2: one rank reads it, seven get an "
              "empty share; the per-rank documents must add up to the excerpt's, read in one process)"),
+    "python run/finetune_proof.py --init_checkpoint=runs/demo --vocab_file=data/demo/vocab.txt "
+    "--seeds=1,2,3 --learning_rate=1e-3 --epochs=5 --train_examples=1600 --output_json=runs/finetune_proof.json":
+        by("test_finetune.py::test_finetune_proof_runs_every_task_from_both_starts",
+           "a tiny random checkpoint instead of the demo's, 1 seed, 32 training and 16 dev examples, 1 epoch "
+           "(the README's figures took 15-25 min per checkpoint)"),
     "mpirun -np 8 python run/create_pretraining_data.py "
     "--input_files='wikipedia/20231101.en/train-*-of-00041.parquet' --title_field=title "
     "--vocab_file=data/wiki/vocab.txt --output_dir=data/wiki/seq128 --shards_per_rank=16":

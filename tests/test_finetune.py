@@ -184,3 +184,23 @@ def test_fine_tuning_batches_reshuffle_each_epoch_and_split_the_ranks_disjointly
         assert not set(a) & set(b) and len(set(a) | set(b)) == 18      # disjoint, no row twice in an epoch
     assert list(np.concatenate(epochs[0])) != list(np.concatenate(epochs[1]))   # another order each epoch
     assert [list(x) for x in ranks[0]] == [list(x) for x in finetuning.batch_rows(n, batch, 7, 5, 0, size)]
+
+
+def test_finetune_proof_runs_every_task_from_both_starts(pretrained, tmp_path, corpus_dir):
+    """run/finetune_proof.py end to end, small: each task from the checkpoint and from random weights,
+    its table, and the JSON with one record per task, start and seed."""
+    folder, _ = pretrained
+    out = tmp_path / "proof.json"
+    proc = subprocess.run([sys.executable, str(REPO / "run" / "finetune_proof.py"), f"--init_checkpoint={folder}",
+                           f"--vocab_file={folder / 'vocab.txt'}", f"--corpus={corpus_dir / 'lee_background.cor'}"
+                           "@documents", "--seeds=1", "--train_examples=32", "--dev_examples=16", "--epochs=1",
+                           "--learning_rate=1e-3", f"--output_json={out}"],
+                          env=mpi_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runs = json.loads(out.read_text())["runs"]
+    assert sorted((r["task"], r["start"]) for r in runs) == sorted(
+        (t, s) for t in ("same_document", "word_order", "spans") for s in ("pre-trained", "random"))
+    assert all(0 <= r.get("accuracy", 0) <= 1 and 0 <= r.get("f1", 0) <= 100 for r in runs)
+    for row in ("| same_document | accuracy |", "| word_order | accuracy |", "| spans | f1 |",
+                "| spans | exact_match |"):
+        assert row in proc.stdout, proc.stdout[-2000:]
