@@ -93,7 +93,8 @@ def _sha256(path):
 
 def write_manifest(path):
     """Sizes and checksums of the checkpoint's files as they are on the disk, written last (atomically)."""
-    files = {os.path.basename(f): {"bytes": os.path.getsize(f), "sha256": _sha256(f)} for f in checkpoint_files(path)}
+    # by suffix (".index", ".data-00000-of-00001"): a checkpoint copied under another name still checks out
+    files = {f[len(path):]: {"bytes": os.path.getsize(f), "sha256": _sha256(f)} for f in checkpoint_files(path)}
     tmp = path + MANIFEST + ".tmp"
     with open(tmp, "w") as f:
         json.dump({"files": files}, f, indent=1)
@@ -109,9 +110,8 @@ def damage(path):
         return "no manifest: its save did not finish"
     except (ValueError, KeyError, TypeError) as e:
         return f"its manifest is unreadable ({e})"
-    folder = os.path.dirname(path)
-    for name, want in sorted(files.items()):
-        file = os.path.join(folder, name)
+    for suffix, want in sorted(files.items()):
+        file, name = path + suffix, os.path.basename(path) + suffix
         if not os.path.exists(file):
             return f"{name} is missing"
         size = os.path.getsize(file)
@@ -119,7 +119,7 @@ def damage(path):
             return f"{name} has {size} bytes, its manifest says {want['bytes']} (truncated or overwritten)"
         if _sha256(file) != want["sha256"]:
             return f"{name} does not match its manifest's SHA-256 (damaged)"
-    if not any(name.endswith(".index") for name in files) or len(files) < 2:
+    if ".index" not in files or len(files) < 2:
         return "its manifest lists no index and data files"
     return None
 
@@ -135,10 +135,19 @@ def latest_intact(directory, log=print):
         return tf.train.latest_checkpoint(directory)
     if not os.path.isdir(directory):
         return None
-    prefixes = sorted((f[:-len(".index")] for f in glob.glob(os.path.join(glob.escape(directory), "ckpt-*.index"))
-                       if re.search(r"-\d+$", f[:-len(".index")])), key=_step_of, reverse=True)
+    try:                                  # the checkpoints the folder's `checkpoint` index lists, as TensorFlow's
+        state = tf.train.get_checkpoint_state(directory)
+    except Exception as e:                # noqa: BLE001 (a garbled index: the files on disk instead)
+        log(f"{directory}/checkpoint is unreadable ({e.__class__.__name__}): looking at the checkpoint files")
+        state = None
+        listed = [f[:-len(".index")] for f in glob.glob(os.path.join(glob.escape(directory), "ckpt-*.index"))]
+    else:
+        if state is None:
+            return None
+        listed = list(state.all_model_checkpoint_paths) or [state.model_checkpoint_path]   # joined to directory
+    prefixes = sorted({p for p in listed if re.search(r"-\d+$", p)}, key=_step_of, reverse=True)
     if not prefixes:
-        return None
+        return tf.train.latest_checkpoint(directory) if state else None
     if not any(os.path.exists(p + MANIFEST) for p in prefixes):
         return tf.train.latest_checkpoint(directory) or prefixes[0]    # saved before manifests existed
     passed = []
