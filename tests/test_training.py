@@ -302,3 +302,17 @@ def test_a_full_disk_during_a_save_names_the_folder_and_bytes_and_keeps_the_prev
             np.testing.assert_array_equal(restored, value)
     finally:
         subprocess.run(["umount", str(mount)], check=False)
+
+
+def test_a_garbled_checkpoint_index_falls_back_to_the_files_and_a_renamed_copy_checks_out(tmp_path):
+    import shutil
+    saved_checkpoints(tmp_path, steps=(1, 2))
+    (tmp_path / "checkpoint").write_bytes(b"\x00\xffnot a text proto {{{")
+    said = []
+    assert checkpointing.latest_intact(str(tmp_path), said.append) == str(tmp_path / "ckpt-2")
+    assert said and "checkpoint is unreadable" in said[0]
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for f in tmp_path.glob("ckpt-2.*"):                      # every file of ckpt-2, manifest included, renamed
+        shutil.copy(f, copy / f.name.replace("ckpt-2", "ckpt-9"))
+    assert checkpointing.damage(str(copy / "ckpt-9")) is None
