@@ -8,3 +8,13 @@ class ConfigError(ValueError):
 
     run/ scripts print these as one line (bert_tf.cli.run); any other exception keeps its
     traceback, because it is a bug or an environment problem, not a wrong input."""
+
+
+def sha256(path) -> str:
+    """The SHA-256 of a file, read a MiB at a time (data shards' and checkpoints' checksums)."""
+    import hashlib
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import errno
 import glob
-import hashlib
 import json
 import os
 import re
@@ -36,7 +35,7 @@ import shutil
 
 import tensorflow as tf
 
-from bert_tf import ConfigError
+from bert_tf import ConfigError, sha256
 
 
 # Items a checkpoint may lack because older versions did not write them.
@@ -83,18 +82,10 @@ def checkpoint_files(path) -> list:
     return sorted(glob.glob(glob.escape(path) + ".index") + glob.glob(glob.escape(path) + ".data-*"))
 
 
-def _sha256(path):
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def write_manifest(path):
     """Sizes and checksums of the checkpoint's files as they are on the disk, written last (atomically)."""
     # by suffix (".index", ".data-00000-of-00001"): a checkpoint copied under another name still checks out
-    files = {f[len(path):]: {"bytes": os.path.getsize(f), "sha256": _sha256(f)} for f in checkpoint_files(path)}
+    files = {f[len(path):]: {"bytes": os.path.getsize(f), "sha256": sha256(f)} for f in checkpoint_files(path)}
     tmp = path + MANIFEST + ".tmp"
     with open(tmp, "w") as f:
         json.dump({"files": files}, f, indent=1)
@@ -117,7 +108,7 @@ def damage(path):
         size = os.path.getsize(file)
         if size != want["bytes"]:
             return f"{name} has {size} bytes, its manifest says {want['bytes']} (truncated or overwritten)"
-        if _sha256(file) != want["sha256"]:
+        if sha256(file) != want["sha256"]:
             return f"{name} does not match its manifest's SHA-256 (damaged)"
     if ".index" not in files or len(files) < 2:
         return "its manifest lists no index and data files"

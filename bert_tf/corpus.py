@@ -473,10 +473,12 @@ def _lines_from(share, stats):
             for line in f:
                 yield offset, line
                 offset += len(line)
-        except EOFError:
+        except EOFError as e:
+            corrupt = str(e).startswith("not valid")          # _ZstdReader: bytes that are not Zstandard
             stats.truncated_files += 1
-            stats.problems.append(f"{share.path}: compressed data ends after {offset} uncompressed bytes without "
-                                  f"its end-of-stream marker (truncated?); read up to there")
+            stats.problems.append(f"{share.path}: compressed data ends after {offset} uncompressed bytes "
+                                  + (f"({e})" if corrupt else "without its end-of-stream marker (truncated?)")
+                                  + "; read up to there")
 
 
 def _decode(raw, stats):

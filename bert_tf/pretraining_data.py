@@ -29,7 +29,7 @@ import random
 import numpy as np
 import tensorflow as tf
 
-from bert_tf import ConfigError
+from bert_tf import ConfigError, sha256  # noqa: F401  (pretraining_data.sha256: the shards' checksums)
 
 
 def feature_spec(max_seq_length, max_predictions_per_seq):
@@ -336,15 +336,6 @@ class ShardWriter:
         self.writer.close()
         if os.path.exists(self.path + ".tmp"):
             os.remove(self.path + ".tmp")
-
-
-def sha256(path):
-    import hashlib
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def fingerprint(input_files, input_format, tokenizer, config, size, num_shards, heldout_fraction, window,

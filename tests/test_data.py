@@ -759,6 +759,12 @@ def test_bad_parquet_arrow_and_zst_inputs_are_named(tmp_path, corpus_dir):
     with pytest.raises(ConfigError, match=r"data-00000-of-00001.arrow: not a readable an Arrow stream|"
                                           r"data-00000-of-00001.arrow: not a readable Arrow stream"):
         list(corpus.read_documents([str(folder)]))
+    garbage = tmp_path / "garbage.jsonl.zst"
+    garbage.write_bytes(b"(\xb5/\xfd" + os.urandom(5000))                   # zstd's magic, then noise
+    stats = corpus.ReadStats()
+    assert list(corpus.read_documents([str(garbage)], "jsonl", stats=stats)) == []
+    assert stats.truncated_files == 1 and "garbage.jsonl.zst: compressed data ends after 0 uncompressed bytes (not " \
+        "valid Zstandard data" in stats.problems[0], stats.problems
     text = "".join(f"Document number {i} has a sentence.\n" for i in range(20000)).encode()
     truncated = tmp_path / "docs.txt.zst"
     truncated.write_bytes(zstandard.ZstdCompressor().compress(text)[:-100])
