@@ -89,6 +89,9 @@ class Counts:
 # partners are drawn from the same window, as google draws them from all documents of a run.
 DOCUMENT_WINDOW = 2000
 
+# What de-duplication left out (bert_tf.dedup), per part, rank and in total.
+DEDUP_COUNTS = ("duplicate_documents", "documents_emptied", "repeated_lines_removed")
+
 Instance = collections.namedtuple("Instance", "tokens segment_ids is_random_next positions labels")
 
 
@@ -339,7 +342,7 @@ class ShardWriter:
 
 
 def fingerprint(input_files, input_format, tokenizer, config, size, num_shards, heldout_fraction, window,
-                text_field="text", title_field=""):
+                text_field="text", title_field="", dedup_documents=False, dedup_lines=0):
     """What a shard's content depends on: a completed shard is reused only when all of it is unchanged."""
     import hashlib
 
@@ -351,7 +354,7 @@ def fingerprint(input_files, input_format, tokenizer, config, size, num_shards, 
         inputs.append([spec, *[(os.stat(f).st_size, os.stat(f).st_mtime_ns) for f in files]])
     key = {"inputs": inputs, "format": input_format, "config": dataclasses.asdict(config), "ranks": size,
            "shards_per_rank": num_shards, "heldout_fraction": heldout_fraction, "window": window, "text_field": text_field,
-           "title_field": title_field,
+           "title_field": title_field, "dedup_documents": dedup_documents, "dedup_lines": dedup_lines,
            "vocab": hashlib.sha256("\n".join(tokenizer.vocab).encode()).hexdigest(),
            "lower_case": tokenizer.lower_case}
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
@@ -402,7 +405,8 @@ def _windows(documents, size):
 
 def create_pretraining_data(input_files, input_format, tokenizer, output_dir, config: InstanceConfig,
                             rank=0, size=1, num_shards=1, heldout_fraction=0.0, window=DOCUMENT_WINDOW,
-                            text_field="text", title_field="", log=print):
+                            text_field="text", title_field="", dedup_documents=False, dedup_lines=0, comm=None,
+                            log=print):
     """Reads, tokenises and writes this rank's share of the corpus, in bounded memory; restartable.
 
     The corpus is cut by bytes into size x num_shards parts (`corpus.plan_shares`); rank r makes
@@ -417,19 +421,34 @@ def create_pretraining_data(input_files, input_format, tokenizer, output_dir, co
     A document's randomness and held-out membership follow from its file and byte offset, so for
     a seed the output is deterministic, and the instances whose B segment is the real
     continuation are the same for every rank count (random-next partners depend on the window).
+
+    With `dedup_documents` or `dedup_lines`, all ranks first agree over `comm` (collective: every
+    rank calls this) which documents are later copies and which lines repeat `dedup_lines` times or
+    more (`bert_tf.dedup`), and those are left out before the held-out split.
     Returns this rank's summary dict.
     """
     import time
     from bert_tf import corpus
 
     start = time.time()
+    if dedup_lines < 0 or dedup_lines == 1:
+        raise ConfigError(f"--dedup_lines={dedup_lines} would remove every line" if dedup_lines == 1 else
+                          f"--dedup_lines must be 0 (off) or >= 2, got {dedup_lines}")
     os.makedirs(output_dir, exist_ok=True)
     parts = corpus.plan_shares(input_files, size * num_shards, input_format, text_field, title_field)
     key = fingerprint(input_files, input_format, tokenizer, config, size, num_shards, heldout_fraction, window,
-                      text_field, title_field)
+                      text_field, title_field, dedup_documents, dedup_lines)
     summary = {"rank": rank, "shares": [], "documents": 0, "sentences": 0, "tokens": 0, "unk": 0,
                "bad_bytes_lines": 0, "bytes_read": 0, "skipped_pages": 0, "problems": [], "files": {},
-               "parts_reused": 0}
+               "parts_reused": 0, **{k: 0 for k in DEDUP_COUNTS}}
+    decisions = None
+    if dedup_documents or dedup_lines:
+        from bert_tf import dedup
+        t = time.time()
+        mine = [sh for i in range(num_shards) for sh in parts[rank * num_shards + i]]
+        decisions = dedup.decide(corpus.read_share(mine, corpus.ReadStats()), comm, dedup_documents, dedup_lines)
+        summary["dedup_seconds"] = time.time() - t
+        summary["distinct_repeated_lines"] = len(decisions.repeated_lines)
     counts = {}
     for i in range(num_shards):
         name = f"r{rank:03d}-{i:04d}-of-{num_shards:04d}"
@@ -440,15 +459,16 @@ def create_pretraining_data(input_files, input_format, tokenizer, output_dir, co
             log(f"rank {rank}: part {name} complete (summary and checksums match), skipped")
         else:
             part = _create_part(parts[rank * num_shards + i], tokenizer, output_dir, name, config,
-                                heldout_fraction, window)
+                                heldout_fraction, window, decisions)
             part["fingerprint"] = key
             part["sha256"] = {path: sha256(path) for path in part["files"].values()}
             tmp = part_path + ".tmp"
             with open(tmp, "w") as f:
                 json.dump(part, f, indent=1)
             os.replace(tmp, part_path)                     # the part counts as done only now
-        for k in ("documents", "sentences", "tokens", "unk", "bad_bytes_lines", "bytes_read", "skipped_pages"):
-            summary[k] += part[k]
+        for k in ("documents", "sentences", "tokens", "unk", "bad_bytes_lines", "bytes_read", "skipped_pages",
+                  *DEDUP_COUNTS):
+            summary[k] += part.get(k, 0)
         summary["shares"] += part["shares"]
         summary["problems"] += part["problems"]
         for split, path in part["files"].items():
@@ -468,7 +488,7 @@ def create_pretraining_data(input_files, input_format, tokenizer, output_dir, co
     return summary
 
 
-def _create_part(shares, tokenizer, output_dir, name, config, heldout_fraction, window):
+def _create_part(shares, tokenizer, output_dir, name, config, heldout_fraction, window, decisions=None):
     """One part: the documents beginning in `shares` -> train/eval shards named by `name`."""
     from bert_tf import corpus
 
@@ -476,7 +496,17 @@ def _create_part(shares, tokenizer, output_dir, name, config, heldout_fraction, 
     special = {"CLS": tokenizer.cls_id, "SEP": tokenizer.sep_id, "MASK": tokenizer.mask_id}
     word_starts = [not t.startswith("##") for t in tokenizer.vocab]
     part = {"shares": [[sh.path, sh.start, sh.end] for sh in shares], "documents": 0, "sentences": 0,
-            "tokens": 0, "unk": 0, "files": {}}
+            "tokens": 0, "unk": 0, "files": {}, **{k: 0 for k in DEDUP_COUNTS}}
+
+    def kept(documents):
+        for key, doc in documents:
+            if decisions is not None:
+                doc, why, removed = decisions.apply(key, doc)
+                part["repeated_lines_removed"] += removed
+                if why:
+                    part["duplicate_documents" if why == "duplicate" else "documents_emptied"] += 1
+                    continue
+            yield key, doc
     counts = {"train": Counts(), "eval": Counts()}
     writers = {}
     packing = {}               # full_sentences: (split, dupe) -> the sequence that runs into the next window
@@ -487,7 +517,7 @@ def _create_part(shares, tokenizer, output_dir, name, config, heldout_fraction, 
             writers[split].write(serialize(inst, config))
 
     try:
-        for docs in _windows(corpus.read_share(shares, stats), window):
+        for docs in _windows(kept(corpus.read_share(shares, stats)), window):
             # tokenise the window's sentences in one batch, then regroup by document
             flat = tokenizer.tokenize([s for _, d in docs for s in d])
             pools, k = {"train": [], "eval": []}, 0
@@ -531,7 +561,10 @@ def _create_part(shares, tokenizer, output_dir, name, config, heldout_fraction, 
 
 def summarize(summaries):
     """Totals over ranks and the derived rates printed at the end of creation."""
-    total = {k: sum(s[k] for s in summaries) for k in ("documents", "sentences", "tokens", "bad_bytes_lines")}
+    total = {k: sum(s.get(k, 0) for s in summaries)
+             for k in ("documents", "sentences", "tokens", "bad_bytes_lines", *DEDUP_COUNTS)}
+    if "distinct_repeated_lines" in summaries[0]:
+        total["distinct_repeated_lines"] = summaries[0]["distinct_repeated_lines"]   # the same set on every rank
     total["unk_rate"] = sum(s["unk_rate"] * s["tokens"] for s in summaries) / max(total["tokens"], 1)
     total["seconds"] = max(s["seconds"] for s in summaries)
     for split in ("train", "eval"):

@@ -27,6 +27,10 @@ flags.DEFINE_bool("full_sentences", False, "RoBERTa's FULL-SENTENCES instances: 
                   "filling each sequence across document boundaries ([SEP] between documents), no sentence "
                   "pairs; for run/pretrain.py --mlm_only (which it then requires).")
 flags.DEFINE_bool("dynamic_masking", False, "Write unmasked sequences; mask in tf.data each epoch (RoBERTa-style).")
+flags.DEFINE_bool("dedup_documents", False, "Leave out exact duplicate documents (after lower-casing and collapsing "
+                  "white space), keeping the first copy in corpus order, across all ranks.")
+flags.DEFINE_integer("dedup_lines", 0, "Leave out every line (sentence) whose normalised text occurs this many "
+                     "times or more in the corpus (boilerplate); 0: keep all.")
 flags.DEFINE_integer("shards_per_rank", 1, "Parts each rank writes (a train and an eval shard each): the unit "
                      "a restarted job skips when complete.")
 flags.mark_flags_as_required(["input_files", "vocab_file", "output_dir"])
@@ -51,7 +55,8 @@ def main(_):
     summary = pretraining_data.create_pretraining_data(
         files, FLAGS.input_format, tokenizer, FLAGS.output_dir, config, rank=rank, size=size,
         num_shards=FLAGS.shards_per_rank, heldout_fraction=FLAGS.heldout_fraction, text_field=FLAGS.text_field,
-        title_field=FLAGS.title_field)
+        title_field=FLAGS.title_field, dedup_documents=FLAGS.dedup_documents, dedup_lines=FLAGS.dedup_lines,
+        comm=comm)
     summary["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024   # Linux: kB
     summaries = comm.gather(summary, root=0)
     if rank == 0 and not sum(s["documents"] for s in summaries):
@@ -70,6 +75,13 @@ def main(_):
         os.replace(path + ".tmp", path)
         print(f"documents {total['documents']}  sentences {total['sentences']}  tokens {total['tokens']}  "
               f"UNK rate {total['unk_rate']:.4%}  lines with bad bytes {total['bad_bytes_lines']}")
+        if FLAGS.dedup_documents or FLAGS.dedup_lines:
+            lines = (f"{total['repeated_lines_removed']} lines removed ({total['distinct_repeated_lines']} distinct "
+                     f"lines seen >= {FLAGS.dedup_lines} times), {total['documents_emptied']} documents left empty"
+                     if FLAGS.dedup_lines else "lines kept (--dedup_lines=0)")
+            print(f"de-duplication: {total['duplicate_documents']} duplicate documents, {lines}; per rank "
+                  "(documents/lines): " + ", ".join(f"{s['duplicate_documents']}/{s['repeated_lines_removed']}"
+                                                    for s in summaries))
         for split in ("train", "eval"):
             c = total.get(split)
             if c:

@@ -776,18 +776,35 @@ def test_bad_parquet_arrow_and_zst_inputs_are_named(tmp_path, corpus_dir):
 
 @pytest.mark.cluster
 def test_parquet_arrow_and_zst_corpora_made_by_two_ranks_killed_and_resumed(tmp_path, vocab_file, corpus_dir):
-    """2 ranks, one corpus of the three formats: a job killed between parts, run again, skips its complete
-    parts and ends with the shards of an uninterrupted job, byte for byte; the ranks' documents are the corpus."""
+    """2 ranks, one corpus of the three formats plus a file of copies, de-duplicated: a job killed between
+    parts, run again, skips its complete parts and ends with the shards of an uninterrupted job, byte for
+    byte (so the ranks make the same de-duplication choice again); the ranks' documents are the corpus
+    without the later copies, which are found across ranks and formats."""
     documents = list(corpus.read_documents([str(corpus_dir / "lee_background.cor") + "@documents"]))
     parquet, arrow, zst, texts = write_ecosystem_corpora(tmp_path, documents)
-    args = [REPO / "run" / "create_pretraining_data.py", f"--input_files={parquet},{arrow},{zst}",
+    copies = tmp_path / "copies.txt"          # copies of Parquet rows, and boilerplate
+    copies.write_text("".join(t.upper() + "\n" for t in texts[:5])
+                      + "".join(f"Copy number {i} of nothing. This line is boilerplate.\n" for i in range(12)))
+    args = [REPO / "run" / "create_pretraining_data.py", f"--input_files={parquet},{arrow},{zst},{copies}@documents",
             f"--vocab_file={vocab_file}", "--max_seq_length=64", "--max_predictions_per_seq=10", "--dupe_factor=4",
-            "--shards_per_rank=3", "--heldout_fraction=0.05"]
+            "--shards_per_rank=3", "--heldout_fraction=0.05", "--dedup_documents", "--dedup_lines=10"]
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    mpirun(2, args + [f"--output_dir={straight}"])
+    out = mpirun(2, args + [f"--output_dir={straight}"])
     summary = json.load(open(straight / "summary.json"))
     assert [s["documents"] for s in summary["per_rank"]] and all(s["documents"] for s in summary["per_rank"])
-    assert summary["total"]["documents"] == len(texts) // 3 * 3
+    seen, expected_copies = set(), 0                        # the later copies, counted here from the texts
+    for t in texts[:len(texts) // 3 * 3] + texts[:5]:
+        expected_copies += " ".join(t.lower().split()) in seen
+        seen.add(" ".join(t.lower().split()))
+    total = summary["total"]
+    assert expected_copies >= 5 and total["duplicate_documents"] == expected_copies
+    assert (total["repeated_lines_removed"], total["distinct_repeated_lines"], total["documents_emptied"]) == (12, 1, 0)
+    assert total["documents"] == len(texts) // 3 * 3 + 5 + 12 - expected_copies
+    per_rank = [(s["duplicate_documents"], s["repeated_lines_removed"]) for s in summary["per_rank"]]
+    # inputs go in sorted order: copies.txt (rank 0) comes first, so rank 1 drops the 5 Parquet rows it copies
+    assert [sh[0] for sh in summary["per_rank"][0]["shares"]][0] == str(copies)
+    assert per_rank[1][0] == 5 and per_rank[0][1] == 12 and sum(d for d, _ in per_rank) == expected_copies
+    assert f"de-duplication: {expected_copies} duplicate documents, 12 lines removed" in out.stdout
     cmd = ["mpirun", "-np", "2", "--oversubscribe", "--bind-to", "none"] + (
         ["--allow-run-as-root"] if os.geteuid() == 0 else []) + [sys.executable, *map(str, args),
                                                                   f"--output_dir={resumed}"]
@@ -807,6 +824,100 @@ def test_parquet_arrow_and_zst_corpora_made_by_two_ranks_killed_and_resumed(tmp_
     assert names == sorted(p.name for p in resumed.glob("*.tfrecord")) and len(names) >= 6
     for name in names:
         assert pd.sha256(resumed / name) == pd.sha256(straight / name), name
+
+
+# ----------------------------------------------------------------------------- de-duplication
+class ThreadComm:
+    """mpi4py's alltoall/allgather for ranks that are threads of one process (tests of bert_tf.dedup)."""
+
+    def __init__(self, rank, board, barrier):
+        self.rank, self.board, self.barrier = rank, board, barrier
+
+    def Get_rank(self):
+        return self.rank
+
+    def Get_size(self):
+        return len(self.board)
+
+    def _exchange(self, item):
+        self.board[self.rank] = item
+        self.barrier.wait()
+        everything = list(self.board)
+        self.barrier.wait()
+        return everything
+
+    def alltoall(self, items):
+        return [row[self.rank] for row in self._exchange(items)]
+
+    def allgather(self, item):
+        return self._exchange(item)
+
+
+def decide_on_ranks(shares_per_rank, documents_too, min_line_repeats):
+    import threading
+    from bert_tf import dedup
+    n = len(shares_per_rank)
+    board, barrier, out = [None] * n, threading.Barrier(n), [None] * n
+
+    def rank(r):
+        out[r] = dedup.decide(list(shares_per_rank[r]), ThreadComm(r, board, barrier), documents_too,
+                              min_line_repeats)
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out
+
+
+def test_dedup_keeps_the_first_copy_in_corpus_order_and_drops_lines_repeated_in_kept_documents():
+    from bert_tf import dedup
+    docs = [((0, 0), ["The cat sat.", "See also"]), ((0, 10), ["A dog ran.", "See also"]),
+            ((1, 0), ["the  CAT sat.", "see also"]),                    # a copy of (0, 0) after normalising
+            ((1, 5), ["Birds fly.", "See  also"]), ((1, 9), ["See also"]),
+            ((2, 0), ["A dog ran.", "See also"]),                        # a copy of (0, 10): its lines do not count
+            ((2, 7), ["A dog ran.", "Fish swim."])]
+    one = dedup.decide(docs, None, True, 4)
+    assert one.duplicate_keys == {(1, 0), (2, 0)}
+    assert one.repeated_lines == {dedup.line_hash("See also")}          # 4 times in kept documents, not 6
+    assert [one.apply(k, d) for k, d in docs] == [
+        (["The cat sat."], "", 1), (["A dog ran."], "", 1), (None, "duplicate", 0), (["Birds fly."], "", 1),
+        (None, "emptied", 1), (None, "duplicate", 0), (["A dog ran.", "Fish swim."], "", 0)]
+    assert not dedup.decide(docs, None, True, 5).repeated_lines          # 4 < 5
+    assert dedup.decide(docs, None, False, 0).duplicate_keys == set()
+    # the same decisions with the corpus split over 2 or 3 ranks, at any cut
+    for cuts in ([3], [1, 5], [6], [2, 4]):
+        bounds = [0, *cuts, len(docs)]
+        ranks = decide_on_ranks([docs[a:b] for a, b in zip(bounds, bounds[1:])], True, 4)
+        assert set().union(*(r.duplicate_keys for r in ranks)) == one.duplicate_keys, cuts
+        for r, (a, b) in zip(ranks, zip(bounds, bounds[1:])):
+            assert r.duplicate_keys <= {k for k, _ in docs[a:b]} and r.repeated_lines == one.repeated_lines
+
+
+def test_dedup_in_creation_counts_what_it_left_out_and_a_rerun_reuses_the_parts(tmp_path, vocab_file):
+    tok = tokenization.Tokenizer.from_file(vocab_file)
+    rng = np.random.RandomState(0)
+    words = [w for w in tok.vocab[1000:3000] if w.isalpha()]
+    docs = [[" ".join(rng.choice(words, 12)).capitalize() + "." for _ in range(4)] for _ in range(40)]
+    docs += [list(docs[3]), [s.upper() for s in docs[8]]]                  # 2 duplicates
+    for d in docs[10:16]:
+        d.append("Retrieved from the archive.")                           # boilerplate, 6 times
+    corpus_file = tmp_path / "corpus.txt"
+    corpus_file.write_text("".join("\n".join(d) + "\n\n" for d in docs))
+    config = pd.InstanceConfig(max_seq_length=64, max_predictions_per_seq=10, dupe_factor=1)
+    args = ([str(corpus_file)], "auto", tok, str(tmp_path / "out"), config)
+    summary = pd.create_pretraining_data(*args, dedup_documents=True, dedup_lines=6, log=lambda m: None)
+    assert (summary["duplicate_documents"], summary["repeated_lines_removed"], summary["documents_emptied"],
+            summary["documents"], summary["distinct_repeated_lines"]) == (2, 6, 0, 40, 1)
+    plain = pd.create_pretraining_data(*args[:3], str(tmp_path / "plain"), config, log=lambda m: None)
+    assert plain["documents"] == 42 and plain["sentences"] == summary["sentences"] + 8 + 6
+    logged = []
+    again = pd.create_pretraining_data(*args, dedup_documents=True, dedup_lines=6, log=logged.append)
+    assert again["parts_reused"] == 1 and again["duplicate_documents"] == 2 and len(logged) == 1
+    assert pd.create_pretraining_data(*args, dedup_documents=True, dedup_lines=7,
+                                      log=lambda m: None)["repeated_lines_removed"] == 0   # 6 < 7: a new part
+    with pytest.raises(ConfigError, match="--dedup_lines=1 would remove every line"):
+        pd.create_pretraining_data(*args, dedup_lines=1)
 
 
 # ----------------------------------------------------------------------------- FULL-SENTENCES
