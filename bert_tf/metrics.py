@@ -1,4 +1,5 @@
-"""Run metrics: a JSON-lines file, TensorBoard summaries and progress lines (rank 0 only).
+"""Run metrics: a JSON-lines file, TensorBoard summaries, optionally Weights & Biases, and progress
+lines (rank 0 only).
 
 Each record is one dict with a `kind` and a `step`: "run" (a run's settings, at every start),
 "train" (at log steps), "eval", "elastic" (elastic mode's weights digests) and, from
@@ -13,6 +14,8 @@ import time
 
 import tensorflow as tf
 from tensorflow.core.framework import summary_pb2
+
+from bert_tf import ConfigError
 
 
 def accuracies(sums: dict) -> dict:
@@ -31,22 +34,51 @@ _SCALAR_METADATA = summary_pb2.SummaryMetadata(
     plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars")).SerializeToString()
 
 
-class MetricsWriter:
-    """Writes only when `active` (rank 0); every rank may call it."""
+WANDB_MODES = ("online", "offline")
 
-    def __init__(self, directory, active=True):
+
+def check_wandb(project, mode):
+    """At start-up: --wandb_project needs the wandb package and a known mode."""
+    if not project:
+        return
+    if mode not in WANDB_MODES:
+        raise ConfigError(f"--wandb_mode={mode}: valid are {', '.join(WANDB_MODES)}")
+    try:
+        import wandb  # noqa: F401
+    except ImportError:
+        raise ConfigError(f"--wandb_project={project} needs the wandb package: pip install wandb") from None
+
+
+class MetricsWriter:
+    """Writes only when `active` (rank 0); every rank may call it. With `wandb_project`, every numeric
+    value TensorBoard gets goes to a Weights & Biases run too (`offline` mode: a run folder under
+    `directory`/wandb for `wandb sync`), named after the folder so that a resumed job continues it."""
+
+    def __init__(self, directory, active=True, wandb_project="", wandb_mode="online"):
         self.active = active
         self.path = os.path.join(directory, "metrics.jsonl")
         self.start = time.time()
+        self.wandb_project, self.wandb_mode, self.wandb_run = wandb_project, wandb_mode, None
         if active:
-            os.makedirs(directory, exist_ok=True)
-            self.summary = tf.summary.create_file_writer(os.path.join(directory, "tensorboard"))
+            self._open()
+
+    def _open(self):
+        directory = os.path.dirname(self.path)
+        os.makedirs(directory, exist_ok=True)
+        self.summary = tf.summary.create_file_writer(os.path.join(directory, "tensorboard"))
+        if self.wandb_project and self.wandb_run is None:
+            import hashlib
+
+            import wandb
+            run_id = hashlib.sha256(os.path.abspath(directory).encode()).hexdigest()[:16]
+            self.wandb_run = wandb.init(project=self.wandb_project, mode=self.wandb_mode, dir=directory, id=run_id,
+                                        name=os.path.basename(os.path.abspath(directory)), resume="allow")
+            self.wandb_run.define_metric("*", step_metric="step")
 
     def set_active(self, active):
         """Elastic mode: after a resize another process may be rank 0."""
         if active and not self.active:
-            os.makedirs(os.path.dirname(self.path), exist_ok=True)
-            self.summary = tf.summary.create_file_writer(os.path.join(os.path.dirname(self.path), "tensorboard"))
+            self._open()
         self.active = active
 
     def write(self, record: dict):
@@ -57,13 +89,22 @@ class MetricsWriter:
         record.setdefault("time", time.time())
         with open(self.path, "a") as f:
             f.write(json.dumps(record) + "\n")
+        scalars = {f"{record.get('kind', 'train')}/{key}": value for key, value in record.items()
+                   if key not in ("step", "time", "kind") and isinstance(value, (int, float))
+                   and not isinstance(value, bool)}
         with self.summary.as_default(step=int(record.get("step", 0))):
-            for key, value in record.items():
-                if key not in ("step", "time", "kind") and isinstance(value, (int, float)) \
-                        and not isinstance(value, bool):
-                    tf.summary.write(f"{record.get('kind', 'train')}/{key}", tf.constant(value, tf.float32),
-                                     metadata=_SCALAR_METADATA)
+            for tag, value in scalars.items():
+                tf.summary.write(tag, tf.constant(value, tf.float32), metadata=_SCALAR_METADATA)
         self.summary.flush()
+        if self.wandb_run is not None:
+            if record.get("kind") == "run":
+                self.wandb_run.config.update({k: v for k, v in record.items() if k != "kind"}, allow_val_change=True)
+            self.wandb_run.log({**scalars, "step": int(record.get("step", 0))})
+
+    def close(self):
+        if self.wandb_run is not None:
+            self.wandb_run.finish()
+            self.wandb_run = None
 
     def progress(self, step, total_steps, record: dict, start_step=0):
         """One human line: step, loss, accuracies, lr, loss scale, throughput, elapsed, ETA."""

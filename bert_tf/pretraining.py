@@ -63,6 +63,8 @@ class PretrainConfig(training.TrainConfig):
     save_interval: int = 1000
     keep_last: int = 3
     log_interval: int = 100
+    wandb_project: str = ""           # also log to Weights & Biases (rank 0), besides TensorBoard
+    wandb_mode: str = "online"        # or "offline": a run folder in checkpoint_dir/wandb, for `wandb sync`
     stop_check_interval: int = 10     # ranks agree on a stop signal every N updates (and at logs, saves)
     ladder_sequences_per_second: float = 0.0  # run/benchmark.py's figure for this configuration (its flagfile)
     eval_interval: int = 0
@@ -73,6 +75,7 @@ class PretrainConfig(training.TrainConfig):
     elastic_commit_interval: int = 10
 
     def validate(self):
+        metrics.check_wandb(self.wandb_project, self.wandb_mode)
         super().validate()
         if not self.checkpoint_dir:
             raise ConfigError("--checkpoint_dir is required")
@@ -194,10 +197,13 @@ def run(cfg: PretrainConfig, log=print):
     say = log if distributed.rank() == 0 else _silent
     job = build(cfg, say, asked)
     say("horovod: " + ", ".join(f"{k}={v} ({src})" for k, (v, src) in knobs.items()))
-    if cfg.elastic:
-        return job.trainer, elastic.Elastic(cfg, job, log).run(lambda mode: train(cfg, job, mode))
-    with StopSignal() as stop:
-        return job.trainer, train(cfg, job, Static(stop, job.samples_seen, say, cfg.stop_check_interval))
+    try:
+        if cfg.elastic:
+            return job.trainer, elastic.Elastic(cfg, job, log).run(lambda mode: train(cfg, job, mode))
+        with StopSignal() as stop:
+            return job.trainer, train(cfg, job, Static(stop, job.samples_seen, say, cfg.stop_check_interval))
+    finally:
+        job.writer.close()
 
 
 @dataclasses.dataclass
@@ -353,7 +359,7 @@ def build(cfg: PretrainConfig, say, asked: PretrainConfig | None = None) -> Job:
                   "config": dataclasses.asdict(asked or cfg), "resolved": dataclasses.asdict(cfg),
                   "command": "python " + shlex.join(sys.argv)}  # for the export's model card
     return Job(trainer=trainer, input=train_input, position=position, ckpts=ckpts,
-               writer=metrics.MetricsWriter(cfg.checkpoint_dir, active=rank == 0),
+               writer=metrics.MetricsWriter(cfg.checkpoint_dir, rank == 0, cfg.wandb_project, cfg.wandb_mode),
                evaluate=make_evaluator(trainer, cfg, inputs.eval_files, len(tokenizer), masker),
                samples_seen=samples_seen, global_batch=global_batch, parameters=parameters,
                eval_files=inputs.eval_files, started_from_init=init is not None,

@@ -3,7 +3,7 @@
 Vocabulary layout follows google-research/bert's `vocab.txt`: [PAD] at 0, [unused0..98]
 at 1..99, [UNK] 100, [CLS] 101, [SEP] 102, [MASK] 103, then word pieces.
 
-Tokenisation (the default, `fast=False`) is google's FullTokenizer, written here from its algorithm:
+Tokenisation is google's FullTokenizer, written here from its algorithm (`backend="python"`):
 drop NUL, U+FFFD and control/format characters (Unicode Cc, Cf; tab and newlines are white space),
 map white space (incl. Zs) to ' ', put spaces around CJK ideographs, split on white space; when
 lower-casing: str.lower() then NFD and drop combining marks (Mn); split off every punctuation
@@ -12,10 +12,17 @@ per word with "##" continuations, a word that cannot be covered or is longer tha
 being one [UNK]. A model pre-trained here therefore sees the ids google's and Hugging Face's
 tokenizers give the same text.
 
-`fast=True` is tensorflow-text's FastBertTokenizer: faster, but it case-folds with NFKC (ligatures,
-ª/º and full-width letters become ASCII), folds Greek final sigma, and treats NUL and some
+`backend="rust"` (the default) gives the same ids about 10x faster: the `tokenizers` library's
+BertNormalizer/BertPreTokenizer/WordPiece (`huggingface_tokenizer`), which departs from google's rules
+on a known set of characters only: private use (Co), the final capital sigma, and about 760 code
+points its Unicode tables and CJK ranges classify differently from Python's (`bert_tf.rust_departures`,
+found by `departures`, which tries every code point); a sentence holding one of them is tokenised by
+the Python rules instead.
+
+`backend="tensorflow_text"` is tensorflow-text's FastBertTokenizer: it case-folds with NFKC
+(ligatures, ª/º and full-width letters become ASCII), folds Greek final sigma, and treats NUL and some
 characters differently, so it disagrees with google's on some text (run/tokenizer_agreement.py
-measures both; figures in docs/results.md, "Tokenizer agreement").
+measures all three; figures in docs/results.md, "Tokenizer agreement").
 """
 from __future__ import annotations
 
@@ -37,16 +44,31 @@ def google_reserved_tokens(num_unused=99):
     return ["[PAD]"] + [f"[unused{i}]" for i in range(num_unused)] + ["[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
 
-def learn_vocab(sentences, vocab_size, lower_case=True, num_unused=99, batch_size=1024):
-    """Learns a WordPiece vocabulary (list of tokens) from an iterable of sentences."""
-    from tensorflow_text.tools.wordpiece_vocab import bert_vocab_from_dataset as learner
+LEARNERS = ("tokenizers", "tensorflow_text")
 
+
+def learn_vocab(sentences, vocab_size, lower_case=True, num_unused=99, batch_size=1024, learner="tokenizers"):
+    """Learns a WordPiece vocabulary (list of tokens, google's layout) from an iterable of sentences:
+    tensorflow-text's bert_vocab_from_dataset, or the `tokenizers` library's WordPieceTrainer (Rust,
+    on the text as huggingface_tokenizer normalises and splits it)."""
     reserved = google_reserved_tokens(num_unused)
     if vocab_size <= len(reserved) + 100:
         raise ConfigError(f"--vocab_size={vocab_size} leaves no room for word pieces after "
                           f"{len(reserved)} reserved tokens")
+    if learner not in LEARNERS:
+        raise ConfigError(f"--learner={learner}: valid are {', '.join(LEARNERS)}")
+    if learner == "tokenizers":
+        from tokenizers import trainers
+        tok = huggingface_tokenizer(reserved, lower_case, special_tokens_whole=False)
+        trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=reserved,
+                                            continuing_subword_prefix="##", show_progress=False)
+        tok.train_from_iterator(sentences, trainer)
+        learned = sorted(tok.get_vocab().items(), key=lambda kv: kv[1])
+        assert [t for t, _ in learned[:len(reserved)]] == reserved, learned[:len(reserved)]
+        return [t for t, _ in learned]
+    from tensorflow_text.tools.wordpiece_vocab import bert_vocab_from_dataset as learner_module
     dataset = tf.data.Dataset.from_generator(lambda: iter(sentences), output_signature=tf.TensorSpec([], tf.string))
-    vocab = learner.bert_vocab_from_dataset(
+    vocab = learner_module.bert_vocab_from_dataset(
         dataset.batch(batch_size), vocab_size=vocab_size, reserved_tokens=reserved,
         bert_tokenizer_params={"lower_case": lower_case},
         learn_params={"max_input_tokens": 10_000_000})
@@ -80,40 +102,67 @@ def load_vocab(path):
     return tokens
 
 
-class Tokenizer:
-    """Text -> WordPiece ids with a fixed vocabulary (google-research/bert's rules unless `fast`)."""
+BACKENDS = ("tensorflow_text", "rust", "python")
 
-    def __init__(self, vocab, lower_case=True, fast=False, max_chars_per_word=100):
+
+class Tokenizer:
+    """Text -> WordPiece ids with a fixed vocabulary, google-research/bert's ids with every backend:
+    a library backend (tensorflow_text, rust) tokenises the sentences without a character on which its
+    rules depart from google's (`departures`), the Python rules take the others."""
+
+    def __init__(self, vocab, lower_case=True, backend="tensorflow_text", max_chars_per_word=100):
+        if backend not in BACKENDS:
+            raise ConfigError(f"--tokenizer={backend}: valid are {', '.join(BACKENDS)}")
         self.vocab = list(vocab)
         self.index = {t: i for i, t in enumerate(self.vocab)}
         self.lower_case = lower_case
-        self.fast = fast
+        self.backend = backend
         self.max_chars_per_word = max_chars_per_word
         self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (self.index[t] for t in SPECIAL_TOKENS)
         # Words repeat (Zipf): cache each word's pieces.
         self._word_ids = functools.lru_cache(maxsize=1 << 18)(self._wordpiece)
 
     @classmethod
-    def from_file(cls, path, lower_case=True, fast=False):
-        return cls(load_vocab(path), lower_case, fast)
+    def from_file(cls, path, lower_case=True, backend="tensorflow_text"):
+        return cls(load_vocab(path), lower_case, backend)
 
     def __len__(self):
         return len(self.vocab)
 
     @functools.cached_property
-    def _tf_tokenizer(self):
-        return text.FastBertTokenizer(
+    def _library(self):
+        """The library's tokenize: list[str] -> list[list[int]]."""
+        if self.backend == "rust":
+            tok = huggingface_tokenizer(self.vocab, self.lower_case, self.max_chars_per_word,
+                                        special_tokens_whole=False)
+            tok.no_truncation()
+            return lambda batch: [e.ids for e in tok.encode_batch_fast(batch, add_special_tokens=False)]
+        tf_tok = text.FastBertTokenizer(
             vocab=self.vocab, token_out_type=tf.int64, unknown_token="[UNK]",
-            lower_case_nfd_strip_accents=self.lower_case, support_detokenization=False)
+            lower_case_nfd_strip_accents=self.lower_case, support_detokenization=False,
+            max_bytes_per_word=self.max_chars_per_word)
+        return lambda batch: tf_tok.tokenize(tf.constant(batch)).to_list()
 
     def tokenize(self, sentences, batch_size=4096):
         """list[str] -> list[list[int]] (word-piece ids, no special tokens)."""
-        if not self.fast:
+        if self.backend == "python":
             return [self.ids(s) for s in sentences]
-        out = []
-        for i in range(0, len(sentences), batch_size):
-            ragged = self._tf_tokenizer.tokenize(tf.constant(sentences[i:i + batch_size]))
-            out.extend(ragged.to_list())
+        departing = departures(self.backend)
+        if departing is None:
+            return [self.ids(s) for s in sentences]
+        out = [None] * len(sentences)
+        easy = []
+        for i, s in enumerate(sentences):
+            # tensorflow-text counts a word's length in UTF-8 bytes, google in characters: a word of
+            # over 25 characters that is not ASCII could be 100 bytes.
+            if not departing.intersection(s) and (s.isascii() or max(map(len, s.split()), default=0) <= 25):
+                easy.append(i)
+            else:
+                out[i] = self.ids(s)           # holds a character the library treats otherwise
+        for k in range(0, len(easy), batch_size):
+            chunk = easy[k:k + batch_size]
+            for i, ids in zip(chunk, self._library([sentences[i] for i in chunk])):
+                out[i] = list(ids)
         return out
 
     def ids(self, sentence):
@@ -146,7 +195,7 @@ class Tokenizer:
         return [self.vocab[i] for i in self.tokenize([sentence])[0]]
 
 
-def huggingface_tokenizer(vocab, lower_case=True, max_chars_per_word=100):
+def huggingface_tokenizer(vocab, lower_case=True, max_chars_per_word=100, special_tokens_whole=True):
     """Our vocabulary and rules as a `tokenizers` (Rust) Tokenizer: what tokenizer.json holds, so that
     transformers' fast AutoTokenizer, text-embeddings-inference and transformers.js read an export.
     Built from the parts google's rules map to (BertNormalizer, BertPreTokenizer, WordPiece, and the
@@ -163,9 +212,62 @@ def huggingface_tokenizer(vocab, lower_case=True, max_chars_per_word=100):
                                                        pair="[CLS]:0 $A:0 [SEP]:0 $B:1 [SEP]:1",
                                                        special_tokens=[cls, sep])
     tok.decoder = decoders.WordPiece(prefix="##")
-    # Registered whole, so "[MASK]" in a fill-mask prompt is one token, not "[", "mask", "]".
-    tok.add_special_tokens(list(SPECIAL_TOKENS))
+    if special_tokens_whole:   # so "[MASK]" in a fill-mask prompt is one token; corpus text gets google's "[", "mask", "]"
+        tok.add_special_tokens(list(SPECIAL_TOKENS))
     return tok
+
+
+def _private_use(cp):
+    return 0xE000 <= cp <= 0xF8FF or cp >= 0xF0000
+
+
+def scan_departures(backend):
+    """Code points (private use aside) where `backend`'s library gives other ids than the
+    Python rules, cased or uncased: each tried inside a word, alone and after a word, with a vocabulary
+    holding every word the Python rules make of the probes (so a different word is a different id, not
+    [UNK] on both sides). About a minute and 5 GB per backend. -> [(first, last), ...]"""
+    probes = [f"ab{chr(cp)}cd X{chr(cp)} y {chr(cp)}" for cp in range(0x110000)
+              if not 0xD800 <= cp < 0xE000 and not _private_use(cp)]
+    bad = set()
+    for lower_case in (True, False):
+        words = dict.fromkeys(w for p in probes for w in basic_tokenize(p, lower_case))
+        tok = Tokenizer(google_reserved_tokens() + [w for w in words if w not in SPECIAL_TOKENS], lower_case, backend)
+        got = [ids for k in range(0, len(probes), 1 << 16) for ids in tok._library(probes[k:k + (1 << 16)])]
+        bad |= {ord(p[2]) for p, ids in zip(probes, got) if tok.ids(p) != list(ids)}
+    ranges = []
+    for cp in sorted(bad):
+        if ranges and ranges[-1][1] == cp - 1:
+            ranges[-1][1] = cp
+        else:
+            ranges.append([cp, cp])
+    return [tuple(r) for r in ranges]
+
+
+def library_versions(backend):
+    """What a departure table depends on: the library's version and Python's Unicode tables."""
+    if backend == "rust":
+        import tokenizers
+        return tokenizers.__version__, unicodedata.unidata_version
+    return text.__version__, unicodedata.unidata_version
+
+
+@functools.lru_cache(maxsize=None)
+def departures(backend):
+    """The characters `backend` hands to the Python rules (a frozenset of str): private use and the
+    ranges bert_tf.tokenizer_departures lists for it; None when that table was scanned for other
+    library or Unicode versions than these (then every sentence takes the Python rules, with a warning)."""
+    import warnings
+
+    from bert_tf import tokenizer_departures
+    table = tokenizer_departures.TABLES[backend]
+    if library_versions(backend) != table["versions"]:
+        warnings.warn(f"bert_tf.tokenizer_departures lists {backend}'s departures for versions {table['versions']}, "
+                      f"not {library_versions(backend)}: tokenising with the (slower) Python rules; "
+                      f"`python run/tokenizer_agreement.py --write_departures` scans again")
+        return None
+    chars = {chr(cp) for first, last in table["ranges"] for cp in range(first, last + 1)}
+    chars |= {chr(cp) for cp in (*range(0xE000, 0xF900), *range(0xF0000, 0x110000))}
+    return frozenset(chars)
 
 
 def _is_cjk(cp):
@@ -239,10 +341,14 @@ def unk_rate(tokenizer, sentences):
     return unk / max(total, 1)
 
 
-def learn_and_report(sentences, heldout, vocab_size, lower_case=True):
+def learn_and_report(sentences, heldout, vocab_size, lower_case=True, learner="tokenizers"):
     """Learns a vocabulary and measures its [UNK] rate on held-out sentences."""
     start = time.time()
-    vocab = learn_vocab(sentences, vocab_size, lower_case)
+    vocab = learn_vocab(sentences, vocab_size, lower_case, learner=learner)
     seconds = time.time() - start
-    rate = unk_rate(Tokenizer(vocab, lower_case), heldout) if heldout else float("nan")
-    return vocab, {"vocab_size": len(vocab), "learn_seconds": seconds, "heldout_unk_rate": rate}
+    tok = Tokenizer(vocab, lower_case)
+    rate = unk_rate(tok, heldout) if heldout else float("nan")
+    words = sum(len(basic_tokenize(s, lower_case)) for s in heldout)
+    pieces = sum(map(len, tok.tokenize(list(heldout))))
+    return vocab, {"vocab_size": len(vocab), "learn_seconds": seconds, "heldout_unk_rate": rate, "learner": learner,
+                   "heldout_pieces_per_word": pieces / max(words, 1)}

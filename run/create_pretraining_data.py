@@ -15,8 +15,10 @@ from bert_tf import ConfigError, cli
 
 cli.define_corpus_input()
 flags.DEFINE_string("vocab_file", None, "WordPiece vocab.txt (google layout).")
-flags.DEFINE_bool("fast_tokenizer", False, "tensorflow-text's tokenizer: ~6x faster, but not google-research/bert's "
-                  "ids on some text (NFKC case folding of ligatures, ª/º, full-width letters; NUL; Greek sigma).")
+flags.DEFINE_enum("tokenizer", "tensorflow_text", ["tensorflow_text", "rust", "python"], "All give "
+                  "google-research/bert's ids: tensorflow_text (the fastest here) and rust (the `tokenizers` "
+                  "library) tokenise the sentences without a character on which their rules differ from "
+                  "google's, python (google's rules, pure Python) the rest (bert_tf/tokenization.py).")
 flags.DEFINE_string("output_dir", None, "Where train-*.tfrecord, eval-*.tfrecord and summary.json go.")
 cli.define_sequence()
 flags.DEFINE_float("masked_lm_prob", 0.15, "Fraction of tokens to mask.")
@@ -50,8 +52,7 @@ def main(_):
         masked_lm_prob=FLAGS.masked_lm_prob, short_seq_prob=FLAGS.short_seq_prob,
         dupe_factor=FLAGS.dupe_factor, whole_word_masking=FLAGS.whole_word_masking,
         random_seed=FLAGS.random_seed, mask=not FLAGS.dynamic_masking, full_sentences=FLAGS.full_sentences)
-    tokenizer = tokenization.Tokenizer.from_file(FLAGS.vocab_file, FLAGS.do_lower_case,
-                                                 fast=FLAGS.fast_tokenizer)
+    tokenizer = tokenization.Tokenizer.from_file(FLAGS.vocab_file, FLAGS.do_lower_case, backend=FLAGS.tokenizer)
     summary = pretraining_data.create_pretraining_data(
         files, FLAGS.input_format, tokenizer, FLAGS.output_dir, config, rank=rank, size=size,
         num_shards=FLAGS.shards_per_rank, heldout_fraction=FLAGS.heldout_fraction, text_field=FLAGS.text_field,

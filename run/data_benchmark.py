@@ -29,6 +29,10 @@ flags.DEFINE_list("formats", ["sentences", "documents", "jsonl", "mediawiki"], "
 flags.DEFINE_list("ranks", ["1", "2"], "Rank counts to time.")
 flags.DEFINE_string("work_dir", "/tmp/bert_tf_data_benchmark", "Scratch space (needs about 3 x size_mb per format).")
 flags.DEFINE_integer("dupe_factor", 1, "Passed to creation.")
+flags.DEFINE_list("tokenizers", ["rust"], "Creation's --tokenizer values to time (each format, each rank count).")
+flags.DEFINE_list("vocab_learners", [], "Also time learning a --vocab_size vocabulary from the first format's "
+                  "corpus with these run/learn_vocab.py --learner values, and compare held-out UNK rates.")
+flags.DEFINE_integer("vocab_size", 30522, "Vocabulary size for --vocab_learners.")
 flags.DEFINE_integer("max_seq_length", 128, "Passed to creation.")
 flags.DEFINE_float("wikipedia_gb", 20.0, "Size of the English Wikipedia XML dump used for the extrapolation.")
 flags.DEFINE_bool("keep", False, "Keep the generated corpora and outputs.")
@@ -84,19 +88,39 @@ def generate(fmt, path, size_bytes, docs, seed=1):
     return os.path.getsize(path)
 
 
-def create(path, fmt, ranks, out):
+def create(path, fmt, ranks, out, tokenizer):
     cmd = ["mpirun", "-np", str(ranks), "--oversubscribe", "--bind-to", "none"]
     if os.geteuid() == 0:
         cmd.append("--allow-run-as-root")
     cmd += [sys.executable, os.path.join(REPO, "run", "create_pretraining_data.py"), f"--input_files={path}",
             f"--input_format={fmt}", f"--vocab_file={FLAGS.vocab_file}", f"--output_dir={out}",
-            f"--max_seq_length={FLAGS.max_seq_length}", f"--dupe_factor={FLAGS.dupe_factor}", "--heldout_fraction=0"]
+            f"--max_seq_length={FLAGS.max_seq_length}", f"--dupe_factor={FLAGS.dupe_factor}", "--heldout_fraction=0",
+            f"--tokenizer={tokenizer}"]
     start = time.time()
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     wall = time.time() - start
     with open(os.path.join(out, "summary.json")) as f:
         summary = json.load(f)
     return wall, summary
+
+
+def learn_vocabularies(path, fmt, size):
+    """Each --vocab_learners value on the generated corpus (5% of documents held out for the UNK rate)."""
+    from bert_tf import corpus, pretraining_data, tokenization
+    docs = list(corpus.read_documents([path], fmt))
+    heldout = pretraining_data.split_heldout(len(docs), 0.05, 12345)
+    train = [s for d, h in zip(docs, heldout) if not h for s in d]
+    test = [s for d, h in zip(docs, heldout) if h for s in d]
+    rows = []
+    print(f"| vocabulary learner | MB | vocab | learn s | MB/s | held-out UNK rate | held-out pieces per word |")
+    print("|---|---|---|---|---|---|---|")
+    for learner in FLAGS.vocab_learners:
+        vocab, report = tokenization.learn_and_report(train, test, FLAGS.vocab_size, learner=learner)
+        rows.append({"learner": learner, "mb": size / 1e6, **report})
+        print(f"| {learner} | {size / 1e6:.0f} | {report['vocab_size']} | {report['learn_seconds']:.1f} | "
+              f"{size / 1e6 / report['learn_seconds']:.2f} | {report['heldout_unk_rate']:.4%} | "
+              f"{report['heldout_pieces_per_word']:.3f} |", flush=True)
+    return rows
 
 
 def time_resume():
@@ -144,32 +168,36 @@ def main(_):
     docs = bundled_documents()
     rows = []
     print(f"{len(docs)} bundled documents; corpora of {FLAGS.size_mb} MB in {FLAGS.work_dir}")
-    print("| format | MB | ranks | wall s | MB/s per rank | instances/s per rank | peak RSS per rank MB | speed-up |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| format | tokenizer | MB | ranks | wall s | MB/s per rank | instances/s per rank | peak RSS per rank MB "
+          "| speed-up |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for fmt in FLAGS.formats:
         path = os.path.join(FLAGS.work_dir, f"corpus.{fmt}")
         size = generate(fmt, path, FLAGS.size_mb * 1e6, docs)
-        base = None
-        for ranks in map(int, FLAGS.ranks):
-            out = os.path.join(FLAGS.work_dir, f"out-{fmt}-{ranks}")
-            shutil.rmtree(out, ignore_errors=True)
-            wall, summary = create(path, fmt, ranks, out)
-            per_rank = summary["per_rank"]
-            mb_s = [s["bytes_read"] / 1e6 / s["seconds"] for s in per_rank]
-            inst_s = summary["total"]["per_rank_instances_per_second"]
-            rss = [s["peak_rss_mb"] for s in per_rank]
-            base = base or wall
-            rows.append({"format": fmt, "mb": size / 1e6, "ranks": ranks, "wall": wall, "mb_s": mb_s,
-                         "instances_s": inst_s, "rss": rss, "speedup": base / wall})
-            print(f"| {fmt} | {size / 1e6:.0f} | {ranks} | {wall:.1f} | {', '.join(f'{x:.2f}' for x in mb_s)} | "
-                  f"{', '.join(f'{x:.0f}' for x in inst_s)} | {', '.join(f'{x:.0f}' for x in rss)} | "
-                  f"{base / wall:.2f} |", flush=True)
-            if not FLAGS.keep:
+        for tokenizer in FLAGS.tokenizers:
+            base = None
+            for ranks in map(int, FLAGS.ranks):
+                out = os.path.join(FLAGS.work_dir, f"out-{fmt}-{ranks}")
                 shutil.rmtree(out, ignore_errors=True)
+                wall, summary = create(path, fmt, ranks, out, tokenizer)
+                per_rank = summary["per_rank"]
+                mb_s = [s["bytes_read"] / 1e6 / s["seconds"] for s in per_rank]
+                inst_s = summary["total"]["per_rank_instances_per_second"]
+                rss = [s["peak_rss_mb"] for s in per_rank]
+                base = base or wall
+                rows.append({"format": fmt, "tokenizer": tokenizer, "mb": size / 1e6, "ranks": ranks, "wall": wall,
+                             "mb_s": mb_s, "instances_s": inst_s, "rss": rss, "speedup": base / wall})
+                print(f"| {fmt} | {tokenizer} | {size / 1e6:.0f} | {ranks} | {wall:.1f} | "
+                      f"{', '.join(f'{x:.2f}' for x in mb_s)} | {', '.join(f'{x:.0f}' for x in inst_s)} | "
+                      f"{', '.join(f'{x:.0f}' for x in rss)} | {base / wall:.2f} |", flush=True)
+                if not FLAGS.keep:
+                    shutil.rmtree(out, ignore_errors=True)
+        if FLAGS.vocab_learners and fmt == FLAGS.formats[0]:
+            rows += learn_vocabularies(path, fmt, size)
         if not FLAGS.keep:
             os.remove(path)
     for row in rows:
-        if row["format"] == "mediawiki" and row["ranks"] == max(map(int, FLAGS.ranks)):
+        if row.get("format") == "mediawiki" and row["ranks"] == max(map(int, FLAGS.ranks)):
             rate = min(row["mb_s"])           # the slowest rank sets the pace
             hours = FLAGS.wikipedia_gb * 1e3 / (rate * 16) / 3600
             print(f"extrapolated: English Wikipedia ({FLAGS.wikipedia_gb:.0f} GB of XML) on 16 ranks at "

@@ -58,6 +58,10 @@ flags.DEFINE_string("init_checkpoint", D.init_checkpoint, "Start the model from 
 flags.DEFINE_integer("save_interval", D.save_interval, "Save every N updates (and at the end and on SIGTERM/SIGINT).")
 flags.DEFINE_integer("keep_last", D.keep_last, "Checkpoints to keep.")
 flags.DEFINE_integer("log_interval", D.log_interval, "Progress line every N updates.")
+flags.DEFINE_string("wandb_project", D.wandb_project, "Also log what TensorBoard gets to this Weights & Biases "
+                    "project (rank 0; needs `pip install wandb`); TensorBoard stays.")
+flags.DEFINE_enum("wandb_mode", D.wandb_mode, ["online", "offline"], "offline: no network; the run goes to "
+                  "<checkpoint_dir>/wandb/offline-run-*, for `wandb sync` later.")
 flags.DEFINE_integer("stop_check_interval", D.stop_check_interval,
                      "Ranks agree on a SIGTERM/SIGINT every N updates (and at log and save steps): the only "
                      "host synchronisation between log intervals.")

@@ -22,6 +22,9 @@ flags.DEFINE_list("input_files", ["data/corpus/lee_background.cor@documents", "d
                   "Corpus files (as run/create_pretraining_data.py takes them).")
 flags.DEFINE_bool("do_lower_case", True, "Lower-case (both tokenizers).")
 flags.DEFINE_string("output_json", "", "Write the figures here.")
+flags.DEFINE_bool("write_departures", False, "Instead: scan every code point for where tensorflow-text's and the "
+                  "`tokenizers` library's rules depart from google's (about 2 min, 5 GB) and write "
+                  "bert_tf/tokenizer_departures.py.")
 flags.mark_flag_as_required("vocab_file")
 FLAGS = flags.FLAGS
 
@@ -106,7 +109,7 @@ def compare(tokenizer, sentences, expected):
     ours = tokenizer.tokenize(sentences)
     seconds = time.perf_counter() - start
     differing = [(s, a, b) for s, a, b in zip(sentences, ours, expected) if list(a) != list(b)]
-    return len(sentences) - len(differing), differing, sum(map(len, ours)) / seconds
+    return len(sentences) - len(differing), differing, sum(map(len, ours)) / seconds, ours
 
 
 def compare_export(vocab_file, tmp, parts, exact):
@@ -126,7 +129,7 @@ def compare_export(vocab_file, tmp, parts, exact):
         ids = hf(sample, add_special_tokens=False, verbose=False)["input_ids"]
         if part == "corpus":
             report["export_tokens_per_second"] = sum(map(len, ids)) / (time.perf_counter() - start)
-        same, differing, _ = compare(exact, sample, ids)
+        same, differing, _, _ = compare(exact, sample, ids)
         report[f"export_{part}_identical"] = same
         report[f"export_{part}_differing"] = [{"text": s, "explained_by": explain(exact, s, b)}
                                               for s, _, b in differing]
@@ -139,11 +142,34 @@ def compare_export(vocab_file, tmp, parts, exact):
     return report
 
 
+def write_departures():
+    """bert_tf/tokenizer_departures.py from fresh scans of every backend (tokenization.scan_departures)."""
+    import os
+
+    from bert_tf import tokenization, tokenizer_departures
+    path = tokenizer_departures.__file__
+    doc = open(path).read().split('"""')[1]
+    body = ""
+    for backend in tokenization.BACKENDS[:-1]:
+        ranges = tokenization.scan_departures(backend)
+        rows = "".join("        " + ", ".join(f"({a:#x}, {b:#x})" for a, b in ranges[i:i + 6]) + ",\n"
+                       for i in range(0, len(ranges), 6))
+        body += (f'    "{backend}": {{\n        "versions": {tokenization.library_versions(backend)!r},\n'
+                 f'        "ranges": (\n{rows}        ),\n    }},\n')
+        print(f"{backend}: {len(ranges)} ranges, {sum(b - a + 1 for a, b in ranges)} code points")
+    with open(path + ".tmp", "w") as f:
+        f.write(f'"""{doc}"""\nTABLES = {{\n{body}}}\n')
+    os.replace(path + ".tmp", path)
+    print(f"-> {path}")
+
+
 def main(_):
     import os
     import tempfile
 
     from bert_tf import tokenization
+    if FLAGS.write_departures:
+        return write_departures()
     sentences = corpus_sentences(FLAGS.input_files)
     vocab = vocab_with_sample_characters(tokenization.load_vocab(FLAGS.vocab_file), ADVERSARIAL, FLAGS.do_lower_case)
     with tempfile.TemporaryDirectory() as tmp:
@@ -155,29 +181,37 @@ def main(_):
         parts = {"corpus": sentences, "adversarial": ADVERSARIAL}
         expected = {part: oracle_ids(hf, sample) for part, sample in parts.items()}
         report["oracle_tokens_per_second"] = expected["corpus"][1]
-        for name, fast in (("exact", False), ("fast", True)):
-            tok = tokenization.Tokenizer(vocab, FLAGS.do_lower_case, fast=fast)
+        mine = {}
+        for name in tokenization.BACKENDS:
+            tok = tokenization.Tokenizer(vocab, FLAGS.do_lower_case, backend=name)
             tok.tokenize(["warm up"])
             for part, sample in parts.items():
-                same, differing, ours_tps = compare(tok, sample, expected[part][0])
+                same, differing, ours_tps, mine[name, part] = compare(tok, sample, expected[part][0])
                 report[f"{name}_{part}_identical"] = same
                 report[f"{name}_{part}_differing"] = [
                     {"text": s, "ours": [vocab[i] for i in a], "oracle": [vocab[i] for i in b],
-                     "explained_by": explain(tok, s, b) if not fast else []} for s, a, b in differing]
+                     "explained_by": explain(tok, s, b)}
+                    for s, a, b in differing]
                 if part == "corpus":
                     report[f"{name}_tokens_per_second"] = ours_tps
             total = len(sentences) + len(ADVERSARIAL)
             same = report[f"{name}_corpus_identical"] + report[f"{name}_adversarial_identical"]
             report[f"{name}_agreement"] = same / total
-            print(f"{name:5s}: identical ids on {same}/{total} sentences ({100 * same / total:.2f}%): corpus "
+            print(f"{name:15s}: identical ids on {same}/{total} sentences ({100 * same / total:.2f}%): corpus "
                   f"{report[f'{name}_corpus_identical']}/{len(sentences)}, adversarial "
                   f"{report[f'{name}_adversarial_identical']}/{len(ADVERSARIAL)}; "
                   f"{report[f'{name}_tokens_per_second']:,.0f} tokens/s on the corpus")
             for d in report[f"{name}_corpus_differing"][:3] + report[f"{name}_adversarial_differing"]:
                 print(f"   {d['text'][:70]!r}\n      ours   {d['ours'][:14]}\n      oracle {d['oracle'][:14]}"
                       + "".join(f"\n      explained: {cause}" for cause in d["explained_by"]))
+        # each library backend against google's rules as written here (python): every sentence, id for id
+        for name in tokenization.BACKENDS[:-1]:
+            report[f"{name}_python_identical"] = sum(list(a) == list(b) for part in parts
+                                                     for a, b in zip(mine[name, part], mine["python", part]))
+            print(f"{name} vs python rules: identical ids on {report[f'{name}_python_identical']}/{total} sentences")
         print(f"oracle (transformers BertTokenizer): {report['oracle_tokens_per_second']:,.0f} tokens/s")
-        report.update(compare_export(vocab_file, tmp, parts, tokenization.Tokenizer(vocab, FLAGS.do_lower_case)))
+        report.update(compare_export(vocab_file, tmp, parts,
+                                     tokenization.Tokenizer(vocab, FLAGS.do_lower_case, backend="python")))
     if FLAGS.output_json:
         with open(FLAGS.output_json, "w") as f:
             json.dump(report, f, indent=1, ensure_ascii=False)

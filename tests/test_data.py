@@ -228,6 +228,18 @@ def test_learned_vocab_has_google_layout(vocab_file):
     assert len(vocab) > 1500 and any(t.startswith("##") for t in vocab)
 
 
+def test_both_vocabulary_learners_give_googles_layout_and_few_unknowns(corpus_dir):
+    docs = list(corpus.read_documents([str(corpus_dir / "lee_background.cor") + "@documents"]))
+    heldout = [s for d in list(corpus.read_documents([str(corpus_dir / WIKI)]))[:5] for s in d]
+    for learner in tokenization.LEARNERS:
+        vocab, report = tokenization.learn_and_report([s for d in docs for s in d], heldout, 3000, learner=learner)
+        assert vocab[:104] == tokenization.google_reserved_tokens() and len(set(vocab)) == len(vocab), learner
+        assert 1500 < len(vocab) <= 3000 and sum(t.startswith("##") for t in vocab) > 300, learner
+        assert 0 < report["heldout_unk_rate"] < 0.02 and 1.1 < report["heldout_pieces_per_word"] < 3, (learner, report)
+    with pytest.raises(ConfigError, match="--learner=spm: valid are tokenizers, tensorflow_text"):
+        tokenization.learn_vocab(["a b"], 3000, learner="spm")
+
+
 def test_vocab_missing_special_token_is_named(tmp_path):
     path = tmp_path / "vocab.txt"
     path.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\nthe\n")

@@ -77,6 +77,44 @@ def test_state_variables_are_every_variable_a_checkpoint_holds(precision, tmp_pa
     assert not state & {v.ref() for v in trainer.accumulators}           # zero between updates: neither
 
 
+def read_wandb_run(folder):
+    """(history rows, config) of an offline W&B run: its run-*.wandb file is LevelDB's log format (32 KB
+    blocks of chunks: crc32, length, type) after a 7-byte ':W&B' header, each record a wandb protobuf."""
+    import struct
+
+    from wandb.proto import wandb_internal_pb2
+    data = next(folder.glob("run-*.wandb")).read_bytes()
+    assert data[:4] == b":W&B"
+    pos, block, pending, history, config = 7, 32768, b"", [], {}
+    while pos + 7 <= len(data):
+        left = block - pos % block
+        if left < 7:                                   # a block's tail too short for a header: padding
+            pos += left
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        chunk, pos = data[pos + 7:pos + 7 + length], pos + 7 + length
+        pending = chunk if kind in (1, 2) else pending + chunk
+        if kind in (1, 4):                             # FULL or LAST: a whole record
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending)
+            if record.HasField("history"):
+                history.append({i.key or "/".join(i.nested_key): json.loads(i.value_json)   # "train/loss": nested
+                                for i in record.history.item})
+            if record.HasField("config"):
+                config.update({i.key: i.value_json for i in record.config.update})
+    return history, config
+
+
+def test_a_metrics_writer_that_is_not_rank_0_writes_nothing(tmp_path):
+    from bert_tf import ConfigError, metrics
+    writer = metrics.MetricsWriter(str(tmp_path / "run"), active=False, wandb_project="p", wandb_mode="offline")
+    writer.write({"kind": "train", "step": 1, "loss": 2.0})
+    writer.close()
+    assert not (tmp_path / "run").exists()
+    with pytest.raises(ConfigError, match="--wandb_mode=cloud: valid are online, offline"):
+        metrics.check_wandb("p", "cloud")
+
+
 def test_a_short_run_logs_saves_and_restores_the_signal_handlers(tiny_data, tmp_path):
     def sentinel(signum, frame):
         pass
@@ -86,7 +124,7 @@ def test_a_short_run_logs_saves_and_restores_the_signal_handlers(tiny_data, tmp_
             model_preset="tiny", vocab_file=tiny_data["vocab_file"], train_files=tiny_data["train"],
             eval_files=tiny_data["eval"], max_seq_length=64, max_predictions_per_seq=10, batch_size=4,
             accumulation_steps=2, fit_micro_batch=2, total_steps=3, log_interval=2, eval_batches=2,
-            checkpoint_dir=str(tmp_path))
+            checkpoint_dir=str(tmp_path), wandb_project="bert_tf-test", wandb_mode="offline")
         trainer, last = pretraining.run(cfg, log=lambda *a, **k: None)
         assert signal.getsignal(signal.SIGTERM) is sentinel
     finally:
@@ -102,6 +140,19 @@ def test_a_short_run_logs_saves_and_restores_the_signal_handlers(tiny_data, tmp_
     assert (resolved["batch_size"], resolved["accumulation_steps"], resolved["fit_micro_batch"]) == (2, 4, 0)
     assert records[2]["samples_seen"] == 3 * 8 and records[2]["sequences"] == 8 and "eval_mlm_accuracy" in last
     assert tf.train.latest_checkpoint(str(tmp_path)).endswith("ckpt-3")
+    # --wandb_mode=offline: the W&B run folder holds what metrics.jsonl (and TensorBoard) got, and the run record
+    runs = list((tmp_path / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1
+    history, config = read_wandb_run(runs[0])
+    logged = {}
+    for row in history:
+        logged.setdefault(row["step"], {}).update(row)
+    assert sorted(logged) == [0, 2, 3]
+    for record in records:
+        for key, value in record.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and key not in ("step", "time"):
+                assert logged[record["step"]][f"{record['kind']}/{key}"] == pytest.approx(value, rel=1e-6), key
+    assert json.loads(config["resolved"])["batch_size"] == 2 and "command" in config
 
 
 def test_a_checkpoint_from_before_the_input_position_resumes_from_its_json_with_a_fresh_pass(tiny_data, tmp_path):
