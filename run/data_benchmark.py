@@ -112,7 +112,7 @@ def learn_vocabularies(path, fmt, size):
     train = [s for d, h in zip(docs, heldout) if not h for s in d]
     test = [s for d, h in zip(docs, heldout) if h for s in d]
     rows = []
-    print(f"| vocabulary learner | MB | vocab | learn s | MB/s | held-out UNK rate | held-out pieces per word |")
+    print("| vocabulary learner | MB | vocab | learn s | MB/s | held-out UNK rate | held-out pieces per word |")
     print("|---|---|---|---|---|---|---|")
     for learner in FLAGS.vocab_learners:
         vocab, report = tokenization.learn_and_report(train, test, FLAGS.vocab_size, learner=learner)
