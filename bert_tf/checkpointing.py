@@ -119,9 +119,10 @@ def _step_of(path):
     return int(re.search(r"-(\d+)$", path).group(1))
 
 
-def latest_intact(directory, log=print):
+def latest_intact(directory, log=print, before_step=None):
     """The newest checkpoint in `directory` whose files match its manifest (None: no checkpoint), logging
-    each newer one passed over and why; ConfigError when there are checkpoints and none is intact."""
+    each newer one passed over and why; ConfigError when there are checkpoints and none is intact.
+    `before_step`: only checkpoints of earlier steps (the divergence guard going further back)."""
     if "://" in directory:                # a remote file system: TensorFlow's own index
         return tf.train.latest_checkpoint(directory)
     if not os.path.isdir(directory):
@@ -137,6 +138,10 @@ def latest_intact(directory, log=print):
             return None
         listed = list(state.all_model_checkpoint_paths) or [state.model_checkpoint_path]   # joined to directory
     prefixes = sorted({p for p in listed if re.search(r"-\d+$", p)}, key=_step_of, reverse=True)
+    if before_step is not None:
+        prefixes = [p for p in prefixes if _step_of(p) < before_step]
+        if not prefixes:
+            return None
     if not prefixes:
         return tf.train.latest_checkpoint(directory) if state else None
     if not any(os.path.exists(p + MANIFEST) for p in prefixes):
@@ -175,8 +180,8 @@ class Checkpoints:
             self.manager = tf.train.CheckpointManager(self.checkpoint, self.directory, max_to_keep=self.keep_last)
         self.is_writer = is_writer
 
-    def latest(self, log=print):
-        return latest_intact(self.directory, log)
+    def latest(self, log=print, before_step=None):
+        return latest_intact(self.directory, log, before_step)
 
     def save(self, step, extra: dict | None = None):
         """Rank 0 only; other ranks return None. `extra` goes to a JSON file beside it."""

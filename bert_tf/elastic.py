@@ -195,6 +195,11 @@ class TrainingState:
         self.save()
         self.world.check_host_updates()
 
+    def restore_weights(self):
+        """The divergence guard's rollback: the variables of the last commit, the stream left where it is."""
+        for v, value in zip(self.variables, self._values):
+            v.assign(value)
+
     def restore(self):
         """Back to the last commit (this rank's own copy)."""
         for v, value in zip(self.variables, self._values):
@@ -276,6 +281,12 @@ class Elastic:
 
     def end(self, step):
         self._agree(step, "end")
+
+    def rollback(self, job, before_step=None) -> str:
+        """The divergence guard: every rank back to its copy of the last commit (they are equal); there is
+        only one, so `before_step` cannot take it further back."""
+        self.state.restore_weights()
+        return "the last elastic commit"
 
     def _agree(self, step, event):
         """A collective: every rank's weights digest, written by rank 0; a disagreement stops the job."""

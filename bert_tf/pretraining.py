@@ -27,7 +27,7 @@ from typing import Callable
 import numpy as np
 import tensorflow as tf
 
-from bert_tf import (ConfigError, checkpoint_formats, checkpointing, distributed, elastic, flops, input_pipeline,
+from bert_tf import (ConfigError, checkpoint_formats, checkpointing, distributed, divergence, elastic, flops, input_pipeline,
                      metrics, modeling, tokenization, training)
 
 
@@ -73,9 +73,20 @@ class PretrainConfig(training.TrainConfig):
     elastic: bool = False
     global_batch: int = 0             # elastic: sequences per update, whatever the rank count
     elastic_commit_interval: int = 10
+    # the divergence guard (bert_tf/divergence.py)
+    divergence_factor: float = 1.5    # roll back when the logged loss stays above this x its running median
+    divergence_intervals: int = 3     # ... for this many logged intervals in a row
+    max_skipped_updates: int = 25     # ... or when this many updates in a row were skipped (non-finite)
+    max_rollbacks: int = 3
+    rollback_lr_scale: float = 1.0
+
+    def guard_config(self) -> divergence.GuardConfig:
+        return divergence.GuardConfig(self.divergence_factor, self.divergence_intervals, self.max_skipped_updates,
+                                      self.max_rollbacks, self.rollback_lr_scale)
 
     def validate(self):
         metrics.check_wandb(self.wandb_project, self.wandb_mode)
+        self.guard_config().validate()
         super().validate()
         if not self.checkpoint_dir:
             raise ConfigError("--checkpoint_dir is required")
@@ -282,6 +293,7 @@ class Job:
     started_from_init: bool  # from --init_checkpoint, not resumed
     checkpoint_extra: dict   # the JSON beside each checkpoint
     run_record: dict         # metrics.jsonl's first record: what was asked and what it resolved to
+    guard: divergence.Guard  # spikes and runs of skipped updates -> rollbacks
 
 
 def describe(cfg: PretrainConfig, size: int, global_batch: int) -> str:
@@ -365,7 +377,7 @@ def build(cfg: PretrainConfig, say, asked: PretrainConfig | None = None) -> Job:
                eval_files=inputs.eval_files, started_from_init=init is not None,
                checkpoint_extra={"global_batch": global_batch, "model_config": model_config.to_dict(),
                                  "vocab_size": len(tokenizer)},
-               run_record=run_record)
+               run_record=run_record, guard=divergence.Guard(cfg.guard_config()))
 
 
 # CPU flags that give a precision its own arithmetic (oneDNN); without them it is emulated.
@@ -492,6 +504,21 @@ class Static:
     def end(self, step):
         pass
 
+    def rollback(self, job, before_step=None) -> str:
+        """The divergence guard: rank 0 restores the newest intact checkpoint (of a step before
+        `before_step`), every rank takes its state."""
+        rank0 = distributed.rank() == 0
+        path = job.ckpts.latest(log=self.say, before_step=before_step) if rank0 else None
+        if distributed.any_rank(rank0 and path is None):
+            raise divergence.Diverged(f"the run diverged and {job.ckpts.directory} holds no intact checkpoint "
+                                      + (f"before step {before_step}" if before_step is not None else "yet")
+                                      + " to roll back to; lower --learning_rate, or save more often "
+                                      "(--save_interval) and keep more (--keep_last)")
+        if rank0:
+            job.ckpts.restore(path)
+        distributed.broadcast_variables(job.trainer.state_variables(), root_rank=0)
+        return os.path.basename(path) if rank0 else "rank 0's checkpoint"
+
 
 def train(cfg: PretrainConfig, job: Job, mode) -> dict:
     """The loop, from the restored step to --total_steps or a stop; returns the last record.
@@ -524,10 +551,17 @@ def train(cfg: PretrainConfig, job: Job, mode) -> dict:
             last.update(skipped_steps=int(trainer.skipped_steps.numpy()), samples_seen=samples_seen, ranks=mode.size)
             writer.write(last)
             writer.progress(step, cfg.total_steps, last, start_step)
+            reason = job.guard.observe(last["loss"], int(trainer.consecutive_skips.numpy()))
+            if reason and not stopping:
+                step = rollback(cfg, job, mode, reason, step)
+                interval = IntervalMetrics(job.global_batch, cfg.max_seq_length, cfg.network_interface,
+                                           mode.loss_weight)
+                continue
         mode.after_update(step)
         if cfg.eval_interval and step % cfg.eval_interval == 0 and step != cfg.total_steps:
             writer.write(job.evaluate(step))
-        if step % cfg.save_interval == 0 or step == cfg.total_steps or stopping:
+        # while the guard suspects a spike, periodic saves and commits wait: the newest stays a good one
+        if step % cfg.save_interval == 0 and not job.guard.suspect or step == cfg.total_steps or stopping:
             job.input.capture(job.position, samples_seen)  # static: a collective
             path = job.ckpts.save(step, {"step": step, "samples_seen": samples_seen, "ranks": mode.size,
                                          **job.checkpoint_extra})
@@ -536,7 +570,8 @@ def train(cfg: PretrainConfig, job: Job, mode) -> dict:
         if stopping:
             say(f"stopping at step {step} on {mode.stop_reason()}")
             break
-        mode.commit(step, samples_seen)
+        if not job.guard.suspect:
+            mode.commit(step, samples_seen)
     mode.end(step)
     if job.eval_files and step == cfg.total_steps:
         final_eval = job.evaluate(step)
@@ -547,6 +582,28 @@ def train(cfg: PretrainConfig, job: Job, mode) -> dict:
         say(f"measured {last['sequences_per_second'] / mode.size:.2f} seq/s per rank (last interval) vs "
             f"the ladder's {cfg.ladder_sequences_per_second:.2f} for this configuration")
     return last
+
+
+def rollback(cfg, job, mode, reason, step) -> int:
+    """The divergence guard fired at `step`: back to the last good state (mode.rollback), the input left
+    where it is (the window since then is skipped), the learning rate scaled; returns the step now."""
+    bound = job.guard.older_than(step)
+    job.guard.rolled_back(reason)             # raises Diverged after --max_rollbacks
+    start = time.time()
+    target = mode.rollback(job, bound)
+    trainer = job.trainer
+    trainer.lr_scale.assign(trainer.lr_scale * cfg.rollback_lr_scale)
+    trainer.consecutive_skips.assign(0)
+    back = int(trainer.step.numpy())
+    job.guard.landed(step, back)
+    seconds = time.time() - start
+    mode.say(f"divergence guard: {reason} at step {step}: rolled back to {target} (step {back}) in {seconds:.1f} s; "
+             f"{step - back} updates undone, the data they read skipped; learning rate x{float(trainer.lr_scale.numpy()):g}"
+             f" (rollback {job.guard.rollbacks} of at most {cfg.max_rollbacks})")
+    job.writer.write({"kind": "rollback", "step": back, "from_step": step, "reason": reason, "target": target,
+                      "seconds": seconds, "lr_scale": float(trainer.lr_scale.numpy()),
+                      "rollbacks": job.guard.rollbacks})
+    return back
 
 
 def make_evaluator(trainer, cfg, eval_files, vocab_size, masker):

@@ -122,6 +122,9 @@ class Trainer:
         self.loss_scale = LossScale() if config.precision == "mixed_float16" else None
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         self.skipped_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="skipped_steps")
+        # the divergence guard's view (not checkpointed): skips in a row, and its learning-rate scale
+        self.consecutive_skips = tf.Variable(0, dtype=tf.int64, trainable=False, name="consecutive_skips")
+        self.lr_scale = tf.Variable(1.0, dtype=tf.float32, trainable=False, name="lr_scale")
         self.accumulators = []
         self.rank_micro_batches = 0          # this rank's micro-batches per update: set_share
         self.apply = tf.function(self._apply, jit_compile=bool(config.xla))
@@ -217,7 +220,8 @@ class Trainer:
             grads = [g / self.loss_scale.scale for g in grads]
         grad_norm = tf.linalg.global_norm(grads)
         finite = tf.math.is_finite(grad_norm)
-        lr = optimization.learning_rate(self.step, c.learning_rate, c.warmup_steps, c.total_steps, c.decay_power)
+        lr = optimization.learning_rate(self.step, c.learning_rate, c.warmup_steps, c.total_steps,
+                                        c.decay_power) * self.lr_scale
 
         def update():
             clipped, _ = tf.clip_by_global_norm(grads, c.clip_norm, use_norm=grad_norm)
@@ -227,7 +231,9 @@ class Trainer:
         def skip():  # a non-finite gradient never touches the weights or the optimizer slots
             return tf.constant(1, tf.int64)
 
-        self.skipped_steps.assign_add(tf.cond(finite, update, skip))
+        skipped = tf.cond(finite, update, skip)
+        self.skipped_steps.assign_add(skipped)
+        self.consecutive_skips.assign((self.consecutive_skips + skipped) * skipped)
         if self.loss_scale is not None:
             self.loss_scale.update(finite)
         self.step.assign_add(1)

@@ -77,6 +77,14 @@ flags.DEFINE_integer("global_batch", D.global_batch, "Elastic mode: sequences pe
 flags.DEFINE_integer("elastic_commit_interval", D.elastic_commit_interval,
                      "Elastic mode: commit the state to memory every N updates (a lost rank costs the updates "
                      "since the last commit).")
+flags.DEFINE_float("divergence_factor", D.divergence_factor, "Divergence guard: roll back to the last good "
+                   "checkpoint when the logged loss stays above this x the median of the last 20 healthy intervals "
+                   "(0: off) ...")
+flags.DEFINE_integer("divergence_intervals", D.divergence_intervals, "... for this many logged intervals in a row.")
+flags.DEFINE_integer("max_skipped_updates", D.max_skipped_updates, "Divergence guard: roll back when this many "
+                     "updates in a row were skipped for non-finite gradients (0: off; checked at log steps).")
+flags.DEFINE_integer("max_rollbacks", D.max_rollbacks, "Stop after this many rollbacks.")
+flags.DEFINE_float("rollback_lr_scale", D.rollback_lr_scale, "Multiply the learning rate by this at each rollback.")
 flags.DEFINE_bool("dry_run", False, "Check the flags, vocabulary, --init_checkpoint, every record file and that "
                   "--checkpoint_dir can be written, print what the run would be, and exit: no Horovod, no model, "
                   "nothing written.")

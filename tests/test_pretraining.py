@@ -3,10 +3,11 @@ state list, and a short run end to end."""
 import json
 import signal
 
+import numpy as np
 import pytest
 import tensorflow as tf
 
-from bert_tf import distributed, modeling, pretraining, training
+from bert_tf import ConfigError, distributed, divergence, modeling, pretraining, training
 
 
 def test_stop_signal_remembers_a_signal_and_puts_the_old_handlers_back():
@@ -106,7 +107,7 @@ def read_wandb_run(folder):
 
 
 def test_a_metrics_writer_that_is_not_rank_0_writes_nothing(tmp_path):
-    from bert_tf import ConfigError, metrics
+    from bert_tf import metrics
     writer = metrics.MetricsWriter(str(tmp_path / "run"), active=False, wandb_project="p", wandb_mode="offline")
     writer.write({"kind": "train", "step": 1, "loss": 2.0})
     writer.close()
@@ -180,3 +181,108 @@ def test_a_checkpoint_from_before_the_input_position_resumes_from_its_json_with_
     assert [r["samples_seen"] for r in records if r["kind"] == "train"] == [16, 20]   # counted on from 12
     saved = dict(tf.train.list_variables(tf.train.latest_checkpoint(str(old))))
     assert any(name.startswith("input_position/samples_seen") for name in saved)   # new saves carry it
+
+
+# ----------------------------------------------------------------------------- the divergence guard
+def test_guard_fires_on_a_loss_that_stays_high_or_on_skipped_updates_never_on_a_falling_loss():
+    guard = divergence.Guard(divergence.GuardConfig(factor=1.5, intervals=3, max_skipped=4))
+    healthy = [10.0 * 0.97 ** i for i in range(200)]                       # a loss that falls, with noise
+    noise = np.random.RandomState(0).uniform(0.9, 1.1, 200)
+    assert not any(guard.observe(x * n, 0) for x, n in zip(healthy, noise)) and not guard.suspect
+    median = float(np.median(guard.healthy))
+    assert guard.observe(median * 1.6, 0) == "" and guard.suspect          # one high interval: suspect only
+    assert guard.observe(median, 0) == "" and not guard.suspect            # came back: left alone
+    assert [bool(guard.observe(median * 2, 0)) for _ in range(3)] == [False, False, True]
+    guard.rolled_back("spike")
+    assert guard.observe(float("nan"), 3) == "" and guard.suspect
+    assert guard.observe(median, 4) == "4 consecutive updates skipped (non-finite gradients)"
+    with pytest.raises(divergence.Diverged, match="after 0 rollback"):
+        divergence.Guard(divergence.GuardConfig(max_rollbacks=0)).rolled_back("x")
+    with pytest.raises(ConfigError, match="--divergence_factor must be 0 .off. or > 1"):
+        divergence.GuardConfig(factor=0.5).validate()
+
+
+def _guarded_run(tiny_data, tmp_path, monkeypatch, inject, **overrides):
+    """A tiny run whose input `inject(call, features) -> features` may poison (or set `boost`, the
+    learning rate multiplier the schedule is patched with); returns (last record, metrics records,
+    [(checkpoint, weights equal its values)] for each rollback)."""
+    from bert_tf import checkpointing, optimization
+    boost = tf.Variable(1.0, trainable=False)
+    real_lr = optimization.learning_rate
+    monkeypatch.setattr(optimization, "learning_rate", lambda *a, **k: real_lr(*a, **k) * boost)
+    checks, real_train, real_rollback = [], pretraining.train, pretraining.Static.rollback
+
+    class Injected:
+        def __init__(self, inner):
+            self.inner, self.calls = inner, 0
+
+        def next_update(self):
+            self.calls += 1
+            return [inject(self.calls, boost, mb) for mb in self.inner.next_update()]
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+    def spy_train(cfg, job, mode):
+        job.input = Injected(job.input)
+        return real_train(cfg, job, mode)
+
+    def spy_rollback(self, job, before_step=None):
+        target = real_rollback(self, job, before_step)
+        path = str(tmp_path / target)
+        stored = {k: tf.train.load_variable(path, checkpointing.variable_key("model", k))
+                  for k in checkpointing.module_variables(job.trainer.model)}
+        checks.append((target, all(np.array_equal(v.numpy(), stored[k])
+                                   for k, v in checkpointing.module_variables(job.trainer.model).items())))
+        return target
+    monkeypatch.setattr(pretraining, "train", spy_train)
+    monkeypatch.setattr(pretraining.Static, "rollback", spy_rollback)
+    settings = dict(model_preset="tiny", vocab_file=tiny_data["vocab_file"], train_files=tiny_data["train"],
+                    max_seq_length=64, max_predictions_per_seq=10, batch_size=8, learning_rate=1e-3,
+                    warmup_steps=5, total_steps=60, log_interval=2, save_interval=10, checkpoint_dir=str(tmp_path))
+    settings.update(overrides)
+    logs = []
+    _, last = pretraining.run(pretraining.PretrainConfig(**settings), log=logs.append)
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    return last, records, checks, logs
+
+
+def test_a_learning_rate_blow_up_is_rolled_back_to_the_last_checkpoint_and_the_run_recovers(tiny_data, tmp_path,
+                                                                                           monkeypatch):
+    def blow_up(call, boost, features):
+        boost.assign(3000.0 if 31 <= call <= 34 else 1.0)                # four updates at 3000x the rate
+        return features
+    last, records, checks, logs = _guarded_run(tiny_data, tmp_path, monkeypatch, blow_up, rollback_lr_scale=0.5,
+                                               save_interval=4)
+    rollbacks = [(r["from_step"], r["step"], r["lr_scale"]) for r in records if r["kind"] == "rollback"]
+    assert all("above 1.5 x the running median" in r["reason"] for r in records if r["kind"] == "rollback")
+    # the loss was high at 34, 36 and 38, so the save due at 36 waited and the first rollback went to 32's;
+    # two updates at 3000x had already happened by then, the run diverged again before step 38 and the
+    # second rollback went one checkpoint further back, to 28's, from which it recovered
+    assert rollbacks == [(38, 32, 0.5), (38, 28, 0.25)], rollbacks
+    assert checks == [("ckpt-32", True), ("ckpt-28", True)]               # the weights are the checkpoint's
+    train = [r for r in records if r["kind"] == "train"]
+    before = [r["loss"] for r in train if r["step"] <= 28][-1]
+    assert train[-1]["step"] == 60 and train[-1]["loss"] < 1.2 * before and not last["stopped_early"]
+    assert any("divergence guard" in line and "rolled back to ckpt-28 (step 28)" in line for line in logs)
+
+
+def test_a_poisoned_batch_is_skipped_after_a_rollback_and_one_that_never_ends_stops_the_run(tiny_data, tmp_path,
+                                                                                          monkeypatch):
+    def poison(first, last):
+        def inject(call, boost, features):
+            if first <= call <= last:        # infinite masked-LM weights: a NaN loss, non-finite gradients
+                features = dict(features, masked_lm_weights=features["masked_lm_weights"] * float("inf"))
+            return features
+        return inject
+    last, records, checks, _ = _guarded_run(tiny_data, tmp_path / "a", monkeypatch, poison(23, 26),
+                                            max_skipped_updates=4)
+    rollbacks = [r for r in records if r["kind"] == "rollback"]
+    assert [(r["step"], r["from_step"]) for r in rollbacks] == [(20, 26)], rollbacks
+    assert "consecutive updates skipped" in rollbacks[0]["reason"] and checks == [("ckpt-20", True)]
+    assert not last["stopped_early"] and [r for r in records if r["kind"] == "train"][-1]["step"] == 60
+    monkeypatch.undo()
+    with pytest.raises(divergence.Diverged, match=r"diverged again .* after 2 rollback"):
+        _guarded_run(tiny_data, tmp_path / "b", monkeypatch, poison(23, 10 ** 6), max_skipped_updates=4,
+                     max_rollbacks=2)
+
