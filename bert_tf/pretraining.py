@@ -27,8 +27,8 @@ from typing import Callable
 import numpy as np
 import tensorflow as tf
 
-from bert_tf import (ConfigError, checkpoint_formats, checkpointing, distributed, divergence, elastic, flops, input_pipeline,
-                     metrics, modeling, tokenization, training)
+from bert_tf import (ConfigError, checkpoint_formats, checkpointing, distributed, divergence, elastic, flops,
+                     input_pipeline, metrics, modeling, tokenization, training)
 
 
 @dataclasses.dataclass
@@ -597,11 +597,12 @@ def rollback(cfg, job, mode, reason, step) -> int:
     back = int(trainer.step.numpy())
     job.guard.landed(step, back)
     seconds = time.time() - start
+    scale = float(trainer.lr_scale.numpy())
     mode.say(f"divergence guard: {reason} at step {step}: rolled back to {target} (step {back}) in {seconds:.1f} s; "
-             f"{step - back} updates undone, the data they read skipped; learning rate x{float(trainer.lr_scale.numpy()):g}"
-             f" (rollback {job.guard.rollbacks} of at most {cfg.max_rollbacks})")
+             f"{step - back} updates undone, the data they read skipped; learning rate x{scale:g} "
+             f"(rollback {job.guard.rollbacks} of at most {cfg.max_rollbacks})")
     job.writer.write({"kind": "rollback", "step": back, "from_step": step, "reason": reason, "target": target,
-                      "seconds": seconds, "lr_scale": float(trainer.lr_scale.numpy()),
+                      "seconds": seconds, "lr_scale": scale,
                       "rollbacks": job.guard.rollbacks})
     return back
 

@@ -212,7 +212,7 @@ def huggingface_tokenizer(vocab, lower_case=True, max_chars_per_word=100, specia
                                                        pair="[CLS]:0 $A:0 [SEP]:0 $B:1 [SEP]:1",
                                                        special_tokens=[cls, sep])
     tok.decoder = decoders.WordPiece(prefix="##")
-    if special_tokens_whole:   # so "[MASK]" in a fill-mask prompt is one token; corpus text gets google's "[", "mask", "]"
+    if special_tokens_whole:   # "[MASK]" in a fill-mask prompt is one token; in corpus text google's "[", "mask", "]"
         tok.add_special_tokens(list(SPECIAL_TOKENS))
     return tok
 
