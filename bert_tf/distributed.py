@@ -74,6 +74,12 @@ def size():
     return hvd.size()
 
 
+def local_size():
+    """Ranks on this node."""
+    import horovod.tensorflow as hvd
+    return hvd.local_size()
+
+
 def broadcast_variables(variables, root_rank=0):
     """Make every rank's variables equal root_rank's (call once all variables exist)."""
     import horovod.tensorflow as hvd

@@ -121,11 +121,11 @@ class MetricsWriter:
         if "loss_scale" in record:
             parts.append(f"loss_scale {record['loss_scale']:.0f}")
         parts += [f"{record['sequences_per_second']:.1f} seq/s", f"{record['tokens_per_second']:.0f} tok/s",
-                  f"elapsed {_hms(elapsed)}", f"ETA {_hms(eta)}"]
+                  f"elapsed {hms(elapsed)}", f"ETA {hms(eta)}"]
         print("  ".join(parts), flush=True)
 
 
-def _hms(seconds):
+def hms(seconds):
     seconds = int(seconds)
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 

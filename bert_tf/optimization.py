@@ -22,10 +22,12 @@ NO_DECAY = re.compile(r"(gamma|beta|bias)")
 
 
 def learning_rate(step, peak, warmup_steps, total_steps, power=1.0, end=0.0):
-    """Linear warmup to `peak`, then polynomial decay to `end` at `total_steps`."""
+    """Linear warmup to `peak`, then polynomial decay to `end` at `total_steps` (numbers, or tensors
+    that change while training: a time budget's predicted step count)."""
     step = tf.cast(step, tf.float32)
-    warmup = tf.cast(max(warmup_steps, 1), tf.float32)
-    decay_steps = tf.cast(max(total_steps - warmup_steps, 1), tf.float32)
+    warmup_steps = tf.cast(warmup_steps, tf.float32)
+    warmup = tf.maximum(warmup_steps, 1.0)
+    decay_steps = tf.maximum(tf.cast(total_steps, tf.float32) - warmup_steps, 1.0)
     progress = tf.clip_by_value((step - warmup_steps) / decay_steps, 0.0, 1.0)
     decayed = (peak - end) * (1.0 - progress) ** power + end
     return tf.where(step < warmup_steps, peak * step / warmup, decayed)

@@ -27,8 +27,8 @@ from typing import Callable
 import numpy as np
 import tensorflow as tf
 
-from bert_tf import (ConfigError, checkpoint_formats, checkpointing, distributed, divergence, elastic, flops,
-                     input_pipeline, metrics, modeling, tokenization, training)
+from bert_tf import (ConfigError, budget, checkpoint_formats, checkpointing, distributed, divergence, elastic,
+                     flops, input_pipeline, metrics, modeling, planner, tokenization, training)
 
 
 @dataclasses.dataclass
@@ -79,6 +79,9 @@ class PretrainConfig(training.TrainConfig):
     max_skipped_updates: int = 25     # ... or when this many updates in a row were skipped (non-finite)
     max_rollbacks: int = 3
     rollback_lr_scale: float = 1.0
+    # wall-clock (bert_tf/budget.py)
+    time_budget_hours: float = 0.0    # the schedule follows the clock; stop, save and evaluate when spent
+    target_mlm_accuracy: float = 0.0  # stop at the first evaluation that reaches it; log the time to train
 
     def guard_config(self) -> divergence.GuardConfig:
         return divergence.GuardConfig(self.divergence_factor, self.divergence_intervals, self.max_skipped_updates,
@@ -87,6 +90,15 @@ class PretrainConfig(training.TrainConfig):
     def validate(self):
         metrics.check_wandb(self.wandb_project, self.wandb_mode)
         self.guard_config().validate()
+        if self.time_budget_hours < 0:
+            raise ConfigError(f"--time_budget_hours must be >= 0, got {self.time_budget_hours}")
+        if self.time_budget_hours and self.elastic:
+            raise ConfigError("--time_budget_hours with --elastic: not supported (ranks come and go, and the "
+                              "schedule's prediction is broadcast from a fixed rank 0)")
+        if not 0 <= self.target_mlm_accuracy < 1:
+            raise ConfigError(f"--target_mlm_accuracy must be in [0, 1), got {self.target_mlm_accuracy}")
+        if self.target_mlm_accuracy and not (self.eval_files and self.eval_interval):
+            raise ConfigError("--target_mlm_accuracy needs --eval_files and --eval_interval (how often to look)")
         super().validate()
         if not self.checkpoint_dir:
             raise ConfigError("--checkpoint_dir is required")
@@ -294,6 +306,7 @@ class Job:
     checkpoint_extra: dict   # the JSON beside each checkpoint
     run_record: dict         # metrics.jsonl's first record: what was asked and what it resolved to
     guard: divergence.Guard  # spikes and runs of skipped updates -> rollbacks
+    clock: budget.RunClock   # training seconds over restarts (a checkpoint item)
 
 
 def describe(cfg: PretrainConfig, size: int, global_batch: int) -> str:
@@ -342,14 +355,17 @@ def build(cfg: PretrainConfig, say, asked: PretrainConfig | None = None) -> Job:
         f"vocab {model_config.vocab_size}, {parameters / 1e6:.2f}M parameters")
 
     position = input_pipeline.InputPosition()
-    ckpts = checkpointing.Checkpoints(cfg.checkpoint_dir, {**trainer.checkpoint_items(), "input_position": position},
-                                      cfg.keep_last, is_writer=rank == 0)
+    clock = budget.RunClock()
+    ckpts = checkpointing.Checkpoints(cfg.checkpoint_dir, {**trainer.checkpoint_items(), "input_position": position,
+                                                           "clock": clock}, cfg.keep_last, is_writer=rank == 0)
     # elastic: rank 0 alone reads the checkpoint; the others (and later newcomers) get the state by broadcast
     samples_seen = restore(cfg, trainer, ckpts, global_batch, init, say) if rank == 0 or not cfg.elastic else 0
     if rank == 0:
         model_config.to_json_file(os.path.join(cfg.checkpoint_dir, "bert_config.json"))
     if not cfg.elastic:
         distributed.broadcast_variables(trainer.state_variables(), root_rank=0)
+    if cfg.time_budget_hours:
+        say(budget_plan(cfg, size, global_batch, model_config, float(clock.seconds.numpy())))
 
     masker = None
     if cfg.dynamic_masking:
@@ -377,7 +393,7 @@ def build(cfg: PretrainConfig, say, asked: PretrainConfig | None = None) -> Job:
                eval_files=inputs.eval_files, started_from_init=init is not None,
                checkpoint_extra={"global_batch": global_batch, "model_config": model_config.to_dict(),
                                  "vocab_size": len(tokenizer)},
-               run_record=run_record, guard=divergence.Guard(cfg.guard_config()))
+               run_record=run_record, guard=divergence.Guard(cfg.guard_config()), clock=clock)
 
 
 # CPU flags that give a precision its own arithmetic (oneDNN); without them it is emulated.
@@ -537,7 +553,11 @@ def train(cfg: PretrainConfig, job: Job, mode) -> dict:
         writer.write(first)
         say(f"held-out before training: MLM accuracy {first.get('eval_mlm_accuracy', float('nan')):.4f}, "
             f"MLM loss {first['eval_mlm_loss']:.4f}")
-    while step < cfg.total_steps:
+    plan = budget.Budget(cfg.time_budget_hours, cfg.warmup_steps, cfg.total_steps) if cfg.time_budget_hours else None
+    end_step = cfg.total_steps if plan is None else sys.maxsize     # a budget ends on the clock
+    why, spent = "", False                   # a stop of our own: the budget or the target
+    job.clock.start()
+    while step < end_step:
         # Host synchronisation only at log, save and stop-check steps and elastic commits (GPU kernels run ahead).
         logging = (step + 1) % cfg.log_interval == 0 or step + 1 == cfg.total_steps
         saving = (step + 1) % cfg.save_interval == 0
@@ -546,11 +566,18 @@ def train(cfg: PretrainConfig, job: Job, mode) -> dict:
         samples_seen += job.global_batch
         interval.add(out, trainer.timing)
         stopping = mode.stop_requested(step, logging or saving)
+        if plan is not None and (logging or saving or step % cfg.stop_check_interval == 0) \
+                and distributed.any_rank(plan.spent(job.clock)):
+            stopping, spent, why = True, True, f"the time budget ({cfg.time_budget_hours:g} h)"
         if logging or stopping:
             last = interval.record(step, out)
             last.update(skipped_steps=int(trainer.skipped_steps.numpy()), samples_seen=samples_seen, ranks=mode.size)
+            if plan is not None:             # rank 0's prediction of the budget's updates, on every rank
+                trainer.schedule.assign(plan.schedule(plan.predict(step, start_step, job.clock)))
+                distributed.broadcast_variables([trainer.schedule], root_rank=0)
+                last["budget_predicted_steps"] = float(trainer.schedule[1].numpy())
             writer.write(last)
-            writer.progress(step, cfg.total_steps, last, start_step)
+            writer.progress(step, int(trainer.schedule[1].numpy()), last, start_step)
             reason = job.guard.observe(last["loss"], int(trainer.consecutive_skips.numpy()))
             if reason and not stopping:
                 step = rollback(cfg, job, mode, reason, step)
@@ -558,30 +585,58 @@ def train(cfg: PretrainConfig, job: Job, mode) -> dict:
                                            mode.loss_weight)
                 continue
         mode.after_update(step)
-        if cfg.eval_interval and step % cfg.eval_interval == 0 and step != cfg.total_steps:
-            writer.write(job.evaluate(step))
+        if cfg.eval_interval and step % cfg.eval_interval == 0 and step != cfg.total_steps and not spent:
+            evaluation = job.evaluate(step)
+            writer.write(evaluation)
+            accuracy = evaluation.get("eval_mlm_accuracy", 0.0)
+            if cfg.target_mlm_accuracy and accuracy >= cfg.target_mlm_accuracy:
+                seconds = job.clock.elapsed()
+                writer.write({"kind": "target", "step": step, "target_mlm_accuracy": cfg.target_mlm_accuracy,
+                              "eval_mlm_accuracy": accuracy, "time_to_train_seconds": seconds})
+                say(f"target reached: held-out MLM accuracy {accuracy:.4f} >= {cfg.target_mlm_accuracy:g} at step "
+                    f"{step}; time to train {metrics.hms(seconds)} ({seconds:.1f} s from the first update, "
+                    f"evaluations included)")
+                stopping, why = True, "the target MLM accuracy"
         # while the guard suspects a spike, periodic saves and commits wait: the newest stays a good one
         if step % cfg.save_interval == 0 and not job.guard.suspect or step == cfg.total_steps or stopping:
             job.input.capture(job.position, samples_seen)  # static: a collective
+            job.clock.stamp()
             path = job.ckpts.save(step, {"step": step, "samples_seen": samples_seen, "ranks": mode.size,
                                          **job.checkpoint_extra})
             if path:
                 say(f"saved {path}")
         if stopping:
-            say(f"stopping at step {step} on {mode.stop_reason()}")
+            say(f"stopping at step {step} on {why or mode.stop_reason()}")
             break
         if not job.guard.suspect:
             mode.commit(step, samples_seen)
     mode.end(step)
-    if job.eval_files and step == cfg.total_steps:
+    if job.eval_files and (step == cfg.total_steps or spent):
         final_eval = job.evaluate(step)
         writer.write(final_eval)
         last.update({k: v for k, v in final_eval.items() if k.startswith("eval_")})
-    last["stopped_early"] = step < cfg.total_steps
+    last["stopped_early"] = step < cfg.total_steps and not why if plan is None else not spent
     if cfg.ladder_sequences_per_second and "sequences_per_second" in last:
         say(f"measured {last['sequences_per_second'] / mode.size:.2f} seq/s per rank (last interval) vs "
             f"the ladder's {cfg.ladder_sequences_per_second:.2f} for this configuration")
     return last
+
+
+def budget_plan(cfg, size, global_batch, model_config, spent_seconds) -> str:
+    """The start-up line of a budgeted run: the planner's hours for --total_steps, and whether they fit."""
+    hours = budget.planned_hours(cfg, size, distributed.local_size(), global_batch,
+                                 planner.gradient_tensor_sizes(model_config, nsp=not cfg.mlm_only))
+    text = (f"time budget {cfg.time_budget_hours:g} h ({metrics.hms(spent_seconds)} spent by earlier runs): the "
+            f"learning-rate schedule follows the clock, stretched over the updates it holds")
+    if hours is None:
+        return text + ("; no --ladder_sequences_per_second (run/benchmark.py) to predict --total_steps from: the "
+                       "first log interval measures the rate")
+    text += (f"; the planner gives {hours:.2f} h for --total_steps={cfg.total_steps} at the ladder's "
+             f"{cfg.ladder_sequences_per_second:.2f} seq/s per rank (10 Gbit/s between nodes assumed)")
+    if hours > cfg.time_budget_hours:
+        text += (f". WARNING: they will not fit: about {cfg.total_steps * cfg.time_budget_hours / hours:,.0f} "
+                 f"updates will")
+    return text
 
 
 def rollback(cfg, job, mode, reason, step) -> int:

@@ -125,6 +125,9 @@ class Trainer:
         # the divergence guard's view (not checkpointed): skips in a row, and its learning-rate scale
         self.consecutive_skips = tf.Variable(0, dtype=tf.int64, trainable=False, name="consecutive_skips")
         self.lr_scale = tf.Variable(1.0, dtype=tf.float32, trainable=False, name="lr_scale")
+        # the schedule's warmup and length in updates: the recipe's, or a time budget's prediction
+        self.schedule = tf.Variable([float(config.warmup_steps), float(config.total_steps)], trainable=False,
+                                    name="schedule")
         self.accumulators = []
         self.rank_micro_batches = 0          # this rank's micro-batches per update: set_share
         self.apply = tf.function(self._apply, jit_compile=bool(config.xla))
@@ -220,7 +223,7 @@ class Trainer:
             grads = [g / self.loss_scale.scale for g in grads]
         grad_norm = tf.linalg.global_norm(grads)
         finite = tf.math.is_finite(grad_norm)
-        lr = optimization.learning_rate(self.step, c.learning_rate, c.warmup_steps, c.total_steps,
+        lr = optimization.learning_rate(self.step, c.learning_rate, self.schedule[0], self.schedule[1],
                                         c.decay_power) * self.lr_scale
 
         def update():

@@ -85,6 +85,11 @@ flags.DEFINE_integer("max_skipped_updates", D.max_skipped_updates, "Divergence g
                      "updates in a row were skipped for non-finite gradients (0: off; checked at log steps).")
 flags.DEFINE_integer("max_rollbacks", D.max_rollbacks, "Stop after this many rollbacks.")
 flags.DEFINE_float("rollback_lr_scale", D.rollback_lr_scale, "Multiply the learning rate by this at each rollback.")
+flags.DEFINE_float("time_budget_hours", D.time_budget_hours, "End the run on the clock: the learning-rate "
+                   "schedule (the recipe's shape) is stretched over the updates this many hours hold, predicted from "
+                   "the measured rate; a restart spends what is left (0: end at --total_steps).")
+flags.DEFINE_float("target_mlm_accuracy", D.target_mlm_accuracy, "Stop at the first evaluation (--eval_interval) "
+                   "whose held-out MLM accuracy reaches this, and log the time to train (0: off).")
 flags.DEFINE_bool("dry_run", False, "Check the flags, vocabulary, --init_checkpoint, every record file and that "
                   "--checkpoint_dir can be written, print what the run would be, and exit: no Horovod, no model, "
                   "nothing written.")

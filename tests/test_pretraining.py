@@ -1,6 +1,7 @@
 """The pre-training loop's pieces in one process: signal handling, interval metrics, the trainer's
 state list, and a short run end to end."""
 import json
+import re
 import signal
 
 import numpy as np
@@ -286,3 +287,70 @@ def test_a_poisoned_batch_is_skipped_after_a_rollback_and_one_that_never_ends_st
         _guarded_run(tiny_data, tmp_path / "b", monkeypatch, poison(23, 10 ** 6), max_skipped_updates=4,
                      max_rollbacks=2)
 
+
+
+# ----------------------------------------------------------------------------- wall-clock: budgets and targets
+def _tiny(tiny_data, folder, **overrides):
+    settings = dict(model_preset="tiny", vocab_file=tiny_data["vocab_file"], train_files=tiny_data["train"],
+                    eval_files=tiny_data["eval"], max_seq_length=64, max_predictions_per_seq=10, batch_size=8,
+                    learning_rate=1e-3, warmup_steps=100, total_steps=10000, log_interval=5, save_interval=50,
+                    eval_batches=2, checkpoint_dir=str(folder))
+    settings.update(overrides)
+    return pretraining.PretrainConfig(**settings)
+
+
+def test_a_time_budget_stretches_the_schedule_over_the_clock_and_a_restart_spends_only_what_is_left(tiny_data,
+                                                                                                   tmp_path):
+    from bert_tf import checkpointing
+    budget_s = 10.0
+    logs = []
+    _, last = pretraining.run(_tiny(tiny_data, tmp_path, time_budget_hours=budget_s / 3600,
+                                    ladder_sequences_per_second=1.0), log=logs.append)
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if r["kind"] == "train"]
+    # the planner's line at start-up: 10,000 updates of 8 sequences at 1 seq/s do not fit 10 s
+    assert any("the planner gives 22.22 h for --total_steps=10000" in line and "WARNING: they will not fit" in line
+               for line in logs), logs[:6]
+    assert any("stopping at step" in line and "on the time budget" in line for line in logs)
+    assert not last["stopped_early"] and "eval_mlm_accuracy" in last and records[-1]["kind"] == "eval"
+    predicted = train[-1]["budget_predicted_steps"]
+    assert train[-1]["step"] <= predicted < 10000 and abs(predicted - train[-1]["step"]) < 0.2 * predicted
+    # the schedule follows the clock: warmup over 1% of the predicted updates, then decay to ~0 at its end
+    peak = max(r["learning_rate"] for r in train)
+    assert peak > 0.7e-3 and train[-1]["learning_rate"] < 0.25 * peak
+    first = checkpointing.latest_intact(str(tmp_path))
+    spent = tf.train.load_variable(first, "clock/seconds/.ATTRIBUTES/VARIABLE_VALUE")
+    assert budget_s <= spent < budget_s + 3
+    # run again with twice the budget: it trains only the second half, and the clock goes on from the first
+    start = [r["step"] for r in train][-1]
+    _, again = pretraining.run(_tiny(tiny_data, tmp_path, time_budget_hours=2 * budget_s / 3600), log=logs.append)
+    second = checkpointing.latest_intact(str(tmp_path))
+    total = tf.train.load_variable(second, "clock/seconds/.ATTRIBUTES/VARIABLE_VALUE")
+    steps = int(second.rsplit("-", 1)[1])
+    assert 2 * budget_s <= total < 2 * budget_s + 3 and start < steps < start + 1.5 * start   # ~10 s more, not 20
+    assert any(re.search(r"\(0:00:1[0-2] spent by earlier runs\)", line) for line in logs), logs
+
+
+def test_a_target_mlm_accuracy_stops_the_run_and_logs_the_time_to_train(tiny_data, tmp_path):
+    logs = []
+    _, last = pretraining.run(_tiny(tiny_data, tmp_path, target_mlm_accuracy=0.02, eval_interval=5,
+                                    learning_rate=5e-3, warmup_steps=5), log=logs.append)
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    target = [r for r in records if r["kind"] == "target"]
+    evals = [r for r in records if r["kind"] == "eval"]
+    assert len(target) == 1 and target[0]["eval_mlm_accuracy"] >= 0.02 > max(r["eval_mlm_accuracy"] for r in evals[:-1])
+    assert target[0]["step"] == evals[-1]["step"] < 10000 and not last["stopped_early"]
+    assert 0 < target[0]["time_to_train_seconds"] < 120
+    assert any(line.startswith("target reached: held-out MLM accuracy") and "time to train 0:0" in line
+               for line in logs)
+    assert tf.train.latest_checkpoint(str(tmp_path)).endswith(f"ckpt-{target[0]['step']}")
+
+
+def test_wall_clock_flags_are_checked_at_start():
+    with pytest.raises(ConfigError, match="--target_mlm_accuracy needs --eval_files and --eval_interval"):
+        pretraining.PretrainConfig(checkpoint_dir="x", vocab_file="v", target_mlm_accuracy=0.5, eval_files="e")
+    with pytest.raises(ConfigError, match="--time_budget_hours with --elastic: not supported"):
+        pretraining.PretrainConfig(checkpoint_dir="x", vocab_file="v", time_budget_hours=1, elastic=True,
+                                   global_batch=8)
+    with pytest.raises(ConfigError, match=r"--target_mlm_accuracy must be in \[0, 1\)"):
+        pretraining.PretrainConfig(checkpoint_dir="x", vocab_file="v", target_mlm_accuracy=1.5)

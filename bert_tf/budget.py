@@ -1,0 +1,74 @@
+"""Wall-clock training: a time budget that the learning-rate schedule follows, and time to a target.
+
+`--time_budget_hours=H` keeps the recipe's schedule shape (warmup the recipe's fraction of its
+updates, then its decay) but stretches it over the updates that H hours hold: at every log step the
+measured rate of this run predicts the step count at the end of the budget (as Cramming does, Geiping
+and Goldstein 2022), rank 0's prediction goes to every rank, and the run stops, saves and evaluates
+when the budget is spent. The seconds trained so far are in the checkpoint (RunClock), so a restarted
+job spends only what is left. `--target_mlm_accuracy` stops at the first evaluation that reaches it and
+reports MLPerf's figure, the time to train: wall-clock from the first update, evaluations included.
+"""
+from __future__ import annotations
+
+import time
+
+import tensorflow as tf
+
+
+class RunClock(tf.Module):
+    """Seconds of training over all runs of a job (a checkpoint item): what the budget and time to
+    target count. Runs from the first update of each run; evaluations and saves count, start-up not."""
+
+    def __init__(self):
+        super().__init__(name="clock")
+        self.seconds = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="seconds")
+        self.base, self.t0 = 0.0, None
+
+    def start(self):
+        self.base, self.t0 = float(self.seconds.numpy()), time.time()
+
+    def elapsed(self) -> float:
+        return self.base + (time.time() - self.t0 if self.t0 is not None else 0.0)
+
+    def stamp(self):
+        """Before a save: the checkpoint holds the seconds so far."""
+        self.seconds.assign(self.elapsed())
+
+
+class Budget:
+    def __init__(self, hours, warmup_steps, total_steps):
+        self.seconds = hours * 3600.0
+        self.warmup_fraction = warmup_steps / max(total_steps, 1)
+        self.mark = None            # (step, seconds) at the first prediction: the rate is measured from there
+
+    def predict(self, step, start_step, clock: RunClock) -> float:
+        """Updates the budget holds: those done plus the rest of the budget at this run's rate, measured
+        from the first prediction on (the first interval holds the compilation) or, at the first, from
+        the run's first update."""
+        now = clock.elapsed()
+        since_step, since = self.mark or (start_step, clock.base)
+        if self.mark is None:
+            self.mark = (step, now)
+        rate = (step - since_step) / (now - since) if now > since else 0.0
+        return max(float(step + max(self.seconds - now, 0.0) * rate), step + 1.0)
+
+    def schedule(self, predicted_steps) -> list:
+        """[warmup, total] for the trainer's schedule variable."""
+        return [self.warmup_fraction * predicted_steps, predicted_steps]
+
+    def spent(self, clock: RunClock) -> bool:
+        return clock.elapsed() >= self.seconds
+
+
+def planned_hours(cfg, size, local_size, global_batch, parameters_sizes):
+    """The planner's hours for --total_steps at the ladder's measured seq/s per rank (None without one),
+    with `size // local_size` nodes on 10 Gbit/s (the network is not measured at start-up)."""
+    from bert_tf import planner
+    if not cfg.ladder_sequences_per_second:
+        return None
+    nodes = max(size // max(local_size, 1), 1)
+    cluster = planner.Cluster(nodes=nodes, devices_per_node=max(size // nodes, 1), inter_gbps=10.0)
+    phase = planner.Phase("run", cfg.max_seq_length, cfg.total_steps * global_batch, global_batch,
+                          cfg.ladder_sequences_per_second)
+    row = planner.plan_phase(parameters_sizes, phase, cluster, cfg.comm, 1)
+    return row["days"] * 24
