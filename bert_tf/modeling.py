@@ -250,15 +250,25 @@ class TransformerLayer(tf.Module):
         return self.output_layer_norm(x + dropout(h, self.dropout_rate, seeds[2], training))
 
 
+RECOMPUTE = ("none", "layer")
+
+
 class BertEncoder(tf.Module):
     """Embeddings, transformer stack and pooler.
 
     Returns sequence_output [B, S, H] and pooled_output [B, H] (tanh dense on [CLS]),
-    both in the compute dtype.
+    both in the compute dtype. recompute="layer" keeps only each layer's input [B, S, H] for the
+    backward pass and runs the layer again there (tf.recompute_grad): activation memory drops from
+    about L x B x S x (34 H + 5 N S) bytes (fp16; Korthikanti et al. 2022) to L x B x S x H inputs
+    plus one layer's worth, for one more forward pass. Dropout masks are seeded statelessly, so the
+    recomputed layer draws the same masks and the gradients are the plain step's.
     """
 
-    def __init__(self, config: BertConfig, name=None):
+    def __init__(self, config: BertConfig, name=None, recompute="none"):
         super().__init__(name=name)
+        if recompute not in RECOMPUTE:
+            raise ValueError(f"recompute={recompute!r}: valid are {', '.join(RECOMPUTE)}")
+        self.recompute = recompute
         self.config = config
         self.embeddings = Embeddings(config)
         self.layers = [TransformerLayer(config, name=f"layer_{i}") for i in range(config.num_hidden_layers)]
@@ -271,7 +281,10 @@ class BertEncoder(tf.Module):
         x = self.embeddings(input_ids, segment_ids, dtype, seeds[0], training)
         mask_bias = (1.0 - tf.cast(input_mask, tf.float32))[:, tf.newaxis, tf.newaxis, :] * -10000.0
         for i, layer in enumerate(self.layers):
-            x = layer(x, mask_bias, seeds[i + 1], training)
+            if self.recompute == "layer" and training:
+                x = tf.recompute_grad(lambda h, layer=layer, s=seeds[i + 1]: layer(h, mask_bias, s, training))(x)
+            else:
+                x = layer(x, mask_bias, seeds[i + 1], training)
         pooled = tf.tanh(self.pooler(x[:, 0]))
         return x, pooled
 
@@ -284,12 +297,12 @@ class BertPretrainer(tf.Module):
     which is tied to the word embeddings.
     """
 
-    def __init__(self, config: BertConfig, use_nsp: bool = True, name=None):
+    def __init__(self, config: BertConfig, use_nsp: bool = True, name=None, recompute="none"):
         super().__init__(name=name)
         c = config
         self.config = config
         self.use_nsp = use_nsp
-        self.encoder = BertEncoder(config)
+        self.encoder = BertEncoder(config, recompute=recompute)
         self.mlm_transform = Dense(c.hidden_size, c.hidden_size, c.initializer_range)
         self.mlm_layer_norm = LayerNorm(c.hidden_size)
         self.mlm_output_bias = tf.Variable(tf.zeros([c.vocab_size]), name="mlm_output_bias")

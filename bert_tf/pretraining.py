@@ -53,6 +53,7 @@ class PretrainConfig(training.TrainConfig):
     mlm_only: bool = False
     batch_size: int = 32
     fit_micro_batch: int = 0          # re-split batch_size x accumulation_steps into micro-batches of this size
+    recompute: str = "none"           # "layer": recompute each transformer layer in the backward pass (memory)
     # Horovod (the communication knobs are training.TrainConfig.comm)
     horovod_timeline: str = ""
     horovod_autotune: bool = False
@@ -90,6 +91,8 @@ class PretrainConfig(training.TrainConfig):
     def validate(self):
         metrics.check_wandb(self.wandb_project, self.wandb_mode)
         self.guard_config().validate()
+        if self.recompute not in modeling.RECOMPUTE:
+            raise ConfigError(f"--recompute={self.recompute}: valid are {', '.join(modeling.RECOMPUTE)}")
         if self.time_budget_hours < 0:
             raise ConfigError(f"--time_budget_hours must be >= 0, got {self.time_budget_hours}")
         if self.time_budget_hours and self.elastic:
@@ -347,7 +350,7 @@ def build(cfg: PretrainConfig, say, asked: PretrainConfig | None = None) -> Job:
         say(warning)
 
     tf.random.set_seed(cfg.seed)
-    model = modeling.BertPretrainer(model_config, use_nsp=not cfg.mlm_only)
+    model = modeling.BertPretrainer(model_config, use_nsp=not cfg.mlm_only, recompute=cfg.recompute)
     trainer = training.Trainer(model, cfg, allreduce=distributed.make_gradient_allreduce(cfg.comm.fp16_allreduce),
                                seed_offset=rank)
     parameters = sum(int(tf.size(v)) for v in trainer.variables)

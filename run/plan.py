@@ -62,6 +62,11 @@ flags.DEFINE_integer("elastic_commit_interval", 10, "Updates between elastic com
 flags.DEFINE_float("host_copy_gbytes_per_s", 10.0, "Device-to-host copy bandwidth of a commit, GB/s "
                    "(PCIe 3.0 x16: 15.75 GB/s theoretical).")
 flags.DEFINE_string("output_json", "", "Write the plan here.")
+flags.DEFINE_integer("phase1_micro_batch", 64, "Phase-1 sequences per device per micro-batch (memory estimate).")
+flags.DEFINE_integer("phase2_micro_batch", 16, "Phase-2 sequences per device per micro-batch (memory estimate).")
+flags.DEFINE_enum("precision", "mixed_float16", ["float32", "mixed_float16", "mixed_bfloat16"],
+                  "Activation precision of the memory estimate.")
+flags.DEFINE_enum("recompute", "none", ["none", "layer"], "run/pretrain.py --recompute, for the memory estimate.")
 FLAGS = flags.FLAGS
 
 
@@ -88,6 +93,14 @@ def main(_):
               f"{r['allreduce_seconds']:.3f}; {r['sequences_per_second']:.0f} seq/s, scaling efficiency "
               f"{r['scaling_efficiency']:.1%}; {r['days']:.2f} days, cost {r['cost']:.0f}")
     print(f"total: {result['days']:.2f} days, cost {result['cost']:.0f}")
+    for phase, micro in ((phases[0], FLAGS.phase1_micro_batch), (phases[1], FLAGS.phase2_micro_batch)):
+        for recompute in ("none", "layer"):
+            m = planner.memory_bytes(config, phase.seq_length, micro, FLAGS.precision, recompute,
+                                     accumulation[phases.index(phase)])
+            print(f"{phase.name} memory per device, micro-batch {micro} at {phase.seq_length}, {FLAGS.precision}, "
+                  f"--recompute={recompute}{' (chosen)' if recompute == FLAGS.recompute else ''}: "
+                  f"{m['total'] / 2**30:.1f} GiB = state {m['state'] / 2**30:.1f} + activations "
+                  f"{m['activations'] / 2**30:.1f}")
     print("single changes, best first: " + "; ".join(f"{name}: {days:.2f} days" for days, name in knobs))
     spot = None
     if FLAGS.spot_price_per_device_hour > 0:

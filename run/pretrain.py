@@ -37,6 +37,9 @@ flags.DEFINE_integer("accumulation_steps", D.accumulation_steps, "Micro-batches 
 flags.DEFINE_integer("fit_micro_batch", D.fit_micro_batch,
                      "Re-split the per-rank batch (--batch_size x --accumulation_steps) into micro-batches of this "
                      "size, keeping the global batch (run/benchmark.py --tune_batch_sizes writes it); 0: off.")
+flags.DEFINE_enum("recompute", D.recompute, ["none", "layer"], "layer: keep only each transformer layer's input "
+                  "for the backward pass and run the layer again there (less activation memory, about one more "
+                  "forward pass; the same gradients): phase 2 at sequence 512 on small devices.")
 flags.DEFINE_enum("optimizer", D.optimizer, list(optimization.OPTIMIZERS), "Optimizer.")
 flags.DEFINE_float("learning_rate", D.learning_rate, "Peak learning rate (for the global batch; see the module doc).")
 flags.DEFINE_integer("warmup_steps", D.warmup_steps, "Linear warmup updates.")

@@ -129,3 +129,36 @@ def test_dropout_keeps_the_configured_fraction_unbiased_the_same_under_xla_and_p
     assert bool(tf.reduce_all(modeling.dropout(x, 0.1, seed, True) == modeling.dropout(x, 0.1, seed, True)))
     assert not bool(tf.reduce_all(modeling.dropout(x, 0.1, seed + 1, True) == modeling.dropout(x, 0.1, seed, True)))
     assert modeling.dropout(x, 0.1, seed, training=False) is x
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_layer_recomputation_gives_the_plain_gradients_and_runs_each_layer_again_backwards(compiled, monkeypatch):
+    config = modeling.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
+                                 intermediate_size=64, max_position_embeddings=64)
+    features = {k: tf.constant(v) for k, v in random_features(batch=4, seq=16, preds=3, vocab=100).items()}
+    calls = {"n": 0}
+    real = modeling.TransformerLayer.__call__
+
+    def counted(self, *args, **kwargs):
+        calls["n"] += 1
+        return real(self, *args, **kwargs)
+    monkeypatch.setattr(modeling.TransformerLayer, "__call__", counted)
+    results = {}
+    for recompute in modeling.RECOMPUTE:
+        tf.random.set_seed(0)
+        model = modeling.BertPretrainer(config, recompute=recompute)
+
+        def gradients():
+            with tf.GradientTape() as tape:                      # dropout on: the masks must be redrawn alike
+                loss = model(features, seed=tf.constant([1, 2]), training=True)["loss"]
+            return loss, [tf.convert_to_tensor(g) for g in tape.gradient(loss, model.trainable_variables)]
+        calls["n"] = 0
+        loss, grads = (tf.function(gradients) if compiled else gradients)()
+        results[recompute] = (float(loss), [g.numpy() for g in grads], calls["n"])
+    (loss, plain, n_plain), (loss_r, recomputed, n_r) = results["none"], results["layer"]
+    assert loss == loss_r and len(plain) == len(recomputed)
+    assert all(np.allclose(a, b, rtol=1e-5, atol=1e-7) for a, b in zip(plain, recomputed))
+    assert max(np.abs(a).max() for a in plain) > 1e-3                   # gradients that are not all zero
+    assert (n_plain, n_r) == (3, 6)                                      # each layer once more, in the backward pass
+    with pytest.raises(ValueError, match="recompute='all': valid are none, layer"):
+        modeling.BertEncoder(config, recompute="all")
