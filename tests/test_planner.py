@@ -170,3 +170,16 @@ def test_cheapest_names_the_options_within_one_percent():
     options = {"a": {"cost": 100.0}, "b": {"cost": 100.9}, "c": {"cost": 101.1}}
     assert planner.cheapest(options) == ("a", ["b"])
     assert planner.cheapest({**options, "a": {"cost": 102.0}}) == ("b", ["c"])      # 102 > 1.01 x 100.9
+
+
+def test_memory_estimate_follows_korthikanti_and_recomputation_keeps_only_layer_inputs():
+    config = modeling.BertConfig.preset("base", vocab_size=30522)
+    plain = planner.memory_bytes(config, 128, 32, "mixed_float16", "none", accumulation=1)
+    per_layer = 128 * 32 * 768 * (34 + 5 * 12 * 128 / 768)           # s*b*h*(34 + 5as/h), 16-bit activations
+    assert plain["activations"] == 12 * per_layer == 1_660_944_384
+    assert plain["state"] == 16 * planner.parameter_count(config)
+    layer = planner.memory_bytes(config, 128, 32, "mixed_float16", "layer", accumulation=1)
+    assert layer["activations"] == 12 * 128 * 32 * 768 * 2 + per_layer and layer["state"] == plain["state"]
+    fp32 = planner.memory_bytes(config, 512, 4, "float32", "none", accumulation=4)
+    assert fp32["activations"] == 12 * 512 * 4 * 768 * (34 + 5 * 12 * 512 / 768) * 2
+    assert fp32["state"] == 20 * planner.parameter_count(config)         # + the accumulators
