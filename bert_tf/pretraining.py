@@ -586,19 +586,14 @@ def train(cfg: PretrainConfig, job: Job, mode) -> dict:
                 step = rollback(cfg, job, mode, reason, step)
                 interval = IntervalMetrics(job.global_batch, cfg.max_seq_length, cfg.network_interface,
                                            mode.loss_weight)
+                if plan is not None:
+                    plan.mark = (step, job.clock.elapsed())     # the rate from here (the step went back)
                 continue
         mode.after_update(step)
         if cfg.eval_interval and step % cfg.eval_interval == 0 and step != cfg.total_steps and not spent:
             evaluation = job.evaluate(step)
             writer.write(evaluation)
-            accuracy = evaluation.get("eval_mlm_accuracy", 0.0)
-            if cfg.target_mlm_accuracy and accuracy >= cfg.target_mlm_accuracy:
-                seconds = job.clock.elapsed()
-                writer.write({"kind": "target", "step": step, "target_mlm_accuracy": cfg.target_mlm_accuracy,
-                              "eval_mlm_accuracy": accuracy, "time_to_train_seconds": seconds})
-                say(f"target reached: held-out MLM accuracy {accuracy:.4f} >= {cfg.target_mlm_accuracy:g} at step "
-                    f"{step}; time to train {metrics.hms(seconds)} ({seconds:.1f} s from the first update, "
-                    f"evaluations included)")
+            if target_reached(cfg, job, evaluation, step, say):
                 stopping, why = True, "the target MLM accuracy"
         # while the guard suspects a spike, periodic saves and commits wait: the newest stays a good one
         if step % cfg.save_interval == 0 and not job.guard.suspect or step == cfg.total_steps or stopping:
@@ -617,12 +612,26 @@ def train(cfg: PretrainConfig, job: Job, mode) -> dict:
     if job.eval_files and (step == cfg.total_steps or spent):
         final_eval = job.evaluate(step)
         writer.write(final_eval)
+        target_reached(cfg, job, final_eval, step, say)
         last.update({k: v for k, v in final_eval.items() if k.startswith("eval_")})
     last["stopped_early"] = step < cfg.total_steps and not why if plan is None else not spent
     if cfg.ladder_sequences_per_second and "sequences_per_second" in last:
         say(f"measured {last['sequences_per_second'] / mode.size:.2f} seq/s per rank (last interval) vs "
             f"the ladder's {cfg.ladder_sequences_per_second:.2f} for this configuration")
     return last
+
+
+def target_reached(cfg, job, evaluation, step, say) -> bool:
+    """--target_mlm_accuracy: True (and the time to train logged) when this evaluation reaches it."""
+    accuracy = evaluation.get("eval_mlm_accuracy", 0.0)
+    if not cfg.target_mlm_accuracy or accuracy < cfg.target_mlm_accuracy:
+        return False
+    seconds = job.clock.elapsed()
+    job.writer.write({"kind": "target", "step": step, "target_mlm_accuracy": cfg.target_mlm_accuracy,
+                      "eval_mlm_accuracy": accuracy, "time_to_train_seconds": seconds})
+    say(f"target reached: held-out MLM accuracy {accuracy:.4f} >= {cfg.target_mlm_accuracy:g} at step {step}; "
+        f"time to train {metrics.hms(seconds)} ({seconds:.1f} s from the first update, evaluations included)")
+    return True
 
 
 def budget_plan(cfg, size, global_batch, model_config, spent_seconds) -> str:

@@ -530,3 +530,52 @@ def test_one_process_drives_the_elastic_loop_through_a_lost_rank_and_an_added_ho
     assert any("a collective failed" in line and "horovod: a peer was lost (fake)" in line for line in lines), lines
     assert any("hosts added" in line for line in lines) and any("vs the ladder's 1.00" in line for line in lines)
     assert tf.train.latest_checkpoint(str(tmp_path)).endswith("ckpt-20")
+
+
+def test_elastic_mode_rolls_a_run_of_skipped_updates_back_to_the_last_commit(tiny_data, tmp_path):
+    """The divergence guard in elastic mode: updates 7-9 are poisoned (infinite masked-LM weights, so
+    non-finite gradients and skipped updates); with --max_skipped_updates=3 the log of step 9 rolls the
+    weights back to the commit of step 5 (no commit waited in between: they wait while the guard
+    suspects), the stream goes on past the poisoned batches and the run ends at step 20."""
+    from bert_tf import distributed, pretraining
+    cfg = pretraining.PretrainConfig(
+        model_preset="tiny", vocab_file=tiny_data["vocab_file"], train_files=tiny_data["train"],
+        max_seq_length=64, max_predictions_per_seq=10, batch_size=4, elastic=True, global_batch=4,
+        elastic_commit_interval=5, total_steps=20, log_interval=1, save_interval=50, max_skipped_updates=3,
+        checkpoint_dir=str(tmp_path))
+    distributed.init()
+    lines = []
+    job = pretraining.build(cfg, lambda *a, **k: lines.append(" ".join(map(str, a))))
+
+    class Poisoned:
+        def __init__(self, inner):
+            self.inner, self.calls = inner, 0
+
+        def next_update(self):
+            self.calls += 1
+            batches = self.inner.next_update()
+            if 7 <= self.calls <= 9:
+                batches = [dict(b, masked_lm_weights=b["masked_lm_weights"] * float("inf")) for b in batches]
+            return batches
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+    job.input = Poisoned(job.input)
+    world = FakeWorld(sizes=[1], fail_at_allreduce=0, grow_at_step=0)
+    world.trainer = job.trainer
+    mode = elastic.Elastic(cfg, job, lines.append, world=world)
+    restored = []
+    real = mode.rollback
+
+    def spy(job_, before_step=None):
+        target = real(job_, before_step)
+        restored.append(all(np.array_equal(v.numpy(), saved)
+                            for v, saved in zip(mode.state.variables, mode.state._values)))
+        return target
+    mode.rollback = spy
+    last = mode.run(lambda m: pretraining.train(cfg, job, m))
+    rollbacks = [(r["from_step"], r["step"], r["target"]) for r in read_metrics(tmp_path / "metrics.jsonl")
+                 if r["kind"] == "rollback"]
+    assert rollbacks == [(9, 5, "the last elastic commit")] and restored == [True]
+    assert world.commits == [5, 10, 15, 20] and int(job.trainer.step.numpy()) == 20 and not last["stopped_early"]
+    assert job.input.calls == 24                       # 9 updates, then steps 6-20 on fresh batches
