@@ -352,5 +352,7 @@ def test_wall_clock_flags_are_checked_at_start():
     with pytest.raises(ConfigError, match="--time_budget_hours with --elastic: not supported"):
         pretraining.PretrainConfig(checkpoint_dir="x", vocab_file="v", time_budget_hours=1, elastic=True,
                                    global_batch=8)
+    with pytest.raises(ConfigError, match="--recompute=all: valid are none, layer"):
+        pretraining.PretrainConfig(checkpoint_dir="x", vocab_file="v", recompute="all")
     with pytest.raises(ConfigError, match=r"--target_mlm_accuracy must be in \[0, 1\)"):
         pretraining.PretrainConfig(checkpoint_dir="x", vocab_file="v", target_mlm_accuracy=1.5)

@@ -126,3 +126,9 @@ def test_the_shipped_departure_table_is_what_a_scan_of_every_code_point_finds(ba
     table = tokenizer_departures.TABLES[backend]
     assert table["versions"] == tokenization.library_versions(backend)
     assert tokenization.scan_departures(backend) == list(table["ranges"])
+
+
+def test_an_unknown_tokenizer_backend_is_named():
+    from bert_tf import ConfigError
+    with pytest.raises(ConfigError, match="--tokenizer=spacy: valid are tensorflow_text, rust, python"):
+        tokenization.Tokenizer(tokenization.google_reserved_tokens(), backend="spacy")
