@@ -46,8 +46,9 @@ def init():
     hvd.init()
     gpus = tf.config.list_physical_devices("GPU")
     if gpus:
-        gpu = gpus[hvd.local_rank() % len(gpus)]
-        tf.config.experimental.set_memory_growth(gpu, True)
+        gpu = gpus[assign_gpu(hvd.local_rank(), hvd.local_size(), len(gpus),
+                              os.environ.get("CUDA_VISIBLE_DEVICES"))]
+        tf.config.experimental.set_memory_growth(gpu, True)   # TensorFlow would take all memory at start
         tf.config.set_visible_devices(gpu, "GPU")
     else:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
@@ -56,7 +57,58 @@ def init():
             tf.config.threading.set_inter_op_parallelism_threads(2)
         except RuntimeError:
             pass  # TensorFlow already ran ops in this process (library use): keep its thread pools
+    problem = gpu_install_problem(len(gpus), bool(hvd.nccl_built()), nvidia_gpus_present())
+    if problem and hvd.rank() == 0:
+        print(f"WARNING: {problem}", flush=True)
     return hvd
+
+
+def assign_gpu(local_rank, local_size, n_gpus, cuda_visible_devices=None) -> int:
+    """The GPU (index among those this process sees) for a rank: its own when the node has one per rank;
+    the only one when the launcher gave each rank its own (CUDA_VISIBLE_DEVICES, as Slurm's
+    --gpus-per-task does). Two ranks on one GPU would halve its memory and serialise their kernels: an
+    error, not a slowdown found later."""
+    if n_gpus >= local_size:
+        return local_rank
+    if n_gpus == 1 and cuda_visible_devices:
+        return 0
+    from bert_tf import ConfigError
+    raise ConfigError(f"{local_size} ranks on this node but {n_gpus} GPU(s) visible to each "
+                      f"(CUDA_VISIBLE_DEVICES={cuda_visible_devices!r}): ranks would share a GPU. Start one rank "
+                      f"per GPU (horovodrun -np <GPUs> -H host:<GPUs per node>), or give each rank its own GPU "
+                      f"(CUDA_VISIBLE_DEVICES, Slurm --gpus-per-task=1)")
+
+
+def nvidia_gpus_present() -> bool:
+    """An NVIDIA driver with at least one GPU on this node, whatever TensorFlow can use."""
+    return os.path.exists("/dev/nvidia0") or os.path.exists("/proc/driver/nvidia/gpus") and bool(
+        os.listdir("/proc/driver/nvidia/gpus"))
+
+
+def gpu_install_problem(tf_gpus, nccl_built, node_has_gpus) -> str:
+    """What is wrong with this node's install for its hardware, or "" (a CPU node, or a GPU node with
+    TensorFlow's CUDA wheels and Horovod with NCCL)."""
+    if node_has_gpus and not tf_gpus:
+        return ("this node has NVIDIA GPUs but TensorFlow sees none, so training runs on the CPU: the install "
+                "lacks TensorFlow's CUDA wheels, or the driver is older than CUDA 12.5 needs. Run "
+                "BERT_TF_GPU=1 bash scripts/setup.sh (it checks the driver and installs the GPU build)")
+    if tf_gpus and not nccl_built:
+        return ("TensorFlow sees GPUs but Horovod was built without NCCL, so gradients cross ranks through "
+                "host memory: run BERT_TF_GPU=1 bash scripts/setup.sh for the NCCL build")
+    return ""
+
+
+def describe(hvd) -> str:
+    """One line on what this process runs with: Horovod's controllers and operations, TensorFlow's CUDA
+    build, and the devices it sees."""
+    backends = [name for name, built in (("MPI", hvd.mpi_built()), ("Gloo", hvd.gloo_built()),
+                                         ("NCCL", hvd.nccl_built())) if built]
+    info = tf.sysconfig.get_build_info()
+    cuda = f"CUDA {info['cuda_version']}" if info.get("is_cuda_build") else "no CUDA"
+    import horovod
+    gpus = tf.config.get_visible_devices("GPU")
+    return (f"Horovod {horovod.__version__} ({', '.join(backends)}), TensorFlow {tf.__version__} ({cuda}); "
+            f"device: {'GPU ' + gpus[0].name if gpus else 'CPU'}")
 
 
 def rank():

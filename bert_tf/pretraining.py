@@ -219,8 +219,9 @@ def run(cfg: PretrainConfig, log=print):
     if cfg.elastic:
         elastic.check_launch()            # before hvd.init: without an elastic launch it would wait forever
     knobs = distributed.configure(cfg.comm, cfg.horovod_timeline or None, cfg.horovod_autotune)
-    distributed.init()
+    hvd = distributed.init()
     say = log if distributed.rank() == 0 else _silent
+    say(distributed.describe(hvd))
     job = build(cfg, say, asked)
     say("horovod: " + ", ".join(f"{k}={v} ({src})" for k, (v, src) in knobs.items()))
     try:

@@ -3,22 +3,36 @@
 #   1. Debian packages (OpenMPI, compilers, CMake 3.x, Python 3.11 venv/headers, iproute2) when missing;
 #   2. a virtual environment with the pinned Python packages (requirements*.txt);
 #   3. Horovod built from source once, as a wheel cached outside the repo, keyed by the
-#      Horovod, TensorFlow and Python versions; later runs install that wheel;
+#      Horovod, TensorFlow and Python versions (GPU: also CUDA, compute capabilities and patches);
+#      later runs install that wheel;
 #   4. the bundled real corpus, extracted from gensim's wheel and checked by SHA-256;
 #   5. a check that Horovod has TensorFlow and MPI.
+# On a GPU node (BERT_TF_GPU, see env.sh), TensorFlow comes with its CUDA wheels (versions in
+# requirements-cuda.txt) and Horovod with NCCL, built with scripts/cuda_toolkit.sh's compiler and
+# the source patches in scripts/horovod_patches/ (docs/design.md says why each exists).
 # A second run with everything in place takes seconds. Everything it does is printed.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 cd "$BERT_TF_REPO"
 
-t_start=$SECONDS
-say() { printf '[setup %4ds] %s\n' "$((SECONDS - t_start))" "$*"; }
-die() { printf '[setup] ERROR: %s\n' "$*" >&2; exit 1; }
+logs_as setup
+
+case "$BERT_TF_GPU" in
+  0|1|build) ;;
+  *) die "BERT_TF_GPU=$BERT_TF_GPU: use auto, 1 (a GPU node), 0 (CPU only) or build (the GPU install without a GPU)" ;;
+esac
+# A GPU node's driver, checked before anything is installed (scripts/gpu_driver.sh).
+source "$BERT_TF_REPO/scripts/gpu_driver.sh"
+check_gpu_driver
 
 # The Horovod wheel this machine needs; when it is already cached, no compiler is needed.
 TF_VERSION=$(sed -n 's/^tensorflow==\([^ ]*\).*/\1/p' requirements.txt)
 variant="mpi"; [ "$BERT_TF_HOROVOD_GLOO" = 1 ] && variant="mpi-gloo"
-[ "$BERT_TF_HOROVOD_GPU" = 1 ] && variant="$variant-nccl"
+if [ "$BERT_TF_GPU" != 0 ]; then
+  source "$BERT_TF_REPO/scripts/cuda_toolkit.sh"
+  patches_sum=$(cat "$BERT_TF_REPO"/scripts/horovod_patches/*.patch | sha256sum | cut -c1-8)
+  variant="$variant-nccl-cuda${CUDA_TOOLKIT_VERSION%%-*}-cc${BERT_TF_CUDA_CC_LIST//,/.}-patches$patches_sum"
+fi
 wheel_key="horovod-${HOROVOD_VERSION}-tf${TF_VERSION}-py311-${variant}"
 wheel_dir="$BERT_TF_CACHE/wheels/$wheel_key"
 wheel_cached=0
@@ -44,6 +58,10 @@ if [ "$wheel_cached" = 0 ]; then   # only to build Horovod
   need g++              command -v g++
   need make             command -v make
   need cmake            test -x /usr/bin/cmake
+  if [ "$BERT_TF_GPU" != 0 ]; then  # the CUDA toolkit's download, and the source patches
+    need curl             command -v curl
+    need patch            command -v patch
+  fi
 fi
 if ((${#missing[@]})); then
   say "missing Debian packages: ${missing[*]}"
@@ -79,10 +97,17 @@ fi
 PY="$BERT_TF_VENV/bin/python"
 PIP=("$PY" -m pip --disable-pip-version-check -q)
 req_stamp="$BERT_TF_VENV/.bert_tf-requirements.sha256"
-req_sum=$(cat requirements.txt requirements-dev.txt | sha256sum | cut -d' ' -f1)
+req_files=(requirements.txt requirements-dev.txt)
+cuda_args=()
+if [ "$BERT_TF_GPU" != 0 ]; then  # TensorFlow's CUDA wheels, at the versions it was built with
+  req_files+=(requirements-cuda.txt)
+  cuda_args=("tensorflow[and-cuda]==$TF_VERSION" -c requirements-cuda.txt)
+fi
+req_sum=$(cat "${req_files[@]}" | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$req_stamp" 2>/dev/null)" != "$req_sum" ]; then
-  say "installing pinned Python packages"
-  "${PIP[@]}" install -r requirements.txt -r requirements-dev.txt \
+  say "installing pinned Python packages${cuda_args:+ (with CUDA: about 3 GB)}"
+  rm -f "$req_stamp"  # a failed install is never taken for a complete one
+  "${PIP[@]}" install -r requirements.txt -r requirements-dev.txt "${cuda_args[@]}" \
     || die "pip install -r requirements.txt failed (see above); is PyPI reachable?"
   echo "$req_sum" > "$req_stamp"
 fi
@@ -102,9 +127,29 @@ if ! wheel_ok; then
   rm -rf "$wheel_dir"
   build_dir=$(mktemp -d "${TMPDIR:-/tmp}/bert_tf-horovod-build.XXXXXX")
   say "building Horovod $HOROVOD_VERSION against TensorFlow $TF_VERSION ($variant); about 2.5 min on 2 cores (measured), once"
-  tf_include="$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/tensorflow/include"
+  site="$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+  tf_include="$site/tensorflow/include"
   gloo_flag=HOROVOD_WITHOUT_GLOO=1; [ "$BERT_TF_HOROVOD_GLOO" = 1 ] && gloo_flag=HOROVOD_WITH_GLOO=1
-  gpu_env=(); [ "$BERT_TF_HOROVOD_GPU" = 1 ] && gpu_env=(HOROVOD_GPU_OPERATIONS=NCCL)
+  source_spec="horovod==$HOROVOD_VERSION"
+  gpu_env=()
+  if [ "$BERT_TF_GPU" != 0 ]; then
+    ensure_cuda_toolkit
+    "${PIP[@]}" download --no-deps --no-binary :all: "horovod==$HOROVOD_VERSION" -d "$build_dir" >/dev/null \
+      || die "could not download Horovod $HOROVOD_VERSION's source from PyPI"
+    tar -xzf "$build_dir/horovod-$HOROVOD_VERSION.tar.gz" -C "$build_dir"
+    source_spec="$build_dir/horovod-$HOROVOD_VERSION"
+    for p in "$BERT_TF_REPO"/scripts/horovod_patches/*.patch; do
+      patch -s -p1 -d "$source_spec" < "$p" || die "$p does not apply to Horovod $HOROVOD_VERSION's source"
+      say "applied $(basename "$p")"
+    done
+    # NCCL from TensorFlow's own wheel (nvidia-nccl-cu12): it ships libnccl.so.2 only, so the linker
+    # gets an unversioned name in the build folder; the library finds it at run time by its RUNPATH.
+    [ -f "$site/nvidia/nccl/include/nccl.h" ] || die "no nccl.h in $site/nvidia/nccl: TensorFlow's CUDA wheels are not installed"
+    mkdir -p "$build_dir/nccl-lib" && ln -s "$site/nvidia/nccl/lib/libnccl.so.2" "$build_dir/nccl-lib/libnccl.so"
+    gpu_env=(HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_CUDA_HOME="$CUDA_TOOLKIT" HOROVOD_NCCL_LINK=SHARED
+             HOROVOD_NCCL_INCLUDE="$site/nvidia/nccl/include" HOROVOD_NCCL_LIB="$build_dir/nccl-lib"
+             HOROVOD_BUILD_CUDA_CC_LIST="$BERT_TF_CUDA_CC_LIST")
+  fi
   t_build=$SECONDS
   # CMAKE_POLICY_VERSION_MINIMUM: gloo's CMakeLists declare a minimum below 3.5.
   # --no-cache-dir: pip would otherwise hand back a wheel it built earlier with other HOROVOD_* flags.
@@ -118,7 +163,7 @@ if ! wheel_ok; then
         MAKEFLAGS="-j$(nproc)" \
         CPLUS_INCLUDE_PATH="$BERT_TF_REPO/scripts/horovod_compat:$tf_include/external/highwayhash:$tf_include/external/farmhash_archive/src" \
         "${PIP[@]}" wheel --no-cache-dir --no-deps --no-build-isolation --no-binary horovod \
-        "horovod==$HOROVOD_VERSION" -w "$build_dir" > "$build_dir/build.log" 2>&1; then
+        "$source_spec" -w "$build_dir" > "$build_dir/build.log" 2>&1; then
     tail -n 40 "$build_dir/build.log" >&2
     die "Horovod build failed; full log: $build_dir/build.log"
   fi
@@ -183,6 +228,14 @@ if [ "$(cat "$check_stamp" 2>/dev/null)" != "$(cat "$hvd_stamp")" ]; then
   if ! grep -q '\[X\] TensorFlow' <<<"$check" || ! grep -q '\[X\] MPI' <<<"$check"; then
     echo "$check" >&2
     die "Horovod lacks TensorFlow or MPI support (horovodrun --check-build above). Delete $wheel_dir and run again."
+  fi
+  if [ "$BERT_TF_GPU" != 0 ]; then
+    # LD_BIND_NOW: every symbol the library needs is resolved at import, not at its first GPU op.
+    gpu_check=$(cd / && LD_BIND_NOW=1 "$PY" -c 'import horovod.tensorflow as hvd; print(hvd.cuda_built(), bool(hvd.nccl_built()))' 2>&1 | tail -n 1) || true
+    if [ "$gpu_check" != "True True" ] || ! grep -q '\[X\] NCCL' <<<"$check"; then
+      echo "$check" >&2
+      die "the GPU build of Horovod does not load with CUDA and NCCL (import says: $gpu_check). Delete $wheel_dir and run again."
+    fi
   fi
   echo "$check" | sed -n '/Available Frameworks/,$p'
   cp "$hvd_stamp" "$check_stamp"

@@ -24,12 +24,12 @@ def mpi_env(extra=None):
     return env
 
 
-def mpirun(np_, args, env=None, timeout=600, check=True):
+def mpirun(np_, args, env=None, timeout=600, check=True, python=sys.executable):
     """`mpirun -np N python args...` on this machine; returns the CompletedProcess."""
     cmd = ["mpirun", "-np", str(np_), "--oversubscribe", "--bind-to", "none"]
     if os.geteuid() == 0:
         cmd.append("--allow-run-as-root")
-    cmd += [sys.executable, *map(str, args)]
+    cmd += [python, *map(str, args)]
     return _run(cmd, env, timeout, check)
 
 
