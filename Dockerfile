@@ -1,9 +1,12 @@
 # bert_tf node image. Both stages start from one base image chosen by build argument, so the
 # legacy builder (no BuildKit) pulls only that base, and both install through scripts/setup.sh
 # (the script CI runs: versions and the Horovod build have one source of truth).
-#   docker build -t bert_tf:cpu .                                              # Debian 12, Python 3.11
-#   docker build -t bert_tf:gpu --build-arg BASE_IMAGE=nvidia/cuda:12.5.1-cudnn-devel-ubuntu22.04 \
-#       --build-arg HOROVOD_GPU=1 .                                            # CUDA 12.5.1 + cuDNN 9, NCCL
+#   docker build -t bert_tf:cpu .                          # Debian 12, Python 3.11
+#   docker build -t bert_tf:gpu --build-arg GPU=build .    # + TensorFlow's CUDA 12.5 wheels, Horovod with NCCL
+# The GPU image starts from the same Debian base: CUDA comes from PyPI wheels in the venv, and the
+# compiler for Horovod's kernels only into the builder stage (scripts/cuda_toolkit.sh), or not at all
+# when the wheel cache below holds the GPU wheel. The node's driver comes from the NVIDIA container
+# runtime (docker run --gpus all).
 # Optional build inputs in docker/build-inputs/ (both builders; see its README.md): ca.crt, the CA
 # bundle of a TLS-inspecting proxy, and wheels/, a Horovod wheel cache from scripts/setup.sh. They
 # are used in the builder stage only; the runtime stage copies the venv, never them.
@@ -12,32 +15,34 @@ ARG BASE_IMAGE=debian:bookworm-20241111
 
 # ------------------------------------------------------------------------------------ builder
 FROM ${BASE_IMAGE} AS builder
-ARG HOROVOD_GPU=0
+ARG GPU=0
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ENV DEBIAN_FRONTEND=noninteractive BERT_TF_CACHE=/opt/bert_tf/cache BERT_TF_VENV=/opt/bert_tf/venv \
-    BERT_TF_HOROVOD_GPU=${HOROVOD_GPU}
+    BERT_TF_GPU=${GPU}
 WORKDIR /opt/bert_tf/src
-COPY requirements.txt requirements-dev.txt setup.py ./
+COPY requirements.txt requirements-dev.txt requirements-cuda.txt setup.py ./
 COPY scripts/ scripts/
 COPY bert_tf/ bert_tf/
 COPY docker/build-inputs/ /tmp/build-inputs/
-# NCCL headers for the GPU build come from CUDA's apt repository (the CUDA base has it configured).
-# hadolint ignore=DL3008
 RUN if [ -s /tmp/build-inputs/ca.crt ]; then export PIP_CERT=/tmp/build-inputs/ca.crt; echo "pip uses the CA bundle from docker/build-inputs/ca.crt"; fi \
     && if [ -d /tmp/build-inputs/wheels ]; then mkdir -p "$BERT_TF_CACHE" && cp -r /tmp/build-inputs/wheels "$BERT_TF_CACHE/"; fi \
-    && if [ "$BERT_TF_HOROVOD_GPU" = 1 ]; then apt-get update && apt-get install -y --no-install-recommends libnccl-dev; fi \
     && bash scripts/setup.sh \
-    && rm -rf /tmp/build-inputs /root/.cache/pip "$BERT_TF_CACHE/downloads" /opt/bert_tf/src/scripts/__pycache__
+    && rm -rf /tmp/build-inputs /root/.cache/pip "$BERT_TF_CACHE/downloads" "$BERT_TF_CACHE/toolkits" \
+              /opt/bert_tf/src/scripts/__pycache__
 
 # ------------------------------------------------------------------------------------ runtime
 FROM ${BASE_IMAGE} AS runtime
-ARG HOROVOD_GPU=0
+ARG GPU=0
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 # OMPI_MCA_btl_vader_single_copy_mechanism: vader's single copy (CMA) needs ptrace rights containers
 # lack ("Read -1, expected ..., errno = 1" from every MPI job).
+# NVIDIA_*: what the NVIDIA container runtime mounts on a GPU node (every GPU; the CUDA driver and
+# nvidia-smi, no graphics); nothing on a CPU node. NCCL finds its library by Horovod's RUNPATH, and
+# NCCL_* settings reach ssh-started ranks through the entry point (docs/operations.md).
 ENV DEBIAN_FRONTEND=noninteractive BERT_TF_CACHE=/opt/bert_tf/cache BERT_TF_VENV=/opt/bert_tf/venv \
-    BERT_TF_HOROVOD_GPU=${HOROVOD_GPU} SSH_PORT=12345 TF_CPP_MIN_LOG_LEVEL=2 PATH=/opt/bert_tf/venv/bin:$PATH \
-    OMPI_MCA_btl_vader_single_copy_mechanism=none
+    BERT_TF_GPU=${GPU} SSH_PORT=12345 TF_CPP_MIN_LOG_LEVEL=2 PATH=/opt/bert_tf/venv/bin:$PATH \
+    OMPI_MCA_btl_vader_single_copy_mechanism=none \
+    NVIDIA_VISIBLE_DEVICES=all NVIDIA_DRIVER_CAPABILITIES=compute,utility
 # Settings first: the legacy builder commits every instruction as a layer, which storage drivers such
 # as vfs store as a full copy of the file system: cheap here, gigabytes after the venv.
 ENTRYPOINT ["/usr/local/bin/bert-tf-entrypoint"]

@@ -71,6 +71,7 @@ class LossScale(tf.Module):
 @dataclasses.dataclass
 class TrainConfig:
     precision: str = "float32"
+    tf32: bool = True               # TensorFloat-32 float32 matmuls on GPUs that have it (TensorFlow's default)
     xla: bool = False
     accumulation_steps: int = 1
     optimizer: str = "lamb"
@@ -117,6 +118,8 @@ class Trainer:
         self.model = model
         self.config = config
         self.dtype = compute_dtype(config.precision)
+        # Process-wide in TensorFlow; set per trainer so each benchmark rung gets its own. No effect on CPUs.
+        tf.config.experimental.enable_tensor_float_32_execution(config.tf32)
         self.variables = list(model.trainable_variables)
         self.optimizer = optimization.Optimizer(self.variables, config.optimizer, config.weight_decay)
         self.loss_scale = LossScale() if config.precision == "mixed_float16" else None

@@ -39,9 +39,8 @@ flags.DEFINE_list("tune_batch_sizes", [], "Also time the fastest bert_tf rung at
 flags.DEFINE_integer("accumulation_steps", 4, "Micro-batches per update on the accumulation rung.")
 flags.DEFINE_integer("warmup_updates", 2, "Updates not timed (compilation).")
 flags.DEFINE_integer("updates", 5, "Timed updates per rung.")
-flags.DEFINE_list("rungs", ["fp32", "fp32+xla", "bf16", "bf16+xla", "fp16", "fp16+xla", "best+accum", "best-dropout",
-                                   "keras-hub"],
-                  "Rungs to run.")
+flags.DEFINE_list("rungs", None, "Rungs to run (default: the CPU ladder, or the GPU ladder where TensorFlow sees a "
+                  "GPU; see CPU_RUNGS and GPU_RUNGS).")
 flags.DEFINE_float("peak_seconds", 3.0, "Seconds per matmul-peak measurement (each dtype, both ways).")
 flags.DEFINE_integer("peak_size", 2048, "n of the n x n x n matmul the peak is measured with.")
 flags.DEFINE_string("output_dir", "runs/benchmark", "Where ladder.json and ladder.png go.")
@@ -52,20 +51,34 @@ flags.DEFINE_float("input_seconds", 5.0, "Seconds per input-pipeline measurement
 flags.DEFINE_string("profile_dir", "", "After the ladder, trace 3 updates of the fastest bert_tf rung with the "
                     "TensorFlow profiler into this folder (TensorBoard's profile tab reads it).")
 flags.DEFINE_string("write_flagfile", "", "Write the fastest bert_tf configuration here as run/pretrain.py flags.")
+flags.DEFINE_string("device_figures", "", "Add the fastest bert_tf rung's sequences/s to this JSON as the device's "
+                    "phase-1 (sequence 128) or phase-2 (512) speed, for run/plan.py --device_figures.")
 FLAGS = flags.FLAGS
 
-PRECISION = {"fp32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
+# tf32: float32 with TensorFloat-32 matmuls (GPUs from Ampere on); fp32 is then strict float32.
+PRECISION = {"fp32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16", "tf32": "float32"}
 DTYPE_NAME = {"float32": "float32", "mixed_bfloat16": "bfloat16", "mixed_float16": "float16"}
-RUNGS = [*PRECISION, *(f"{p}+xla" for p in PRECISION), "best+accum", "best-dropout", "keras-hub"]
+PRECISION_RUNGS = [*PRECISION, *(f"{p}+xla" for p in PRECISION)]
+RUNGS = [*PRECISION_RUNGS, "best+accum", "best-dropout", "keras-hub"]
+# Without a GPU, XLA's CPU backend misses the bf16 matrix units, so both ways are timed; on a GPU, XLA
+# fuses around cuBLAS and float16/bfloat16 use the tensor cores: the fast rungs first.
+CPU_RUNGS = ["fp32", "fp32+xla", "bf16", "bf16+xla", "fp16", "fp16+xla", "best+accum", "best-dropout", "keras-hub"]
+GPU_RUNGS = ["fp16+xla", "bf16+xla", "tf32+xla", "fp32+xla", "fp16", "best+accum", "best-dropout", "keras-hub"]
 
 
-def check_rungs(rungs):
+def default_rungs(gpu: bool):
+    return list(GPU_RUNGS if gpu else CPU_RUNGS)
+
+
+def check_rungs(rungs, gpu=False):
     unknown = [r for r in rungs if r not in RUNGS]
     if unknown:
         raise ConfigError(f"--rungs: unknown {', '.join(map(repr, unknown))}; valid: {', '.join(RUNGS)}")
     if not rungs:
         raise ConfigError("--rungs is empty")
-    if "best-dropout" in rungs and not any(r in rungs[:rungs.index("best-dropout")] for r in RUNGS[:7]):
+    if not gpu and any(r.startswith("tf32") for r in rungs):
+        raise ConfigError("--rungs: tf32 needs a GPU with TensorFloat-32 (Ampere or newer); TensorFlow sees no GPU here")
+    if "best-dropout" in rungs and not any(r in rungs[:rungs.index("best-dropout")] for r in PRECISION_RUNGS):
         raise ConfigError("--rungs: best-dropout needs a bert_tf rung before it")
     if "keras-hub" in rungs:
         try:
@@ -75,14 +88,14 @@ def check_rungs(rungs):
                               "or leave the rung out") from None
 
 
-def check_writable(path):
-    """Fails before an hour of measuring if the flagfile could not be written at the end."""
+def check_writable(path, flag="write_flagfile"):
+    """Fails before an hour of measuring if the file could not be written at the end."""
     directory = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(directory):
-        raise ConfigError(f"--write_flagfile={path}: directory {directory} does not exist")
+        raise ConfigError(f"--{flag}={path}: directory {directory} does not exist")
     if os.path.isdir(path) or not os.access(directory, os.W_OK) or (os.path.exists(path) and
                                                                    not os.access(path, os.W_OK)):
-        raise ConfigError(f"--write_flagfile={path}: not writable")
+        raise ConfigError(f"--{flag}={path}: not writable")
 
 
 def write_flagfile(path, best, report):
@@ -95,6 +108,7 @@ def write_flagfile(path, best, report):
              + (" (fastest of --tune_batch_sizes; --fit_micro_batch keeps the recipe's per-rank batch)"
                 if report.get("tune_batch_sizes") else ""),
              f"--precision={best['precision']}",
+             *([f"--{'' if best['tf32'] else 'no'}tf32"] if report["device"].get("gpus") else []),
              f"--{'' if best['xla'] else 'no'}xla",
              f"--ladder_sequences_per_second={best['sequences_per_second']:.3f}"]
     if report.get("tune_batch_sizes"):  # the micro-batch was tuned: keep the recipe's per-rank batch, split it so
@@ -137,13 +151,13 @@ def timed_updates(step):
     return {"update_seconds": median, "first_update_seconds": first, "compile_seconds_estimate": max(first - median, 0)}
 
 
-def run_rung(config, precision, xla, accumulation, batch_size, profile_dir=""):
+def run_rung(config, precision, xla, accumulation, batch_size, profile_dir="", tf32=False):
     import tensorflow as tf
 
     from bert_tf import modeling, training
     tf.random.set_seed(0)
     model = modeling.BertPretrainer(config)
-    trainer = training.Trainer(model, training.TrainConfig(precision=precision, xla=xla,
+    trainer = training.Trainer(model, training.TrainConfig(precision=precision, xla=xla, tf32=tf32,
                                                            accumulation_steps=accumulation, total_steps=10 ** 6))
     micro = [random_batch(batch_size, FLAGS.max_seq_length, FLAGS.max_predictions_per_seq, config.vocab_size,
                           i) for i in range(accumulation)]
@@ -211,18 +225,27 @@ def run_keras_hub(config, precision, xla, batch_size):
 def main(_):
     import tensorflow as tf
 
-    from bert_tf import flops, modeling
-    check_rungs(FLAGS.rungs)
+    from bert_tf import flops, modeling, planner
+    gpu = bool(tf.config.list_physical_devices("GPU"))
+    rungs = FLAGS.rungs if FLAGS.rungs is not None else default_rungs(gpu)
+    check_rungs(rungs, gpu)
     try:
         batch_sizes = [int(b) for b in FLAGS.tune_batch_sizes]
     except ValueError:
         raise ConfigError(f"--tune_batch_sizes: not integers: {','.join(FLAGS.tune_batch_sizes)}") from None
     if any(b < 1 for b in batch_sizes) or FLAGS.batch_size < 1:
         raise ConfigError(f"--batch_size/--tune_batch_sizes must be >= 1, got {FLAGS.batch_size}, {batch_sizes}")
-    if FLAGS.write_flagfile:
-        check_writable(FLAGS.write_flagfile)
-        if not any(r in PRECISION or r.endswith("+xla") for r in FLAGS.rungs):
-            raise ConfigError("--write_flagfile needs at least one bert_tf precision rung in --rungs")
+    for flag in ("write_flagfile", "device_figures"):
+        if FLAGS[flag].value:
+            check_writable(FLAGS[flag].value, flag)
+            if not any(r in PRECISION_RUNGS for r in rungs):
+                raise ConfigError(f"--{flag} needs at least one bert_tf precision rung in --rungs")
+    if FLAGS.device_figures:
+        if FLAGS.max_seq_length not in planner.DEVICE_FIGURES.values():
+            raise ConfigError(f"--device_figures: the plan's phases run at sequence 128 and 512, not "
+                              f"--max_seq_length={FLAGS.max_seq_length}")
+        if os.path.exists(FLAGS.device_figures):
+            planner.read_device_figures(FLAGS.device_figures, FLAGS.model_preset)   # one it can add to
     if FLAGS.input_files:
         from bert_tf import input_pipeline
         if not FLAGS.vocab_file:
@@ -241,11 +264,11 @@ def main(_):
 
     rows = []
 
-    def record(rung, precision, xla, accumulation, batch_size, result, peer=False, diagnostic=False):
+    def record(rung, precision, xla, accumulation, batch_size, result, peer=False, diagnostic=False, tf32=False):
         seqs = batch_size * accumulation / result["update_seconds"]
         achieved = seqs * flops_per_seq
         dtype_peak = max(peaks[DTYPE_NAME[precision]].values())
-        row = {"rung": rung, "precision": precision, "xla": xla, "accumulation_steps": accumulation,
+        row = {"rung": rung, "precision": precision, "tf32": tf32, "xla": xla, "accumulation_steps": accumulation,
                "batch_size": batch_size, "peer": peer, "diagnostic": diagnostic,
                "sequences_per_second": seqs, "tokens_per_second": seqs * FLAGS.max_seq_length,
                "model_tflops": achieved / 1e12, "mfu": achieved / hw_peak, "mfu_same_dtype": achieved / dtype_peak,
@@ -259,7 +282,7 @@ def main(_):
     def fastest(peer=False):
         return max((r for r in rows if r["peer"] == peer and not r["diagnostic"]), key=lambda r: r["sequences_per_second"], default=None)
 
-    for rung in FLAGS.rungs:
+    for rung in rungs:
         if rung == "keras-hub":
             for precision in ("float32", "mixed_bfloat16"):
                 for xla in (False, True):
@@ -273,30 +296,32 @@ def main(_):
             row = record(rung, base["precision"], base["xla"], base["accumulation_steps"], base["batch_size"],
                          run_rung(dataclasses.replace(config, hidden_dropout_prob=0.0,
                                                       attention_probs_dropout_prob=0.0),
-                                  base["precision"], base["xla"], base["accumulation_steps"], base["batch_size"]),
-                         diagnostic=True)
+                                  base["precision"], base["xla"], base["accumulation_steps"], base["batch_size"],
+                                  tf32=base["tf32"]),
+                         diagnostic=True, tf32=base["tf32"])
             print(f"dropout costs {1 - base['sequences_per_second'] / row['sequences_per_second']:.1%} of the "
                   f"fastest rung's ({base['rung']}) time", flush=True)
             continue
         if rung == "best+accum":
             base = fastest()
-            precision, xla = (base["precision"], base["xla"]) if base else ("float32", True)
+            precision, xla, tf32 = (base["precision"], base["xla"], base["tf32"]) if base else ("float32", True, False)
             accumulation = FLAGS.accumulation_steps
         else:
             short, _, opt = rung.partition("+")
-            precision, xla, accumulation = PRECISION[short], opt == "xla", 1
+            precision, xla, tf32, accumulation = PRECISION[short], opt == "xla", short == "tf32", 1
         record(rung, precision, xla, accumulation, FLAGS.batch_size,
-               run_rung(config, precision, xla, accumulation, FLAGS.batch_size))
+               run_rung(config, precision, xla, accumulation, FLAGS.batch_size, tf32=tf32), tf32=tf32)
     if batch_sizes and fastest():
         base = fastest()
         for b in batch_sizes:
             if b != base["batch_size"]:
                 record(f"{base['rung']} b{b}", base["precision"], base["xla"], base["accumulation_steps"], b,
-                       run_rung(config, base["precision"], base["xla"], base["accumulation_steps"], b))
+                       run_rung(config, base["precision"], base["xla"], base["accumulation_steps"], b,
+                                tf32=base["tf32"]), tf32=base["tf32"])
     best, peer = fastest(), fastest(peer=True)
     if FLAGS.profile_dir and best:
         run_rung(config, best["precision"], best["xla"], best["accumulation_steps"], best["batch_size"],
-                 profile_dir=FLAGS.profile_dir)
+                 profile_dir=FLAGS.profile_dir, tf32=best["tf32"])
         print(f"wrote a profiler trace of {best['rung']} to {FLAGS.profile_dir}; op time by type:")
         for op, share in op_time_shares(FLAGS.profile_dir):
             print(f"  {share:6.1%}  {op}")
@@ -326,9 +351,10 @@ def main(_):
               "input_pipeline_sequences_per_second": headroom, "peak_host_memory_gb": peak_rss_gb, "cpu_count": os.cpu_count(),
               "tune_batch_sizes": batch_sizes,
               "command": "python run/benchmark.py " + " ".join(
-                  f"--{k}={FLAGS[k].value if not isinstance(FLAGS[k].value, list) else ','.join(FLAGS[k].value)}"
-                  for k in ("model_preset", "max_seq_length", "batch_size", "accumulation_steps", "updates",
-                            "rungs", "tune_batch_sizes"))}
+                  f"--{k}={v if not isinstance(v, list) else ','.join(v)}" for k, v in (
+                      *((k, FLAGS[k].value) for k in ("model_preset", "max_seq_length", "batch_size",
+                                                      "accumulation_steps", "updates")),
+                      ("rungs", rungs), ("tune_batch_sizes", FLAGS.tune_batch_sizes)))}
     with open(os.path.join(FLAGS.output_dir, "ladder.json"), "w") as f:
         json.dump(report, f, indent=1)
     plot(report, os.path.join(FLAGS.output_dir, "ladder.png"))
@@ -337,6 +363,15 @@ def main(_):
         write_flagfile(FLAGS.write_flagfile, best, report)
         print(f"wrote {FLAGS.write_flagfile}: --precision={best['precision']} --xla={best['xla']} "
               f"({best['sequences_per_second']:.2f} seq/s)")
+    if FLAGS.device_figures:
+        planner.record_device_figures(FLAGS.device_figures, FLAGS.model_preset, FLAGS.max_seq_length,
+                                      best["sequences_per_second"], device=report["device"].get("gpus", [
+                                          report["device"].get("cpu")])[0], **{
+                                          f"rung_{FLAGS.max_seq_length}": best["rung"],
+                                          f"command_{FLAGS.max_seq_length}": report["command"]})
+        print(f"wrote {FLAGS.device_figures}: {best['sequences_per_second']:.2f} seq/s at {FLAGS.max_seq_length} "
+              f"({best['rung']}); python run/plan.py --model_preset={FLAGS.model_preset} "
+              f"--device_figures={FLAGS.device_figures} takes it")
 
 
 def plot(report, path):

@@ -62,6 +62,9 @@ flags.DEFINE_integer("elastic_commit_interval", 10, "Updates between elastic com
 flags.DEFINE_float("host_copy_gbytes_per_s", 10.0, "Device-to-host copy bandwidth of a commit, GB/s "
                    "(PCIe 3.0 x16: 15.75 GB/s theoretical).")
 flags.DEFINE_string("output_json", "", "Write the plan here.")
+flags.DEFINE_string("device_figures", "", "JSON of this device's measured figures (run/benchmark.py --device_figures, "
+                    "scripts/gpu_check.sh): its phase1/phase2_device_seq_s and intra_gbps replace the defaults; "
+                    "flags given on the command line still win.")
 flags.DEFINE_integer("phase1_micro_batch", 64, "Phase-1 sequences per device per micro-batch (memory estimate).")
 flags.DEFINE_integer("phase2_micro_batch", 16, "Phase-2 sequences per device per micro-batch (memory estimate).")
 flags.DEFINE_enum("precision", "mixed_float16", ["float32", "mixed_float16", "mixed_bfloat16"],
@@ -72,6 +75,14 @@ FLAGS = flags.FLAGS
 
 
 def main(_):
+    if FLAGS.device_figures:
+        figures = planner.read_device_figures(FLAGS.device_figures, FLAGS.model_preset)
+        used = {k: figures[k] for k in (*planner.DEVICE_FIGURES, *planner.LINK_FIGURES)
+                if k in figures and not FLAGS[k].present}
+        for key, value in used.items():
+            setattr(FLAGS, key, value)
+        print(f"measured figures from {FLAGS.device_figures} ({figures.get('device', 'device not named')}): "
+              + ", ".join(f"{k}={v:g}" for k, v in used.items()))
     config = modeling.BertConfig.preset(FLAGS.model_preset, vocab_size=FLAGS.vocab_size)
     sizes = planner.gradient_tensor_sizes(config)
     params = sum(sizes)

@@ -48,6 +48,8 @@ flags.DEFINE_float("decay_power", D.decay_power, "Polynomial decay power after w
 flags.DEFINE_float("weight_decay", D.weight_decay, "Decoupled weight decay (not on LayerNorm or biases).")
 flags.DEFINE_float("clip_norm", D.clip_norm, "Global-norm gradient clipping.")
 flags.DEFINE_enum("precision", D.precision, list(training.POLICIES), "Compute precision policy.")
+flags.DEFINE_bool("tf32", D.tf32, "On GPUs with TensorFloat-32 (Ampere and newer), float32 matmuls use it "
+                  "(TensorFlow's default); --notf32 for strict float32. No effect on CPUs.")
 flags.DEFINE_bool("xla", D.xla, "Compile the forward/backward pass and the update with XLA.")
 flags.DEFINE_integer("seed", D.seed, "Seed for initialisation, data order and dropout.")
 cli.define_comm()

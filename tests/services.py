@@ -19,6 +19,7 @@ DOCKER_BIP = "198.18.0.1/24"
 DOCKER_POOL = "base=198.19.0.0/16,size=24"
 BASE_IMAGE = "debian:bookworm-20241111"       # the Dockerfile's default BASE_IMAGE
 IMAGE = "bert_tf:cpu"
+GPU_IMAGE = "bert_tf:gpu"                        # --build-arg GPU=build
 
 
 def say(msg):
@@ -142,9 +143,10 @@ def dockerfile_sources(dockerfile=REPO / "Dockerfile"):
     return sources
 
 
-def build_context(dest, wheels=None, ca_bundle=None):
+def build_context(dest, wheels=None, ca_bundle=None, gpu=False):
     """A build context in dest: the files the Dockerfile copies, plus the optional build inputs
-    (docker/build-inputs/: a Horovod wheel cache, a CA bundle). Returns its content key."""
+    (docker/build-inputs/: a Horovod wheel cache, the CPU or the GPU (NCCL) wheels only, a CA bundle).
+    Returns its content key."""
     digest = hashlib.sha256()
     files = [REPO / "Dockerfile", REPO / ".dockerignore"]
     for source in dockerfile_sources():
@@ -160,7 +162,9 @@ def build_context(dest, wheels=None, ca_bundle=None):
     inputs = dest / "docker" / "build-inputs"
     inputs.mkdir(parents=True, exist_ok=True)
     if wheels:
-        shutil.copytree(wheels, inputs / "wheels")
+        shutil.copytree(wheels, inputs / "wheels", ignore=lambda folder, names: [
+            n for n in names if pathlib.Path(folder) == pathlib.Path(wheels) and ("-nccl" in n) != gpu])
+        digest.update(b"gpu" if gpu else b"cpu")
         for sums in sorted((inputs / "wheels").rglob("SHA256SUMS")):
             digest.update(sums.read_bytes())
     if ca_bundle:
@@ -180,10 +184,12 @@ def pip_cert():
     return None
 
 
-def ensure_image():
-    """bert_tf:cpu, built from a copy of the checkout unless an image with the same content key
-    (the files the Dockerfile copies, the wheel cache and CA bundle fed to it) is there already."""
-    if os.environ.get("BERT_TF_TEST_IMAGE"):
+def ensure_image(gpu=False):
+    """bert_tf:cpu (or bert_tf:gpu: --build-arg GPU=build), built from a copy of the checkout unless an
+    image with the same content key (the files the Dockerfile copies, the wheel cache and CA bundle fed
+    to it) is there already."""
+    image = GPU_IMAGE if gpu else IMAGE
+    if os.environ.get("BERT_TF_TEST_IMAGE") and not gpu:
         say(f"testing the image BERT_TF_TEST_IMAGE={os.environ['BERT_TF_TEST_IMAGE']} (not built here)")
         return os.environ["BERT_TF_TEST_IMAGE"], 0.0
     ensure_base_image()
@@ -191,25 +197,25 @@ def ensure_image():
     wheels = cache / "wheels"
     ca = pip_cert()
     with tempfile.TemporaryDirectory(prefix="bert_tf-context.") as ctx:
-        key = build_context(pathlib.Path(ctx), wheels if wheels.is_dir() else None, ca)
-        keyed = f"{IMAGE}-{key}"
+        key = build_context(pathlib.Path(ctx), wheels if wheels.is_dir() else None, ca, gpu=gpu)
+        keyed = f"{image}-{key}"
         if image_exists(keyed):
             say(f"image {keyed} (key = hash of the files it copies) already built: not rebuilding")
-            docker("tag", keyed, IMAGE)
+            docker("tag", keyed, image)
             return keyed, 0.0
         say(f"building {keyed} with the legacy builder (Debian 12 has no buildx); inputs: Horovod wheel cache "
             f"from {wheels if wheels.is_dir() else '(none: compiled in the image)'}, CA bundle {ca or '(none)'}")
         start = time.time()
         env = {**os.environ, "DOCKER_BUILDKIT": "0"}
-        proc = subprocess.run(["docker", "build", "-t", keyed, "-t", IMAGE, ctx], capture_output=True, text=True,
-                              env=env, timeout=3600)
+        proc = subprocess.run(["docker", "build", "-t", keyed, "-t", image, *(["--build-arg", "GPU=build"] if gpu else []),
+                               ctx], capture_output=True, text=True, env=env, timeout=3600)
         seconds = time.time() - start
         if proc.returncode != 0:
             raise RuntimeError(f"docker build failed after {seconds:.0f} s\n{proc.stdout[-6000:]}\n{proc.stderr[-3000:]}")
         say(f"built {keyed} in {seconds:.0f} s")
         # Older keyed images: vfs stores every layer in full.
         for line in docker("images", "--format", "{{.Repository}}:{{.Tag}}", "bert_tf").stdout.split():
-            if line.startswith(f"{IMAGE}-") and line != keyed:
+            if line.startswith(f"{image}-") and line != keyed:
                 docker("rmi", line, check=False)
         # Dangling builder stages are the build cache; keep the recent ones only.
         docker("image", "prune", "-f", "--filter", "until=3h", check=False)

@@ -66,6 +66,8 @@ def test_bad_rungs_and_an_unwritable_flagfile_fail_before_measuring(tmp_path):
     bad = benchmark([*QUICK, "--rungs=fp32,fp8+xla"], tmp_path)
     assert bad.returncode == 1 and "error: --rungs: unknown 'fp8+xla'; valid: fp32, bf16" in bad.stderr
     assert "matmul peak" not in bad.stdout
+    bad = benchmark([*QUICK, "--rungs=fp32,tf32+xla"], tmp_path)       # no GPU here
+    assert bad.returncode == 1 and "error: --rungs: tf32 needs a GPU with TensorFloat-32" in bad.stderr
     bad = benchmark([*QUICK, "--rungs=best-dropout,fp32"], tmp_path)
     assert bad.returncode == 1 and "error: --rungs: best-dropout needs a bert_tf rung before it" in bad.stderr
     bad = benchmark([*QUICK, "--rungs=fp32", f"--input_files={tmp_path}/none-*"], tmp_path)
@@ -142,3 +144,14 @@ def test_input_headroom_measures_static_and_dynamic_masking(tiny_data, monkeypat
     assert static is None and masker is not None
     for batch in (static_batch, dynamic_batch):
         assert batch["input_ids"].shape == (4, 64) and batch["masked_lm_weights"].numpy().sum(1).min() >= 1
+
+
+def test_the_gpu_ladder_is_the_default_where_a_gpu_is_seen_and_its_rungs_pass_the_checks():
+    script = ("import sys; sys.path.insert(0, 'run'); import benchmark as b; "
+              "b.check_rungs(b.default_rungs(True), gpu=True); print(b.default_rungs(True)); print(b.default_rungs(False))")
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120,
+                          env=mpi_env())
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    gpu, cpu = (eval(line) for line in proc.stdout.strip().splitlines()[-2:])
+    assert gpu[:3] == ["fp16+xla", "bf16+xla", "tf32+xla"] and "fp32+xla" in gpu   # tensor cores first, strict fp32 too
+    assert not any(r.startswith("tf32") for r in cpu) and cpu[:2] == ["fp32", "fp32+xla"]

@@ -3,6 +3,7 @@ the files it copies), the demo inside it, a two-container horovodrun job, a work
 and the bad inputs of worker/launch. dockerd, the base image and the image are made by
 tests/services.py when missing (what it does is printed)."""
 import fnmatch
+import json
 import os
 import re
 import shutil
@@ -330,3 +331,37 @@ def test_bad_input_in_the_image_gets_a_message_within_seconds(image, net, keys, 
     assert "nossh: bert-tf-entrypoint: host 'ghost' in /hosts-ghost does not answer ssh on port 12345: ssh: connect to host ghost port 12345: " in out
     assert ("novolume: bert-tf-entrypoint: --checkpoint_dir=/ckpt/run cannot be created or written in this "
             "container: mount a volume there, e.g. -v /shared/ckpt:/ckpt") in out
+
+
+# ------------------------------------------------------------------------------- the GPU image
+
+@pytest.fixture(scope="module")
+def gpu_image():
+    """bert_tf:gpu from the same Debian base (--build-arg GPU=build), cached by its inputs like the CPU image."""
+    with services.dockerd():
+        start = time.time()
+        name, built = services.ensure_image(gpu=True)
+        print(f"GPU image {name}: {'built in %.0f s' % built if built else 'cached'}; size "
+              f"{int(services.docker('image', 'inspect', '-f', '{{.Size}}', name).stdout) / 1e9:.2f} GB "
+              f"(ready after {time.time() - start:.0f} s)")
+        yield name
+
+
+@pytest.mark.cluster
+def test_gpu_image_loads_tensorflow_with_cuda_and_horovod_with_nccl_and_holds_no_compiler(gpu_image):
+    script = ("import json, os, shutil, horovod.tensorflow as hvd, tensorflow as tf; "
+              "info = tf.sysconfig.get_build_info(); print(json.dumps({'cuda': hvd.cuda_built(), "
+              "'nccl': bool(hvd.nccl_built()), 'tf_cuda': info['is_cuda_build'], 'cuda_version': info['cuda_version'], "
+              "'nvcc': shutil.which('nvcc'), 'toolkits': os.path.exists('/opt/bert_tf/cache/toolkits'), "
+              "'env': {k: v for k, v in os.environ.items() if k.startswith(('NVIDIA_', 'BERT_TF_GPU'))}}))")
+    out = services.docker("run", "--rm", "--network", "none", "-e", "LD_BIND_NOW=1", gpu_image, "run", "python",
+                          "-c", script).stdout.strip().splitlines()[-1]
+    got = json.loads(out)
+    print(got)
+    assert got["cuda"] is True and got["nccl"] is True                 # every symbol resolved (LD_BIND_NOW)
+    assert got["tf_cuda"] is True and got["cuda_version"].startswith("12.5")
+    assert got["nvcc"] is None and got["toolkits"] is False            # the compiler stayed in the builder stage
+    assert got["env"] == {"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIVER_CAPABILITIES": "compute,utility",
+                          "BERT_TF_GPU": "build"}
+    check = services.docker("run", "--rm", "--network", "none", gpu_image, "run", "horovodrun", "--check-build").stdout
+    assert "[X] NCCL" in check and "[X] MPI" in check and "[X] Gloo" in check, check

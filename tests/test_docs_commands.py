@@ -16,7 +16,6 @@ import os
 import re
 import shlex
 import shutil
-import socket
 import subprocess
 import sys
 
@@ -55,9 +54,6 @@ def not_here(reason):
 
 
 NO_GPU = "no GPU here (no /dev/nvidia0, no nvidia-smi)"
-NO_HUB = ("its base nvidia/cuda:12.5.1-cudnn-devel-ubuntu22.04 is on Docker Hub, which is unreachable here "
-          "(registry-1.docker.io does not resolve); the one Dockerfile is linted "
-          "(test_docker.py::test_hadolint_finds_no_errors) and its CPU build runs")
 NO_APPTAINER = ("apptainer is not installed and Debian 12 has no package for it (apt-cache policy apptainer: "
                 "nothing; singularity-container: Candidate: (none))")
 TWO_CONTAINERS = ("two containers on one machine: a user-defined network instead of --network host, 1 slot each, "
@@ -196,6 +192,20 @@ COMMANDS = {
                "/shared/hosts.live written in a temporary folder with 4 nodes x 4 slots; the ranks' command "
                "dry-run. An elastic job that loses and regains nodes runs small in "
                "test_elastic.py::test_elastic_job_loses_a_node_takes_it_back_and_loses_a_link"),
+    "BERT_TF_GPU=1 bash scripts/setup.sh":
+        by("test_gpu.py::test_gpu_node_without_a_driver_is_refused_before_anything_is_installed",
+           f"{NO_GPU}: it stops at the driver check, as it must", uses='"BERT_TF_GPU": "1"'),
+    "BERT_TF_GPU=build bash scripts/setup.sh":
+        by("test_gpu.py::test_gpu_horovod_loads_every_symbol_and_reports_cuda_and_nccl",
+           "through the module's gpu_install fixture", uses="gpu_install"),
+    "bash scripts/gpu_check.sh runs/gpu_check":
+        by("test_gpu.py::test_the_gpu_node_check_says_what_is_missing_on_a_machine_without_a_gpu",
+           f"{NO_GPU}: it stops with its message, writing nothing"),
+    "python run/plan.py --model_preset=base --device_figures=runs/gpu_check/gpu_check.json --nodes=4 "
+    "--devices_per_node=4":
+        by("test_planner.py::test_measured_device_figures_are_recorded_per_phase_checked_and_taken_by_the_plan",
+           "NOT verbatim: a figures JSON the test writes (no GPU to measure), --phase2_device_seq_s given too",
+           uses="--device_figures="),
     "python run/emulated_cluster.py up --nodes=2 --rate_gbit=1": here("test_emulated_cluster_up_and_down"),
     "python run/emulated_cluster.py down": here("test_emulated_cluster_up_and_down"),
     "python run/comm_study.py --output_dir=runs/comm_study":
@@ -206,14 +216,18 @@ COMMANDS = {
         by("test_comm_study.py::test_planner_predicts_the_emulated_study_within_25_percent",
            "--study= the small study that test makes"),
     # ------------------------------------------------------------------------- docs/operations.md
-    "docker build -t bert_tf:gpu --build-arg BASE_IMAGE=nvidia/cuda:12.5.1-cudnn-devel-ubuntu22.04 "
-    "--build-arg HOROVOD_GPU=1 .": not_here(NO_HUB),
+    "docker build -t bert_tf:gpu --build-arg GPU=build .":
+        by("test_docker.py::test_gpu_image_loads_tensorflow_with_cuda_and_horovod_with_nccl_and_holds_no_compiler",
+           "built from a copy of the checkout with the cached wheels as build inputs (tests/services.py)",
+           uses="ensure_image(gpu=True)"),
     "docker run -d --gpus all --network host --ipc host -v ~/.ssh/id_ed25519.pub:/keys/authorized_keys:ro "
-    "-v /shared:/shared bert_tf:gpu worker": not_here(f"{NO_GPU}, and no GPU image ({NO_HUB}); its CPU twin runs "
-                                                      "in test_docker.py::test_two_containers_pretrain_with_horovodrun"),
+    "-v /shared:/shared bert_tf:gpu worker": not_here(f"{NO_GPU} (--gpus all needs one); the GPU image is built and "
+                                                      "loaded in test_docker.py, its CPU twin runs in "
+                                                      "test_docker.py::test_two_containers_pretrain_with_horovodrun"),
     "docker run --rm --gpus all --network host --ipc host -v ~/.ssh/id_ed25519:/keys/id_ed25519:ro "
     "-v /shared:/shared bert_tf:gpu launch /shared/hosts --flagfile=/shared/base_phase1.flags "
-    "--checkpoint_dir=/shared/ckpt": not_here(f"{NO_GPU}, and no GPU image ({NO_HUB}); its CPU twin runs in "
+    "--checkpoint_dir=/shared/ckpt": not_here(f"{NO_GPU} (--gpus all needs one); the GPU image is built and loaded "
+                                              "in test_docker.py, its CPU twin runs in "
                                               "test_docker.py::test_two_containers_pretrain_with_horovodrun"),
     "horovodrun -np 16 -hostfile hostfiles/hosts python run/pretrain.py --flagfile=configs/base_phase1.flags":
         parsed("test_horovodrun_on_16_ranks_parses_and_maps_4_per_node", "as the README's, without an interface"),
@@ -332,14 +346,8 @@ def test_what_cannot_run_here_still_cannot():
     """The reasons given for not_here hold; when one stops holding, the command belongs in a test."""
     assert not os.path.exists("/dev/nvidia0") and not shutil.which("nvidia-smi"), NO_GPU + " no longer holds"
     assert not shutil.which("apptainer"), "apptainer is installed now: run the Apptainer commands in a test"
-    try:
-        socket.getaddrinfo("registry-1.docker.io", 443)
-        hub = True
-    except OSError:
-        hub = False
-    assert not hub, "Docker Hub resolves now: try building the GPU image (docs/operations.md section 1)"
     reasons = {e.note for e in COMMANDS.values() if e.kind == "not_here"}
-    assert all(NO_HUB in r or NO_APPTAINER in r for r in reasons), reasons
+    assert all(NO_GPU in r or NO_APPTAINER in r for r in reasons), reasons
 
 
 # -------------------------------------------------------------------------------- the work directory

@@ -183,3 +183,36 @@ def test_memory_estimate_follows_korthikanti_and_recomputation_keeps_only_layer_
     fp32 = planner.memory_bytes(config, 512, 4, "float32", "none", accumulation=4)
     assert fp32["activations"] == 12 * 512 * 4 * 768 * (34 + 5 * 12 * 512 / 768) * 2
     assert fp32["state"] == 20 * planner.parameter_count(config)         # + the accumulators
+
+
+def test_measured_device_figures_are_recorded_per_phase_checked_and_taken_by_the_plan(tmp_path):
+    path = tmp_path / "gpu_check.json"
+    planner.record_device_figures(str(path), "base", 128, 512.5, device="NVIDIA A100", rung_128="fp16+xla")
+    figures = planner.record_device_figures(str(path), "base", 512, 101.25, rung_512="fp16+xla")
+    assert figures == planner.read_device_figures(str(path), "base")
+    assert figures["phase1_device_seq_s"] == 512.5 and figures["phase2_device_seq_s"] == 101.25
+    assert figures["device"] == "NVIDIA A100" and sorted(p.name for p in tmp_path.iterdir()) == ["gpu_check.json"]
+    with pytest.raises(ConfigError, match="not 64"):
+        planner.record_device_figures(str(path), "base", 64, 1.0)
+    with pytest.raises(ConfigError, match=r"measured on BERT-base, but the plan is for BERT-large \(--model_preset\)"):
+        planner.read_device_figures(str(path), "large")
+    for text, message in (('{"model_preset": "base", "phase1_device_seq_s": -3}', "must be a positive number"),
+                          ('{"model_preset": "base"}', "no phase1_device_seq_s or phase2_device_seq_s"),
+                          ("{not json", "not JSON")):
+        bad = tmp_path / "bad.json"
+        bad.write_text(text)
+        with pytest.raises(ConfigError, match=rf"--device_figures={bad}: .*{message}"):
+            planner.read_device_figures(str(bad), "base")
+    with pytest.raises(ConfigError, match="No such file"):
+        planner.read_device_figures(str(tmp_path / "none.json"), "base")
+    out = tmp_path / "plan.json"
+    proc = subprocess.run([sys.executable, str(REPO / "run" / "plan.py"), "--model_preset=base",
+                           f"--device_figures={path}", "--phase2_device_seq_s=50", f"--output_json={out}"],
+                          env=mpi_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert f"measured figures from {path} (NVIDIA A100): phase1_device_seq_s=512.5" in proc.stdout
+    import json
+    phases = {p["phase"]: p for p in json.loads(out.read_text())["plan"]["phases"]}
+    # compute time per update = global batch / (ranks x device speed): the file's 512.5 at 128, the flag's 50 at 512
+    assert phases["phase1"]["compute_seconds"] == pytest.approx(61440 / 16 / 512.5)
+    assert phases["phase2"]["compute_seconds"] == pytest.approx(30720 / 16 / 50)
