@@ -81,8 +81,8 @@ def assign_gpu(local_rank, local_size, n_gpus, cuda_visible_devices=None) -> int
 
 def nvidia_gpus_present() -> bool:
     """An NVIDIA driver with at least one GPU on this node, whatever TensorFlow can use."""
-    return os.path.exists("/dev/nvidia0") or os.path.exists("/proc/driver/nvidia/gpus") and bool(
-        os.listdir("/proc/driver/nvidia/gpus"))
+    gpus = "/proc/driver/nvidia/gpus"
+    return os.path.exists("/dev/nvidia0") or (os.path.isdir(gpus) and bool(os.listdir(gpus)))
 
 
 def gpu_install_problem(tf_gpus, nccl_built, node_has_gpus) -> str:

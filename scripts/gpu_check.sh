@@ -20,7 +20,9 @@ source scripts/gpu_driver.sh
 check_gpu_driver
 [ -x "$BERT_TF_VENV/bin/python" ] || die "no GPU install in $BERT_TF_VENV: run BERT_TF_GPU=1 bash scripts/setup.sh"
 mkdir -p "$out"
-rm -f "$out/gpu_check.json"
+# The figures go to a new file, renamed over gpu_check.json at the end: a failed check keeps the last good one.
+figures="$out/gpu_check.json.partial"
+rm -f "$figures"
 
 say "GPUs"
 nvidia-smi --query-gpu=index,name,memory.total,compute_cap,driver_version --format=csv
@@ -48,13 +50,13 @@ EOF
 say "the GPU ladder: BERT-base, sequence 128, micro-batch 32"
 python run/benchmark.py --model_preset=base --max_seq_length=128 --batch_size=32 \
     --rungs=fp16+xla,bf16+xla,tf32+xla --warmup_updates=2 --updates=5 --peak_seconds=1 \
-    --output_dir="$out/ladder" --write_flagfile="$out/node.flags" --device_figures="$out/gpu_check.json"
+    --output_dir="$out/ladder" --write_flagfile="$out/node.flags" --device_figures="$figures"
 
 if [ "$n_gpus" -ge 2 ]; then
   say "NCCL allreduce between 2 GPUs (Horovod's link probe)"
   probe=$(horovodrun -np 2 -H localhost:2 python run/comm_study.py --probe | grep '^PROBE ' | tail -n 1) \
     || die "the 2-GPU allreduce failed (run it alone: horovodrun -np 2 -H localhost:2 python run/comm_study.py --probe)"
-  python - "$out/gpu_check.json" "${probe#PROBE }" <<'EOF'
+  python - "$figures" "${probe#PROBE }" <<'EOF'
 import json, sys
 path, probe = sys.argv[1], json.loads(sys.argv[2])
 figures = json.load(open(path))
@@ -66,4 +68,5 @@ EOF
 else
   say "one GPU: no allreduce to measure"
 fi
+mv "$figures" "$out/gpu_check.json"
 say "done: $out/gpu_check.json; plan with: python run/plan.py --model_preset=base --device_figures=$out/gpu_check.json"
