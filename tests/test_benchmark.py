@@ -68,6 +68,8 @@ def test_bad_rungs_and_an_unwritable_flagfile_fail_before_measuring(tmp_path):
     assert "matmul peak" not in bad.stdout
     bad = benchmark([*QUICK, "--rungs=fp32,tf32+xla"], tmp_path)       # no GPU here
     assert bad.returncode == 1 and "error: --rungs: tf32 needs a GPU with TensorFloat-32" in bad.stderr
+    bad = benchmark([*QUICK, "--rungs=fp32", f"--device_figures={tmp_path}/f.json"], tmp_path)
+    assert bad.returncode == 1 and "the plan's phases run at sequence 128 and 512, not --max_seq_length=16" in bad.stderr
     bad = benchmark([*QUICK, "--rungs=best-dropout,fp32"], tmp_path)
     assert bad.returncode == 1 and "error: --rungs: best-dropout needs a bert_tf rung before it" in bad.stderr
     bad = benchmark([*QUICK, "--rungs=fp32", f"--input_files={tmp_path}/none-*"], tmp_path)

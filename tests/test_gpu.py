@@ -78,6 +78,20 @@ def test_a_gpu_node_gets_the_gpu_install_by_default_and_a_cpu_only_one_only_with
     assert "WARNING: this node has NVIDIA GPUs but BERT_TF_GPU=0 makes the CPU-only install" in cpu.stdout
 
 
+def test_each_trainer_sets_tensorfloat32_as_its_config_says():
+    """--tf32 / --notf32: process-wide in TensorFlow, so each trainer (each ladder rung) sets it."""
+    import tensorflow as tf
+
+    from bert_tf import modeling, training
+    model = modeling.BertPretrainer(modeling.BertConfig.preset("tiny", vocab_size=64))
+    try:
+        for tf32 in (False, True, False):
+            training.Trainer(model, training.TrainConfig(tf32=tf32))
+            assert tf.config.experimental.tensor_float_32_execution_enabled() is tf32
+    finally:
+        tf.config.experimental.enable_tensor_float_32_execution(True)     # TensorFlow's default
+
+
 def test_an_unknown_gpu_mode_is_named(tmp_path):
     proc = setup({"BERT_TF_GPU": "yes", "BERT_TF_VENV": str(tmp_path / "venv")})
     assert proc.returncode != 0 and "BERT_TF_GPU=yes: use auto, 1" in proc.stderr
