@@ -217,8 +217,9 @@ def ensure_image(gpu=False):
         for line in docker("images", "--format", "{{.Repository}}:{{.Tag}}", "bert_tf").stdout.split():
             if line.startswith(f"{image}-") and line != keyed:
                 docker("rmi", line, check=False)
-        # Dangling builder stages are the build cache; keep the recent ones only.
-        docker("image", "prune", "-f", "--filter", "until=3h", check=False)
+        # Dangling images are the builder stages (the GPU image's holds 7 GB): the keyed images are the cache
+        # that matters, so none is kept (two builds within hours filled the disk with them).
+        docker("image", "prune", "-f", check=False)
         return keyed, seconds
 
 
