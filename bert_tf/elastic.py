@@ -121,8 +121,8 @@ class SharedStream:
     the position as bytes (the same position on every rank after the same updates; the bytes also
     hold what each rank happens to have prefetched, so they may differ)."""
 
-    def __init__(self, dataset, max_seq_length, max_predictions_per_seq, masker=None, per_update=1):
-        spec = input_pipeline.record_spec(max_seq_length, max_predictions_per_seq, masked=masker is None)
+    def __init__(self, dataset, max_seq_length, max_predictions_per_seq, masker=None, per_update=1, pack=0):
+        spec = input_pipeline.record_spec(max_seq_length, max_predictions_per_seq, masked=masker is None, pack=pack)
 
         def parse(serialized):
             features = input_pipeline.parse_features(serialized, spec)

@@ -52,10 +52,11 @@ def shard_files(files, rank, size):
     return files, (rank, size)
 
 
-def record_spec(max_seq_length, max_predictions_per_seq, masked=True):
+def record_spec(max_seq_length, max_predictions_per_seq, masked=True, pack=0):
     """The parse spec of the training records: google's features, without the masked_lm_* ones
-    when the records are unmasked (--dynamic_masking masks them in the pipeline)."""
-    spec = feature_spec(max_seq_length, max_predictions_per_seq)
+    when the records are unmasked (--dynamic_masking masks them in the pipeline); with `pack`, the
+    packed layout of up to that many instances per row (create_pretraining_data.py --pack)."""
+    spec = feature_spec(max_seq_length, max_predictions_per_seq, pack)
     return spec if masked else {k: v for k, v in spec.items() if not k.startswith("masked_lm")}
 
 
@@ -66,15 +67,34 @@ def parse_features(serialized, spec):
     return {k: tf.cast(v, tf.int32) if v.dtype == tf.int64 else v for k, v in example.items()}
 
 
-def check_file(path, max_seq_length, max_predictions_per_seq, dynamic_masking=False, full=False):
+def records_pack(path):
+    """Instances per row of the records in `path`: 0 for google's layout, K for packed rows."""
+    try:
+        for raw in tf.data.TFRecordDataset(path).take(1):
+            features = tf.train.Example.FromString(raw.numpy()).features.feature
+            if "instance_ids" not in features:
+                return 0
+            return len(features["next_sentence_labels"].int64_list.value)
+    except tf.errors.DataLossError as e:
+        raise ConfigError(f"{path} is truncated or corrupt: {e.message}") from None
+    raise ConfigError(f"{path} has no records")
+
+
+def check_file(path, max_seq_length, max_predictions_per_seq, dynamic_masking=False, full=False, pack=0):
     """Raises ValueError naming the file and feature when records do not fit the run."""
     expected = {k: spec.shape[0] for k, spec in
-                record_spec(max_seq_length, max_predictions_per_seq, masked=not dynamic_masking).items()}
+                record_spec(max_seq_length, max_predictions_per_seq, masked=not dynamic_masking, pack=pack).items()}
     count = 0
     try:
         for raw in tf.data.TFRecordDataset(path):
             if count == 0:
                 example = tf.train.Example.FromString(raw.numpy())
+                found = ("instance_ids" in example.features.feature
+                         and len(example.features.feature["next_sentence_labels"].int64_list.value))
+                if found != pack:
+                    describe = lambda k: f"packed ({k} instances per row)" if k else "one instance per row"
+                    raise ConfigError(f"{path}: records are {describe(found)}, unlike the run's other files "
+                                      f"({describe(pack)}); give files of one layout")
                 if dynamic_masking and "masked_lm_positions" in example.features.feature:
                     raise ConfigError(f"{path}: records are already masked; train without --dynamic_masking "
                                       f"or create the data with --dynamic_masking")
@@ -118,9 +138,12 @@ def full_sentence_folders(files):
 
 
 def check_files(files, max_seq_length, max_predictions_per_seq, dynamic_masking=False):
+    """Checks every file against the run; returns their layout (records_pack), the same for all."""
     full = sum(os.path.getsize(f) for f in files) <= FULL_VERIFY_BYTES
+    pack = records_pack(files[0])
     for f in files:
-        check_file(f, max_seq_length, max_predictions_per_seq, dynamic_masking, full=full)
+        check_file(f, max_seq_length, max_predictions_per_seq, dynamic_masking, full=full, pack=pack)
+    return pack
 
 
 def find_corrupt_file(files):
@@ -166,15 +189,15 @@ def dynamic_masker(vocab_size, special_ids, max_predictions_per_seq, masked_lm_p
 
 
 def make_dataset(files, batch_size, max_seq_length, max_predictions_per_seq, rank=0, size=1, seed=0,
-                 training=True, masker=None, shuffle_buffer=10000, read=tf.data.TFRecordDataset):
-    """Batches of google-format features (int32 ids) for one rank.
+                 training=True, masker=None, shuffle_buffer=10000, read=tf.data.TFRecordDataset, pack=0):
+    """Batches of google-format features (int32 ids) for one rank (packed rows: pack = instances per row).
 
     training: shuffled, repeated forever; else one pass in order.
     masker: a `dynamic_masker` for files written with --dynamic_masking.
     read: path -> dataset of serialized records (tests pass one that counts what it decodes).
     """
     my_files, record_shard = shard_files(list(files), rank, size)
-    spec = record_spec(max_seq_length, max_predictions_per_seq, masked=masker is None)
+    spec = record_spec(max_seq_length, max_predictions_per_seq, masked=masker is None, pack=pack)
     ds = tf.data.Dataset.from_tensor_slices(my_files)
     if training:
         ds = ds.shuffle(len(my_files), seed=seed, reshuffle_each_iteration=True).repeat()

@@ -189,11 +189,15 @@ class Embeddings(tf.Module):
         self.layer_norm = LayerNorm(c.hidden_size)
         self.dropout_rate = c.hidden_dropout_prob
 
-    def __call__(self, input_ids, segment_ids, dtype, seed, training):
-        seq_len = tf.shape(input_ids)[1]
+    def __call__(self, input_ids, segment_ids, dtype, seed, training, position_ids=None):
+        """position_ids [B, S]: each token's position in its own instance (packed rows); default 0, 1, ..."""
+        if position_ids is None:
+            position = self.position_embeddings[tf.newaxis, :tf.shape(input_ids)[1]]
+        else:
+            position = tf.gather(self.position_embeddings, position_ids)
         x = (tf.gather(self.word_embeddings, input_ids)
              + tf.gather(self.token_type_embeddings, segment_ids)
-             + self.position_embeddings[tf.newaxis, :seq_len])
+             + position)
         x = self.layer_norm(x)  # float32 here: the sum of embeddings is cheap
         return dropout(tf.cast(x, dtype), self.dropout_rate, seed, training)
 
@@ -213,7 +217,8 @@ class SelfAttention(tf.Module):
         self.dropout_rate = c.attention_probs_dropout_prob
 
     def __call__(self, x, mask_bias, seed, training):
-        """mask_bias [B, 1, 1, S] float32: 0 for real tokens, -10000 for padding."""
+        """mask_bias float32, 0 where a query may attend to a key, -10000 where not: [B, 1, 1, S] (padding
+        keys) or [B, 1, S, S] (packed rows: each instance attends to itself only)."""
         batch, seq = tf.shape(x)[0], tf.shape(x)[1]
 
         def heads(t):  # [B, S, H] -> [B, S, N, D]
@@ -274,19 +279,34 @@ class BertEncoder(tf.Module):
         self.layers = [TransformerLayer(config, name=f"layer_{i}") for i in range(config.num_hidden_layers)]
         self.pooler = Dense(config.hidden_size, config.hidden_size, config.initializer_range)
 
-    def __call__(self, input_ids, input_mask, segment_ids, *, dtype=tf.float32, seed=None, training=False):
+    def __call__(self, input_ids, input_mask, segment_ids, *, dtype=tf.float32, seed=None, training=False,
+                 position_ids=None, instance_ids=None):
+        """Packed rows (pretraining_data.pack_instances) also pass position_ids and instance_ids [B, S]
+        (1, 2, ... per instance, 0 for padding): attention stays within an instance, so each one's
+        outputs are those it has alone in a row of its own."""
         if seed is None:
             seed = tf.zeros([2], tf.int32)
         seeds = tf.random.experimental.stateless_split(seed, len(self.layers) + 1)
-        x = self.embeddings(input_ids, segment_ids, dtype, seeds[0], training)
-        mask_bias = (1.0 - tf.cast(input_mask, tf.float32))[:, tf.newaxis, tf.newaxis, :] * -10000.0
+        x = self.embeddings(input_ids, segment_ids, dtype, seeds[0], training, position_ids)
+        if instance_ids is None:
+            mask_bias = (1.0 - tf.cast(input_mask, tf.float32))[:, tf.newaxis, tf.newaxis, :] * -10000.0
+        else:
+            same = tf.logical_and(tf.equal(instance_ids[:, :, tf.newaxis], instance_ids[:, tf.newaxis, :]),
+                                  instance_ids[:, tf.newaxis, :] > 0)                      # [B, S, S]
+            mask_bias = (1.0 - tf.cast(same, tf.float32))[:, tf.newaxis] * -10000.0
         for i, layer in enumerate(self.layers):
             if self.recompute == "layer" and training:
                 x = tf.recompute_grad(lambda h, layer=layer, s=seeds[i + 1]: layer(h, mask_bias, s, training))(x)
             else:
                 x = layer(x, mask_bias, seeds[i + 1], training)
-        pooled = tf.tanh(self.pooler(x[:, 0]))
-        return x, pooled
+        return x, self.pool(x)
+
+    def pool(self, sequence_output, positions=None):
+        """The pooler (tanh dense) on [CLS]: [B, H] at position 0, or [B, K, H] at positions [B, K]
+        (each packed instance's [CLS])."""
+        if positions is None:
+            return tf.tanh(self.pooler(sequence_output[:, 0]))
+        return tf.tanh(self.pooler(tf.gather(sequence_output, positions, batch_dims=1)))
 
 
 class BertPretrainer(tf.Module):
@@ -318,12 +338,16 @@ class BertPretrainer(tf.Module):
         return tf.cast(logits, tf.float32) + self.mlm_output_bias
 
     def __call__(self, features, *, dtype=tf.float32, seed=None, training=False):
-        """features: google's pre-training feature dict. Returns a dict of float32 scalars:
-        loss, mlm_loss, nsp_loss, and sums for exact cross-batch accuracies
-        (mlm_correct, mlm_weight, nsp_correct, nsp_count); the nsp_ ones only with the NSP head."""
+        """features: google's pre-training feature dict, or a packed one (pretraining_data.PACKED_FEATURES
+        as well). Returns a dict of float32 scalars: loss, mlm_loss, nsp_loss, and sums for exact
+        cross-batch accuracies (mlm_correct, mlm_weight, nsp_correct, nsp_count); the nsp_ ones only
+        with the NSP head. A packed batch's losses are those of its instances unpacked: masked-LM over
+        every masked token, next-sentence over every instance."""
+        packed = "instance_ids" in features
         sequence_output, pooled = self.encoder(
             features["input_ids"], features["input_mask"], features["segment_ids"],
-            dtype=dtype, seed=seed, training=training)
+            dtype=dtype, seed=seed, training=training,
+            position_ids=features.get("position_ids"), instance_ids=features.get("instance_ids"))
         logits = self.mlm_logits(sequence_output, features["masked_lm_positions"])
         labels = features["masked_lm_ids"]
         weights = tf.cast(features["masked_lm_weights"], tf.float32)
@@ -333,13 +357,19 @@ class BertPretrainer(tf.Module):
         mlm_hits = tf.cast(tf.equal(tf.argmax(logits, -1, output_type=labels.dtype), labels), tf.float32)
         out = {"mlm_loss": mlm_loss, "mlm_correct": tf.reduce_sum(mlm_hits * weights), "mlm_weight": mlm_weight}
         if self.use_nsp:
-            nsp_logits = tf.cast(self.nsp(pooled), tf.float32)
+            if packed:   # one [CLS] and label per instance slot, weight 0 for empty slots
+                pooled = self.encoder.pool(sequence_output, features["next_sentence_positions"])   # [B, K, H]
+                nsp_weights = tf.reshape(tf.cast(features["next_sentence_weights"], tf.float32), [-1])
+            nsp_logits = tf.reshape(tf.cast(self.nsp(pooled), tf.float32), [-1, 2])
             nsp_labels = tf.reshape(features["next_sentence_labels"], [-1])
-            out["nsp_loss"] = tf.reduce_mean(
-                tf.nn.sparse_softmax_cross_entropy_with_logits(labels=nsp_labels, logits=nsp_logits))
+            if not packed:
+                nsp_weights = tf.ones_like(nsp_labels, tf.float32)
+            nsp_count = tf.reduce_sum(nsp_weights)
+            out["nsp_loss"] = tf.reduce_sum(nsp_weights * tf.nn.sparse_softmax_cross_entropy_with_logits(
+                labels=nsp_labels, logits=nsp_logits)) / tf.maximum(nsp_count, 1.0)
             nsp_pred = tf.argmax(nsp_logits, -1, output_type=nsp_labels.dtype)
-            out["nsp_correct"] = tf.reduce_sum(tf.cast(tf.equal(nsp_pred, nsp_labels), tf.float32))
-            out["nsp_count"] = tf.cast(tf.size(nsp_labels), tf.float32)
+            out["nsp_correct"] = tf.reduce_sum(tf.cast(tf.equal(nsp_pred, nsp_labels), tf.float32) * nsp_weights)
+            out["nsp_count"] = nsp_count
             out["loss"] = mlm_loss + out["nsp_loss"]
         else:
             out["loss"] = mlm_loss

@@ -241,6 +241,8 @@ class Inputs:
     model_config: modeling.BertConfig
     train_files: list
     eval_files: list
+    pack: int = 0                        # instances per row of the training records (0: google's layout)
+    eval_pack: int = 0                   # the same for the evaluation records
 
 
 def check_inputs(cfg: PretrainConfig, rank: int, size: int) -> Inputs:
@@ -254,18 +256,18 @@ def check_inputs(cfg: PretrainConfig, rank: int, size: int) -> Inputs:
     train_files = input_pipeline.list_files(cfg.train_files) if cfg.train_files else []
     if not train_files:
         raise ConfigError("--train_files matched no files")
-    input_pipeline.check_files(input_pipeline.shard_files(train_files, rank, size)[0], cfg.max_seq_length,
-                               cfg.max_predictions_per_seq, cfg.dynamic_masking)
+    pack = input_pipeline.check_files(input_pipeline.shard_files(train_files, rank, size)[0], cfg.max_seq_length,
+                                      cfg.max_predictions_per_seq, cfg.dynamic_masking)
     packed = input_pipeline.full_sentence_folders(train_files)
     if packed and not cfg.mlm_only:
         raise ConfigError(f"{packed[0]}: its records are FULL-SENTENCES instances (summary.json: "
                           f"full_sentences), which have no sentence pairs to train next-sentence prediction on: "
                           f"pre-train them with --mlm_only")
     eval_files = input_pipeline.list_files(cfg.eval_files) if cfg.eval_files else []
-    if eval_files:
-        input_pipeline.check_files(eval_files, cfg.max_seq_length, cfg.max_predictions_per_seq, cfg.dynamic_masking)
+    eval_pack = input_pipeline.check_files(eval_files, cfg.max_seq_length, cfg.max_predictions_per_seq,
+                                           cfg.dynamic_masking) if eval_files else 0
     return Inputs(tokenizer=tokenizer, init=init, model_config=model_config, train_files=train_files,
-                  eval_files=eval_files)
+                  eval_files=eval_files, pack=pack, eval_pack=eval_pack)
 
 
 def dry_run(cfg: PretrainConfig, log=print):
@@ -319,20 +321,20 @@ def describe(cfg: PretrainConfig, size: int, global_batch: int) -> str:
             + f"micro-batch {cfg.batch_size}/rank  "
             + ("" if cfg.elastic else f"accumulation {cfg.accumulation_steps}  ")
             + f"global batch {global_batch} sequences  seq {cfg.max_seq_length}  precision {cfg.precision}  "
-            f"xla {cfg.xla}  fp16 allreduce {cfg.comm.fp16_allreduce}"
+            f"xla {cfg.xla}{'  fuse' if cfg.fuse else ''}  fp16 allreduce {cfg.comm.fp16_allreduce}"
             + ("  allreduce every micro-batch" if cfg.comm.allreduce_every_micro_batch else "")
             + (f"  (ladder: {cfg.ladder_sequences_per_second:.2f} seq/s per rank)"
                if cfg.ladder_sequences_per_second else ""))
 
 
-def make_input(cfg: PretrainConfig, files, masker, rank, size, seed):
+def make_input(cfg: PretrainConfig, files, masker, rank, size, seed, pack=0):
     """The training input: every rank's own shard, or elastic mode's shared stream (the same seed on
-    every rank, newcomers included)."""
+    every rank, newcomers included); pack: the records' instances per row."""
     if cfg.elastic:
         stream = elastic.make_shared_stream(files, cfg.batch_size, seed=cfg.seed)
-        return elastic.SharedStream(stream, cfg.max_seq_length, cfg.max_predictions_per_seq, masker)
+        return elastic.SharedStream(stream, cfg.max_seq_length, cfg.max_predictions_per_seq, masker, pack=pack)
     dataset = input_pipeline.make_dataset(files, cfg.batch_size, cfg.max_seq_length, cfg.max_predictions_per_seq,
-                                          rank, size, seed=seed, masker=masker)
+                                          rank, size, seed=seed, masker=masker, pack=pack)
     return input_pipeline.PerRankInput(dataset, cfg.accumulation_steps, distributed.gather_bytes)
 
 
@@ -380,10 +382,11 @@ def build(cfg: PretrainConfig, say, asked: PretrainConfig | None = None) -> Job:
     # (another rank count, the other mode), a fresh pass, reshuffled by the step (static runs) so it
     # does not replay the first pass's order.
     step = int(trainer.step.numpy())
-    train_input = make_input(cfg, inputs.train_files, masker, rank, size, seed=cfg.seed)
+    train_input = make_input(cfg, inputs.train_files, masker, rank, size, seed=cfg.seed, pack=inputs.pack)
     if samples_seen and not train_input.resume(position, rank, size):
         if not cfg.elastic:
-            train_input = make_input(cfg, inputs.train_files, masker, rank, size, seed=cfg.seed + step)
+            train_input = make_input(cfg, inputs.train_files, masker, rank, size, seed=cfg.seed + step,
+                                     pack=inputs.pack)
         say(f"input: the checkpoint's position was saved by {position.saved_by()}, this run "
             f"{'is elastic' if cfg.elastic else f'has {size}'}: a fresh pass over the training files starts at "
             f"step {step} (records read since the last pass began may be read again)")
@@ -392,7 +395,7 @@ def build(cfg: PretrainConfig, say, asked: PretrainConfig | None = None) -> Job:
                   "command": "python " + shlex.join(sys.argv)}  # for the export's model card
     return Job(trainer=trainer, input=train_input, position=position, ckpts=ckpts,
                writer=metrics.MetricsWriter(cfg.checkpoint_dir, rank == 0, cfg.wandb_project, cfg.wandb_mode),
-               evaluate=make_evaluator(trainer, cfg, inputs.eval_files, len(tokenizer), masker),
+               evaluate=make_evaluator(trainer, cfg, inputs.eval_files, len(tokenizer), masker, inputs.eval_pack),
                samples_seen=samples_seen, global_batch=global_batch, parameters=parameters,
                eval_files=inputs.eval_files, started_from_init=init is not None,
                checkpoint_extra={"global_batch": global_batch, "model_config": model_config.to_dict(),
@@ -441,7 +444,8 @@ class IntervalMetrics:
     timed updates' splits on this rank; `record` fetches the sums once, turns them into a
     "train" record (losses and accuracies over all ranks) and starts the next interval."""
 
-    SUMMED = ("loss", "mlm_loss", "nsp_loss", "mlm_correct", "mlm_weight", "nsp_correct", "nsp_count", "sequences")
+    SUMMED = ("loss", "mlm_loss", "nsp_loss", "mlm_correct", "mlm_weight", "nsp_correct", "nsp_count", "sequences",
+              "useful_tokens", "instances")
 
     def __init__(self, global_batch, seq_length, network_interface="", loss_weight=1.0):
         self.global_batch, self.seq_length, self.interface = global_batch, seq_length, network_interface
@@ -479,6 +483,9 @@ class IntervalMetrics:
                   "sequences_per_second": n * self.global_batch / seconds,
                   "tokens_per_second": n * self.global_batch * self.seq_length / seconds,
                   **({"sequences": int(total["sequences"])} if "sequences" in total else {}),  # trained, all ranks
+                  # non-padding tokens (and with packed rows, instances) over all ranks
+                  **{f"{key}_per_second": float(total[key]) / seconds for key in ("useful_tokens", "instances")
+                     if key in total},
                   **{key: value / self.timed for key, value in self.timing.items()}}  # this rank's split
         if self.interface:
             tx_now = metrics.read_tx_bytes(self.interface)
@@ -675,7 +682,7 @@ def rollback(cfg, job, mode, reason, step) -> int:
     return back
 
 
-def make_evaluator(trainer, cfg, eval_files, vocab_size, masker):
+def make_evaluator(trainer, cfg, eval_files, vocab_size, masker, pack=0):
     """Returns evaluate(step) -> record with held-out MLM loss/accuracy, NSP accuracy, and the
     accuracy of always predicting the most frequent masked token (a data-only baseline)."""
     if not eval_files:
@@ -685,7 +692,7 @@ def make_evaluator(trainer, cfg, eval_files, vocab_size, masker):
     def evaluate(step):
         dataset = input_pipeline.make_dataset(eval_files, cfg.batch_size, cfg.max_seq_length,
                                               cfg.max_predictions_per_seq, distributed.rank(), distributed.size(),
-                                              training=False, masker=masker)
+                                              training=False, masker=masker, pack=pack)
         if cfg.eval_batches:
             dataset = dataset.take(cfg.eval_batches)
         sums, label_counts = {}, np.zeros([vocab_size], np.float64)

@@ -32,18 +32,33 @@ import tensorflow as tf
 from bert_tf import ConfigError, sha256  # noqa: F401  (pretraining_data.sha256: the shards' checksums)
 
 
-def feature_spec(max_seq_length, max_predictions_per_seq):
-    """google-research/bert's parse spec for pre-training TFRecords."""
+def feature_spec(max_seq_length, max_predictions_per_seq, pack=0):
+    """google-research/bert's parse spec for pre-training TFRecords; with `pack` (up to that many
+    instances per row, `pack_instances`) the packed layout: next_sentence_labels [pack] and the
+    features that keep the instances apart (PACKED_FEATURES)."""
     L, P = max_seq_length, max_predictions_per_seq
-    return {
+    spec = {
         "input_ids": tf.io.FixedLenFeature([L], tf.int64),
         "input_mask": tf.io.FixedLenFeature([L], tf.int64),
         "segment_ids": tf.io.FixedLenFeature([L], tf.int64),
         "masked_lm_positions": tf.io.FixedLenFeature([P], tf.int64),
         "masked_lm_ids": tf.io.FixedLenFeature([P], tf.int64),
         "masked_lm_weights": tf.io.FixedLenFeature([P], tf.float32),
-        "next_sentence_labels": tf.io.FixedLenFeature([1], tf.int64),
+        "next_sentence_labels": tf.io.FixedLenFeature([max(pack, 1)], tf.int64),
     }
+    if pack:
+        spec.update({
+            "position_ids": tf.io.FixedLenFeature([L], tf.int64),
+            "instance_ids": tf.io.FixedLenFeature([L], tf.int64),
+            "next_sentence_positions": tf.io.FixedLenFeature([pack], tf.int64),
+            "next_sentence_weights": tf.io.FixedLenFeature([pack], tf.float32),
+        })
+    return spec
+
+
+# A packed row's extra features: each token's position within its instance, its instance (1, 2, ...;
+# 0 is padding), and per instance slot the [CLS] position and whether the slot holds an instance.
+PACKED_FEATURES = ("position_ids", "instance_ids", "next_sentence_positions", "next_sentence_weights")
 
 
 @dataclasses.dataclass
@@ -57,6 +72,7 @@ class InstanceConfig:
     random_seed: int = 12345
     mask: bool = True            # False: unmasked sequences for dynamic masking in tf.data
     full_sentences: bool = False  # RoBERTa's FULL-SENTENCES (pack_full_sentences): no A/B pairs, for MLM only
+    pack: int = 0                # >= 2: up to this many sentence-pair instances per row (pack_instances)
 
     def __post_init__(self):
         if self.max_seq_length < 5:
@@ -70,11 +86,16 @@ class InstanceConfig:
             raise ConfigError(f"--short_seq_prob must be in [0, 1], got {self.short_seq_prob}")
         if self.dupe_factor < 1:
             raise ConfigError(f"--dupe_factor must be >= 1, got {self.dupe_factor}")
+        if self.pack < 0 or self.pack == 1:
+            raise ConfigError(f"--pack must be 0 (one instance per row) or >= 2 (instances per row), got {self.pack}")
+        if self.pack and self.full_sentences:
+            raise ConfigError("--pack with --full_sentences: FULL-SENTENCES rows are already full (no padding to fill)")
 
 
 @dataclasses.dataclass
 class Counts:
     instances: int = 0
+    rows: int = 0                  # records written (with --pack, several instances each)
     tokens: int = 0                # non-padding tokens in instances (with [CLS]/[SEP])
     masked: int = 0
     maskable: int = 0              # tokens other than [CLS]/[SEP]
@@ -95,7 +116,7 @@ DEDUP_COUNTS = ("duplicate_documents", "documents_emptied", "repeated_lines_remo
 Instance = collections.namedtuple("Instance", "tokens segment_ids is_random_next positions labels")
 
 
-_STREAMS = {"structure": 0, "partner": 1, "mask": 2, "heldout": 3}
+_STREAMS = {"structure": 0, "partner": 1, "mask": 2, "heldout": 3, "pack": 4}
 
 
 def _rng(seed, dupe, doc_id, stream, chunk=0):
@@ -293,6 +314,39 @@ def mask_tokens(tokens, config, special, vocab_size, rng, word_starts=None, coun
     return positions, [labels[p] for p in positions]
 
 
+def pack_instances(instances, config: InstanceConfig, rng=None):
+    """Rows of up to config.pack instances, each row at most max_seq_length tokens and
+    max_predictions_per_seq masked positions: best-fit decreasing (longest instance first, into the
+    open row it fills most tightly). Short instances fill the padding of others (Krell et al. 2021,
+    "Efficient Sequence Packing without Cross-contamination", arXiv 2107.02027); the attention mask
+    `instance_ids` keeps them apart. Returns a list of rows (lists of instances), shuffled by `rng`
+    so that row length does not follow file order."""
+    L, P = config.max_seq_length, config.max_predictions_per_seq
+    order = sorted(range(len(instances)), key=lambda i: -len(instances[i].tokens))
+    rows, free = [], [[] for _ in range(L + 1)]      # free[s]: open rows with exactly s tokens free
+    for i in order:
+        inst = instances[i]
+        n, k = len(inst.tokens), len(inst.positions)
+        placed = None
+        for space in range(n, L + 1):
+            for j in range(len(free[space]) - 1, -1, -1):
+                r = free[space][j]
+                if sum(len(x.positions) for x in rows[r]) + k <= P:
+                    placed = free[space].pop(j)
+                    break
+            if placed is not None:
+                break
+        if placed is None:
+            placed, space = len(rows), L
+            rows.append([])
+        rows[placed].append(inst)
+        if len(rows[placed]) < config.pack and space - n > 0:
+            free[space - n].append(placed)
+    if rng is not None:
+        rng.shuffle(rows)
+    return rows
+
+
 def _int64(values):
     return tf.train.Feature(int64_list=tf.train.Int64List(value=values))
 
@@ -313,6 +367,41 @@ def serialize(instance: Instance, config: InstanceConfig) -> bytes:
         features["masked_lm_ids"] = _int64(instance.labels + [0] * (P - k))
         features["masked_lm_weights"] = tf.train.Feature(float_list=tf.train.FloatList(value=[1.0] * k + [0.0] * (P - k)))
     # deterministic: map fields in key order, so the same instance gives the same bytes in every process
+    return tf.train.Example(features=tf.train.Features(feature=features)).SerializeToString(deterministic=True)
+
+
+def serialize_packed(row, config: InstanceConfig) -> bytes:
+    """One packed row (`pack_instances`) as a tf.train.Example: the instances one after the other, each
+    with its own positions 0, 1, ... and instance id, masked positions shifted to the row."""
+    L, P, K = config.max_seq_length, config.max_predictions_per_seq, config.pack
+    tokens, segments, positions, instance_ids, mlm_positions, mlm_ids, cls_positions, labels = ([] for _ in range(8))
+    for number, inst in enumerate(row, 1):
+        start = len(tokens)
+        cls_positions.append(start)
+        labels.append(int(inst.is_random_next))
+        tokens += inst.tokens
+        segments += inst.segment_ids
+        positions += range(len(inst.tokens))
+        instance_ids += [number] * len(inst.tokens)
+        mlm_positions += [start + p for p in inst.positions]
+        mlm_ids += inst.labels
+    n, k, m = len(tokens), len(mlm_positions), len(row)
+    if n > L or k > P or m > K:
+        raise ValueError(f"a packed row of {m} instances has {n} tokens and {k} predictions (limits {L}, {P}, {K})")
+    features = {
+        "input_ids": _int64(tokens + [0] * (L - n)),
+        "input_mask": _int64([1] * n + [0] * (L - n)),
+        "segment_ids": _int64(segments + [0] * (L - n)),
+        "position_ids": _int64(positions + [0] * (L - n)),
+        "instance_ids": _int64(instance_ids + [0] * (L - n)),
+        "next_sentence_positions": _int64(cls_positions + [0] * (K - m)),
+        "next_sentence_labels": _int64(labels + [0] * (K - m)),
+        "next_sentence_weights": tf.train.Feature(float_list=tf.train.FloatList(value=[1.0] * m + [0.0] * (K - m))),
+    }
+    if config.mask:
+        features["masked_lm_positions"] = _int64(mlm_positions + [0] * (P - k))
+        features["masked_lm_ids"] = _int64(mlm_ids + [0] * (P - k))
+        features["masked_lm_weights"] = tf.train.Feature(float_list=tf.train.FloatList(value=[1.0] * k + [0.0] * (P - k)))
     return tf.train.Example(features=tf.train.Features(feature=features)).SerializeToString(deterministic=True)
 
 
@@ -509,12 +598,17 @@ def _create_part(shares, tokenizer, output_dir, name, config, heldout_fraction, 
             yield key, doc
     counts = {"train": Counts(), "eval": Counts()}
     writers = {}
-    packing = {}               # full_sentences: (split, dupe) -> the sequence that runs into the next window
+    running = {}               # full_sentences: (split, dupe) -> the sequence that runs into the next window
 
-    def write_packed(split, members, dupe, flush=False):
-        for inst in pack_full_sentences(members, packing.setdefault((split, dupe), {}), config, special,
-                                        len(tokenizer), word_starts, dupe, counts[split], flush):
-            writers[split].write(serialize(inst, config))
+    def write(split, records):
+        for record in records:
+            writers[split].write(record)
+            counts[split].rows += 1
+
+    def write_full_sentences(split, members, dupe, flush=False):
+        write(split, (serialize(inst, config) for inst in pack_full_sentences(
+            members, running.setdefault((split, dupe), {}), config, special, len(tokenizer), word_starts, dupe,
+            counts[split], flush)))
 
     try:
         for docs in _windows(kept(corpus.read_share(shares, stats)), window):
@@ -539,14 +633,18 @@ def _create_part(shares, tokenizer, output_dir, name, config, heldout_fraction, 
                 pool = [tokens for _, tokens in members]
                 for dupe in range(config.dupe_factor):
                     if config.full_sentences:
-                        write_packed(split, members, dupe)
+                        write_full_sentences(split, members, dupe)
                         continue
-                    for j, (seed, _) in enumerate(members):
-                        for inst in create_instances(j, pool, config, special, len(tokenizer), word_starts,
-                                                     dupe=dupe, doc_id=seed, counts=counts[split]):
-                            writers[split].write(serialize(inst, config))
-        for split, dupe in sorted(packing):
-            write_packed(split, [], dupe, flush=True)
+                    instances = [inst for j, (seed, _) in enumerate(members)
+                                 for inst in create_instances(j, pool, config, special, len(tokenizer), word_starts,
+                                                              dupe=dupe, doc_id=seed, counts=counts[split])]
+                    if config.pack:    # a window's instances packed together; rows shuffled per window and pass
+                        rows = pack_instances(instances, config, _rng(config.random_seed, dupe, members[0][0], "pack"))
+                        write(split, (serialize_packed(row, config) for row in rows))
+                    else:
+                        write(split, (serialize(inst, config) for inst in instances))
+        for split, dupe in sorted(running):
+            write_full_sentences(split, [], dupe, flush=True)
     except BaseException:
         for writer in writers.values():
             writer.abort()
@@ -559,8 +657,9 @@ def _create_part(shares, tokenizer, output_dir, name, config, heldout_fraction, 
     return part
 
 
-def summarize(summaries):
-    """Totals over ranks and the derived rates printed at the end of creation."""
+def summarize(summaries, max_seq_length=None):
+    """Totals over ranks and the derived rates printed at the end of creation (with max_seq_length, the
+    fraction of the rows' token slots that is padding)."""
     total = {k: sum(s.get(k, 0) for s in summaries)
              for k in ("documents", "sentences", "tokens", "bad_bytes_lines", *DEDUP_COUNTS)}
     if "distinct_repeated_lines" in summaries[0]:
@@ -574,6 +673,9 @@ def summarize(summaries):
         c = {k: sum(p[k] for p in parts) for k in parts[0]}
         c["mean_masked_fraction"] = c["masked"] / max(c["maskable"], 1)
         c["nsp_random_fraction"] = c["random_next"] / max(c["instances"], 1)
+        c["instances_per_row"] = c["instances"] / max(c["rows"], 1)
+        if max_seq_length:
+            c["padding_fraction"] = 1 - c["tokens"] / max(c["rows"] * max_seq_length, 1)
         c["instances_per_second"] = c["instances"] / max(total["seconds"], 1e-9)
         total[split] = c
     total["per_rank_instances_per_second"] = [

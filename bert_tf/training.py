@@ -9,7 +9,11 @@ elastic mode sets its share with `set_share`); its public pieces are `gradients`
     allreduce(grads)                    plain tf.function: Horovod's collectives cannot be
                                         compiled by XLA, so the gradients leave the compiled
                                         code here, ONCE per update, after accumulation
-    apply(grads)                        (XLA when --xla) unscale, skip if not finite, clip, step
+    apply(grads)                        (XLA always: no matmul in it) unscale, skip if not finite, clip, step
+
+--fuse compiles `accumulate` and `finish` with jit_compile=None under XLA auto-clustering of fusible ops
+(FUSION_FLAGS, set at launch): the matmuls stay TensorFlow kernels, the element-wise work between them is
+compiled and fused.
 
 `comm.allreduce_every_micro_batch=True` is the naive baseline the communication study starts from:
 each micro-batch's gradients are allreduced before being summed (accumulation_steps allreduces
@@ -29,7 +33,9 @@ still carry the loss scale until `apply` unscales them).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
 import time
 
 import tensorflow as tf
@@ -73,6 +79,7 @@ class TrainConfig:
     precision: str = "float32"
     tf32: bool = True               # TensorFloat-32 float32 matmuls on GPUs that have it (TensorFlow's default)
     xla: bool = False
+    fuse: bool = False              # XLA-fuse the element-wise ops around TensorFlow's matmuls (FUSION_FLAGS)
     accumulation_steps: int = 1
     optimizer: str = "lamb"
     learning_rate: float = 1e-4
@@ -92,6 +99,8 @@ class TrainConfig:
         compute_dtype(self.precision)
         if self.optimizer not in optimization.OPTIMIZERS:
             raise ConfigError(f"unknown optimizer {self.optimizer!r}; valid: {', '.join(optimization.OPTIMIZERS)}")
+        if self.fuse and self.xla:
+            raise ConfigError("--fuse with --xla: --xla compiles the whole step already; give one of them")
         if self.accumulation_steps < 1:
             raise ConfigError(f"--accumulation_steps must be >= 1, got {self.accumulation_steps}")
         if self.total_steps < 1:
@@ -100,6 +109,18 @@ class TrainConfig:
             raise ConfigError(f"warmup_steps ({self.warmup_steps}) must be in [0, total_steps={self.total_steps}]")
         if self.learning_rate <= 0:
             raise ConfigError(f"--learning_rate must be positive, got {self.learning_rate}")
+
+
+# XLA auto-clustering restricted to the ops TensorFlow calls fusible (element-wise, reductions, softmax,
+# shape ops), on CPUs too. Matmuls stay TensorFlow kernels: oneDNN runs them on AMX / AVX-512 BF16, which
+# XLA's CPU backend in TF 2.21 does not reach (docs/results.md, "Fusion"). TensorFlow reads TF_XLA_FLAGS
+# once, early: it has to be in the environment when the process starts.
+FUSION_FLAGS = ("--tf_xla_auto_jit=fusible", "--tf_xla_cpu_global_jit")
+FUSION_ENV = f"TF_XLA_FLAGS='{' '.join(FUSION_FLAGS)}'"
+
+
+def fusion_enabled() -> bool:
+    return all(f in os.environ.get("TF_XLA_FLAGS", "").split() for f in FUSION_FLAGS)
 
 
 def identity_allreduce(grads):
@@ -133,9 +154,23 @@ class Trainer:
                                     name="schedule")
         self.accumulators = []
         self.rank_micro_batches = 0          # this rank's micro-batches per update: set_share
-        self.apply = tf.function(self._apply, jit_compile=bool(config.xla))
+        if config.fuse and not fusion_enabled():
+            raise ConfigError(f"--fuse needs {FUSION_ENV} in the environment when the process starts (TensorFlow "
+                              "reads it once, early): export it, and pass it on (mpirun -x TF_XLA_FLAGS)")
+        # the update has no matmul: always compiled, XLA fuses LAMB's per-variable element-wise work
+        self.apply = tf.function(self._apply, jit_compile=True)
         self.set_share(range(config.accumulation_steps), config.accumulation_steps, allreduce, seed_offset)
         self.timing = {}
+
+    @property
+    def jit(self):
+        """jit_compile of the forward/backward: True (--xla), None (--fuse: auto-clustering decides) or False."""
+        return True if self.config.xla else None if self.config.fuse else False
+
+    def _clusters(self):
+        """A plain step keeps out of auto-clustering (jit_compile=False alone does not) where the process has
+        it on: the ladder times plain rungs beside --fuse ones."""
+        return tf.xla.experimental.jit_scope(compile_ops=False) if self.jit is False else contextlib.nullcontext()
 
     def set_share(self, indices, per_update, allreduce, seed_offset=0):
         """This rank's share of an update: it trains micro-batches `indices` of the update's
@@ -149,7 +184,7 @@ class Trainer:
         indices = list(indices)
         if not indices:
             raise ValueError("a rank's share of an update needs at least one micro-batch")
-        jit = bool(self.config.xla)
+        jit = self.jit
         if len(indices) != self.rank_micro_batches:
             self.rank_micro_batches = len(indices)
             if self.rank_micro_batches > 1 and not self.accumulators:
@@ -157,12 +192,12 @@ class Trainer:
             self._accumulate = tf.function(self._accumulate_impl, jit_compile=jit)
             self._finish = tf.function(self._finish_impl, jit_compile=jit)
             if self.config.comm.allreduce_every_micro_batch:
-                self._local = tf.function(self._gradients, jit_compile=jit)
+                self._local = tf.function(self._local_impl, jit_compile=jit)
                 self._add = tf.function(self._add_impl, jit_compile=jit)
                 self._mean = tf.function(self._mean_impl, jit_compile=jit)
         for acc in self.accumulators:
             acc.assign(tf.zeros_like(acc))
-        self._allreduce = tf.function(allreduce)
+        self._allreduce = tf.function(allreduce, jit_compile=False)   # Horovod's ops: never compiled
         self.indices, self.per_update, self.seed_offset = indices, per_update, seed_offset
         # micro-batch indices as device tensors made once: no Python value enters the hot loop
         self._index_tensors = [tf.constant(i, tf.int64) for i in indices]
@@ -195,32 +230,40 @@ class Trainer:
         return [tf.convert_to_tensor(g) for g in grads], out
 
     def _accumulate_impl(self, features, seed):
-        grads, out = self._gradients(features, seed)
-        for acc, g in zip(self.accumulators, grads):
-            acc.assign_add(g)
-        return out
+        with self._clusters():
+            grads, out = self._gradients(features, seed)
+            for acc, g in zip(self.accumulators, grads):
+                acc.assign_add(g)
+            return out
 
     def _finish_impl(self, features, seed):
-        grads, out = self._gradients(features, seed)
-        n = self.rank_micro_batches
-        if n > 1:
-            grads = [(acc + g) / n for acc, g in zip(self.accumulators, grads)]
-            for acc in self.accumulators:
-                acc.assign(tf.zeros_like(acc))
-        return grads, out
+        with self._clusters():
+            grads, out = self._gradients(features, seed)
+            n = self.rank_micro_batches
+            if n > 1:
+                grads = [(acc + g) / n for acc, g in zip(self.accumulators, grads)]
+                for acc in self.accumulators:
+                    acc.assign(tf.zeros_like(acc))
+            return grads, out
+
+    def _local_impl(self, features, seed):
+        with self._clusters():
+            return self._gradients(features, seed)
 
     def _add_impl(self, grads):
-        for acc, g in zip(self.accumulators, grads):
-            acc.assign_add(g)
+        with self._clusters():
+            for acc, g in zip(self.accumulators, grads):
+                acc.assign_add(g)
 
     def _mean_impl(self):
-        grads = [acc / self.rank_micro_batches for acc in self.accumulators]
-        for acc in self.accumulators:
-            acc.assign(tf.zeros_like(acc))
-        return grads
+        with self._clusters():
+            grads = [acc / self.rank_micro_batches for acc in self.accumulators]
+            for acc in self.accumulators:
+                acc.assign(tf.zeros_like(acc))
+            return grads
 
     def _apply(self, grads):
-        """`apply` (compiled with --xla): unscale, skip if not finite, clip, one optimizer step."""
+        """`apply` (always XLA-compiled): unscale, skip if not finite, clip, one optimizer step."""
         c = self.config
         if self.loss_scale is not None:
             grads = [g / self.loss_scale.scale for g in grads]
@@ -287,6 +330,10 @@ class Trainer:
         metrics.update(info)
         # sequences this rank trained on (a count): what the logged throughput and batch checks use
         metrics["sequences"] = tf.add_n([tf.shape(mb["input_ids"])[0] for mb in micro_batches])
+        # what the rows held: non-padding tokens, and instances where rows are packed
+        metrics["useful_tokens"] = tf.add_n([tf.reduce_sum(mb["input_mask"]) for mb in micro_batches])
+        if "next_sentence_weights" in micro_batches[0]:
+            metrics["instances"] = tf.add_n([tf.reduce_sum(mb["next_sentence_weights"]) for mb in micro_batches])
         if self.loss_scale is not None:
             metrics["loss_scale"] = self.loss_scale.scale.read_value()
         return metrics

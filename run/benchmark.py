@@ -6,10 +6,14 @@ the library a Keras user would pick instead, and the configuration to run on thi
 
 Rungs, each measured after warm-up (compile) steps, in one process:
     fp32, bf16, fp16    tf.function in float32, mixed_bfloat16, mixed_float16 (dynamic loss scaling)
-    ...+xla             the same with jit_compile
+    ...+xla             the same with jit_compile (the whole step under XLA)
+    ...+fuse            TensorFlow's matmul kernels, the element-wise ops between them fused by XLA
+                        auto-clustering (run/pretrain.py --fuse); needs training.FUSION_ENV at launch, and
+                        then keras-hub's steps without XLA are auto-clustered too (+autojit)
     best+accum          the fastest of the above, + gradient accumulation (--accumulation_steps)
     best-dropout        diagnostic: the fastest without dropout, what the stateless random numbers
                         cost (never chosen as the fastest; pre-training keeps dropout)
+    (the optimizer update is XLA-compiled in every bert_tf rung: it has no matmul)
     keras-hub           the peer: keras_hub.models.BertMaskedLM (Keras 3 on TensorFlow), same shapes,
                         micro-batch and sparse masked positions; its best of fp32/bf16 x XLA on/off
 For each: sequences/s, tokens/s, model TFLOP/s (bert_tf/flops.py), MFU against the hardware peak
@@ -43,10 +47,14 @@ flags.DEFINE_list("rungs", None, "Rungs to run (default: the CPU ladder, or the 
                   "GPU; see CPU_RUNGS and GPU_RUNGS).")
 flags.DEFINE_float("peak_seconds", 3.0, "Seconds per matmul-peak measurement (each dtype, both ways).")
 flags.DEFINE_integer("peak_size", 2048, "n of the n x n x n matmul the peak is measured with.")
+flags.DEFINE_integer("peak_repeats", 3, "Times each matmul peak is measured (the best counts; the spread is reported).")
 flags.DEFINE_string("output_dir", "runs/benchmark", "Where ladder.json and ladder.png go.")
 flags.DEFINE_string("input_files", "", "Also measure input_pipeline.make_dataset alone on these TFRecords (static and "
                     "dynamic masking, sequences/s per rank) next to the model's consumption; needs --vocab_file.")
 flags.DEFINE_string("vocab_file", "", "vocab.txt of --input_files (dynamic masking's special and [MASK] ids).")
+flags.DEFINE_list("records", [], "After the ladder, train the fastest bert_tf rung on batches of these TFRecord globs "
+                  "(each glob a rung: one made without and one with create_pretraining_data.py --pack) and report "
+                  "useful (non-padding) tokens/s and instances/s next to rows/s.")
 flags.DEFINE_float("input_seconds", 5.0, "Seconds per input-pipeline measurement.")
 flags.DEFINE_string("profile_dir", "", "After the ladder, trace 3 updates of the fastest bert_tf rung with the "
                     "TensorFlow profiler into this folder (TensorBoard's profile tab reads it).")
@@ -58,19 +66,23 @@ FLAGS = flags.FLAGS
 # tf32: float32 with TensorFloat-32 matmuls (GPUs from Ampere on); fp32 is then strict float32.
 PRECISION = {"fp32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16", "tf32": "float32"}
 DTYPE_NAME = {"float32": "float32", "mixed_bfloat16": "bfloat16", "mixed_float16": "float16"}
-PRECISION_RUNGS = [*PRECISION, *(f"{p}+xla" for p in PRECISION)]
+PRECISION_RUNGS = [*PRECISION, *(f"{p}+{way}" for way in ("xla", "fuse") for p in PRECISION)]
 RUNGS = [*PRECISION_RUNGS, "best+accum", "best-dropout", "keras-hub"]
 # Without a GPU, XLA's CPU backend misses the bf16 matrix units, so both ways are timed; on a GPU, XLA
 # fuses around cuBLAS and float16/bfloat16 use the tensor cores: the fast rungs first.
-CPU_RUNGS = ["fp32", "fp32+xla", "bf16", "bf16+xla", "fp16", "fp16+xla", "best+accum", "best-dropout", "keras-hub"]
+CPU_RUNGS = ["fp32", "fp32+xla", "fp32+fuse", "bf16", "bf16+xla", "bf16+fuse", "fp16", "fp16+xla", "best+accum",
+             "best-dropout", "keras-hub"]
 GPU_RUNGS = ["fp16+xla", "bf16+xla", "tf32+xla", "fp32+xla", "fp16", "best+accum", "best-dropout", "keras-hub"]
 
 
-def default_rungs(gpu: bool):
-    return list(GPU_RUNGS if gpu else CPU_RUNGS)
+def default_rungs(gpu: bool, fusion: bool):
+    """The ladder for this device; the +fuse rungs only where the process started with auto-clustering on
+    (training.FUSION_ENV), and main says so when it leaves them out."""
+    return [r for r in (GPU_RUNGS if gpu else CPU_RUNGS) if fusion or not r.endswith("+fuse")]
 
 
-def check_rungs(rungs, gpu=False):
+def check_rungs(rungs, gpu=False, fusion=False):
+    from bert_tf import training
     unknown = [r for r in rungs if r not in RUNGS]
     if unknown:
         raise ConfigError(f"--rungs: unknown {', '.join(map(repr, unknown))}; valid: {', '.join(RUNGS)}")
@@ -78,6 +90,9 @@ def check_rungs(rungs, gpu=False):
         raise ConfigError("--rungs is empty")
     if not gpu and any(r.startswith("tf32") for r in rungs):
         raise ConfigError("--rungs: tf32 needs a GPU with TensorFloat-32 (Ampere or newer); TensorFlow sees no GPU here")
+    if not fusion and any(r.endswith("+fuse") for r in rungs):
+        raise ConfigError(f"--rungs: the +fuse rungs need {training.FUSION_ENV} in the environment when the "
+                          "benchmark starts (TensorFlow reads it once, early); the other rungs keep out of it")
     if "best-dropout" in rungs and not any(r in rungs[:rungs.index("best-dropout")] for r in PRECISION_RUNGS):
         raise ConfigError("--rungs: best-dropout needs a bert_tf rung before it")
     if "keras-hub" in rungs:
@@ -110,6 +125,7 @@ def write_flagfile(path, best, report):
              f"--precision={best['precision']}",
              *([f"--{'' if best['tf32'] else 'no'}tf32"] if report["device"].get("gpus") else []),
              f"--{'' if best['xla'] else 'no'}xla",
+             f"--{'' if best['fuse'] else 'no'}fuse",
              f"--ladder_sequences_per_second={best['sequences_per_second']:.3f}"]
     if report.get("tune_batch_sizes"):  # the micro-batch was tuned: keep the recipe's per-rank batch, split it so
         lines.append(f"--fit_micro_batch={best['batch_size']}")
@@ -151,14 +167,30 @@ def timed_updates(step):
     return {"update_seconds": median, "first_update_seconds": first, "compile_seconds_estimate": max(first - median, 0)}
 
 
-def run_rung(config, precision, xla, accumulation, batch_size, profile_dir="", tf32=False):
+def run_rung(config, precision, xla, accumulation, batch_size, profile_dir="", tf32=False, fuse=False, records=None):
+    """One rung's timing (timed_updates) on random full rows, or with records=(glob, instances per row) on
+    the records' own batches, a new update's worth each call, read before the clock starts; then
+    useful_tokens_per_second and instances_per_second count what the timed updates held."""
     import tensorflow as tf
 
-    from bert_tf import modeling, training
+    from bert_tf import input_pipeline, modeling, training
     tf.random.set_seed(0)
     model = modeling.BertPretrainer(config)
-    trainer = training.Trainer(model, training.TrainConfig(precision=precision, xla=xla, tf32=tf32,
+    trainer = training.Trainer(model, training.TrainConfig(precision=precision, xla=xla, tf32=tf32, fuse=fuse,
                                                            accumulation_steps=accumulation, total_steps=10 ** 6))
+    if records:
+        pattern, pack = records
+        batches = iter(input_pipeline.make_dataset(input_pipeline.list_files(pattern), batch_size,
+                                                   FLAGS.max_seq_length, FLAGS.max_predictions_per_seq, pack=pack))
+        updates = [[next(batches) for _ in range(accumulation)] for _ in range(FLAGS.warmup_updates + FLAGS.updates)]
+        queue = list(updates)
+        result = timed_updates(lambda: float(trainer.train_step(queue.pop(0))["loss"]))
+        timed = [mb for update in updates[FLAGS.warmup_updates:] for mb in update]
+        seconds = result["update_seconds"] * FLAGS.updates          # the median update, as the rows/s figure
+        result["useful_tokens_per_second"] = sum(int(tf.reduce_sum(mb["input_mask"])) for mb in timed) / seconds
+        result["instances_per_second"] = sum(float(tf.reduce_sum(mb["next_sentence_weights"])) if pack else
+                                             int(mb["input_ids"].shape[0]) for mb in timed) / seconds
+        return result
     micro = [random_batch(batch_size, FLAGS.max_seq_length, FLAGS.max_predictions_per_seq, config.vocab_size,
                           i) for i in range(accumulation)]
     if profile_dir:
@@ -225,10 +257,13 @@ def run_keras_hub(config, precision, xla, batch_size):
 def main(_):
     import tensorflow as tf
 
-    from bert_tf import flops, modeling, planner
+    from bert_tf import flops, modeling, planner, training
     gpu = bool(tf.config.list_physical_devices("GPU"))
-    rungs = FLAGS.rungs if FLAGS.rungs is not None else default_rungs(gpu)
-    check_rungs(rungs, gpu)
+    fusion = training.fusion_enabled()
+    rungs = FLAGS.rungs if FLAGS.rungs is not None else default_rungs(gpu, fusion)
+    if FLAGS.rungs is None and not fusion and not gpu:
+        print(f"not timed: the +fuse rungs (start the benchmark with {training.FUSION_ENV} to time them)")
+    check_rungs(rungs, gpu, fusion)
     try:
         batch_sizes = [int(b) for b in FLAGS.tune_batch_sizes]
     except ValueError:
@@ -246,8 +281,12 @@ def main(_):
                               f"--max_seq_length={FLAGS.max_seq_length}")
         if os.path.exists(FLAGS.device_figures):
             planner.read_device_figures(FLAGS.device_figures, FLAGS.model_preset)   # one it can add to
+    from bert_tf import input_pipeline
+    records = []
+    for pattern in FLAGS.records:       # (glob, instances per row), checked before an hour of measuring
+        files = input_pipeline.list_files(pattern)
+        records.append((pattern, input_pipeline.check_files(files, FLAGS.max_seq_length, FLAGS.max_predictions_per_seq)))
     if FLAGS.input_files:
-        from bert_tf import input_pipeline
         if not FLAGS.vocab_file:
             raise ConfigError("--input_files needs --vocab_file")
         input_pipeline.check_files(input_pipeline.list_files(FLAGS.input_files), FLAGS.max_seq_length,
@@ -258,17 +297,23 @@ def main(_):
     print(f"device: {device}")
     print(f"{FLAGS.model_preset}: {config.num_hidden_layers} layers, hidden {config.hidden_size}; "
           f"seq {FLAGS.max_seq_length}, micro-batch {FLAGS.batch_size}; {flops_per_seq / 1e9:.2f} GFLOP per sequence (train)", flush=True)
-    peaks = flops.matmul_peaks(n=FLAGS.peak_size, seconds=FLAGS.peak_seconds, log=lambda line: print(line, flush=True))
+    if FLAGS.peak_repeats < 1:
+        raise ConfigError(f"--peak_repeats must be >= 1, got {FLAGS.peak_repeats}")
+    peak_samples = {}
+    peaks = flops.matmul_peaks(n=FLAGS.peak_size, seconds=FLAGS.peak_seconds, log=lambda line: print(line, flush=True),
+                               repeats=FLAGS.peak_repeats, samples=peak_samples)
     hw_peak, hw_dtype, hw_way = flops.hardware_peak(peaks)
     print(f"hardware peak: {hw_peak / 1e12:.3f} TFLOP/s ({hw_dtype}, {hw_way})", flush=True)
 
     rows = []
 
-    def record(rung, precision, xla, accumulation, batch_size, result, peer=False, diagnostic=False, tf32=False):
+    def record(rung, precision, xla, accumulation, batch_size, result, peer=False, diagnostic=False, tf32=False,
+               fuse=False):
         seqs = batch_size * accumulation / result["update_seconds"]
         achieved = seqs * flops_per_seq
         dtype_peak = max(peaks[DTYPE_NAME[precision]].values())
-        row = {"rung": rung, "precision": precision, "tf32": tf32, "xla": xla, "accumulation_steps": accumulation,
+        row = {"rung": rung, "precision": precision, "tf32": tf32, "xla": xla, "fuse": fuse,
+               "accumulation_steps": accumulation,
                "batch_size": batch_size, "peer": peer, "diagnostic": diagnostic,
                "sequences_per_second": seqs, "tokens_per_second": seqs * FLAGS.max_seq_length,
                "model_tflops": achieved / 1e12, "mfu": achieved / hw_peak, "mfu_same_dtype": achieved / dtype_peak,
@@ -287,6 +332,8 @@ def main(_):
             for precision in ("float32", "mixed_bfloat16"):
                 for xla in (False, True):
                     name = f"keras-hub {precision.replace('mixed_', '')}{'+xla' if xla else ''}"
+                    if not xla and fusion:     # the peer with the same lever: its steps are auto-clustered too
+                        name += "+autojit"
                     record(name, precision, xla, 1, FLAGS.batch_size,
                            run_keras_hub(config, precision, xla, FLAGS.batch_size), peer=True)
             continue
@@ -297,31 +344,45 @@ def main(_):
                          run_rung(dataclasses.replace(config, hidden_dropout_prob=0.0,
                                                       attention_probs_dropout_prob=0.0),
                                   base["precision"], base["xla"], base["accumulation_steps"], base["batch_size"],
-                                  tf32=base["tf32"]),
-                         diagnostic=True, tf32=base["tf32"])
+                                  tf32=base["tf32"], fuse=base["fuse"]),
+                         diagnostic=True, tf32=base["tf32"], fuse=base["fuse"])
             print(f"dropout costs {1 - base['sequences_per_second'] / row['sequences_per_second']:.1%} of the "
                   f"fastest rung's ({base['rung']}) time", flush=True)
             continue
         if rung == "best+accum":
             base = fastest()
-            precision, xla, tf32 = (base["precision"], base["xla"], base["tf32"]) if base else ("float32", True, False)
+            precision, xla, tf32, fuse = (base["precision"], base["xla"], base["tf32"], base["fuse"]) if base else \
+                ("float32", True, False, False)
             accumulation = FLAGS.accumulation_steps
         else:
             short, _, opt = rung.partition("+")
-            precision, xla, tf32, accumulation = PRECISION[short], opt == "xla", short == "tf32", 1
+            precision, xla, tf32, fuse, accumulation = PRECISION[short], opt == "xla", short == "tf32", opt == "fuse", 1
         record(rung, precision, xla, accumulation, FLAGS.batch_size,
-               run_rung(config, precision, xla, accumulation, FLAGS.batch_size, tf32=tf32), tf32=tf32)
+               run_rung(config, precision, xla, accumulation, FLAGS.batch_size, tf32=tf32, fuse=fuse), tf32=tf32,
+               fuse=fuse)
     if batch_sizes and fastest():
         base = fastest()
         for b in batch_sizes:
             if b != base["batch_size"]:
                 record(f"{base['rung']} b{b}", base["precision"], base["xla"], base["accumulation_steps"], b,
                        run_rung(config, base["precision"], base["xla"], base["accumulation_steps"], b,
-                                tf32=base["tf32"]), tf32=base["tf32"])
+                                tf32=base["tf32"], fuse=base["fuse"]), tf32=base["tf32"], fuse=base["fuse"])
     best, peer = fastest(), fastest(peer=True)
+    for pattern, pack in records:
+        if not best:
+            break
+        result = run_rung(config, best["precision"], best["xla"], best["accumulation_steps"], best["batch_size"],
+                          tf32=best["tf32"], fuse=best["fuse"], records=(pattern, pack))
+        row = record(f"{best['rung']} on {'packed ' if pack else ''}records", best["precision"], best["xla"],
+                     best["accumulation_steps"], best["batch_size"], result, diagnostic=True, tf32=best["tf32"],
+                     fuse=best["fuse"])
+        row.update(records=pattern, instances_per_row=pack)
+        print(f"  {pattern}: {row['useful_tokens_per_second']:.0f} useful tokens/s "
+              f"({1 - row['useful_tokens_per_second'] / row['tokens_per_second']:.1%} of the rows' tokens are padding), "
+              f"{row['instances_per_second']:.2f} instances/s", flush=True)
     if FLAGS.profile_dir and best:
         run_rung(config, best["precision"], best["xla"], best["accumulation_steps"], best["batch_size"],
-                 profile_dir=FLAGS.profile_dir, tf32=best["tf32"])
+                 profile_dir=FLAGS.profile_dir, tf32=best["tf32"], fuse=best["fuse"])
         print(f"wrote a profiler trace of {best['rung']} to {FLAGS.profile_dir}; op time by type:")
         for op, share in op_time_shares(FLAGS.profile_dir):
             print(f"  {share:6.1%}  {op}")
@@ -344,7 +405,7 @@ def main(_):
                   f"fastest rung's {consumed:.2f} seq/s ({'ok' if rate >= 10 * consumed else 'below'} the 10x goal)")
     os.makedirs(FLAGS.output_dir, exist_ok=True)
     report = {"model_preset": FLAGS.model_preset, "seq_length": FLAGS.max_seq_length, "batch_size": FLAGS.batch_size,
-              "flops_per_sequence": flops_per_seq, "device": device, "matmul_peak_flops": peaks,
+              "flops_per_sequence": flops_per_seq, "device": device, "matmul_peak_flops": peaks, "matmul_peak_samples": peak_samples,
               "hardware_peak_flops": hw_peak, "hardware_peak_from": [hw_dtype, hw_way], "rungs": rows,
               "ratio_to_keras_hub": best["sequences_per_second"] / peer["sequences_per_second"]
               if best and peer else None,

@@ -28,6 +28,9 @@ flags.DEFINE_bool("whole_word_masking", False, "Mask all pieces of a word togeth
 flags.DEFINE_bool("full_sentences", False, "RoBERTa's FULL-SENTENCES instances: consecutive whole sentences "
                   "filling each sequence across document boundaries ([SEP] between documents), no sentence "
                   "pairs; for run/pretrain.py --mlm_only (which it then requires).")
+flags.DEFINE_integer("pack", 0, "Pack up to this many sentence-pair instances into each row (>= 2; 0: one per row, "
+                     "google's layout): short instances fill the padding of others, kept apart by the attention "
+                     "mask; run/pretrain.py reads either layout.")
 flags.DEFINE_bool("dynamic_masking", False, "Write unmasked sequences; mask in tf.data each epoch (RoBERTa-style).")
 flags.DEFINE_bool("dedup_documents", False, "Leave out exact duplicate documents (after lower-casing and collapsing "
                   "white space), keeping the first copy in corpus order, across all ranks.")
@@ -51,7 +54,8 @@ def main(_):
         max_seq_length=FLAGS.max_seq_length, max_predictions_per_seq=FLAGS.max_predictions_per_seq,
         masked_lm_prob=FLAGS.masked_lm_prob, short_seq_prob=FLAGS.short_seq_prob,
         dupe_factor=FLAGS.dupe_factor, whole_word_masking=FLAGS.whole_word_masking,
-        random_seed=FLAGS.random_seed, mask=not FLAGS.dynamic_masking, full_sentences=FLAGS.full_sentences)
+        random_seed=FLAGS.random_seed, mask=not FLAGS.dynamic_masking, full_sentences=FLAGS.full_sentences,
+        pack=FLAGS.pack)
     tokenizer = tokenization.Tokenizer.from_file(FLAGS.vocab_file, FLAGS.do_lower_case, backend=FLAGS.tokenizer)
     summary = pretraining_data.create_pretraining_data(
         files, FLAGS.input_format, tokenizer, FLAGS.output_dir, config, rank=rank, size=size,
@@ -63,7 +67,7 @@ def main(_):
     if rank == 0 and not sum(s["documents"] for s in summaries):
         raise ConfigError(f"no text found in {', '.join(files)} (empty corpus?)")
     if rank == 0:
-        total = pretraining_data.summarize(summaries)
+        total = pretraining_data.summarize(summaries, FLAGS.max_seq_length)
         problems = [p for s in summaries for p in s["problems"]]
         for p in problems[:20]:
             print(f"skipped: {p}")
@@ -86,7 +90,8 @@ def main(_):
         for split in ("train", "eval"):
             c = total.get(split)
             if c:
-                print(f"{split}: instances {c['instances']}  masked fraction {c['mean_masked_fraction']:.4f}  "
+                print(f"{split}: instances {c['instances']} in {c['rows']} rows ({c['padding_fraction']:.1%} padding)  "
+                      f"masked fraction {c['mean_masked_fraction']:.4f}  "
                       f"NSP random-next {c['nsp_random_fraction']:.4f}  clamped {c['clamped']}  "
                       f"{c['instances_per_second']:.0f} instances/s")
         print(f"wall {total['seconds']:.1f} s on {size} rank(s); per rank instances/s: "

@@ -50,7 +50,11 @@ flags.DEFINE_float("clip_norm", D.clip_norm, "Global-norm gradient clipping.")
 flags.DEFINE_enum("precision", D.precision, list(training.POLICIES), "Compute precision policy.")
 flags.DEFINE_bool("tf32", D.tf32, "On GPUs with TensorFloat-32 (Ampere and newer), float32 matmuls use it "
                   "(TensorFlow's default); --notf32 for strict float32. No effect on CPUs.")
-flags.DEFINE_bool("xla", D.xla, "Compile the forward/backward pass and the update with XLA.")
+flags.DEFINE_bool("xla", D.xla, "Compile the whole forward/backward pass with XLA (the update always is).")
+flags.DEFINE_bool("fuse", D.fuse, "XLA-fuse the element-wise ops (GELU, LayerNorm, softmax, casts and their gradients) "
+                  "between TensorFlow's own matmul kernels: for CPUs, whose AMX/AVX-512 BF16 matmuls XLA does not "
+                  "reach. Needs TF_XLA_FLAGS='--tf_xla_auto_jit=fusible --tf_xla_cpu_global_jit' in the environment "
+                  "at launch (mpirun -x TF_XLA_FLAGS). Not with --xla. run/benchmark.py's +fuse rungs measure it.")
 flags.DEFINE_integer("seed", D.seed, "Seed for initialisation, data order and dropout.")
 cli.define_comm()
 flags.DEFINE_string("network_interface", D.network_interface,

@@ -7,7 +7,7 @@ import subprocess
 import sys
 import types
 
-from bert_tf import flops, pretraining
+from bert_tf import flops, pretraining, training
 from conftest import REPO, mpi_env
 
 BENCHMARK = REPO / "run" / "benchmark.py"
@@ -16,8 +16,12 @@ QUICK = ["--model_preset=tiny", "--vocab_size=200", "--max_seq_length=16", "--ma
          "--batch_size=2", "--updates=1", "--warmup_updates=1", "--peak_seconds=0.01", "--peak_size=32"]
 
 
-def benchmark(args, cwd):
-    return subprocess.run([sys.executable, str(BENCHMARK), *args], cwd=cwd, env=mpi_env(), capture_output=True,
+# what --fuse needs at launch (training.FUSION_ENV)
+FUSION = {"TF_XLA_FLAGS": " ".join(training.FUSION_FLAGS)}
+
+
+def benchmark(args, cwd, env=None):
+    return subprocess.run([sys.executable, str(BENCHMARK), *args], cwd=cwd, env=mpi_env(env), capture_output=True,
                           text=True, timeout=300)
 
 
@@ -70,6 +74,8 @@ def test_bad_rungs_and_an_unwritable_flagfile_fail_before_measuring(tmp_path):
     assert bad.returncode == 1 and "error: --rungs: tf32 needs a GPU with TensorFloat-32" in bad.stderr
     bad = benchmark([*QUICK, "--rungs=fp32", f"--device_figures={tmp_path}/f.json"], tmp_path)
     assert bad.returncode == 1 and "the plan's phases run at sequence 128 and 512, not --max_seq_length=16" in bad.stderr
+    bad = benchmark([*QUICK, "--rungs=fp32,bf16+fuse"], tmp_path)
+    assert bad.returncode == 1 and "error: --rungs: the +fuse rungs need TF_XLA_FLAGS='--tf_xla_auto_jit" in bad.stderr
     bad = benchmark([*QUICK, "--rungs=best-dropout,fp32"], tmp_path)
     assert bad.returncode == 1 and "error: --rungs: best-dropout needs a bert_tf rung before it" in bad.stderr
     bad = benchmark([*QUICK, "--rungs=fp32", f"--input_files={tmp_path}/none-*"], tmp_path)
@@ -83,9 +89,9 @@ def test_bad_rungs_and_an_unwritable_flagfile_fail_before_measuring(tmp_path):
 
 def test_the_self_tuned_flagfile_is_taken_by_pretrain_after_the_recipe(tiny_data, tmp_path):
     node = tmp_path / "node.flags"
-    out = benchmark([*QUICK, "--rungs=fp32,bf16,best-dropout", f"--output_dir={tmp_path / 'ladder'}",
+    out = benchmark([*QUICK, "--rungs=fp32,bf16+fuse,best-dropout", f"--output_dir={tmp_path / 'ladder'}",
                      f"--write_flagfile={node}", f"--profile_dir={tmp_path / 'trace'}", "--tune_batch_sizes=1,4"],
-                    tmp_path)
+                    tmp_path, env=FUSION)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "hardware peak:" in out.stdout and "cpu_features" in out.stdout
     shares = re.findall(r"^\s+([\d.]+)%\s+(\w+)$", out.stdout.split("op time by type:")[1], re.M)
@@ -94,8 +100,9 @@ def test_the_self_tuned_flagfile_is_taken_by_pretrain_after_the_recipe(tiny_data
     report = json.loads((tmp_path / "ladder" / "ladder.json").read_text())
     rows = {r["rung"]: r for r in report["rungs"]}
     names = list(rows)
-    assert names[:3] == ["fp32", "bf16", "best-dropout"] and rows["best-dropout"]["diagnostic"]
-    base = max(("fp32", "bf16"), key=lambda r: rows[r]["sequences_per_second"])
+    assert names[:3] == ["fp32", "bf16+fuse", "best-dropout"] and rows["best-dropout"]["diagnostic"]
+    assert rows["bf16+fuse"]["fuse"] and not rows["fp32"]["fuse"]
+    base = max(("fp32", "bf16+fuse"), key=lambda r: rows[r]["sequences_per_second"])
     assert names[3:] == [f"{base} b1", f"{base} b4"]                     # --tune_batch_sizes on the fastest rung
     fastest = max([base] + names[3:], key=lambda r: rows[r]["sequences_per_second"])
     assert f"fastest bert_tf rung {fastest}" in node.read_text()          # never the diagnostic rung
@@ -106,21 +113,23 @@ def test_the_self_tuned_flagfile_is_taken_by_pretrain_after_the_recipe(tiny_data
     # the flags are the fastest row's, each of them
     best = rows[fastest]
     assert [rows[n]["batch_size"] for n in names] == [2, 2, 2, 1, 4]
-    assert lines[:3] == [f"--precision={best['precision']}", "--xla" if best["xla"] else "--noxla",
+    assert lines[:4] == [f"--precision={best['precision']}", "--xla" if best["xla"] else "--noxla",
+                         "--fuse" if best["fuse"] else "--nofuse",
                          f"--ladder_sequences_per_second={best['sequences_per_second']:.3f}"]
-    assert best["precision"] == {"fp32": "float32", "bf16": "mixed_bfloat16"}[base] and not best["xla"]
-    ladder = float(lines[2].split("=")[1])
+    assert best["precision"] == {"fp32": "float32", "bf16+fuse": "mixed_bfloat16"}[base] and not best["xla"]
+    ladder = float(lines[3].split("=")[1])
     assert ladder > 0
-    micro = int(lines[3].removeprefix("--fit_micro_batch="))                # the fastest of 2 (--batch_size), 1, 4
-    assert micro == best["batch_size"] and len(lines) == 4
+    micro = int(lines[4].removeprefix("--fit_micro_batch="))                # the fastest of 2 (--batch_size), 1, 4
+    assert micro == best["batch_size"] and len(lines) == 5
     recipe = tmp_path / "recipe.flags"
     recipe.write_text("\n".join(tiny_data["flags"] + ["--precision=mixed_float16", "--xla", "--total_steps=2"]))
     run = subprocess.run([sys.executable, str(PRETRAIN), f"--flagfile={recipe}", f"--flagfile={node}",
-                          f"--checkpoint_dir={tmp_path / 'ckpt'}"], env=mpi_env(), capture_output=True, text=True,
-                         timeout=300)
+                          f"--checkpoint_dir={tmp_path / 'ckpt'}"], env=mpi_env(FUSION if best["fuse"] else None),
+                         capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     precision = lines[0].split("=")[1]
-    assert f"precision {precision}  xla {lines[1] == '--xla'}" in run.stdout               # the node's flags won
+    assert f"precision {precision}  xla {lines[1] == '--xla'}{'  fuse' if best['fuse'] else ''}  fp16" \
+        in run.stdout                                                                  # the node's flags won
     assert f"micro-batch {micro}/rank  accumulation {4 // micro}" in run.stdout      # the recipe's 4 per rank, re-split
     assert f"(ladder: {ladder:.2f} seq/s per rank)" in run.stdout
     assert re.search(rf"measured [\d.]+ seq/s per rank \(last interval\) vs the ladder's {ladder:.2f}", run.stdout)
@@ -150,10 +159,13 @@ def test_input_headroom_measures_static_and_dynamic_masking(tiny_data, monkeypat
 
 def test_the_gpu_ladder_is_the_default_where_a_gpu_is_seen_and_its_rungs_pass_the_checks():
     script = ("import sys; sys.path.insert(0, 'run'); import benchmark as b; "
-              "b.check_rungs(b.default_rungs(True), gpu=True); print(b.default_rungs(True)); print(b.default_rungs(False))")
+              "b.check_rungs(b.default_rungs(True, False), gpu=True); print(b.default_rungs(True, False)); "
+              "print(b.default_rungs(False, False)); print(b.default_rungs(False, True))")
     proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120,
                           env=mpi_env())
     assert proc.returncode == 0, proc.stderr[-2000:]
-    gpu, cpu = (eval(line) for line in proc.stdout.strip().splitlines()[-2:])
+    gpu, cpu, cpu_fusion = (eval(line) for line in proc.stdout.strip().splitlines()[-3:])
+    assert [r for r in cpu_fusion if r.endswith("+fuse")] == ["fp32+fuse", "bf16+fuse"]
+    assert cpu == [r for r in cpu_fusion if not r.endswith("+fuse")]          # left out only without the flags
     assert gpu[:3] == ["fp16+xla", "bf16+xla", "tf32+xla"] and "fp32+xla" in gpu   # tensor cores first, strict fp32 too
     assert not any(r.startswith("tf32") for r in cpu) and cpu[:2] == ["fp32", "fp32+xla"]

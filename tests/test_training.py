@@ -316,3 +316,62 @@ def test_a_garbled_checkpoint_index_falls_back_to_the_files_and_a_renamed_copy_c
     for f in tmp_path.glob("ckpt-2.*"):                      # every file of ckpt-2, manifest included, renamed
         shutil.copy(f, copy / f.name.replace("ckpt-2", "ckpt-9"))
     assert checkpointing.damage(str(copy / "ckpt-9")) is None
+
+
+
+FUSE_SCRIPT = """
+import glob, json, os, sys
+import numpy as np
+import tensorflow as tf
+sys.path.insert(0, sys.argv[1])
+from bert_tf import training
+from test_training import features, tiny_model
+batch = features(batch=4, seq=16, preds=3)
+out, clustered = {}, {}
+for fuse in (False, True):
+    trainer = training.Trainer(tiny_model(), training.TrainConfig(fuse=fuse, learning_rate=1e-3))
+    before = set(glob.glob(os.path.join(os.environ["TF_DUMP_GRAPH_PREFIX"], "mark_for_compilation_*.pbtxt")))
+    out[str(fuse)] = [float(trainer.train_step([batch])["loss"]) for _ in range(3)]
+    out["weights" + str(fuse)] = float(sum(tf.reduce_sum(tf.abs(v)) for v in trainer.variables))
+    ops = clustered[str(fuse)] = {}
+    from google.protobuf import text_format
+    for path in set(glob.glob(os.path.join(os.environ["TF_DUMP_GRAPH_PREFIX"], "mark_for_compilation_*.pbtxt"))) - before:
+        graph = tf.compat.v1.GraphDef()
+        text_format.Parse(open(path).read(), graph)
+        for node in graph.node:
+            if "_XlaCluster" in node.attr:
+                ops[node.op] = ops.get(node.op, 0) + 1
+print(json.dumps({"out": out, "clustered": clustered}))
+"""
+
+
+def test_fuse_clusters_the_element_wise_ops_not_the_matmuls_and_trains_like_the_plain_step(tmp_path):
+    """A process of its own, started with the flags --fuse needs (and one that dumps the clustering): plain and
+    fused trainers side by side, as the ladder runs them."""
+    import json
+    import subprocess
+    import sys
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, TF_XLA_FLAGS=" ".join(["--tf_xla_clustering_debug", *training.FUSION_FLAGS]),
+               TF_DUMP_GRAPH_PREFIX=str(tmp_path))
+    run = subprocess.run([sys.executable, "-c", FUSE_SCRIPT, here], capture_output=True, text=True,
+                         timeout=600, cwd=os.path.dirname(here), env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    out = result["out"]
+    np.testing.assert_allclose(out["True"], out["False"], rtol=1e-4)
+    np.testing.assert_allclose(out["weightsTrue"], out["weightsFalse"], rtol=1e-5)
+    plain, fused = result["clustered"]["False"], result["clustered"]["True"]
+    # the plain step keeps out of the process's auto-clustering: what it compiles is the optimizer update
+    assert "Tanh" not in plain and "Softmax" not in plain, plain
+    assert not {"MatMul", "BatchMatMulV2", "Einsum"} & set(fused), fused          # TensorFlow's kernels keep them
+    assert {"Tanh", "TanhGrad", "Softmax", "Mul", "AddV2"} <= set(fused), fused   # forward and backward fused
+
+
+def test_fuse_is_not_xla_and_needs_the_flags_at_launch():
+    with pytest.raises(ConfigError, match="--fuse with --xla"):
+        training.TrainConfig(fuse=True, xla=True)
+    assert not training.fusion_enabled()          # the test process runs without auto-clustering
+    with pytest.raises(ConfigError, match=r"--fuse needs TF_XLA_FLAGS='--tf_xla_auto_jit=fusible "
+                                          r"--tf_xla_cpu_global_jit' in the environment when the process starts"):
+        training.Trainer(tiny_model(), training.TrainConfig(fuse=True))
