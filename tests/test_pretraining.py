@@ -304,8 +304,9 @@ def test_a_time_budget_stretches_the_schedule_over_the_clock_and_a_restart_spend
     from bert_tf import checkpointing
     budget_s = 10.0
     logs = []
+    # every update logged: the peak learning rate is seen even where compilation leaves few updates in 10 s
     _, last = pretraining.run(_tiny(tiny_data, tmp_path, time_budget_hours=budget_s / 3600,
-                                    ladder_sequences_per_second=1.0), log=logs.append)
+                                    ladder_sequences_per_second=1.0, log_interval=1), log=logs.append)
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in records if r["kind"] == "train"]
     # the planner's line at start-up: 10,000 updates of 8 sequences at 1 seq/s do not fit 10 s
@@ -327,7 +328,8 @@ def test_a_time_budget_stretches_the_schedule_over_the_clock_and_a_restart_spend
     second = checkpointing.latest_intact(str(tmp_path))
     total = tf.train.load_variable(second, "clock/seconds/.ATTRIBUTES/VARIABLE_VALUE")
     steps = int(second.rsplit("-", 1)[1])
-    assert 2 * budget_s <= total < 2 * budget_s + 3 and start < steps < start + 1.5 * start   # ~10 s more, not 20
+    # ~10 s more on the clock, not 20 (the first run spent more of its 10 s compiling, so it made fewer steps)
+    assert 2 * budget_s <= total < 2 * budget_s + 3 and start < steps < 4 * start
     assert any(re.search(r"\(0:00:1[0-2] spent by earlier runs\)", line) for line in logs), logs
 
 
