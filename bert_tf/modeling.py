@@ -291,8 +291,8 @@ class BertEncoder(tf.Module):
         if instance_ids is None:
             mask_bias = (1.0 - tf.cast(input_mask, tf.float32))[:, tf.newaxis, tf.newaxis, :] * -10000.0
         else:
-            same = tf.logical_and(tf.equal(instance_ids[:, :, tf.newaxis], instance_ids[:, tf.newaxis, :]),
-                                  instance_ids[:, tf.newaxis, :] > 0)                      # [B, S, S]
+            # [B, S, S]; padding (id 0) attends to padding, whose outputs nothing reads
+            same = tf.equal(instance_ids[:, :, tf.newaxis], instance_ids[:, tf.newaxis, :])
             mask_bias = (1.0 - tf.cast(same, tf.float32))[:, tf.newaxis] * -10000.0
         for i, layer in enumerate(self.layers):
             if self.recompute == "layer" and training:
