@@ -169,3 +169,26 @@ def test_the_gpu_ladder_is_the_default_where_a_gpu_is_seen_and_its_rungs_pass_th
     assert cpu == [r for r in cpu_fusion if not r.endswith("+fuse")]          # left out only without the flags
     assert gpu[:3] == ["fp16+xla", "bf16+xla", "tf32+xla"] and "fp32+xla" in gpu   # tensor cores first, strict fp32 too
     assert not any(r.startswith("tf32") for r in cpu) and cpu[:2] == ["fp32", "fp32+xla"]
+
+
+def test_the_records_rung_counts_the_useful_tokens_of_the_rows_it_timed(tmp_path):
+    """Records of instances 5..24 tokens long in 64-token rows: at most 24/64 of the rows' tokens are useful."""
+    import tensorflow as tf
+
+    from bert_tf import pretraining_data as pd
+    from test_packing import random_instances
+    config = pd.InstanceConfig(max_seq_length=64, max_predictions_per_seq=10)
+    with tf.io.TFRecordWriter(str(tmp_path / "short.tfrecord")) as w:
+        for inst in random_instances(64, 24, 10):
+            w.write(pd.serialize(inst, config))
+    out = benchmark(["--model_preset=tiny", "--vocab_size=300", "--max_seq_length=64", "--max_predictions_per_seq=10",
+                     "--batch_size=2", "--updates=2", "--warmup_updates=1", "--peak_seconds=0.01", "--peak_size=32",
+                     "--peak_repeats=1", "--rungs=fp32", f"--records={tmp_path / 'short.tfrecord'}",
+                     f"--output_dir={tmp_path / 'out'}"], tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = {r["rung"]: r for r in json.loads((tmp_path / "out" / "ladder.json").read_text())["rungs"]}
+    row = rows["fp32 on records"]
+    assert row["diagnostic"] and row["instances_per_row"] == 0
+    assert row["instances_per_second"] == row["sequences_per_second"]          # one instance per row
+    assert 5 / 64 * row["tokens_per_second"] <= row["useful_tokens_per_second"] <= 24 / 64 * row["tokens_per_second"]
+    assert f"{row['useful_tokens_per_second']:.0f} useful tokens/s" in out.stdout
