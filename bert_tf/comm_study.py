@@ -4,7 +4,10 @@ the reduction of their metrics, the planner's predictions calibrated on the stud
 measurements, and the planner's check against NVIDIA's published multi-node throughput.
 
 Nothing is fitted to the BERT jobs' communication times: a prediction takes the per-rank
-speed without communication (median over the jobs) and the link as the probe measured it.
+speed without communication (median over the jobs) and the link as the probe measured it. A
+second error per job feeds the planner that job's own speed: fresh processes on one machine
+compute at different speeds (oneDNN's matmul peak moved 0.37-0.99 TFLOP/s between processes
+on the AMX Xeon), and that error isolates the communication model from the spread.
 """
 from __future__ import annotations
 
@@ -180,7 +183,8 @@ def device_seq_s(rows, sequences_per_rank_update):
 def add_predictions(rows, links, comms, tensor_sizes, batch_size, accumulation_steps, seq_length):
     """Adds to each measured row the planner's prediction and its error, the speed-up over the
     baseline and fp16's bytes relative to fp32/accum; returns the calibrated device_seq_s (None
-    without measurements). links: the probe results; comms: {label: CommConfig}."""
+    without measurements). prediction_error_own_compute: the same prediction fed the row's own
+    per-rank speed. links: the probe results; comms: {label: CommConfig}."""
     ok = [r for r in rows if "error" not in r]
     if not ok:
         return None
@@ -192,6 +196,10 @@ def add_predictions(rows, links, comms, tensor_sizes, batch_size, accumulation_s
         r["predicted_sequences_per_second"] = p["sequences_per_second"]
         r["predicted_allreduce_seconds"] = p["allreduce_seconds"]
         r["prediction_error"] = p["sequences_per_second"] / r["sequences_per_second"] - 1
+        own = device_seq_s([r], batch_size * accumulation_steps)
+        p = predict(tensor_sizes, r["nodes"], r["rate_gbit"], comms[r["config"]], own, batch_size,
+                    accumulation_steps, seq_length, links.get((r["nodes"], r["rate_gbit"])))
+        r["prediction_error_own_compute"] = p["sequences_per_second"] / r["sequences_per_second"] - 1
     for r in ok:
         base, fp32 = _same_link(ok, r, BASELINE), _same_link(ok, r, FP32_ACCUM)
         if base:

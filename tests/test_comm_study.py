@@ -55,7 +55,7 @@ def study_rows():
             {"nodes": 2, "rate_gbit": 1.0, "config": "fp16 cycle=5ms", "error": "exited 1"}]
 
 
-def test_predictions_use_the_median_compute_speed_and_the_probed_link():
+def test_predictions_use_the_median_compute_speed_or_the_jobs_own_and_the_probed_link():
     rows, sizes = study_rows(), [10 ** 6] * 3
     links = [{"nodes": 2, "rate_gbit": 1.0, "effective_gbit": 0.5, "message_seconds": 1e-4}]
     comms = dict(comm_study.rungs())
@@ -66,6 +66,10 @@ def test_predictions_use_the_median_compute_speed_and_the_probed_link():
         expected = planner.plan_phase(sizes, planner.Phase("study", 64, 16, 16, speed), cluster, comms[r["config"]], 4)
         assert r["predicted_sequences_per_second"] == pytest.approx(expected["sequences_per_second"])
         assert r["prediction_error"] == pytest.approx(expected["sequences_per_second"] / r["sequences_per_second"] - 1)
+        own = 8 / (r["compute_seconds"] + r["update_seconds"])
+        expected = planner.plan_phase(sizes, planner.Phase("study", 64, 16, 16, own), cluster, comms[r["config"]], 4)
+        assert r["prediction_error_own_compute"] == pytest.approx(
+            expected["sequences_per_second"] / r["sequences_per_second"] - 1)
     assert [r["speedup_vs_baseline"] for r in rows[:3]] == [1.0, 2.0, 2.5]
     assert rows[2]["bytes_vs_fp32_accum"] == pytest.approx(0.51) and "bytes_vs_fp32_accum" not in rows[1]
     assert "prediction_error" not in rows[3]
@@ -97,8 +101,11 @@ def test_a_study_run_again_keeps_only_the_good_rows_of_the_same_settings(tmp_pat
 def test_planner_predicts_the_emulated_study_within_25_percent(tiny_data, tmp_path):
     """A small study (README: python run/comm_study.py; the full one is a ~45 min benchmark): the study's
     own BERT-small, 3 rungs at 1 Gbit/s, 3 measured updates per job after 1 warm-up, without XLA (its
-    compilation was most of each job here; the planner is fed the study's own measured speed whatever
-    the compiler). Not BERT-mini: its 15 MB gradients put the per-micro-batch baseline 20-60% off the
+    compilation was most of each job here; the planner is fed measured speed whatever the compiler).
+    The assertion feeds each job's own compute speed: with the study's median instead, fp16/accum missed
+    by 44% in one CI run (10% here the same day; fresh processes compute at different speeds on this
+    machine), and the own-speed error still moves with every part of the communication model (here
+    +9%, +3%, +10%). Not BERT-mini: its 15 MB gradients put the per-micro-batch baseline 20-60% off the
     prediction on this machine (back-to-back allreduces slower than the link probe's), small's 55 MB
     ones 11-15%, for ~30 s more."""
     out = tmp_path / "study"
@@ -115,7 +122,7 @@ def test_planner_predicts_the_emulated_study_within_25_percent(tiny_data, tmp_pa
     assert set(rows) == {"fp32/every-mb", "fp32/accum", "fp16/accum"}, rows
     for r in rows.values():
         assert "error" not in r, r
-        assert abs(r["prediction_error"]) <= 0.25, r
+        assert abs(r["prediction_error_own_compute"]) <= 0.25, r
     # bytes come from the interface counter; the ladder's order is real on the link
     every, fp32, fp16 = (rows[c]["tx_bytes_per_update"] for c in ("fp32/every-mb", "fp32/accum", "fp16/accum"))
     assert every == pytest.approx(4 * fp32, rel=0.05)
