@@ -10,6 +10,7 @@ import queue
 
 import tensorflow as tf
 
+from bert_tf import ConfigError
 from bert_tf.comm import CommConfig
 
 # CommConfig field (and flag) -> Horovod environment variable. Values set by horovodrun (or the user's
@@ -39,8 +40,20 @@ def configure(comm: CommConfig, timeline=None, autotune=False):
     return effective
 
 
-def init():
-    """hvd.init(), then one GPU per local rank, or a fair share of CPU threads per rank."""
+def cpu_threads(local_size, intra_op_threads=0, inter_op_threads=0, cores=None):
+    """(intra-op, inter-op) thread-pool sizes for one of `local_size` ranks on a CPU node; 0 picks
+    the default: the node's cores shared out between its ranks, and 2 inter-op threads (measured on
+    2 cores, docs/results.md "Threads")."""
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    for name, value in (("intra_op_threads", intra_op_threads), ("inter_op_threads", inter_op_threads)):
+        if value < 0:
+            raise ConfigError(f"--{name} must be >= 0 (0: the default), got {value}")
+    return intra_op_threads or max(1, cores // local_size), inter_op_threads or 2
+
+
+def init(intra_op_threads=0, inter_op_threads=0):
+    """hvd.init(), then one GPU per local rank, or CPU thread pools per rank (cpu_threads)."""
     import horovod.tensorflow as hvd
 
     hvd.init()
@@ -51,10 +64,10 @@ def init():
         tf.config.experimental.set_memory_growth(gpu, True)   # TensorFlow would take all memory at start
         tf.config.set_visible_devices(gpu, "GPU")
     else:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        intra, inter = cpu_threads(hvd.local_size(), intra_op_threads, inter_op_threads)
         try:
-            tf.config.threading.set_intra_op_parallelism_threads(max(1, cores // hvd.local_size()))
-            tf.config.threading.set_inter_op_parallelism_threads(2)
+            tf.config.threading.set_intra_op_parallelism_threads(intra)
+            tf.config.threading.set_inter_op_parallelism_threads(inter)
         except RuntimeError:
             pass  # TensorFlow already ran ops in this process (library use): keep its thread pools
     problem = gpu_install_problem(len(gpus), bool(hvd.nccl_built()), nvidia_gpus_present())
@@ -107,8 +120,10 @@ def describe(hvd) -> str:
     cuda = f"CUDA {info['cuda_version']}" if info.get("is_cuda_build") else "no CUDA"
     import horovod
     gpus = tf.config.get_visible_devices("GPU")
+    threads = (f" ({tf.config.threading.get_intra_op_parallelism_threads()} intra-op, "
+               f"{tf.config.threading.get_inter_op_parallelism_threads()} inter-op threads)")
     return (f"Horovod {horovod.__version__} ({', '.join(backends)}), TensorFlow {tf.__version__} ({cuda}); "
-            f"device: {'GPU ' + gpus[0].name if gpus else 'CPU'}")
+            f"device: {'GPU ' + gpus[0].name if gpus else 'CPU' + threads}")
 
 
 def rank():

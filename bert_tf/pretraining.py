@@ -58,6 +58,8 @@ class PretrainConfig(training.TrainConfig):
     horovod_timeline: str = ""
     horovod_autotune: bool = False
     network_interface: str = ""       # log bytes this node sent on it per update (e.g. eth0)
+    intra_op_threads: int = 0         # CPU thread pools per rank; 0: distributed.cpu_threads' default
+    inter_op_threads: int = 0
     # outputs
     checkpoint_dir: str = ""
     init_checkpoint: str = ""
@@ -151,6 +153,7 @@ class PretrainConfig(training.TrainConfig):
         elif self.global_batch:
             raise ConfigError("--global_batch is for --elastic; otherwise the global batch is --batch_size x "
                               "--accumulation_steps x ranks")
+        distributed.cpu_threads(1, self.intra_op_threads, self.inter_op_threads)   # its errors, at start-up
         if self.network_interface and not os.path.exists(metrics.tx_counter(self.network_interface)):
             raise ConfigError(f"--network_interface={self.network_interface}: no such interface here "
                               f"({metrics.tx_counter(self.network_interface)} not found)")
@@ -219,7 +222,7 @@ def run(cfg: PretrainConfig, log=print):
     if cfg.elastic:
         elastic.check_launch()            # before hvd.init: without an elastic launch it would wait forever
     knobs = distributed.configure(cfg.comm, cfg.horovod_timeline or None, cfg.horovod_autotune)
-    hvd = distributed.init()
+    hvd = distributed.init(cfg.intra_op_threads, cfg.inter_op_threads)
     say = log if distributed.rank() == 0 else _silent
     say(distributed.describe(hvd))
     job = build(cfg, say, asked)

@@ -59,6 +59,10 @@ flags.DEFINE_integer("seed", D.seed, "Seed for initialisation, data order and dr
 cli.define_comm()
 flags.DEFINE_string("network_interface", D.network_interface,
                     "Log the bytes this node sent on this interface per update (e.g. eth0).")
+flags.DEFINE_integer("intra_op_threads", D.intra_op_threads, "CPU threads per rank for one op (0: the node's "
+                     "cores / its ranks).")
+flags.DEFINE_integer("inter_op_threads", D.inter_op_threads, "CPU threads per rank running ops side by side "
+                     "(0: 2).")
 flags.DEFINE_string("horovod_timeline", D.horovod_timeline, "Write Horovod's timeline JSON here.")
 flags.DEFINE_bool("horovod_autotune", D.horovod_autotune, "Let Horovod tune fusion threshold and cycle time.")
 flags.DEFINE_string("checkpoint_dir", D.checkpoint_dir, "Checkpoints, metrics.jsonl, TensorBoard; resumes from here.")

@@ -15,7 +15,7 @@ import pytest
 import tensorflow as tf
 
 from bert_tf import modeling
-from bert_tf.distributed import timeline_allreduce_dtypes
+from bert_tf.distributed import cpu_threads, timeline_allreduce_dtypes
 from conftest import REPO, WORKERS, horovodrun, mpi_env, mpirun, read_rank_results
 
 pytestmark = pytest.mark.cluster      # starts MPI/horovodrun jobs
@@ -163,6 +163,8 @@ def test_sigterm_then_resume_matches_an_uninterrupted_run_and_horovodrun_end_to_
     straight = tmp_path / "straight"
     proc = horovodrun(2, [PRETRAIN, *flags, f"--checkpoint_dir={straight}"])
     assert "held-out MLM accuracy" in proc.stdout
+    intra, inter = cpu_threads(2)                         # each rank's share of this node's cores
+    assert f"device: CPU ({intra} intra-op, {inter} inter-op threads)" in proc.stdout, proc.stdout[-2000:]
     assert os.path.exists(straight / "ckpt-20.index")
     # interrupted at step >= 2 by SIGTERM to the ranks (what a scheduler sends), then resumed
     resumed = tmp_path / "resumed"
@@ -200,7 +202,7 @@ def test_sigterm_then_resume_matches_an_uninterrupted_run_and_horovodrun_end_to_
     # another model shape than the checkpoint's fails at start-up, naming both shapes
     one = _single([*flags, "--total_steps=22", f"--checkpoint_dir={resumed}"])
     phase2 = _single([*flags, "--total_steps=2", f"--init_checkpoint={straight / 'ckpt-20'}",
-                      f"--checkpoint_dir={tmp_path / 'phase2'}"])
+                      f"--checkpoint_dir={tmp_path / 'phase2'}", "--intra_op_threads=1", "--inter_op_threads=1"])
     bad = _single([*[f for f in flags if "model_preset" not in f], "--model_preset=mini",
                    f"--checkpoint_dir={straight}"])
     (one_out, one_err), (phase2_out, phase2_err), (_, bad_err) = (p.communicate(timeout=300) for p in (one, phase2, bad))
@@ -210,6 +212,7 @@ def test_sigterm_then_resume_matches_an_uninterrupted_run_and_horovodrun_end_to_
     assert last["step"] == 22 and last["samples_seen"] == 160 + 2 * 4
     assert phase2.returncode == 0, phase2_err[-2000:]
     assert f"initialised encoder and heads from {straight / 'ckpt-20'}" in phase2_out
+    assert "device: CPU (1 intra-op, 1 inter-op threads)" in phase2_out, phase2_out[-2000:]
     assert os.path.exists(tmp_path / "phase2" / "ckpt-2.index")          # the step count started again
     assert bad.returncode != 0
     assert "does not fit this model" in bad_err and "checkpoint [" in bad_err and "vs model [" in bad_err, bad_err[-2000:]

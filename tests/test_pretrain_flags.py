@@ -34,7 +34,18 @@ BAD_CONFIGURATIONS = [
     (dict(network_interface="nonexistent0"), "--network_interface=nonexistent0: no such interface here"),
     (dict(accumulation_steps=0), "--accumulation_steps must be >= 1, got 0"),
     (dict(comm=dict(cycle_time_ms=-1)), "--cycle_time_ms must be >= 0, got -1"),
+    (dict(inter_op_threads=-2), "--inter_op_threads must be >= 0 \\(0: the default\\), got -2"),
 ]
+
+
+def test_thread_pools_default_to_a_fair_share_of_the_cores_and_flags_override_each():
+    from bert_tf.distributed import cpu_threads
+    assert cpu_threads(1, cores=2) == (2, 2) and cpu_threads(2, cores=2) == (1, 2)
+    assert cpu_threads(3, cores=2) == (1, 2) and cpu_threads(4, cores=32) == (8, 2)
+    assert cpu_threads(2, intra_op_threads=2, cores=2) == (2, 2)
+    assert cpu_threads(1, inter_op_threads=1, cores=2) == (2, 1)
+    with pytest.raises(ConfigError, match="--intra_op_threads must be >= 0"):
+        cpu_threads(1, intra_op_threads=-1)
 
 
 @pytest.mark.parametrize("overrides,error", BAD_CONFIGURATIONS)
