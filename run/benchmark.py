@@ -15,7 +15,9 @@ Rungs, each measured after warm-up (compile) steps, in one process:
                         cost (never chosen as the fastest; pre-training keeps dropout)
     (the optimizer update is XLA-compiled in every bert_tf rung: it has no matmul)
     keras-hub           the peer: keras_hub.models.BertMaskedLM (Keras 3 on TensorFlow), same shapes,
-                        micro-batch and sparse masked positions; its best of fp32/bf16 x XLA on/off
+                        micro-batch and sparse masked positions; its best of fp32/bf16 x XLA on/off,
+                        then that best with Keras's gradient accumulation (+accum) and at each
+                        --tune_batch_sizes micro-batch, so both sides are timed at the same shapes
 For each: sequences/s, tokens/s, model TFLOP/s (bert_tf/flops.py), MFU against the hardware peak
 (the best dense-matmul FLOP/s over every dtype, TensorFlow kernels and XLA, measured in this run)
 and against the same dtype's peak, and compile time. Prints the CPU features (or GPU) it saw and
@@ -228,9 +230,10 @@ def op_time_shares(profile_dir, top=15):
     return [(op, ps / everything) for op, ps in totals.most_common(top)]
 
 
-def run_keras_hub(config, precision, xla, batch_size):
+def run_keras_hub(config, precision, xla, batch_size, accumulation=1):
     """One update of keras_hub.models.BertMaskedLM (the peer) on the same shapes: same encoder
-    size, dropout and masked positions; masked-LM loss only (no next-sentence head), AdamW."""
+    size, dropout and masked positions; masked-LM loss only (no next-sentence head), AdamW. With
+    accumulation > 1, Keras's own gradient accumulation: an update is that many train_on_batch calls."""
     import keras
     import keras_hub
     keras.mixed_precision.set_global_policy(precision)
@@ -242,14 +245,16 @@ def run_keras_hub(config, precision, xla, batch_size):
             intermediate_dim=config.intermediate_size, dropout=config.hidden_dropout_prob,
             max_sequence_length=config.max_position_embeddings, num_segments=config.type_vocab_size)
         model = keras_hub.models.BertMaskedLM(backbone, preprocessor=None)
-        model.compile(optimizer=keras.optimizers.AdamW(1e-4),
+        model.compile(optimizer=keras.optimizers.AdamW(
+                          1e-4, gradient_accumulation_steps=accumulation if accumulation > 1 else None),
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                       weighted_metrics=[], jit_compile=xla)
         b = random_batch(batch_size, FLAGS.max_seq_length, FLAGS.max_predictions_per_seq, config.vocab_size, 0)
         x = {"token_ids": b["input_ids"], "segment_ids": b["segment_ids"], "padding_mask": b["input_mask"] > 0,
              "mask_positions": b["masked_lm_positions"]}
-        return timed_updates(lambda: float(model.train_on_batch(x, b["masked_lm_ids"],
-                                                                sample_weight=b["masked_lm_weights"])))
+        return timed_updates(lambda: [float(model.train_on_batch(x, b["masked_lm_ids"],
+                                                                 sample_weight=b["masked_lm_weights"]))
+                                      for _ in range(accumulation)])
     finally:
         keras.mixed_precision.set_global_policy("float32")
 
@@ -336,6 +341,11 @@ def main(_):
                         name += "+autojit"
                     record(name, precision, xla, 1, FLAGS.batch_size,
                            run_keras_hub(config, precision, xla, FLAGS.batch_size), peer=True)
+            if FLAGS.accumulation_steps > 1:      # the peer's best with its own accumulation, as best+accum
+                base = fastest(peer=True)
+                record(f"{base['rung']}+accum", base["precision"], base["xla"], FLAGS.accumulation_steps,
+                       FLAGS.batch_size, run_keras_hub(config, base["precision"], base["xla"], FLAGS.batch_size,
+                                                       FLAGS.accumulation_steps), peer=True)
             continue
         if rung == "best-dropout":
             base = fastest()
@@ -367,6 +377,11 @@ def main(_):
                 record(f"{base['rung']} b{b}", base["precision"], base["xla"], base["accumulation_steps"], b,
                        run_rung(config, base["precision"], base["xla"], base["accumulation_steps"], b,
                                 tf32=base["tf32"], fuse=base["fuse"]), tf32=base["tf32"], fuse=base["fuse"])
+        peer = fastest(peer=True)        # the peer's best at the same micro-batches
+        for b in batch_sizes if peer else ():
+            if b != peer["batch_size"]:
+                record(f"{peer['rung']} b{b}", peer["precision"], peer["xla"], peer["accumulation_steps"], b,
+                       run_keras_hub(config, peer["precision"], peer["xla"], b, peer["accumulation_steps"]), peer=True)
     best, peer = fastest(), fastest(peer=True)
     for pattern, pack in records:
         if not best:

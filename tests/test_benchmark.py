@@ -192,3 +192,23 @@ def test_the_records_rung_counts_the_useful_tokens_of_the_rows_it_timed(tmp_path
     assert row["instances_per_second"] == row["sequences_per_second"]          # one instance per row
     assert 5 / 64 * row["tokens_per_second"] <= row["useful_tokens_per_second"] <= 24 / 64 * row["tokens_per_second"]
     assert f"{row['useful_tokens_per_second']:.0f} useful tokens/s" in out.stdout
+
+
+def test_the_peer_is_also_timed_with_its_own_accumulation_and_at_the_tuned_micro_batches(tmp_path):
+    out = benchmark([*QUICK, "--peak_repeats=1", "--rungs=fp32,keras-hub", "--accumulation_steps=2",
+                     "--tune_batch_sizes=4", f"--output_dir={tmp_path / 'out'}"], tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    report = json.loads((tmp_path / "out" / "ladder.json").read_text())
+    rows = report["rungs"]
+    shapes = [(r["rung"], r["peer"], r["accumulation_steps"], r["batch_size"]) for r in rows]
+    peers = rows[1:5]
+    assert [r["rung"] for r in peers] == ["keras-hub float32", "keras-hub float32+xla", "keras-hub bfloat16",
+                                          "keras-hub bfloat16+xla"]
+    best = max(peers, key=lambda r: r["sequences_per_second"])["rung"]
+    assert shapes[0] == ("fp32", False, 1, 2) and shapes[5] == (f"{best}+accum", True, 2, 2), shapes
+    fastest_peer = max(rows[1:6], key=lambda r: r["sequences_per_second"])
+    assert shapes[6:] == [("fp32 b4", False, 1, 4), (f"{fastest_peer['rung']} b4", True,
+                                                     fastest_peer["accumulation_steps"], 4)], shapes
+    peer = max((r for r in rows if r["peer"]), key=lambda r: r["sequences_per_second"])
+    bert_tf = max((r for r in rows if not r["peer"]), key=lambda r: r["sequences_per_second"])
+    assert report["ratio_to_keras_hub"] == bert_tf["sequences_per_second"] / peer["sequences_per_second"]
