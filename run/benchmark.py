@@ -252,9 +252,14 @@ def run_keras_hub(config, precision, xla, batch_size, accumulation=1):
         b = random_batch(batch_size, FLAGS.max_seq_length, FLAGS.max_predictions_per_seq, config.vocab_size, 0)
         x = {"token_ids": b["input_ids"], "segment_ids": b["segment_ids"], "padding_mask": b["input_mask"] > 0,
              "mask_positions": b["masked_lm_positions"]}
-        return timed_updates(lambda: [float(model.train_on_batch(x, b["masked_lm_ids"],
-                                                                 sample_weight=b["masked_lm_weights"]))
-                                      for _ in range(accumulation)])
+        result = timed_updates(lambda: [float(model.train_on_batch(x, b["masked_lm_ids"],
+                                                                   sample_weight=b["masked_lm_weights"]))
+                                        for _ in range(accumulation)])
+        # what Keras itself did: weight updates it applied per timed update (its `iterations` counts
+        # applied updates, not calls, when it accumulates) and the accumulation it was given
+        result["peer_applied_per_update"] = int(model.optimizer.iterations) / (FLAGS.warmup_updates + FLAGS.updates)
+        result["peer_gradient_accumulation_steps"] = model.optimizer.gradient_accumulation_steps or 1
+        return result
     finally:
         keras.mixed_precision.set_global_policy("float32")
 

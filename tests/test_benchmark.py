@@ -209,6 +209,10 @@ def test_the_peer_is_also_timed_with_its_own_accumulation_and_at_the_tuned_micro
     fastest_peer = max(rows[1:6], key=lambda r: r["sequences_per_second"])
     assert shapes[6:] == [("fp32 b4", False, 1, 4), (f"{fastest_peer['rung']} b4", True,
                                                      fastest_peer["accumulation_steps"], 4)], shapes
+    for r in rows:                  # Keras accumulated as the row says and applied one update per timed update
+        if r["peer"]:
+            assert r["peer_gradient_accumulation_steps"] == r["accumulation_steps"], r
+            assert r["peer_applied_per_update"] == 1, r
     peer = max((r for r in rows if r["peer"]), key=lambda r: r["sequences_per_second"])
     bert_tf = max((r for r in rows if not r["peer"]), key=lambda r: r["sequences_per_second"])
     assert report["ratio_to_keras_hub"] == bert_tf["sequences_per_second"] / peer["sequences_per_second"]
