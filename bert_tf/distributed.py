@@ -43,7 +43,7 @@ def configure(comm: CommConfig, timeline=None, autotune=False):
 def cpu_threads(local_size, intra_op_threads=0, inter_op_threads=0, cores=None):
     """(intra-op, inter-op) thread-pool sizes for one of `local_size` ranks on a CPU node; 0 picks
     the default: the node's cores shared out between its ranks, and 2 inter-op threads (measured on
-    2 cores, docs/results.md "Threads")."""
+    2 cores, docs/results.md "Threads per rank")."""
     if cores is None:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     for name, value in (("intra_op_threads", intra_op_threads), ("inter_op_threads", inter_op_threads)):
