@@ -26,6 +26,7 @@ import time
 
 import tensorflow as tf
 
+from bert_tf import machine_load
 from bert_tf.modeling import BertConfig
 
 
@@ -69,21 +70,31 @@ WAYS = {"tensorflow": False, "xla": True}     # name -> jit_compile
 
 
 def matmul_peaks(dtypes=("float32", "bfloat16", "float16"), n=2048, seconds=3.0, log=None, repeats=1,
-                 samples=None) -> dict:
+                 samples=None, loads=None) -> dict:
     """{dtype: {"tensorflow": FLOP/s, "xla": FLOP/s}}: every dtype measured both ways, `repeats` times
     each (the best counts: the peak is what the hardware can do when nothing else holds it back);
-    `samples`, a dict, receives every measurement under the same keys."""
+    `samples`, a dict, receives every measurement under the same keys, and `loads` what else ran on
+    the machine during each (machine_load; the log names measurements made beside other work)."""
     peaks = {}
     for name in dtypes:
         peaks[name] = {}
         for way, jit in WAYS.items():
-            runs = [matmul_peak(getattr(tf, name), n, seconds, jit) for _ in range(repeats)]
+            runs, seen = [], []
+            for _ in range(repeats):
+                with machine_load.Meter() as load:
+                    runs.append(matmul_peak(getattr(tf, name), n, seconds, jit))
+                seen.append(load.result)
             peaks[name][way] = max(runs)
             if samples is not None:
                 samples.setdefault(name, {})[way] = runs
+            if loads is not None:
+                loads.setdefault(name, {})[way] = seen
             if log:
+                busy = [f"{r / 1e12:.3f} beside {machine_load.describe(s)}" for r, s in zip(runs, seen)
+                        if machine_load.busy(s)]
                 log(f"matmul peak {name:<8} {way:<10} {max(runs) / 1e12:.3f} TFLOP/s"
-                    + (f" (best of {repeats}: {min(runs) / 1e12:.3f}-{max(runs) / 1e12:.3f})" if repeats > 1 else ""))
+                    + (f" (best of {repeats}: {min(runs) / 1e12:.3f}-{max(runs) / 1e12:.3f})" if repeats > 1 else "")
+                    + (f"  WARNING: {'; '.join(busy)}" if busy else ""))
     return peaks
 
 

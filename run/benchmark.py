@@ -20,7 +20,9 @@ Rungs, each measured after warm-up (compile) steps, in one process:
                         --tune_batch_sizes micro-batch, so both sides are timed at the same shapes
 For each: sequences/s, tokens/s, model TFLOP/s (bert_tf/flops.py), MFU against the hardware peak
 (the best dense-matmul FLOP/s over every dtype, TensorFlow kernels and XLA, measured in this run)
-and against the same dtype's peak, and compile time. Prints the CPU features (or GPU) it saw and
+and against the same dtype's peak, compile time, and what else the machine ran meanwhile (other
+processes' cores and hypervisor steal, bert_tf/machine_load.py: a figure timed beside other work is
+flagged; on 2 cores one busy neighbour halves the matmul peak). Prints the CPU features (or GPU) it saw and
 bert_tf's speed as a ratio to keras-hub's; writes ladder.json and ladder.png to --output_dir.
 
 --write_flagfile: also writes the fastest bert_tf precision/XLA as flags `run/pretrain.py
@@ -34,7 +36,7 @@ import time
 
 from absl import flags
 
-from bert_tf import ConfigError, cli
+from bert_tf import ConfigError, cli, machine_load
 
 cli.define_model_preset("base")
 cli.define_sequence()
@@ -58,8 +60,9 @@ flags.DEFINE_list("records", [], "After the ladder, train the fastest bert_tf ru
                   "(each glob a rung: one made without and one with create_pretraining_data.py --pack) and report "
                   "useful (non-padding) tokens/s and instances/s next to rows/s.")
 flags.DEFINE_float("input_seconds", 5.0, "Seconds per input-pipeline measurement.")
-flags.DEFINE_string("profile_dir", "", "After the ladder, trace 3 updates of the fastest bert_tf rung with the "
-                    "TensorFlow profiler into this folder (TensorBoard's profile tab reads it).")
+flags.DEFINE_string("profile_dir", "", "After the ladder, trace 3 updates of the fastest bert_tf rung and of "
+                    "keras-hub's fastest with the TensorFlow profiler into DIR/bert_tf and DIR/keras-hub (TensorBoard's "
+                    "profile tab reads them) and print where each spends its time, by kind of op.")
 flags.DEFINE_string("write_flagfile", "", "Write the fastest bert_tf configuration here as run/pretrain.py flags.")
 flags.DEFINE_string("device_figures", "", "Add the fastest bert_tf rung's sequences/s to this JSON as the device's "
                     "phase-1 (sequence 128) or phase-2 (512) speed, for run/plan.py --device_figures.")
@@ -154,19 +157,22 @@ def random_batch(batch, seq, preds, vocab, seed):
 
 
 def timed_updates(step):
-    """(median seconds of FLAGS.updates calls of step(), seconds of the first call)."""
+    """{"update_seconds": median of FLAGS.updates calls of step(), "first_update_seconds", "compile_seconds_estimate",
+    "machine_load": what other processes and the hypervisor took meanwhile (bert_tf/machine_load.py)}."""
     start = time.perf_counter()
     step()
     first = time.perf_counter() - start
     for _ in range(FLAGS.warmup_updates - 1):
         step()
     times = []
-    for _ in range(FLAGS.updates):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
+    with machine_load.Meter() as load:      # what else the machine ran while the updates were timed
+        for _ in range(FLAGS.updates):
+            start = time.perf_counter()
+            step()
+            times.append(time.perf_counter() - start)
     median = sorted(times)[len(times) // 2]
-    return {"update_seconds": median, "first_update_seconds": first, "compile_seconds_estimate": max(first - median, 0)}
+    return {"update_seconds": median, "first_update_seconds": first, "compile_seconds_estimate": max(first - median, 0),
+            "machine_load": load.result}
 
 
 def run_rung(config, precision, xla, accumulation, batch_size, profile_dir="", tf32=False, fuse=False, records=None):
@@ -195,42 +201,64 @@ def run_rung(config, precision, xla, accumulation, batch_size, profile_dir="", t
         return result
     micro = [random_batch(batch_size, FLAGS.max_seq_length, FLAGS.max_predictions_per_seq, config.vocab_size,
                           i) for i in range(accumulation)]
-    if profile_dir:
-        for _ in range(FLAGS.warmup_updates):
-            float(trainer.train_step(micro)["loss"])
-        tf.profiler.experimental.start(profile_dir)
-        for _ in range(3):
-            float(trainer.train_step(micro)["loss"])
-        tf.profiler.experimental.stop()
+    step = lambda: float(trainer.train_step(micro)["loss"])  # noqa: E731
+    return traced_updates(step, profile_dir) if profile_dir else timed_updates(step)
+
+
+TRACED_UPDATES = 3
+
+
+def traced_updates(step, profile_dir):
+    """Warm up, then trace TRACED_UPDATES calls of step() with the TensorFlow profiler into profile_dir;
+    returns their wall seconds (the profiler's own cost included)."""
+    import tensorflow as tf
+    for _ in range(FLAGS.warmup_updates):
+        step()
+    tf.profiler.experimental.start(profile_dir)
+    start = time.perf_counter()
+    for _ in range(TRACED_UPDATES):
+        step()
+    seconds = time.perf_counter() - start
+    tf.profiler.experimental.stop()
+    return seconds
+
+
+def profile_report(name, profile_dir, seconds, sequences):
+    """Prints and returns where the traced updates' time went: the top op types, and each kind's share
+    and wall milliseconds per sequence (bert_tf/op_profile.py)."""
+    from bert_tf import op_profile
+    ops = op_profile.op_seconds(profile_dir)
+    kinds = op_profile.by_kind(ops)
+    per_seq = op_profile.per_sequence(kinds, seconds, sequences)
+    total = sum(ops.values()) or 1.0
+    print(f"wrote a profiler trace of {name} to {profile_dir} ({TRACED_UPDATES} updates, {seconds:.1f} s); "
+          "op time by type:")
+    for op, s in ops.most_common(15):
+        print(f"  {s / total:6.1%}  {op}")
+    return {"rung": name, "profile_dir": profile_dir, "wall_seconds": seconds, "sequences": sequences,
+            "op_seconds": dict(ops), "kind_seconds": kinds, "kind_ms_per_sequence": per_seq}
+
+
+def print_profile_comparison(ours, peer):
+    """The kinds side by side in wall ms per sequence, and what bert_tf's time outside its matmuls would
+    have to be for the issue's 1.3x."""
+    from bert_tf import op_profile
+    print(f"where the time goes, wall ms per sequence (op time shares of the traced updates): "
+          f"{ours['rung']} | {peer['rung'] if peer else '-'}")
+    for name, _ in op_profile.KINDS:
+        theirs = f"{peer['kind_ms_per_sequence'][name]:8.1f}" if peer else "       -"
+        print(f"  {name:<16} {ours['kind_ms_per_sequence'][name]:8.1f} {theirs}")
+    if not peer:
         return None
-    return timed_updates(lambda: float(trainer.train_step(micro)["loss"]))
+    c = op_profile.comparison(ours["kind_ms_per_sequence"], peer["kind_ms_per_sequence"])
+    print(f"  {'total':<16} {c['ours_ms']:8.1f} {c['peer_ms']:8.1f}   bert_tf / keras-hub = {c['ratio']:.2f}x traced")
+    print(f"for {c['goal']}x keras-hub with its matmuls unchanged, bert_tf's other time must fall from "
+          f"{c['ours_rest_ms']:.1f} to {c['rest_needed_ms']:.1f} ms per sequence ({c['rest_cut_needed']:.0%} less); "
+          f"with no time outside its matmuls at all it would be {c['matmul_only_ratio']:.2f}x")
+    return c
 
 
-def op_time_shares(profile_dir, top=15):
-    """[(TensorFlow op type, share of op time)] of the newest trace in profile_dir: the events the
-    executor's compute threads ran (name "op_name:OpType"), wrappers such as
-    ExecutorState::Process left out so nothing is counted twice."""
-    import collections
-    import glob
-
-    from tensorflow.tsl.profiler.protobuf import xplane_pb2
-    space = xplane_pb2.XSpace()
-    with open(sorted(glob.glob(os.path.join(profile_dir, "plugins", "profile", "*", "*.xplane.pb")))[-1], "rb") as f:
-        space.ParseFromString(f.read())
-    totals = collections.Counter()
-    for plane in space.planes:
-        for line in plane.lines:
-            if not line.name.startswith("tf_Compute"):
-                continue
-            for event in line.events:
-                name = plane.event_metadata[event.metadata_id].name
-                if ":" in name and "::" not in name:
-                    totals[name.rsplit(":", 1)[1]] += event.duration_ps
-    everything = sum(totals.values()) or 1
-    return [(op, ps / everything) for op, ps in totals.most_common(top)]
-
-
-def run_keras_hub(config, precision, xla, batch_size, accumulation=1):
+def run_keras_hub(config, precision, xla, batch_size, accumulation=1, profile_dir=""):
     """One update of keras_hub.models.BertMaskedLM (the peer) on the same shapes: same encoder
     size, dropout and masked positions; masked-LM loss only (no next-sentence head), AdamW. With
     accumulation > 1, Keras's own gradient accumulation: an update is that many train_on_batch calls."""
@@ -252,9 +280,11 @@ def run_keras_hub(config, precision, xla, batch_size, accumulation=1):
         b = random_batch(batch_size, FLAGS.max_seq_length, FLAGS.max_predictions_per_seq, config.vocab_size, 0)
         x = {"token_ids": b["input_ids"], "segment_ids": b["segment_ids"], "padding_mask": b["input_mask"] > 0,
              "mask_positions": b["masked_lm_positions"]}
-        result = timed_updates(lambda: [float(model.train_on_batch(x, b["masked_lm_ids"],
-                                                                   sample_weight=b["masked_lm_weights"]))
-                                        for _ in range(accumulation)])
+        step = lambda: [float(model.train_on_batch(x, b["masked_lm_ids"], sample_weight=b["masked_lm_weights"]))  # noqa: E731
+                        for _ in range(accumulation)]
+        if profile_dir:
+            return traced_updates(step, profile_dir)
+        result = timed_updates(step)
         # what Keras itself did: weight updates it applied per timed update (its `iterations` counts
         # applied updates, not calls, when it accumulates) and the accumulation it was given
         result["peer_applied_per_update"] = int(model.optimizer.iterations) / (FLAGS.warmup_updates + FLAGS.updates)
@@ -309,9 +339,9 @@ def main(_):
           f"seq {FLAGS.max_seq_length}, micro-batch {FLAGS.batch_size}; {flops_per_seq / 1e9:.2f} GFLOP per sequence (train)", flush=True)
     if FLAGS.peak_repeats < 1:
         raise ConfigError(f"--peak_repeats must be >= 1, got {FLAGS.peak_repeats}")
-    peak_samples = {}
+    peak_samples, peak_loads = {}, {}
     peaks = flops.matmul_peaks(n=FLAGS.peak_size, seconds=FLAGS.peak_seconds, log=lambda line: print(line, flush=True),
-                               repeats=FLAGS.peak_repeats, samples=peak_samples)
+                               repeats=FLAGS.peak_repeats, samples=peak_samples, loads=peak_loads)
     hw_peak, hw_dtype, hw_way = flops.hardware_peak(peaks)
     print(f"hardware peak: {hw_peak / 1e12:.3f} TFLOP/s ({hw_dtype}, {hw_way})", flush=True)
 
@@ -331,7 +361,9 @@ def main(_):
         rows.append(row)
         print(f"{rung:<22} {seqs:8.2f} seq/s {seqs * FLAGS.max_seq_length:9.0f} tok/s {achieved / 1e12:7.3f} TFLOP/s  "
               f"MFU {achieved / hw_peak:6.1%} of hardware peak ({achieved / dtype_peak:6.1%} of "
-              f"{DTYPE_NAME[precision]})  first update {result['first_update_seconds']:.1f} s", flush=True)
+              f"{DTYPE_NAME[precision]})  first update {result['first_update_seconds']:.1f} s"
+              + (f"  WARNING: timed beside other work ({machine_load.describe(result['machine_load'])})"
+                 if machine_load.busy(result.get("machine_load")) else ""), flush=True)
         return row
 
     def fastest(peer=False):
@@ -400,12 +432,27 @@ def main(_):
         print(f"  {pattern}: {row['useful_tokens_per_second']:.0f} useful tokens/s "
               f"({1 - row['useful_tokens_per_second'] / row['tokens_per_second']:.1%} of the rows' tokens are padding), "
               f"{row['instances_per_second']:.2f} instances/s", flush=True)
-    if FLAGS.profile_dir and best:
-        run_rung(config, best["precision"], best["xla"], best["accumulation_steps"], best["batch_size"],
-                 profile_dir=FLAGS.profile_dir, tf32=best["tf32"], fuse=best["fuse"])
-        print(f"wrote a profiler trace of {best['rung']} to {FLAGS.profile_dir}; op time by type:")
-        for op, share in op_time_shares(FLAGS.profile_dir):
-            print(f"  {share:6.1%}  {op}")
+    profiles = {}
+    if FLAGS.profile_dir and best:       # the fastest of each side traced, the same number of updates
+        where = os.path.join(FLAGS.profile_dir, "bert_tf")
+        seconds = run_rung(config, best["precision"], best["xla"], best["accumulation_steps"], best["batch_size"],
+                           profile_dir=where, tf32=best["tf32"], fuse=best["fuse"])
+        sequences = TRACED_UPDATES * best["batch_size"] * best["accumulation_steps"]
+        profiles["bert_tf"] = profile_report(best["rung"], where, seconds, sequences)
+        if peer:
+            where = os.path.join(FLAGS.profile_dir, "keras-hub")
+            seconds = run_keras_hub(config, peer["precision"], peer["xla"], peer["batch_size"],
+                                    peer["accumulation_steps"], profile_dir=where)
+            sequences = TRACED_UPDATES * peer["batch_size"] * peer["accumulation_steps"]
+            profiles["keras-hub"] = profile_report(peer["rung"], where, seconds, sequences)
+        profiles["comparison"] = print_profile_comparison(profiles["bert_tf"], profiles.get("keras-hub"))
+    busy = [f"{r['rung']} ({machine_load.describe(r['machine_load'])})" for r in rows
+            if machine_load.busy(r.get("machine_load"))]
+    busy += [f"peak {name} {way} ({machine_load.describe(s)})" for name, ways in peak_loads.items()
+             for way, seen in ways.items() for s in seen if machine_load.busy(s)]
+    print(f"timed beside other work: {'; '.join(busy)}: those figures measure the neighbours too" if busy else
+          f"the machine was quiet during every timed measurement (other processes and steal below "
+          f"{machine_load.BUSY_WARNING_CORES} cores)")
     peak_rss_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 ** 2
     if best:
         print(f"best bert_tf: {best['rung']} at {best['sequences_per_second']:.2f} seq/s, MFU {best['mfu']:.1%} "
@@ -426,11 +473,12 @@ def main(_):
     os.makedirs(FLAGS.output_dir, exist_ok=True)
     report = {"model_preset": FLAGS.model_preset, "seq_length": FLAGS.max_seq_length, "batch_size": FLAGS.batch_size,
               "flops_per_sequence": flops_per_seq, "device": device, "matmul_peak_flops": peaks, "matmul_peak_samples": peak_samples,
+              "matmul_peak_machine_load": peak_loads,
               "hardware_peak_flops": hw_peak, "hardware_peak_from": [hw_dtype, hw_way], "rungs": rows,
               "ratio_to_keras_hub": best["sequences_per_second"] / peer["sequences_per_second"]
               if best and peer else None,
               "input_pipeline_sequences_per_second": headroom, "peak_host_memory_gb": peak_rss_gb, "cpu_count": os.cpu_count(),
-              "tune_batch_sizes": batch_sizes,
+              "tune_batch_sizes": batch_sizes, "profiles": profiles,
               "command": "python run/benchmark.py " + " ".join(
                   f"--{k}={v if not isinstance(v, list) else ','.join(v)}" for k, v in (
                       *((k, FLAGS[k].value) for k in ("model_preset", "max_seq_length", "batch_size",

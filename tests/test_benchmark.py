@@ -7,6 +7,8 @@ import subprocess
 import sys
 import types
 
+import pytest
+
 from bert_tf import flops, pretraining, training
 from conftest import REPO, mpi_env
 
@@ -181,12 +183,24 @@ def test_the_records_rung_counts_the_useful_tokens_of_the_rows_it_timed(tmp_path
     with tf.io.TFRecordWriter(str(tmp_path / "short.tfrecord")) as w:
         for inst in random_instances(64, 24, 10):
             w.write(pd.serialize(inst, config))
-    out = benchmark(["--model_preset=tiny", "--vocab_size=300", "--max_seq_length=64", "--max_predictions_per_seq=10",
-                     "--batch_size=2", "--updates=2", "--warmup_updates=1", "--peak_seconds=0.01", "--peak_size=32",
-                     "--peak_repeats=1", "--rungs=fp32", f"--records={tmp_path / 'short.tfrecord'}",
-                     f"--output_dir={tmp_path / 'out'}"], tmp_path)
+    # ... timed beside a busy neighbour, which every figure's line and the summary name
+    neighbour = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        out = benchmark(["--model_preset=tiny", "--vocab_size=300", "--max_seq_length=64",
+                         "--max_predictions_per_seq=10", "--batch_size=2", "--updates=2", "--warmup_updates=1",
+                         "--peak_seconds=0.2", "--peak_size=32", "--peak_repeats=1", "--rungs=fp32",
+                         f"--records={tmp_path / 'short.tfrecord'}", f"--output_dir={tmp_path / 'out'}"], tmp_path)
+    finally:
+        neighbour.kill()
     assert out.returncode == 0, out.stderr[-2000:]
-    rows = {r["rung"]: r for r in json.loads((tmp_path / "out" / "ladder.json").read_text())["rungs"]}
+    report = json.loads((tmp_path / "out" / "ladder.json").read_text())
+    rows = {r["rung"]: r for r in report["rungs"]}
+    assert all(r["machine_load"]["other_cores"] > 0.5 for r in rows.values()), rows
+    assert all(s["other_cores"] > 0.5 for ways in report["matmul_peak_machine_load"].values()
+               for seen in ways.values() for s in seen)
+    assert re.search(r"^fp32 .* WARNING: timed beside other work \(other processes [\d.]+ cores", out.stdout, re.M)
+    assert re.search(r"^matmul peak float32  tensorflow .* WARNING: [\d.]+ beside other processes", out.stdout, re.M)
+    assert "timed beside other work: fp32 (other processes" in out.stdout and "the machine was quiet" not in out.stdout
     row = rows["fp32 on records"]
     assert row["diagnostic"] and row["instances_per_row"] == 0
     assert row["instances_per_second"] == row["sequences_per_second"]          # one instance per row
@@ -196,9 +210,24 @@ def test_the_records_rung_counts_the_useful_tokens_of_the_rows_it_timed(tmp_path
 
 def test_the_peer_is_also_timed_with_its_own_accumulation_and_at_the_tuned_micro_batches(tmp_path):
     out = benchmark([*QUICK, "--peak_repeats=1", "--rungs=fp32,keras-hub", "--accumulation_steps=2",
-                     "--tune_batch_sizes=4", f"--output_dir={tmp_path / 'out'}"], tmp_path)
+                     "--tune_batch_sizes=4", f"--output_dir={tmp_path / 'out'}", f"--profile_dir={tmp_path / 'trace'}"],
+                    tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
     report = json.loads((tmp_path / "out" / "ladder.json").read_text())
+    # both sides' fastest traced, their time shared out by kind, and what 1.3x would need
+    profiles = report["profiles"]
+    for side in ("bert_tf", "keras-hub"):
+        p = profiles[side]
+        assert (tmp_path / "trace" / side / "plugins" / "profile").is_dir()
+        per_seq = p["kind_ms_per_sequence"]
+        assert sum(per_seq.values()) == pytest.approx(p["wall_seconds"] / p["sequences"] * 1e3)
+        assert per_seq["matmul"] > 0 and per_seq["element-wise"] > 0, p
+    assert profiles["keras-hub"]["rung"] == max((r for r in report["rungs"] if r["peer"]),
+                                                key=lambda r: r["sequences_per_second"])["rung"]
+    c = profiles["comparison"]
+    assert c["ours_matmul_ms"] == profiles["bert_tf"]["kind_ms_per_sequence"]["matmul"]
+    assert f"other time must fall from {c['ours_rest_ms']:.1f} to {c['rest_needed_ms']:.1f} ms" in out.stdout
+    assert re.search(r"^  matmul +[\d.]+ +[\d.]+$", out.stdout, re.M)
     rows = report["rungs"]
     shapes = [(r["rung"], r["peer"], r["accumulation_steps"], r["batch_size"]) for r in rows]
     peers = rows[1:5]
