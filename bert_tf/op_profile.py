@@ -6,7 +6,8 @@ the tf_Compute threads, and the thunks of XLA-compiled functions (HLO names such
 "multiply_add_fusion.3") on the intra-op pool's threads; the Python thread's waits are not. Each
 event counts its self time (its duration less the events nested in it), so the wrappers around ops
 (ExecutorState::Process, ThunkExecutor::Execute, conditionals) count only their own overhead, as
-"(executor)", and nothing is counted twice. Ops that run side by side on different threads each
+"(executor)", and nothing is counted twice; the thread pool's markers inside a kernel (ParallelFor)
+count as that kernel's. Ops that run side by side on different threads each
 count their own time, so op time can exceed wall time; `per_sequence` spreads the measured wall
 time over the kinds by their share of op time.
 
@@ -63,14 +64,20 @@ def op_name(event_name: str) -> str:
     return "xla:" + re.sub(r"\.\d+$", "", event_name)
 
 
+# Markers the thread pool records inside an op's own work (a kernel's parallel loop): their time is the op's.
+INSIDE_OPS = {"ParallelFor", "ThreadpoolListener::Record"}
+
+
 def self_times(events):
     """[(name, self seconds)] from [(name, start ps, duration ps)] of one thread: nested events are
-    those inside another's interval."""
+    those inside another's interval, and an INSIDE_OPS marker nested in an event is part of it."""
     out, stack = [], []           # stack: [name, end, self ps]
     for name, start, duration in sorted(events, key=lambda e: (e[1], -e[2])):
         while stack and start >= stack[-1][1]:
             done = stack.pop()
             out.append((done[0], done[2] * 1e-12))
+        if stack and name in INSIDE_OPS:
+            continue
         if stack:
             stack[-1][2] -= min(duration, stack[-1][1] - start)
         stack.append([name, start + duration, duration])

@@ -162,3 +162,18 @@ def test_layer_recomputation_gives_the_plain_gradients_and_runs_each_layer_again
     assert (n_plain, n_r) == (3, 6)                                      # each layer once more, in the backward pass
     with pytest.raises(ValueError, match="recompute='all': valid are none, layer"):
         modeling.BertEncoder(config, recompute="all")
+
+
+@pytest.mark.parametrize("name", ["gelu", "gelu_exact"])
+def test_gelu_runs_in_float32_whatever_the_compute_dtype(name):
+    """bfloat16 in, bfloat16 out, computed in float32 between (TensorFlow's bfloat16 tanh is the slow
+    path on CPU): exactly the rounded float32 GELU, which the bfloat16 GELU is not everywhere."""
+    x = tf.cast(tf.linspace(-6.0, 6.0, 4001), tf.bfloat16)
+    approximate = name == "gelu"
+    y = modeling.ACTIVATIONS[name](x)
+    assert y.dtype == tf.bfloat16
+    rounded = tf.cast(tf.nn.gelu(tf.cast(x, tf.float32), approximate=approximate), tf.bfloat16)
+    assert np.array_equal(y.numpy(), rounded.numpy())
+    assert not np.array_equal(y.numpy(), tf.nn.gelu(x, approximate=approximate).numpy())
+    x32 = tf.cast(x, tf.float32)                                   # float32 in: TensorFlow's own GELU, unchanged
+    assert np.array_equal(modeling.ACTIVATIONS[name](x32).numpy(), tf.nn.gelu(x32, approximate=approximate).numpy())

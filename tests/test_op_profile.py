@@ -13,6 +13,9 @@ def test_self_time_takes_nested_events_out_of_their_wrappers():
     events = [("A", 0, 100), ("B", 10, 20), ("C", 40, 30), ("D", 45, 5), ("E", 200, 10)]
     got = {name: round(s * 1e12) for name, s in op_profile.self_times(events)}
     assert got == {"A": 50, "B": 20, "C": 25, "D": 5, "E": 10}
+    # a kernel's parallel-loop marker is the kernel's own time; alone on a line it counts as itself
+    marked = [("Mul", 0, 100), ("ParallelFor", 10, 80), ("ThreadpoolListener::Record", 10, 1), ("ParallelFor", 300, 7)]
+    assert {n: round(s * 1e12) for n, s in op_profile.self_times(marked)} == {"Mul": 100, "ParallelFor": 7}
     # an event sharing its wrapper's start is inside it, not beside it
     assert {n: round(s * 1e12) for n, s in op_profile.self_times([("W", 0, 10), ("op", 0, 4)])} == {"W": 6, "op": 4}
 
