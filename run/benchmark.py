@@ -446,13 +446,17 @@ def main(_):
             sequences = TRACED_UPDATES * peer["batch_size"] * peer["accumulation_steps"]
             profiles["keras-hub"] = profile_report(peer["rung"], where, seconds, sequences)
         profiles["comparison"] = print_profile_comparison(profiles["bert_tf"], profiles.get("keras-hub"))
-    busy = [f"{r['rung']} ({machine_load.describe(r['machine_load'])})" for r in rows
-            if machine_load.busy(r.get("machine_load"))]
-    busy += [f"peak {name} {way} ({machine_load.describe(s)})" for name, ways in peak_loads.items()
-             for way, seen in ways.items() for s in seen if machine_load.busy(s)]
-    print(f"timed beside other work: {'; '.join(busy)}: those figures measure the neighbours too" if busy else
-          f"the machine was quiet during every timed measurement (other processes and steal below "
-          f"{machine_load.BUSY_WARNING_CORES} cores)")
+    busy_rungs = [r for r in rows if machine_load.busy(r.get("machine_load"))]
+    busy_peaks = [s for ways in peak_loads.values() for seen in ways.values() for s in seen if machine_load.busy(s)]
+    if busy_rungs or busy_peaks:
+        loads = [r["machine_load"] for r in busy_rungs] + busy_peaks
+        print(f"timed beside other work: {len(busy_rungs)} rungs ({', '.join(r['rung'] for r in busy_rungs)}) and "
+              f"{len(busy_peaks)} peak measurements, with up to {max(s['other_cores'] for s in loads):.2f} cores of "
+              f"other processes and {max(s['steal_cores'] for s in loads):.2f} of steal: those figures measure the "
+              "neighbours too")
+    else:
+        print(f"the machine was quiet during every timed measurement (other processes and steal below "
+              f"{machine_load.BUSY_WARNING_CORES} cores)")
     peak_rss_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 ** 2
     if best:
         print(f"best bert_tf: {best['rung']} at {best['sequences_per_second']:.2f} seq/s, MFU {best['mfu']:.1%} "
