@@ -7,7 +7,8 @@ the tf_Compute threads, and the thunks of XLA-compiled functions (HLO names such
 event counts its self time (its duration less the events nested in it), so the wrappers around ops
 (ExecutorState::Process, ThunkExecutor::Execute, conditionals) count only their own overhead, as
 "(executor)", and nothing is counted twice; the thread pool's markers inside a kernel (ParallelFor)
-count as that kernel's. Ops that run side by side on different threads each
+count as that kernel's, and an op's wait for a compiled cluster (BlockUntilReady) is not counted (the
+cluster's work is, on the threads that ran it). Ops that run side by side on different threads each
 count their own time, so op time can exceed wall time; `per_sequence` spreads the measured wall
 time over the kinds by their share of op time.
 
@@ -40,7 +41,10 @@ KINDS = (
     ("executor", re.escape(EXECUTOR)),
     ("element-wise", r""),
 )
+# wrappers: ExecutorState::Process around each op, ThunkExecutor::Execute around XLA's thunks
 WRAPPERS = re.compile(r"^(ExecutorState::Process|ThunkExecutor::Execute)$|^(cond|while|conditional|call)(\.\d+)?$")
+# waits: an op waiting for a compiled cluster whose work is counted on the pool's threads; not op time
+WAITS = {"BlockUntilReady"}
 
 
 def kind(op: str) -> str:
@@ -96,9 +100,17 @@ def op_seconds(profile_dir: str) -> collections.Counter:
         for line in plane.lines:
             if not line.name.startswith("tf_"):
                 continue
-            events = [(plane.event_metadata[e.metadata_id].name, e.offset_ps, e.duration_ps) for e in line.events]
-            for name, seconds in self_times(events):
-                totals[op_name(name)] += seconds
+            totals += line_seconds([(plane.event_metadata[e.metadata_id].name, e.offset_ps, e.duration_ps)
+                                    for e in line.events])
+    return totals
+
+
+def line_seconds(events) -> collections.Counter:
+    """Counter {op name: self seconds} of one thread's [(event name, start ps, duration ps)], waits left out."""
+    totals = collections.Counter()
+    for name, seconds in self_times(events):
+        if name not in WAITS:
+            totals[op_name(name)] += seconds
     return totals
 
 
@@ -131,3 +143,35 @@ def comparison(ours: dict, peer: dict, goal: float = 1.3) -> dict:
             "ours_matmul_ms": ours["matmul"], "ours_rest_ms": rest, "rest_needed_ms": rest_needed,
             "rest_cut_needed": 1 - rest_needed / rest if rest else float("nan"),
             "matmul_only_ratio": peer_total / ours["matmul"] if ours["matmul"] else float("nan")}
+
+
+def report(name, profile_dir, wall_seconds, sequences, log=print, top=15) -> dict:
+    """Logs the trace's top op types and returns its figures: op seconds by type and kind, and each
+    kind's wall milliseconds per sequence."""
+    ops = op_seconds(profile_dir)
+    kinds = by_kind(ops)
+    total = sum(ops.values()) or 1.0
+    log(f"profiler trace of {name} in {profile_dir} ({wall_seconds:.1f} s, {sequences} sequences); op time by type:")
+    for op, s in ops.most_common(top):
+        log(f"  {s / total:6.1%}  {op}")
+    return {"rung": name, "profile_dir": profile_dir, "wall_seconds": wall_seconds, "sequences": sequences,
+            "op_seconds": dict(ops), "kind_seconds": kinds,
+            "kind_ms_per_sequence": per_sequence(kinds, wall_seconds, sequences)}
+
+
+def print_comparison(ours: dict, peer: dict | None, log=print, goal: float = 1.3) -> dict | None:
+    """The kinds side by side in wall ms per sequence (two report() results), and what bert_tf's time
+    outside its matmuls would have to be for `goal` x the peer."""
+    log(f"where the time goes, wall ms per sequence (op time shares of the traced updates): "
+        f"{ours['rung']} | {peer['rung'] if peer else '-'}")
+    for name, _ in KINDS:
+        theirs = f"{peer['kind_ms_per_sequence'][name]:8.1f}" if peer else "       -"
+        log(f"  {name:<16} {ours['kind_ms_per_sequence'][name]:8.1f} {theirs}")
+    if not peer:
+        return None
+    c = comparison(ours["kind_ms_per_sequence"], peer["kind_ms_per_sequence"], goal)
+    log(f"  {'total':<16} {c['ours_ms']:8.1f} {c['peer_ms']:8.1f}   bert_tf / keras-hub = {c['ratio']:.2f}x traced")
+    log(f"for {goal}x keras-hub with its matmuls unchanged, bert_tf's other time must fall from "
+        f"{c['ours_rest_ms']:.1f} to {c['rest_needed_ms']:.1f} ms per sequence ({c['rest_cut_needed']:.0%} less); "
+        f"with no time outside its matmuls at all it would be {c['matmul_only_ratio']:.2f}x")
+    return c

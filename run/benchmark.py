@@ -223,41 +223,6 @@ def traced_updates(step, profile_dir):
     return seconds
 
 
-def profile_report(name, profile_dir, seconds, sequences):
-    """Prints and returns where the traced updates' time went: the top op types, and each kind's share
-    and wall milliseconds per sequence (bert_tf/op_profile.py)."""
-    from bert_tf import op_profile
-    ops = op_profile.op_seconds(profile_dir)
-    kinds = op_profile.by_kind(ops)
-    per_seq = op_profile.per_sequence(kinds, seconds, sequences)
-    total = sum(ops.values()) or 1.0
-    print(f"wrote a profiler trace of {name} to {profile_dir} ({TRACED_UPDATES} updates, {seconds:.1f} s); "
-          "op time by type:")
-    for op, s in ops.most_common(15):
-        print(f"  {s / total:6.1%}  {op}")
-    return {"rung": name, "profile_dir": profile_dir, "wall_seconds": seconds, "sequences": sequences,
-            "op_seconds": dict(ops), "kind_seconds": kinds, "kind_ms_per_sequence": per_seq}
-
-
-def print_profile_comparison(ours, peer):
-    """The kinds side by side in wall ms per sequence, and what bert_tf's time outside its matmuls would
-    have to be for the issue's 1.3x."""
-    from bert_tf import op_profile
-    print(f"where the time goes, wall ms per sequence (op time shares of the traced updates): "
-          f"{ours['rung']} | {peer['rung'] if peer else '-'}")
-    for name, _ in op_profile.KINDS:
-        theirs = f"{peer['kind_ms_per_sequence'][name]:8.1f}" if peer else "       -"
-        print(f"  {name:<16} {ours['kind_ms_per_sequence'][name]:8.1f} {theirs}")
-    if not peer:
-        return None
-    c = op_profile.comparison(ours["kind_ms_per_sequence"], peer["kind_ms_per_sequence"])
-    print(f"  {'total':<16} {c['ours_ms']:8.1f} {c['peer_ms']:8.1f}   bert_tf / keras-hub = {c['ratio']:.2f}x traced")
-    print(f"for {c['goal']}x keras-hub with its matmuls unchanged, bert_tf's other time must fall from "
-          f"{c['ours_rest_ms']:.1f} to {c['rest_needed_ms']:.1f} ms per sequence ({c['rest_cut_needed']:.0%} less); "
-          f"with no time outside its matmuls at all it would be {c['matmul_only_ratio']:.2f}x")
-    return c
-
-
 def run_keras_hub(config, precision, xla, batch_size, accumulation=1, profile_dir=""):
     """One update of keras_hub.models.BertMaskedLM (the peer) on the same shapes: same encoder
     size, dropout and masked positions; masked-LM loss only (no next-sentence head), AdamW. With
@@ -297,7 +262,7 @@ def run_keras_hub(config, precision, xla, batch_size, accumulation=1, profile_di
 def main(_):
     import tensorflow as tf
 
-    from bert_tf import flops, modeling, planner, training
+    from bert_tf import flops, modeling, op_profile, planner, training
     gpu = bool(tf.config.list_physical_devices("GPU"))
     fusion = training.fusion_enabled()
     rungs = FLAGS.rungs if FLAGS.rungs is not None else default_rungs(gpu, fusion)
@@ -438,14 +403,14 @@ def main(_):
         seconds = run_rung(config, best["precision"], best["xla"], best["accumulation_steps"], best["batch_size"],
                            profile_dir=where, tf32=best["tf32"], fuse=best["fuse"])
         sequences = TRACED_UPDATES * best["batch_size"] * best["accumulation_steps"]
-        profiles["bert_tf"] = profile_report(best["rung"], where, seconds, sequences)
+        profiles["bert_tf"] = op_profile.report(best["rung"], where, seconds, sequences)
         if peer:
             where = os.path.join(FLAGS.profile_dir, "keras-hub")
             seconds = run_keras_hub(config, peer["precision"], peer["xla"], peer["batch_size"],
                                     peer["accumulation_steps"], profile_dir=where)
             sequences = TRACED_UPDATES * peer["batch_size"] * peer["accumulation_steps"]
-            profiles["keras-hub"] = profile_report(peer["rung"], where, seconds, sequences)
-        profiles["comparison"] = print_profile_comparison(profiles["bert_tf"], profiles.get("keras-hub"))
+            profiles["keras-hub"] = op_profile.report(peer["rung"], where, seconds, sequences)
+        profiles["comparison"] = op_profile.print_comparison(profiles["bert_tf"], profiles.get("keras-hub"))
     busy_rungs = [r for r in rows if machine_load.busy(r.get("machine_load"))]
     busy_peaks = [s for ways in peak_loads.values() for seen in ways.values() for s in seen if machine_load.busy(s)]
     if busy_rungs or busy_peaks:

@@ -230,6 +230,14 @@ def test_the_peer_is_also_timed_with_its_own_accumulation_and_at_the_tuned_micro
     assert c["ours_matmul_ms"] == profiles["bert_tf"]["kind_ms_per_sequence"]["matmul"]
     assert f"other time must fall from {c['ours_rest_ms']:.1f} to {c['rest_needed_ms']:.1f} ms" in out.stdout
     assert re.search(r"^  matmul +[\d.]+ +[\d.]+$", out.stdout, re.M)
+    again = subprocess.run([sys.executable, str(REPO / "run" / "profile_report.py"),
+                            f"--ladder={tmp_path / 'out' / 'ladder.json'}"], cwd=tmp_path, env=mpi_env(),
+                           capture_output=True, text=True, timeout=300)       # the same traces read again
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert f"other time must fall from {c['ours_rest_ms']:.1f} to {c['rest_needed_ms']:.1f} ms" in again.stdout
+    bad = subprocess.run([sys.executable, str(REPO / "run" / "profile_report.py"), f"--ladder={tmp_path / 'none.json'}"],
+                         cwd=tmp_path, env=mpi_env(), capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 1 and f"error: --ladder={tmp_path / 'none.json'}: " in bad.stderr
     rows = report["rungs"]
     shapes = [(r["rung"], r["peer"], r["accumulation_steps"], r["batch_size"]) for r in rows]
     peers = rows[1:5]

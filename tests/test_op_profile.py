@@ -20,6 +20,13 @@ def test_self_time_takes_nested_events_out_of_their_wrappers():
     assert {n: round(s * 1e12) for n, s in op_profile.self_times([("W", 0, 10), ("op", 0, 4)])} == {"W": 6, "op": 4}
 
 
+def test_a_thread_counts_op_self_times_by_name_and_leaves_waits_out():
+    events = [("ExecutorState::Process", 0, 100), ("a/MatMul:_MklMatMul", 10, 60), ("BlockUntilReady", 100, 500),
+              ("ExecutorState::Process", 600, 50), ("b/MatMul:_MklMatMul", 600, 20), ("multiply_add_fusion.3", 700, 5)]
+    got = {n: round(s * 1e12) for n, s in op_profile.line_seconds(events).items()}
+    assert got == {op_profile.EXECUTOR: 40 + 30, "_MklMatMul": 80, "xla:multiply_add_fusion": 5}
+
+
 @pytest.mark.parametrize("event, name, kind", [
     ("bert/layer_0/attention/query/MatMul:_MklMatMul", "_MklMatMul", "matmul"),
     ("gradient_tape/einsum_1/Einsum:_MklEinsum", "_MklEinsum", "matmul"),
