@@ -267,7 +267,7 @@ class Trainer:
         c = self.config
         if self.loss_scale is not None:
             grads = [g / self.loss_scale.scale for g in grads]
-        grad_norm = tf.linalg.global_norm(grads)
+        grad_norm = optimization.global_norm(grads)
         finite = tf.math.is_finite(grad_norm)
         lr = optimization.learning_rate(self.step, c.learning_rate, self.schedule[0], self.schedule[1],
                                         c.decay_power) * self.lr_scale

@@ -51,6 +51,20 @@ def test_lamb_update_matches_numpy_reference():
     assert opt.decay == [True, False]
 
 
+@pytest.mark.parametrize("jit", [False, True])
+def test_norms_equal_the_sum_of_squares_compiled_or_not(jit):
+    """The matmul-by-ones sum of squares (optimization.squared_norm) for matrices, the plain one for vectors
+    and scalars: float64 references, and tf.linalg.global_norm."""
+    rng = np.random.RandomState(1)
+    xs = [rng.randn(300, 7), rng.randn(1, 5), rng.randn(6), rng.randn(2, 3, 4), np.float64(-3.0)]
+    xs = [np.asarray(x, np.float32) for x in xs]
+    norms = tf.function(lambda t: [optimization.norm(x) for x in t], jit_compile=jit)([tf.constant(x) for x in xs])
+    for x, n in zip(xs, norms):
+        np.testing.assert_allclose(float(n), np.sqrt(np.sum(np.square(x.astype(np.float64)))), rtol=2e-6)
+    total = tf.function(optimization.global_norm, jit_compile=jit)([tf.constant(x) for x in xs])
+    np.testing.assert_allclose(float(total), float(tf.linalg.global_norm([tf.constant(x) for x in xs])), rtol=2e-6)
+
+
 def test_adamw_decouples_weight_decay():
     w = tf.Variable([1.0, -2.0], name="kernel")
     opt = optimization.Optimizer([w], "adamw", weight_decay=0.5)
