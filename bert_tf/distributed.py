@@ -172,6 +172,14 @@ def make_gradient_allreduce(fp16_compression=False, name="grad", weight=1.0):
         return [hvd.allreduce(g, op=hvd.Average, compression=compression, name=f"{name}_{i}")
                 for i, g in enumerate(grads)]
 
+    def wait_for_ranks():
+        """A one-float allreduce: returns once every rank has reached it (Trainer's timed updates
+        time it apart from the gradients' allreduce, so a straggler shows as waiting, not as link)."""
+        if hvd.size() > 1:
+            return hvd.allreduce(tf.zeros([1]), op=hvd.Sum, name=f"{name}_wait")
+        return None
+
+    allreduce.wait_for_ranks = wait_for_ranks
     return allreduce
 
 

@@ -23,9 +23,10 @@ roundings per update instead of one), N times the traffic.
 The hot loop never waits for the device: the dropout seed of each micro-batch is derived on the
 device from the step variable, and the outputs are tensors the caller sums on the device and
 fetches when it logs. `train_step(..., timed=True)` (the loop asks for it once per log interval)
-fills `Trainer.timing` with the wall-clock split of that update: compute (forward/backward),
-allreduce (including waiting for the slowest rank) and update seconds; it waits for the device
-before each clock read, so the split stays honest where kernels run asynchronously (GPUs).
+fills `Trainer.timing` with the wall-clock split of that update: compute (forward/backward), wait
+(for the slowest rank to reach the allreduce, where the allreduce hook has a `wait_for_ranks`
+barrier), allreduce (the gradients on the link) and update seconds; it waits for the device before
+each clock read, so the split stays honest where kernels run asynchronously (GPUs).
 
 Variables, losses and the update are float32; gradients are float32 out of the compiled code (with
 --fp16_allreduce the allreduce sends, sums and divides them in float16; under mixed_float16 they
@@ -198,6 +199,8 @@ class Trainer:
         for acc in self.accumulators:
             acc.assign(tf.zeros_like(acc))
         self._allreduce = tf.function(allreduce, jit_compile=False)   # Horovod's ops: never compiled
+        barrier = getattr(allreduce, "wait_for_ranks", None)
+        self._wait_for_ranks = tf.function(barrier, jit_compile=False) if barrier else None
         self.indices, self.per_update, self.seed_offset = indices, per_update, seed_offset
         # micro-batch indices as device tensors made once: no Python value enters the hot loop
         self._index_tensors = [tf.constant(i, tf.int64) for i in indices]
@@ -315,17 +318,17 @@ class Trainer:
         clock = _device_clock if timed else (lambda: 0.0)
         start = clock()
         if self.config.comm.allreduce_every_micro_batch:
-            grads, outs, comm = self._allreduce_each(micro_batches, clock)
+            grads, outs, (wait, comm) = self._allreduce_each(micro_batches, clock, timed)
         else:
             grads, outs = self.gradients(micro_batches)
-            comm_start = clock()
+            wait, comm_start = self._wait(clock, timed), clock()
             grads = self._allreduce(grads)  # <- the one allreduce per update, after accumulation
             comm = clock() - comm_start
         update_start = clock()
         info = self.apply(grads)
         end = clock()
-        self.timing = {"compute_seconds": update_start - start - comm, "allreduce_seconds": comm,
-                       "update_seconds": end - update_start} if timed else {}
+        self.timing = {"compute_seconds": update_start - start - wait - comm, "wait_seconds": wait,
+                       "allreduce_seconds": comm, "update_seconds": end - update_start} if timed else {}
         metrics = sum_metrics(outs)
         metrics.update(info)
         # sequences this rank trained on (a count): what the logged throughput and batch checks use
@@ -338,21 +341,32 @@ class Trainer:
             metrics["loss_scale"] = self.loss_scale.scale.read_value()
         return metrics
 
-    def _allreduce_each(self, micro_batches, clock):
-        """The baseline: allreduce every micro-batch's gradients, then average them."""
+    def _wait(self, clock, timed):
+        """Seconds spent waiting for every rank to reach the allreduce (timed updates only: the
+        barrier is one more collective, which untimed updates do not pay)."""
+        if not timed or self._wait_for_ranks is None:
+            return 0.0
+        start = clock()
+        self._wait_for_ranks()
+        return clock() - start
+
+    def _allreduce_each(self, micro_batches, clock, timed):
+        """The baseline: allreduce every micro-batch's gradients, then average them. Returns the
+        mean gradients, the outputs and (wait, allreduce) seconds."""
         n = self.rank_micro_batches
         if len(micro_batches) != n:
             raise ValueError(f"expected {n} micro-batches, got {len(micro_batches)}")
-        outs, comm = [], 0.0
+        outs, wait, comm = [], 0.0, 0.0
         for i, mb in zip(self._index_tensors, micro_batches):
             grads, out = self._local(mb, self.micro_batch_seed(i))
+            wait += self._wait(clock, timed)
             comm_start = clock()
             grads = self._allreduce(grads)
             comm += clock() - comm_start
             outs.append(out)
             if n > 1:
                 self._add(grads)
-        return (self._mean() if n > 1 else grads), outs, comm
+        return (self._mean() if n > 1 else grads), outs, (wait, comm)
 
 
 def _device_clock():

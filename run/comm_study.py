@@ -214,7 +214,7 @@ def print_goals(goals):
 
 def print_table(rows):
     head = (f"{'nodes':>5} {'Gbit/s':>6}  {'config':<18} {'seq/s':>7} {'speedup':>7} {'compute':>8} "
-            f"{'allreduce':>9} {'MB/update':>9} {'bytes':>6} {'planner':>8} {'error':>6} {'own':>6}")
+            f"{'wait':>6} {'allreduce':>9} {'MB/update':>9} {'bytes':>6} {'planner':>8} {'error':>6} {'own':>6}")
     print(head)
     for r in rows:
         if "error" in r:
@@ -226,7 +226,7 @@ def print_table(rows):
             return format(r[key] * scale, spec) if key in r else "-".rjust(width)
         print(f"{r['nodes']:>5} {r['rate_gbit']:>6g}  {r['config']:<18} {fmt('sequences_per_second', '7.2f')} "
               f"{fmt('speedup_vs_baseline', '6.2f')}x {fmt('compute_seconds', '7.2f')}s "
-              f"{fmt('allreduce_seconds', '8.2f')}s {fmt('tx_bytes_per_update', '9.1f', 1e-6)} "
+              f"{fmt('wait_seconds', '5.2f')}s {fmt('allreduce_seconds', '8.2f')}s {fmt('tx_bytes_per_update', '9.1f', 1e-6)} "
               f"{fmt('bytes_vs_fp32_accum', '6.3f')} {fmt('predicted_sequences_per_second', '8.2f')} "
               f"{fmt('prediction_error', '+6.0%')} {fmt('prediction_error_own_compute', '+6.0%')}")
 

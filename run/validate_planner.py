@@ -36,12 +36,14 @@ def main(_):
             study = json.load(f)
         print(f"\nEmulated cluster, BERT-{study['model_preset']} ({study['parameters'] / 1e6:.1f}M parameters), "
               f"per-rank speed without communication {study.get('device_seq_s', float('nan')):.2f} seq/s")
-        print("| nodes | Gbit/s | config | measured seq/s | planner seq/s | error |")
-        print("|---|---|---|---|---|---|")
+        print("| nodes | Gbit/s | config | measured seq/s | planner seq/s (median speed) | error | "
+              "error, own speed (judged) |")
+        print("|---|---|---|---|---|---|---|")
         for r in study["rows"]:
             if "prediction_error" in r:
                 print(f"| {r['nodes']} | {r['rate_gbit']:g} | {r['config']} | {r['sequences_per_second']:.2f} | "
-                      f"{r['predicted_sequences_per_second']:.2f} | {r['prediction_error']:+.1%} |")
+                      f"{r['predicted_sequences_per_second']:.2f} | {r['prediction_error']:+.1%} | "
+                      f"{comm_study.study_error(r):+.1%} |")
         misses += comm_study.study_misses(study, FLAGS.tolerance)
     if misses:
         raise SystemExit(f"outside {FLAGS.tolerance:.0%}: " + "; ".join(misses))

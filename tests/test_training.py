@@ -1,5 +1,6 @@
 """The single-device update: optimizers, precision policies, XLA, loss scaling, accumulation, checkpoints."""
 import os
+import time
 
 import numpy as np
 import pytest
@@ -173,24 +174,35 @@ def test_allreduce_every_micro_batch_calls_the_allreduce_n_times_with_the_same_r
                 kept.assign(g)
             return super()._apply(grads)
 
-    results, calls, applied = {}, {}, {}
+    results, calls, applied, waits = {}, {}, {}, {}
     for key, every in (("once", False), ("each", True)):
-        count = tf.Variable(0, dtype=tf.int64)
+        count, waited = tf.Variable(0, dtype=tf.int64), tf.Variable(0, dtype=tf.int64)
 
         def allreduce(grads, count=count):   # traced once, runs at every call: counts them
             count.assign_add(1)
             return [g * 1.0 for g in grads]
+
+        def wait_for_ranks(waited=waited):   # a straggler 50 ms late at every barrier
+            waited.assign_add(1)
+            tf.py_function(lambda: time.sleep(0.05), [], [])
+        allreduce.wait_for_ranks = wait_for_ranks
 
         model = tiny_model()
         trainer = Recording(model, training.TrainConfig(accumulation_steps=4, learning_rate=1e-3,
                                                         comm=CommConfig(allreduce_every_micro_batch=every)),
                             allreduce=allreduce)
         trainer.applied = [tf.Variable(tf.zeros_like(v)) for v in model.trainable_variables]
+        trainer.train_step(micro)                # untimed (and traces): no barrier, no extra collective
+        assert int(waited.numpy()) == 0 and trainer.timing == {}
         trainer.train_step(micro, timed=True)
-        results[key], calls[key], applied[key] = weights(model), int(count.numpy()), trainer.applied
-        assert set(trainer.timing) == {"compute_seconds", "allreduce_seconds", "update_seconds"}
+        calls[key], applied[key] = int(count.numpy()), [tf.constant(v) for v in trainer.applied]
+        waits[key], results[key] = int(waited.numpy()), weights(model)
+        assert set(trainer.timing) == {"compute_seconds", "wait_seconds", "allreduce_seconds", "update_seconds"}
         assert all(v >= 0 for v in trainer.timing.values())
-    assert calls == {"once": 1, "each": 4}
+        # the barrier's time is the wait, not the link's (the traced allreduce of a tiny model: ~1 ms)
+        assert trainer.timing["wait_seconds"] >= 0.05 * waits[key] > trainer.timing["allreduce_seconds"]
+    assert calls == {"once": 2, "each": 8}
+    assert waits == {"once": 1, "each": 4}      # one barrier before each allreduce of a timed update
     # the optimizer gets the same mean gradient (LAMB's first step barely depends on the gradients'
     # scale, so a sum instead of the mean would pass the weight comparison below, not this one)
     scale = max(float(tf.reduce_max(tf.abs(g))) for g in applied["once"])
