@@ -194,13 +194,16 @@ def test_allreduce_every_micro_batch_calls_the_allreduce_n_times_with_the_same_r
         trainer.applied = [tf.Variable(tf.zeros_like(v)) for v in model.trainable_variables]
         trainer.train_step(micro)                # untimed (and traces): no barrier, no extra collective
         assert int(waited.numpy()) == 0 and trainer.timing == {}
+        start = time.perf_counter()
         trainer.train_step(micro, timed=True)
+        wall = time.perf_counter() - start
         calls[key], applied[key] = int(count.numpy()), [tf.constant(v) for v in trainer.applied]
         waits[key], results[key] = int(waited.numpy()), weights(model)
         assert set(trainer.timing) == {"compute_seconds", "wait_seconds", "allreduce_seconds", "update_seconds"}
         assert all(v >= 0 for v in trainer.timing.values())
         # the barrier's time is the wait, not the link's (the traced allreduce of a tiny model: ~1 ms)
         assert trainer.timing["wait_seconds"] >= 0.05 * waits[key] > trainer.timing["allreduce_seconds"]
+        assert sum(trainer.timing.values()) <= wall     # split, not counted twice (compute excludes the wait)
     assert calls == {"once": 2, "each": 8}
     assert waits == {"once": 1, "each": 4}      # one barrier before each allreduce of a timed update
     # the optimizer gets the same mean gradient (LAMB's first step barely depends on the gradients'
