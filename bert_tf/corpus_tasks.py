@@ -8,6 +8,10 @@ SQuAD that pre-training helped (run/finetune_proof.py):
 - spans: SQuAD-layout questions whose answers are spans of the corpus text: the context is a few
   consecutive sentences of a document, the question one of them with a word replaced by "what",
   the answer that word where it stands in the context.
+- odd_word: SQuAD-layout questions asking which word of a sentence does not belong: one of its words was
+  replaced by a whole word of the model's WordPiece vocabulary, drawn uniformly; the answer is that word
+  where it stands. Masked-LM pre-training replaces 1 in 10 of its masked tokens by a random vocabulary
+  token and trains the model to see through it, so this span task asks for what pre-training teaches.
 
 Deterministic in the seed; documents are split between train and dev, so no dev sentence is seen in
 training.
@@ -69,25 +73,63 @@ def word_order(documents, n, seed, swaps=2) -> classification.Examples:
     return classification.Examples(labels, a, b)
 
 
+def _pick_word(documents, rng, sentences, min_word_length):
+    """(a few consecutive sentences of one document as word lists, which sentence, which word in it) or None
+    when the chosen sentence has no alphabetic word of min_word_length letters."""
+    doc = rng.choice(documents)
+    start = rng.randrange(max(1, len(doc) - sentences + 1))
+    chosen = [s.split() for s in doc[start:start + sentences]]
+    target = rng.randrange(len(chosen))
+    candidates = [i for i, w in enumerate(chosen[target]) if len(w) >= min_word_length and w.isalpha()]
+    return (chosen, target, rng.choice(candidates)) if candidates else None
+
+
+def _question(made, chosen, target, k, question):
+    """One SQuAD "data" entry: the context is the sentences joined by spaces, the answer chosen[target][k]."""
+    context = " ".join(" ".join(words) for words in chosen)
+    offset = sum(len(" ".join(words)) + 1 for words in chosen[:target]) + sum(len(w) + 1 for w in chosen[target][:k])
+    answer = chosen[target][k]
+    assert context[offset:offset + len(answer)] == answer
+    return {"title": f"q{made}", "paragraphs": [{"context": context, "qas": [
+        {"id": f"q{made}", "question": question, "answers": [{"text": answer, "answer_start": offset}]}]}]}
+
+
 def spans(documents, n, seed, sentences=3, min_word_length=5) -> list:
     """n questions in SQuAD's JSON layout (its "data" list): one paragraph per question."""
     rng = random.Random(seed)
-    data, made = [], 0
-    while made < n:
-        doc = rng.choice(documents)
-        start = rng.randrange(max(1, len(doc) - sentences + 1))
-        chosen = [" ".join(s.split()) for s in doc[start:start + sentences]]
-        target = rng.randrange(len(chosen))
-        words = chosen[target].split()
-        candidates = [i for i, w in enumerate(words) if len(w) >= min_word_length and w.isalpha()]
-        if not candidates:
+    data = []
+    while len(data) < n:
+        picked = _pick_word(documents, rng, sentences, min_word_length)
+        if picked:
+            chosen, target, k = picked
+            question = " ".join(chosen[target][:k] + ["what"] + chosen[target][k + 1:])
+            data.append(_question(len(data), chosen, target, k, question))
+    return data
+
+
+ODD_WORD_QUESTION = "which word does not belong here?"
+
+
+def vocabulary_words(vocab, min_length=3):
+    """The whole alphabetic words of a WordPiece vocabulary (no ##pieces, specials or punctuation)."""
+    return [w for w in vocab if w.isalpha() and len(w) >= min_length]
+
+
+def odd_word(documents, n, seed, words, sentences=1, min_word_length=5) -> list:
+    """n questions in SQuAD's JSON layout: in `sentences` consecutive sentences of a document, one word of
+    min_word_length letters replaced by one of `words` (vocabulary_words of the model's vocabulary: one token
+    each) drawn uniformly and in none of the sentences; the question is ODD_WORD_QUESTION, the answer the
+    inserted word."""
+    rng = random.Random(seed)
+    data = []
+    while len(data) < n:
+        picked = _pick_word(documents, rng, sentences, min_word_length)
+        if not picked:
             continue
-        k = rng.choice(candidates)
-        context = " ".join(chosen)
-        offset = sum(len(s) + 1 for s in chosen[:target]) + sum(len(w) + 1 for w in words[:k])
-        question = " ".join(words[:k] + ["what"] + words[k + 1:])
-        assert context[offset:offset + len(words[k])] == words[k]
-        data.append({"title": f"q{made}", "paragraphs": [{"context": context, "qas": [
-            {"id": f"q{made}", "question": question, "answers": [{"text": words[k], "answer_start": offset}]}]}]})
-        made += 1
+        chosen, target, k = picked
+        inserted = rng.choice(words)
+        if inserted in {w.lower() for sentence in chosen for w in sentence}:
+            continue
+        chosen[target][k] = inserted
+        data.append(_question(len(data), chosen, target, k, ODD_WORD_QUESTION))
     return data

@@ -1,14 +1,16 @@
 """Does pre-training help? Fine-tunes the same BERT twice, from a pre-trained checkpoint and from random
 weights, on tasks made from a bundled corpus's documents (bert_tf/corpus_tasks.py: sentence pairs from one
 document or two; a sentence and the next one with its word order kept or disturbed; SQuAD-layout questions
-whose answers are words of the corpus text), over several seeds.
+whose answers are words of a corpus sentence: the word a question leaves out, or the vocabulary word put in
+its place), over several seeds.
 
     python run/finetune_proof.py --init_checkpoint=runs/demo --vocab_file=data/demo/vocab.txt \
         --seeds=1,2,3 --output_json=runs/finetune_proof.json       # after scripts/demo.sh
 
 Prints, per task and start, the dev metric as mean ± standard deviation over the seeds (pair tasks: accuracy;
-spans: SQuAD v1.1 F1 and exact match, as the official script computes them).
+span tasks: SQuAD v1.1 F1 and exact match, as the official script computes them).
 """
+import functools
 import json
 
 from absl import flags
@@ -16,7 +18,8 @@ from absl import flags
 from bert_tf import ConfigError, cli
 
 PAIR_TASKS = {"same_document": ["different", "same"], "word_order": ["kept", "swapped"]}
-TASKS = (*PAIR_TASKS, "spans")
+SPAN_TASKS = ("spans", "odd_word")
+TASKS = (*PAIR_TASKS, *SPAN_TASKS)
 
 flags.DEFINE_string("init_checkpoint", None, "The pre-trained model (a run's folder, an export, ...).")
 flags.DEFINE_string("vocab_file", None, "Its vocab.txt.")
@@ -63,11 +66,13 @@ def main(argv):
             epochs=FLAGS.epochs, batch_size=FLAGS.batch_size, learning_rate=FLAGS.learning_rate, seed=seed)
         return {"accuracy": metrics["accuracy"]}
 
-    def span_task(train_docs, dev_docs, seed, checkpoint):
-        span_dev = corpus_tasks.spans(dev_docs, FLAGS.dev_examples, seed + 1000)
+    def span_task(task, train_docs, dev_docs, seed, checkpoint):
+        make = corpus_tasks.spans if task == "spans" else functools.partial(
+            corpus_tasks.odd_word, words=corpus_tasks.vocabulary_words(tokenizer.vocab))
+        span_dev = make(dev_docs, FLAGS.dev_examples, seed + 1000)
         recipe = finetuning.Recipe(learning_rate=FLAGS.learning_rate, batch_size=FLAGS.batch_size,
                                    epochs=FLAGS.epochs, max_seq_length=FLAGS.max_seq_length, seed=seed)
-        train_q = squad.examples_of(corpus_tasks.spans(train_docs, FLAGS.train_examples, seed), "1.1", training=True)
+        train_q = squad.examples_of(make(train_docs, FLAGS.train_examples, seed), "1.1", training=True)
         dev_q = squad.examples_of(span_dev, "1.1", training=False)
         _, predictions, _, _, _ = squad.train_and_predict(train_q, dev_q, tokenizer, init.config, checkpoint,
                                                           recipe, windows, log=lambda *a, **k: None)
@@ -78,7 +83,7 @@ def main(argv):
         train_docs, dev_docs = corpus_tasks.split_documents(documents, 0.2, seed)
         for task in FLAGS.tasks:
             for start, checkpoint in (("pre-trained", init), ("random", None)):
-                figures = (span_task(train_docs, dev_docs, seed, checkpoint) if task == "spans"
+                figures = (span_task(task, train_docs, dev_docs, seed, checkpoint) if task in SPAN_TASKS
                            else pair_task(task, train_docs, dev_docs, seed, checkpoint))
                 runs.append({"task": task, "start": start, "seed": seed, **figures})
                 print(json.dumps(runs[-1]), flush=True)
@@ -86,7 +91,7 @@ def main(argv):
           f"pre-trained: {init.path}")
     print("| task | metric | pre-trained | random init |\n|---|---|---|---|")
     for task in FLAGS.tasks:
-        for metric in (("f1", "exact_match") if task == "spans" else ("accuracy",)):
+        for metric in (("f1", "exact_match") if task in SPAN_TASKS else ("accuracy",)):
             cells = []
             for start in ("pre-trained", "random"):
                 s = finetuning.summarize([r[metric] for r in runs if r["task"] == task and r["start"] == start])

@@ -44,3 +44,33 @@ def test_word_order_pairs_are_the_next_sentence_kept_or_with_two_neighbour_swaps
         moved = [i for i, (x, y) in enumerate(zip(b.split(), original)) if x != y]
         assert (label == "kept") == (not moved)
         assert label == "kept" or 2 <= len(moved) <= 4                   # two swaps of neighbours (they may touch)
+
+
+def test_odd_word_questions_answer_the_one_replaced_word(corpus_dir):
+    documents = list(corpus.read_documents([str(corpus_dir / "lee_background.cor") + "@documents"]))
+    _, dev = corpus_tasks.split_documents(documents, 0.2, seed=1)
+    words = corpus_tasks.vocabulary_words(["[PAD]", "[CLS]", "##ing", "of", "2001", "harbour", "cricket", "rain",
+                                           "minister", "jury", "ocean", "a.m", "café", "lamb", "said", "violin"])
+    assert words == ["harbour", "cricket", "rain", "minister", "jury", "ocean", "café", "lamb", "said", "violin"]
+    data = corpus_tasks.odd_word(dev, 60, seed=5, words=words)
+    assert data == corpus_tasks.odd_word(dev, 60, seed=5, words=words)
+    assert len(squad.examples_of(data, "1.1", training=True)) == 60    # every answer_start points at its text
+    sentences = [s.split() for d in dev for s in d]
+    inserted = collections.Counter()
+    for article in data:
+        paragraph = article["paragraphs"][0]
+        qa = paragraph["qas"][0]
+        assert qa["question"] == corpus_tasks.ODD_WORD_QUESTION
+        answer, start = qa["answers"][0]["text"], qa["answers"][0]["answer_start"]
+        context, j = paragraph["context"].split(), len(paragraph["context"][:start].split())
+        # never a word the sentence has already
+        assert context[j] == answer and answer in words and answer not in [w.lower() for w in context[:j] + context[j + 1:]]
+        # a dev sentence with exactly the answer's word replaced, and that word of 5 letters or more
+        originals = [s[j] for s in sentences if len(s) == len(context) and s[:j] == context[:j] and s[j + 1:] == context[j + 1:]]
+        assert originals and all(o != answer and len(o) >= 5 and o.isalpha() for o in originals), paragraph
+        inserted[answer] += 1
+    assert len(inserted) == len(words)                                 # drawn over every word
+    for article in corpus_tasks.odd_word(dev, 20, seed=6, words=["the", "violin"]):   # "the" is in most sentences
+        paragraph = article["paragraphs"][0]
+        answer = paragraph["qas"][0]["answers"][0]["text"]
+        assert [w.lower() for w in paragraph["context"].split()].count(answer) == 1, paragraph

@@ -199,8 +199,8 @@ def test_finetune_proof_runs_every_task_from_both_starts(pretrained, tmp_path, c
     assert proc.returncode == 0, proc.stderr[-3000:]
     runs = json.loads(out.read_text())["runs"]
     assert sorted((r["task"], r["start"]) for r in runs) == sorted(
-        (t, s) for t in ("same_document", "word_order", "spans") for s in ("pre-trained", "random"))
+        (t, s) for t in ("same_document", "word_order", "spans", "odd_word") for s in ("pre-trained", "random"))
     assert all(0 <= r.get("accuracy", 0) <= 1 and 0 <= r.get("f1", 0) <= 100 for r in runs)
     for row in ("| same_document | accuracy |", "| word_order | accuracy |", "| spans | f1 |",
-                "| spans | exact_match |"):
+                "| spans | exact_match |", "| odd_word | f1 |", "| odd_word | exact_match |"):
         assert row in proc.stdout, proc.stdout[-2000:]
