@@ -16,13 +16,15 @@ import sys
 
 from absl import app, flags
 
-from bert_tf import ConfigError, comm, corpus
+from bert_tf import ConfigError
+from bert_tf.data import corpus
+from bert_tf.dist import comm
 
 FLAGS = flags.FLAGS
 
 
 def define_model_preset(default, flag_values=FLAGS):
-    from bert_tf import modeling     # TensorFlow: only for the scripts that build a model
+    from bert_tf.model import modeling     # TensorFlow: only for the scripts that build a model
     flags.DEFINE_enum("model_preset", default, list(modeling.PRESETS),
                       "Standard model size (google-research/bert and Turc et al. 2019).", flag_values=flag_values)
 
@@ -71,7 +73,9 @@ def define_finetune_start(flag_values=FLAGS):
 def finetune_start(max_seq_length, flag_values=FLAGS):
     """(tokenizer, read checkpoint or None, model config) from define_finetune_start's flags, checked
     against each other (vocabulary size, sequence length) before any training."""
-    from bert_tf import checkpoint_formats, modeling, tokenization
+    from bert_tf.artifacts import checkpoint_formats
+    from bert_tf.data import tokenization
+    from bert_tf.model import modeling
     f = flag_values
     tokenizer = tokenization.Tokenizer.from_file(f.vocab_file, f.do_lower_case)
     init = None

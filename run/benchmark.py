@@ -18,10 +18,10 @@ Rungs, each measured after warm-up (compile) steps, in one process:
                         micro-batch and sparse masked positions; its best of fp32/bf16 x XLA on/off,
                         then that best with Keras's gradient accumulation (+accum) and at each
                         --tune_batch_sizes micro-batch, so both sides are timed at the same shapes
-For each: sequences/s, tokens/s, model TFLOP/s (bert_tf/flops.py), MFU against the hardware peak
+For each: sequences/s, tokens/s, model TFLOP/s (bert_tf/tools/flops.py), MFU against the hardware peak
 (the best dense-matmul FLOP/s over every dtype, TensorFlow kernels and XLA, measured in this run)
 and against the same dtype's peak, compile time, and what else the machine ran meanwhile (other
-processes' cores and hypervisor steal, bert_tf/machine_load.py: a figure timed beside other work is
+processes' cores and hypervisor steal, bert_tf/tools/machine_load.py: a figure timed beside other work is
 flagged; on 2 cores one busy neighbour halves the matmul peak). Prints the CPU features (or GPU) it saw and
 bert_tf's speed as a ratio to keras-hub's; writes ladder.json and ladder.png to --output_dir.
 
@@ -36,7 +36,9 @@ import time
 
 from absl import flags
 
-from bert_tf import ConfigError, cli, machine_load
+from bert_tf import ConfigError, cli
+from bert_tf.tools import machine_load
+from bert_tf.dist import device
 
 cli.define_model_preset("base")
 cli.define_sequence()
@@ -87,7 +89,7 @@ def default_rungs(gpu: bool, fusion: bool):
 
 
 def check_rungs(rungs, gpu=False, fusion=False):
-    from bert_tf import training
+    from bert_tf.train import training
     unknown = [r for r in rungs if r not in RUNGS]
     if unknown:
         raise ConfigError(f"--rungs: unknown {', '.join(map(repr, unknown))}; valid: {', '.join(RUNGS)}")
@@ -158,7 +160,7 @@ def random_batch(batch, seq, preds, vocab, seed):
 
 def timed_updates(step):
     """{"update_seconds": median of FLAGS.updates calls of step(), "first_update_seconds", "compile_seconds_estimate",
-    "machine_load": what other processes and the hypervisor took meanwhile (bert_tf/machine_load.py)}."""
+    "machine_load": what other processes and the hypervisor took meanwhile (bert_tf/tools/machine_load.py)}."""
     start = time.perf_counter()
     step()
     first = time.perf_counter() - start
@@ -181,7 +183,9 @@ def run_rung(config, precision, xla, accumulation, batch_size, profile_dir="", t
     useful_tokens_per_second and instances_per_second count what the timed updates held."""
     import tensorflow as tf
 
-    from bert_tf import input_pipeline, modeling, training
+    from bert_tf.data import input_pipeline
+    from bert_tf.model import modeling
+    from bert_tf.train import training
     tf.random.set_seed(0)
     model = modeling.BertPretrainer(config)
     trainer = training.Trainer(model, training.TrainConfig(precision=precision, xla=xla, tf32=tf32, fuse=fuse,
@@ -262,7 +266,9 @@ def run_keras_hub(config, precision, xla, batch_size, accumulation=1, profile_di
 def main(_):
     import tensorflow as tf
 
-    from bert_tf import flops, modeling, op_profile, planner, training
+    from bert_tf.model import modeling
+    from bert_tf.tools import flops, op_profile, planner
+    from bert_tf.train import training
     gpu = bool(tf.config.list_physical_devices("GPU"))
     fusion = training.fusion_enabled()
     rungs = FLAGS.rungs if FLAGS.rungs is not None else default_rungs(gpu, fusion)
@@ -286,7 +292,7 @@ def main(_):
                               f"--max_seq_length={FLAGS.max_seq_length}")
         if os.path.exists(FLAGS.device_figures):
             planner.read_device_figures(FLAGS.device_figures, FLAGS.model_preset)   # one it can add to
-    from bert_tf import input_pipeline
+    from bert_tf.data import input_pipeline
     records = []
     for pattern in FLAGS.records:       # (glob, instances per row), checked before an hour of measuring
         files = input_pipeline.list_files(pattern)
@@ -298,7 +304,7 @@ def main(_):
                                    FLAGS.max_predictions_per_seq)
     config = modeling.BertConfig.preset(FLAGS.model_preset, vocab_size=FLAGS.vocab_size)
     flops_per_seq = flops.training_flops_per_sequence(config, FLAGS.max_seq_length, FLAGS.max_predictions_per_seq)
-    device = flops.device_description()
+    device = device.device_description()
     print(f"device: {device}")
     print(f"{FLAGS.model_preset}: {config.num_hidden_layers} layers, hidden {config.hidden_size}; "
           f"seq {FLAGS.max_seq_length}, micro-batch {FLAGS.batch_size}; {flops_per_seq / 1e9:.2f} GFLOP per sequence (train)", flush=True)
@@ -432,7 +438,7 @@ def main(_):
     print(f"peak host memory {peak_rss_gb:.2f} GB")
     headroom = None
     if FLAGS.input_files:
-        from bert_tf import input_headroom
+        from bert_tf.tools import input_headroom
         headroom = input_headroom.measure(FLAGS.input_files, FLAGS.vocab_file, FLAGS.batch_size, FLAGS.max_seq_length,
                                           FLAGS.max_predictions_per_seq, FLAGS.input_seconds)
         consumed = best["sequences_per_second"] if best else float("nan")

@@ -1,5 +1,5 @@
 """The communication study: what each of the paper's communication optimisations buys, measured
-on an emulated cluster (bert_tf/emulated_cluster.py: network namespaces, tbf-shaped links; root).
+on an emulated cluster (bert_tf/tools/emulated_cluster.py: network namespaces, tbf-shaped links; root).
 
     python run/comm_study.py --output_dir=runs/comm_study                  # 2 nodes, 1/10/25 Gbit/s
     python run/comm_study.py --nodes=4 --rates=1 --fusion_threshold_mb= --cycle_time_ms= --output_dir=runs/comm_study4
@@ -13,13 +13,13 @@ climb the ladder
     cycle=Y ms      + cycle time sweep (--cycle_time_ms)
 and records per update (first --warmup_updates dropped: XLA compilation): compute, allreduce and
 update seconds (rank 0's clock), bytes rank 0's node sent on its link (kernel counter of eth0),
-and sequences/s. Beside each measurement, the planner's prediction (bert_tf/planner.py) from the
+and sequences/s. Beside each measurement, the planner's prediction (bert_tf/tools/planner.py) from the
 study's own measured compute speed. Writes study.json, study.png (throughput vs link rate per
 configuration) and prints the table. Without root / iproute2 / namespaces it says what is missing,
 skips the emulated part and prints only the planner's predictions (give --device_seq_s).
 
 Data: the demo's (scripts/demo.sh makes data/demo); any google-format TFRecords work.
-The logic is bert_tf/comm_study.py; this file holds the flags, the loop and the printing.
+The logic is bert_tf/tools/comm_study.py; this file holds the flags, the loop and the printing.
 """
 
 import glob
@@ -29,7 +29,8 @@ import sys
 
 from absl import flags
 
-from bert_tf import ConfigError, cli, comm_study, emulated_cluster as ec
+from bert_tf import ConfigError, cli
+from bert_tf.tools import comm_study, emulated_cluster as ec
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -105,11 +106,13 @@ def check_flags():
 def main(argv):
     if FLAGS.probe:
         link = comm_study.probe_link()
-        from bert_tf import distributed
+        from bert_tf.dist import distributed
         if distributed.rank() == 0:
             print(comm_study.PROBE_PREFIX + json.dumps(link), flush=True)
         return
-    from bert_tf import modeling, planner, tokenization
+    from bert_tf.data import tokenization
+    from bert_tf.model import modeling
+    from bert_tf.tools import planner
     nodes_list, rates = check_flags()
     problem = ec.preflight()
     if problem is None:

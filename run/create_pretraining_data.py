@@ -18,7 +18,7 @@ flags.DEFINE_string("vocab_file", None, "WordPiece vocab.txt (google layout).")
 flags.DEFINE_enum("tokenizer", "tensorflow_text", ["tensorflow_text", "rust", "python"], "All give "
                   "google-research/bert's ids: tensorflow_text (the fastest here) and rust (the `tokenizers` "
                   "library) tokenise the sentences without a character on which their rules differ from "
-                  "google's, python (google's rules, pure Python) the rest (bert_tf/tokenization.py).")
+                  "google's, python (google's rules, pure Python) the rest (bert_tf/data/tokenization.py).")
 flags.DEFINE_string("output_dir", None, "Where train-*.tfrecord, eval-*.tfrecord and summary.json go.")
 cli.define_sequence()
 flags.DEFINE_float("masked_lm_prob", 0.15, "Fraction of tokens to mask.")
@@ -45,7 +45,7 @@ FLAGS = flags.FLAGS
 def main(_):
     from mpi4py import MPI
 
-    from bert_tf import corpus, pretraining_data, tokenization
+    from bert_tf.data import corpus, pretraining_data, tokenization
 
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()

@@ -46,7 +46,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def bundled_documents():
-    from bert_tf import corpus
+    from bert_tf.data import corpus
     paths = sorted(os.path.join(REPO, "data", "corpus", f) for f in os.listdir(os.path.join(REPO, "data", "corpus")))
     return list(corpus.read_documents([p + ("" if p.endswith(".bz2") else "@documents") for p in paths]))
 
@@ -106,7 +106,7 @@ def create(path, fmt, ranks, out, tokenizer):
 
 def learn_vocabularies(path, fmt, size):
     """Each --vocab_learners value on the generated corpus (5% of documents held out for the UNK rate)."""
-    from bert_tf import corpus, pretraining_data, tokenization
+    from bert_tf.data import corpus, pretraining_data, tokenization
     docs = list(corpus.read_documents([path], fmt))
     heldout = pretraining_data.split_heldout(len(docs), 0.05, 12345)
     train = [s for d, h in zip(docs, heldout) if not h for s in d]
@@ -126,7 +126,7 @@ def learn_vocabularies(path, fmt, size):
 def time_resume():
     """Restore time of the input position after few and after many batches (batch 32, the
     training pipeline's default shuffle buffer), and what decoding and skipping would cost."""
-    from bert_tf import input_pipeline
+    from bert_tf.data import input_pipeline
     files = input_pipeline.list_files(FLAGS.resume_files)
 
     def pipeline():
@@ -156,7 +156,8 @@ def time_resume():
 
 
 def main(_):
-    from bert_tf import ConfigError, corpus
+    from bert_tf import ConfigError
+    from bert_tf.data import corpus
     if FLAGS.resume_files:
         return time_resume()
     if not os.path.isfile(FLAGS.vocab_file):

@@ -39,7 +39,10 @@ FLAGS = flags.FLAGS
 def main(_):
     import tensorflow as tf
 
-    from bert_tf import checkpoint_formats, classification, model_card, modeling, tokenization
+    from bert_tf.artifacts import checkpoint_formats, model_card
+    from bert_tf.data import tokenization
+    from bert_tf.model import modeling
+    from bert_tf.tasks import classification
     vocab = tokenization.load_vocab(FLAGS.vocab_file)
     ckpt = checkpoint_formats.read(FLAGS.checkpoint)
     config = (modeling.BertConfig.from_json_file(FLAGS.bert_config_file) if FLAGS.bert_config_file

@@ -40,7 +40,8 @@ FLAGS = flags.FLAGS
 
 
 def cross_validate(model_config, tokenizer, examples, checkpoint, hvd, label_names):
-    from bert_tf import classification, distributed, finetuning
+    from bert_tf.dist import distributed
+    from bert_tf.tasks import classification, finetuning
     x, y, truncated = classification.encode(examples, tokenizer, FLAGS.max_seq_length, label_names)
     if FLAGS.eval_file:
         ev = classification.read_examples(FLAGS.eval_file)
@@ -67,8 +68,11 @@ def cross_validate(model_config, tokenizer, examples, checkpoint, hvd, label_nam
 
 
 def main(_):
-    from bert_tf import distributed, modeling, tokenization
-    from bert_tf import checkpoint_formats, classification
+    from bert_tf.data import tokenization
+    from bert_tf.dist import distributed
+    from bert_tf.model import modeling
+    from bert_tf.artifacts import checkpoint_formats
+    from bert_tf.tasks import classification
     hvd = distributed.init()
     tokenizer = tokenization.Tokenizer.from_file(FLAGS.vocab_file, FLAGS.do_lower_case)
     examples = classification.read_examples(FLAGS.train_file)

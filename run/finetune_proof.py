@@ -1,5 +1,5 @@
 """Does pre-training help? Fine-tunes the same BERT twice, from a pre-trained checkpoint and from random
-weights, on tasks made from a bundled corpus's documents (bert_tf/corpus_tasks.py: sentence pairs from one
+weights, on tasks made from a bundled corpus's documents (bert_tf/tasks/corpus_tasks.py: sentence pairs from one
 document or two; a sentence and the next one with its word order kept or disturbed; SQuAD-layout questions
 whose answers are words of a corpus sentence: the word a question leaves out, or the vocabulary word put in
 its place), over several seeds.
@@ -24,7 +24,7 @@ TASKS = (*PAIR_TASKS, *SPAN_TASKS)
 flags.DEFINE_string("init_checkpoint", None, "The pre-trained model (a run's folder, an export, ...).")
 flags.DEFINE_string("vocab_file", None, "Its vocab.txt.")
 flags.DEFINE_list("corpus", ["data/corpus/lee_background.cor@documents"], "Documents to make the tasks from.")
-flags.DEFINE_list("tasks", list(TASKS), "Tasks (bert_tf/corpus_tasks.py).")
+flags.DEFINE_list("tasks", list(TASKS), "Tasks (bert_tf/tasks/corpus_tasks.py).")
 flags.DEFINE_list("seeds", ["1", "2", "3"], "Seeds (the tasks' examples, the heads, the order, dropout).")
 flags.DEFINE_integer("train_examples", 1600, "Examples per task to train on.")
 flags.DEFINE_integer("dev_examples", 200, "Examples per task to score (from documents not trained on).")
@@ -41,8 +41,10 @@ FLAGS = flags.FLAGS
 
 
 def main(argv):
-    from bert_tf import (checkpoint_formats, classification, corpus, corpus_tasks, distributed, finetuning, squad,
-                         squad_scoring, tokenization)
+    from bert_tf.artifacts import checkpoint_formats
+    from bert_tf.data import corpus, tokenization
+    from bert_tf.dist import distributed
+    from bert_tf.tasks import classification, corpus_tasks, finetuning, squad, squad_scoring
     if len(argv) > 1:
         raise ConfigError(f"unexpected arguments {argv[1:]}")
     distributed.init()

@@ -47,7 +47,8 @@ def numbers(name, kind):
 
 
 def main(argv):
-    from bert_tf import distributed, finetuning, glue
+    from bert_tf.dist import distributed
+    from bert_tf.tasks import finetuning, glue
     if len(argv) > 1:
         raise ConfigError(f"unexpected arguments {argv[1:]}")
     tasks = glue.parse_tasks(FLAGS.tasks)

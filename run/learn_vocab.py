@@ -19,7 +19,7 @@ FLAGS = flags.FLAGS
 
 
 def main(_):
-    from bert_tf import corpus, pretraining_data, tokenization
+    from bert_tf.data import corpus, pretraining_data, tokenization
 
     docs = list(corpus.read_documents(corpus.expand_inputs(FLAGS.input_files), FLAGS.input_format,
                                        text_field=FLAGS.text_field, title_field=FLAGS.title_field))

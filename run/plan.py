@@ -1,4 +1,4 @@
-"""Predicts the days and cost of a two-phase BERT pre-training on a cluster (model in bert_tf/planner.py).
+"""Predicts the days and cost of a two-phase BERT pre-training on a cluster (model in bert_tf/tools/planner.py).
 
     python run/plan.py --model_preset=large --nodes=4 --devices_per_node=4 --inter_gbps=10 \
         --phase1_device_seq_s=206.5 --phase2_device_seq_s=40.95 --price_per_device_hour=2.5
@@ -10,8 +10,8 @@ TensorFlow2/LanguageModeling/BERT/README.md, 21.02 container. Measure your own d
 run/benchmark.py.
 
 With --spot_price_per_device_hour it also prices preemptible capacity: on demand, spot with a restart
-from the last checkpoint after each preemption, and spot with elastic training (bert_tf/elastic.py),
-and says which is cheapest (equations in bert_tf/planner.py):
+from the last checkpoint after each preemption, and spot with elastic training (bert_tf/train/elastic.py),
+and says which is cheapest (equations in bert_tf/tools/planner.py):
 
     python run/plan.py --model_preset=large --price_per_device_hour=2.48 --spot_price_per_device_hour=0.74 \
         --mtbp_hours=24
@@ -20,7 +20,10 @@ import json
 
 from absl import flags
 
-from bert_tf import cli, comm, modeling, planner
+from bert_tf import cli
+from bert_tf.dist import comm
+from bert_tf.model import modeling
+from bert_tf.tools import planner
 
 cli.define_model_preset("large")
 flags.DEFINE_integer("vocab_size", 30522, "Vocabulary size.")

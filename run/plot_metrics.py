@@ -51,7 +51,7 @@ def plot(records, output):
 
 
 def main(_):
-    from bert_tf import metrics
+    from bert_tf.artifacts import metrics
     plot(metrics.read_metrics(FLAGS.metrics), FLAGS.output)
     print(f"wrote {FLAGS.output}")
 

@@ -19,9 +19,12 @@ import sys
 
 from absl import flags
 
-from bert_tf import cli, optimization, pretraining, training
+from bert_tf import cli
+from bert_tf.train import optimization, pretraining, training
+from bert_tf.train import startup
+from bert_tf.train import pretrain_config
 
-D = pretraining.PretrainConfig     # the class: its fields' defaults are the flags' defaults
+D = pretrain_config.PretrainConfig     # the class: its fields' defaults are the flags' defaults
 cli.define_model_preset(D.model_preset)
 flags.DEFINE_string("bert_config_file", D.bert_config_file, "google-format bert_config.json (instead of a preset).")
 flags.DEFINE_string("vocab_file", D.vocab_file, "WordPiece vocab.txt; its size sets the model's vocab_size for presets.")
@@ -84,7 +87,7 @@ flags.DEFINE_float("ladder_sequences_per_second", D.ladder_sequences_per_second,
                    "run/benchmark.py's sequences/s for this configuration (its --write_flagfile sets it): "
                    "logged next to the measured figure.")
 flags.DEFINE_bool("elastic", D.elastic, "Elastic mode: ranks may leave and join (horovodrun --host-discovery-script "
-                  "... --gloo; bert_tf/elastic.py). Needs --global_batch.")
+                  "... --gloo; bert_tf/train/elastic.py). Needs --global_batch.")
 flags.DEFINE_integer("global_batch", D.global_batch, "Elastic mode: sequences per update, kept whatever the rank "
                      "count (each rank's micro-batches per update follow from it).")
 flags.DEFINE_integer("elastic_commit_interval", D.elastic_commit_interval,
@@ -112,13 +115,13 @@ FLAGS = flags.FLAGS
 def main(argv):
     if len(argv) > 1:
         sys.exit(f"error: unexpected arguments {argv[1:]}")
-    cfg = pretraining.PretrainConfig(comm=cli.comm_config(), **{
-        f.name: FLAGS[f.name].value for f in dataclasses.fields(pretraining.PretrainConfig) if f.name != "comm"})
+    cfg = pretrain_config.PretrainConfig(comm=cli.comm_config(), **{
+        f.name: FLAGS[f.name].value for f in dataclasses.fields(pretrain_config.PretrainConfig) if f.name != "comm"})
     if FLAGS.dry_run:
-        pretraining.dry_run(cfg)
+        startup.dry_run(cfg)
         return
     _, last = pretraining.run(cfg)
-    from bert_tf import distributed
+    from bert_tf.dist import distributed
     if distributed.rank() == 0 and "eval_mlm_accuracy" in last:
         print(f"held-out MLM accuracy {last['eval_mlm_accuracy']:.4f}  vs  always the most frequent masked token "
               f"{last.get('eval_most_frequent_token_accuracy', float('nan')):.4f}  "

@@ -44,7 +44,8 @@ FLAGS = flags.FLAGS
 
 
 def main(argv):
-    from bert_tf import distributed, finetuning, squad, squad_scoring
+    from bert_tf.dist import distributed
+    from bert_tf.tasks import finetuning, squad, squad_scoring
     if len(argv) > 1:
         raise ConfigError(f"unexpected arguments {argv[1:]}")
     tokenizer, init, config = cli.finetune_start(FLAGS.max_seq_length)

@@ -24,7 +24,7 @@ flags.DEFINE_bool("do_lower_case", True, "Lower-case (both tokenizers).")
 flags.DEFINE_string("output_json", "", "Write the figures here.")
 flags.DEFINE_bool("write_departures", False, "Instead: scan every code point for where tensorflow-text's and the "
                   "`tokenizers` library's rules depart from google's (about 2 min, 5 GB) and write "
-                  "bert_tf/tokenizer_departures.py.")
+                  "bert_tf/data/tokenizer_departures.py.")
 flags.mark_flag_as_required("vocab_file")
 FLAGS = flags.FLAGS
 
@@ -75,7 +75,7 @@ def explain(tokenizer, sentence, oracle_ids):
 
 
 def corpus_sentences(paths):
-    from bert_tf import corpus
+    from bert_tf.data import corpus
     return [s for doc in corpus.read_documents(paths) for s in doc]
 
 
@@ -119,7 +119,7 @@ def compare_export(vocab_file, tmp, parts, exact):
 
     from transformers import AutoTokenizer
 
-    from bert_tf import checkpoint_formats
+    from bert_tf.artifacts import checkpoint_formats
     export_dir = os.path.join(tmp, "export")
     checkpoint_formats.write_tokenizer_files(vocab_file, export_dir, FLAGS.do_lower_case)
     hf = AutoTokenizer.from_pretrained(export_dir)
@@ -143,10 +143,10 @@ def compare_export(vocab_file, tmp, parts, exact):
 
 
 def write_departures():
-    """bert_tf/tokenizer_departures.py from fresh scans of every backend (tokenization.scan_departures)."""
+    """bert_tf/data/tokenizer_departures.py from fresh scans of every backend (tokenization.scan_departures)."""
     import os
 
-    from bert_tf import tokenization, tokenizer_departures
+    from bert_tf.data import tokenization, tokenizer_departures
     path = tokenizer_departures.__file__
     doc = open(path).read().split('"""')[1]
     body = ""
@@ -167,7 +167,7 @@ def main(_):
     import os
     import tempfile
 
-    from bert_tf import tokenization
+    from bert_tf.data import tokenization
     if FLAGS.write_departures:
         return write_departures()
     sentences = corpus_sentences(FLAGS.input_files)

@@ -1,5 +1,5 @@
 """An independent BERT forward pass in numpy (float64), written from the architecture, not from
-bert_tf/modeling.py, over google-research/bert's variable names; and the checkpoint fixtures the
+bert_tf/model/modeling.py, over google-research/bert's variable names; and the checkpoint fixtures the
 format tests read: a google-format TF1 checkpoint written with tf.compat.v1.train.Saver, and a
 Hugging Face directory written with safetensors' numpy API.
 

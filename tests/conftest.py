@@ -78,7 +78,7 @@ def corpus_dir():
 @pytest.fixture(scope="session")
 def tiny_data(tmp_path_factory, corpus_dir):
     """A small vocab and seq-64 TFRecords (2 train shards, 1 eval) from the bundled news corpus."""
-    from bert_tf import corpus, pretraining_data as pd, tokenization
+    from bert_tf.data import corpus, pretraining_data as pd, tokenization
 
     root = tmp_path_factory.mktemp("tiny_data")
     inputs = [str(corpus_dir / "lee_background.cor") + "@documents"]

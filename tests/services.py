@@ -369,7 +369,7 @@ def make_demo_workdir(root, corpus_dir):
     """A directory laid out like the checkout for configs/demo.flags's relative paths (run/, configs/,
     hostfiles/, scripts/ linked; data/demo/ made here, small: one corpus file, 2000-word vocabulary),
     so the README's command lines run verbatim without writing into the checkout."""
-    from bert_tf import corpus, pretraining_data as pd, tokenization
+    from bert_tf.data import corpus, pretraining_data as pd, tokenization
 
     root = pathlib.Path(root)
     for name in ("run", "configs", "hostfiles", "scripts", "bert_tf"):

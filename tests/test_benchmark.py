@@ -9,7 +9,9 @@ import types
 
 import pytest
 
-from bert_tf import flops, pretraining, training
+from bert_tf.tools import flops
+from bert_tf.train import training
+from bert_tf.dist import device
 from conftest import REPO, mpi_env
 
 BENCHMARK = REPO / "run" / "benchmark.py"
@@ -39,26 +41,26 @@ def test_device_description_reads_the_cpu_flags_or_names_the_gpus(tmp_path, monk
                        "processor\t: 1\nmodel name\t: Other CPU\nflags\t\t: fpu\n")
     listed = []
     monkeypatch.setattr(flops.tf.config, "list_physical_devices", lambda kind=None: listed.append(kind) or [])
-    assert flops.device_description(str(cpuinfo)) == {
+    assert device.device_description(str(cpuinfo)) == {
         "cpu": "Some Xeon", "cpu_features": ["avx2", "avx512f", "amx_bf16", "amx_tile"], "cpu_count": os.cpu_count()}
     assert listed == ["GPU"]
-    assert flops.device_description(str(tmp_path / "none")) == {"cpu": "unknown CPU", "cpu_features": [],
+    assert device.device_description(str(tmp_path / "none")) == {"cpu": "unknown CPU", "cpu_features": [],
                                                                  "cpu_count": os.cpu_count()}
     gpus = [flops.tf.config.PhysicalDevice(f"/physical_device:GPU:{i}", "GPU") for i in range(2)]
     monkeypatch.setattr(flops.tf.config, "list_physical_devices", lambda kind=None: gpus if kind == "GPU" else [])
     monkeypatch.setattr(flops.tf.config.experimental, "get_device_details",
                         lambda g: {"device_name": "Tesla V100-SXM2-16GB"} if g is gpus[0] else {})
-    assert flops.device_description(str(cpuinfo)) == {"gpus": ["Tesla V100-SXM2-16GB", "/physical_device:GPU:1"]}
+    assert device.device_description(str(cpuinfo)) == {"gpus": ["Tesla V100-SXM2-16GB", "/physical_device:GPU:1"]}
 
 
 def test_precision_warning_names_the_missing_arithmetic_and_the_measured_figure():
     avx2 = {"cpu": "EPYC", "cpu_features": ["avx2"]}
-    warning = pretraining.precision_warning("mixed_float16", avx2, 1.25)
+    warning = device.precision_warning("mixed_float16", avx2, 1.25)
     assert "--precision=mixed_float16" in warning and "avx512_fp16" in warning and "1.25 seq/s" in warning
-    assert "measures" in pretraining.precision_warning("mixed_bfloat16", avx2)
-    assert pretraining.precision_warning("mixed_bfloat16", {"cpu": "x", "cpu_features": ["avx512_bf16"]}) == ""
-    assert pretraining.precision_warning("float32", avx2) == ""
-    assert pretraining.precision_warning("mixed_float16", {"gpus": ["V100"]}) == ""
+    assert "measures" in device.precision_warning("mixed_bfloat16", avx2)
+    assert device.precision_warning("mixed_bfloat16", {"cpu": "x", "cpu_features": ["avx512_bf16"]}) == ""
+    assert device.precision_warning("float32", avx2) == ""
+    assert device.precision_warning("mixed_float16", {"gpus": ["V100"]}) == ""
 
 
 def test_the_library_never_imports_keras():
@@ -140,7 +142,8 @@ def test_the_self_tuned_flagfile_is_taken_by_pretrain_after_the_recipe(tiny_data
 def test_input_headroom_measures_static_and_dynamic_masking(tiny_data, monkeypatch):
     """Each rate is sequences over the seconds they took, of the real pipelines, the dynamic one re-masking:
     on a clock that advances 1 s per reading, with seconds=2.5, three batches of 4 are timed over 4 s."""
-    from bert_tf import input_headroom, input_pipeline
+    from bert_tf.data import input_pipeline
+    from bert_tf.tools import input_headroom
     clock, pipelines = iter(range(1, 1000)), []
     monkeypatch.setattr(input_headroom, "time", types.SimpleNamespace(perf_counter=lambda: float(next(clock))))
     real = input_pipeline.make_dataset
@@ -177,7 +180,7 @@ def test_the_records_rung_counts_the_useful_tokens_of_the_rows_it_timed(tmp_path
     """Records of instances 5..24 tokens long in 64-token rows: at most 24/64 of the rows' tokens are useful."""
     import tensorflow as tf
 
-    from bert_tf import pretraining_data as pd
+    from bert_tf.data import pretraining_data as pd
     from test_packing import random_instances
     config = pd.InstanceConfig(max_seq_length=64, max_predictions_per_seq=10)
     with tf.io.TFRecordWriter(str(tmp_path / "short.tfrecord")) as w:

@@ -10,8 +10,11 @@ import pytest
 import tensorflow as tf
 
 import bert_reference as ref
-from bert_tf import checkpoint_formats as cf
-from bert_tf import ConfigError, modeling, tokenization
+from bert_tf.artifacts import checkpoint_formats as cf
+from bert_tf import ConfigError
+from bert_tf.data import tokenization
+from bert_tf.model import modeling
+from bert_tf.train import pretrain_config
 from conftest import REPO, mpi_env
 
 
@@ -299,8 +302,8 @@ def test_checkpoint_that_does_not_fit_the_run_is_named(google_dir, change, vocab
 
 
 def test_pretrain_refuses_a_vocab_of_another_size_before_writing_anything(tmp_path, hf_dir, tiny_data):
-    from bert_tf import pretraining
-    cfg = pretraining.PretrainConfig(vocab_file=tiny_data["vocab_file"], train_files=tiny_data["train"],
+    from bert_tf.train import pretraining
+    cfg = pretrain_config.PretrainConfig(vocab_file=tiny_data["vocab_file"], train_files=tiny_data["train"],
                                      max_seq_length=64, max_predictions_per_seq=10, total_steps=1,
                                      checkpoint_dir=str(tmp_path / "run"), init_checkpoint=str(hf_dir))
     with pytest.raises(ValueError, match=f"{hf_dir}/model.safetensors: its vocabulary has 211 tokens but the "
@@ -312,10 +315,9 @@ def test_pretrain_refuses_a_vocab_of_another_size_before_writing_anything(tmp_pa
 def test_continue_base_flagfile_names_only_real_flags():
     import dataclasses
 
-    from bert_tf import pretraining
     lines = [l for l in (REPO / "configs" / "continue_base.flags").read_text().splitlines() if l.startswith("--")]
     values = dict(l[2:].partition("=")[::2] for l in lines)
-    assert set(values) <= {f.name for f in dataclasses.fields(pretraining.PretrainConfig)}
+    assert set(values) <= {f.name for f in dataclasses.fields(pretrain_config.PretrainConfig)}
     assert values["init_checkpoint"].endswith("uncased_L-12_H-768_A-12/bert_model.ckpt")
     assert "model_preset" not in values and "bert_config_file" not in values   # the size comes from the checkpoint
 

@@ -3,8 +3,10 @@ configuration errors become one-line messages."""
 import pytest
 from absl import flags
 
-from bert_tf import ConfigError, cli, corpus, modeling
-from bert_tf.comm import CommConfig
+from bert_tf import ConfigError, cli
+from bert_tf.data import corpus
+from bert_tf.model import modeling
+from bert_tf.dist.comm import CommConfig
 
 
 def test_a_configuration_error_becomes_one_line_and_exit_status_1():

@@ -1,4 +1,4 @@
-"""The communication study: its pieces on hand-made numbers (bert_tf/comm_study.py), then a small
+"""The communication study: its pieces on hand-made numbers (bert_tf/tools/comm_study.py), then a small
 case on the emulated cluster: the planner predicts the measured throughput within 25%, fp16
 compression halves the bytes on the link, and without the tools the study says what is missing
 and skips the emulated part."""
@@ -10,9 +10,9 @@ import sys
 
 import pytest
 
-from bert_tf import comm_study, planner
-from bert_tf import emulated_cluster as ec
-from bert_tf.comm import CommConfig
+from bert_tf.tools import comm_study, planner
+from bert_tf.tools import emulated_cluster as ec
+from bert_tf.dist.comm import CommConfig
 from conftest import REPO, mpi_env
 
 STUDY = REPO / "run" / "comm_study.py"

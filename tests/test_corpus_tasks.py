@@ -2,7 +2,8 @@
 dev documents never trained on."""
 import collections
 
-from bert_tf import corpus, corpus_tasks, squad
+from bert_tf.data import corpus
+from bert_tf.tasks import corpus_tasks, squad
 
 
 def test_pairs_and_spans_from_the_bundled_news(corpus_dir):

@@ -15,7 +15,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from bert_tf import ConfigError, corpus, input_pipeline, pretraining_data as pd, tokenization
+from bert_tf import ConfigError
+from bert_tf.data import corpus, input_pipeline, pretraining_data as pd, tokenization
+from bert_tf.train import startup
+from bert_tf.train import pretrain_config
 from conftest import REPO, mpi_env, mpirun
 
 WIKI = "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
@@ -574,7 +577,8 @@ def test_resume_decodes_as_few_records_after_many_updates_as_after_few(created):
 
     def pipeline(rank=0, size=1):
         return input_pipeline.PerRankInput(input_pipeline.make_dataset(
-            files, 8, 64, 10, rank, size, seed=5, shuffle_buffer=64, read=counting_read), 1, gather=lambda b: [b])
+            files, 8, 64, 10, rank, size, seed=5, shuffle_buffer=64, read=counting_read), 1, gather=lambda b: [b],
+        rank=rank, size=size)
     # positions 10 and 1,500 batches (12,000 records: several passes over these files)
     near, far = 10, 1500
     original = pipeline()
@@ -586,13 +590,13 @@ def test_resume_decodes_as_few_records_after_many_updates_as_after_few(created):
             original.capture(positions[consumed], consumed * 8)
             expected[consumed] = [original.next_update()[0]["input_ids"].numpy() for _ in range(3)]
             original = pipeline()                                # back to `consumed`, through a restore too
-            assert original.resume(positions[consumed], 0, 1)
+            assert original.resume(positions[consumed])
     assert int(decoded.numpy()) > far * 8                        # what skipping to `far` would decode
     cost = {}
     for consumed, position in positions.items():
         resumed = pipeline()
         decoded.assign(0)
-        assert resumed.resume(position, 0, 1)
+        assert resumed.resume(position)
         got = [resumed.next_update()[0]["input_ids"].numpy() for _ in range(3)]
         cost[consumed] = int(decoded.numpy())
         for a, b in zip(got, expected[consumed]):
@@ -601,7 +605,7 @@ def test_resume_decodes_as_few_records_after_many_updates_as_after_few(created):
     print("records decoded to resume:", cost)
     assert cost[far] <= 40 * 8 and cost[near] <= 40 * 8, cost
     # saved by 1 rank, resumed by 2: the states do not apply and the caller is told so
-    assert not pipeline(0, 2).resume(positions[near], 0, 2)
+    assert not pipeline(0, 2).resume(positions[near])
 
 
 # ----------------------------------------------------------------------------- dynamic masking
@@ -840,7 +844,7 @@ def test_parquet_arrow_and_zst_corpora_made_by_two_ranks_killed_and_resumed(tmp_
 
 # ----------------------------------------------------------------------------- de-duplication
 class ThreadComm:
-    """mpi4py's alltoall/allgather for ranks that are threads of one process (tests of bert_tf.dedup)."""
+    """mpi4py's alltoall/allgather for ranks that are threads of one process (tests of bert_tf.data.dedup)."""
 
     def __init__(self, rank, board, barrier):
         self.rank, self.board, self.barrier = rank, board, barrier
@@ -867,7 +871,7 @@ class ThreadComm:
 
 def decide_on_ranks(shares_per_rank, documents_too, min_line_repeats):
     import threading
-    from bert_tf import dedup
+    from bert_tf.data import dedup
     n = len(shares_per_rank)
     board, barrier, out = [None] * n, threading.Barrier(n), [None] * n
 
@@ -883,7 +887,7 @@ def decide_on_ranks(shares_per_rank, documents_too, min_line_repeats):
 
 
 def test_dedup_keeps_the_first_copy_in_corpus_order_and_drops_lines_repeated_in_kept_documents():
-    from bert_tf import dedup
+    from bert_tf.data import dedup
     docs = [((0, 0), ["The cat sat.", "See also"]), ((0, 10), ["A dog ran.", "See also"]),
             ((1, 0), ["the  CAT sat.", "see also"]),                    # a copy of (0, 0) after normalising
             ((1, 5), ["Birds fly.", "See  also"]), ((1, 9), ["See also"]),
@@ -975,7 +979,6 @@ def test_full_sentences_pack_whole_consecutive_sentences_across_documents_whatev
 
 
 def test_full_sentence_records_need_mlm_only(tmp_path, vocab_file, corpus_dir):
-    from bert_tf import pretraining
     out = tmp_path / "full"
     subprocess.run([sys.executable, str(REPO / "run" / "create_pretraining_data.py"),
                     f"--input_files={corpus_dir / 'lee_background.cor'}@documents", f"--vocab_file={vocab_file}",
@@ -994,8 +997,8 @@ def test_full_sentence_records_need_mlm_only(tmp_path, vocab_file, corpus_dir):
     base = dict(vocab_file=vocab_file, train_files=str(out / "train-*"), max_seq_length=64,
                 max_predictions_per_seq=10, model_preset="tiny", checkpoint_dir=str(tmp_path / "run"))
     with pytest.raises(ConfigError, match=r"full: its records are FULL-SENTENCES instances .* --mlm_only"):
-        pretraining.check_inputs(pretraining.PretrainConfig(**base), 0, 1)
-    pretraining.check_inputs(pretraining.PretrainConfig(mlm_only=True, **base), 0, 1)
+        startup.check_inputs(pretrain_config.PretrainConfig(**base), 0, 1)
+    startup.check_inputs(pretrain_config.PretrainConfig(mlm_only=True, **base), 0, 1)
 
 
 # ----------------------------------------------------------------------------- inputs that are not text

@@ -377,7 +377,7 @@ def workdir(tmp_path_factory, corpus_dir):
     """The checkout's layout with the data the recipes name: data/demo (services.make_demo_workdir),
     data/wiki and data/domain = data/demo (the recipes' 128/20 shapes; 512/80 records added for
     phase 2), data/corpus, and hostfiles/hosts copied from the cluster example as its README says."""
-    from bert_tf import pretraining_data as pd, tokenization
+    from bert_tf.data import pretraining_data as pd, tokenization
 
     root = services.make_demo_workdir(tmp_path_factory.mktemp("docs_commands"), corpus_dir)
     (root / "data" / "corpus").symlink_to(corpus_dir)
@@ -619,7 +619,7 @@ def test_data_commands_on_the_bundled_wikipedia_excerpt(tmp_path, corpus_dir):
     assert total["ranks"] == 8 and [r["rank"] for r in per_rank] == list(range(8)), total
     # the ranks read disjoint parts that cover the corpus: their documents add up to the total, which
     # is every document of the excerpt (read here in one process); one .bz2 goes whole to one rank
-    from bert_tf import corpus, input_pipeline
+    from bert_tf.data import corpus, input_pipeline
     documents = sum(1 for _ in corpus.read_documents([str(tmp_path / "dump" / "enwiki-excerpt.xml.bz2")]))
     assert documents > 100
     assert sum(r["documents"] for r in per_rank) == total["documents"] == documents, [r["documents"] for r in per_rank]

@@ -10,9 +10,12 @@ import time
 import numpy as np
 import pytest
 
-from bert_tf import ConfigError, elastic
-from bert_tf.metrics import read_metrics, wait_for_record
-from bert_tf import emulated_cluster as ec
+from bert_tf import ConfigError
+from bert_tf.train import elastic
+from bert_tf.artifacts.metrics import read_metrics, wait_for_record
+from bert_tf.tools import emulated_cluster as ec
+from bert_tf.train import startup
+from bert_tf.train import pretrain_config
 from conftest import REPO, mpi_env
 
 PRETRAIN = REPO / "run" / "pretrain.py"
@@ -54,7 +57,8 @@ def test_rank_shares_make_the_exact_mean_of_the_global_batch_at_any_size():
 def test_an_updates_dropout_masks_do_not_depend_on_the_rank_count():
     """Elastic mode keys dropout by the micro-batch's index in the update, so an update replayed on fewer
     ranks after a failure draws the masks the lost one drew (the emulated-cluster test checks its loss)."""
-    from bert_tf import modeling, training
+    from bert_tf.model import modeling
+    from bert_tf.train import training
     model = modeling.BertPretrainer(modeling.BertConfig.preset("tiny", vocab_size=100))
     micro = 6
     # one trainer per rank slot, started like pretraining's (seed stream = rank), resized through the sizes
@@ -77,18 +81,17 @@ def test_an_updates_dropout_masks_do_not_depend_on_the_rank_count():
 
 
 def test_elastic_flags_are_checked_at_start_up(tmp_path):
-    from bert_tf import pretraining
     base = dict(vocab_file="v", checkpoint_dir=str(tmp_path), batch_size=4)
     with pytest.raises(ConfigError, match="--elastic needs --global_batch"):
-        pretraining.PretrainConfig(elastic=True, **base)
+        pretrain_config.PretrainConfig(elastic=True, **base)
     with pytest.raises(ConfigError, match="--global_batch=30 must be a positive multiple of --batch_size=4"):
-        pretraining.PretrainConfig(elastic=True, global_batch=30, **base)
+        pretrain_config.PretrainConfig(elastic=True, global_batch=30, **base)
     with pytest.raises(ConfigError, match="--elastic_commit_interval must be >= 1"):
-        pretraining.PretrainConfig(elastic=True, global_batch=32, elastic_commit_interval=0, **base)
+        pretrain_config.PretrainConfig(elastic=True, global_batch=32, elastic_commit_interval=0, **base)
     with pytest.raises(ConfigError, match="--accumulation_steps=4 with --elastic"):
-        pretraining.PretrainConfig(elastic=True, global_batch=32, accumulation_steps=4, **base)
+        pretrain_config.PretrainConfig(elastic=True, global_batch=32, accumulation_steps=4, **base)
     with pytest.raises(ConfigError, match="--global_batch is for --elastic"):
-        pretraining.PretrainConfig(global_batch=32, **base)
+        pretrain_config.PretrainConfig(global_batch=32, **base)
 
 
 def test_pretrain_with_elastic_but_not_launched_elastically_fails_at_once(tmp_path, tiny_data):
@@ -122,7 +125,7 @@ def test_shared_stream_after_a_resize_replays_what_was_not_committed_and_skips_n
     """The guarantee of elastic.SharedStream, exactly: the micro-batches behind the weights are the
     stream's, in order, whatever the sizes; a failure replays the lost updates' micro-batches."""
     import tensorflow as tf
-    from bert_tf import input_pipeline as ip
+    from bert_tf.data import input_pipeline as ip
     files = _write_records(tmp_path)
     batch, micro = 4, 6                               # global batch 24
 
@@ -189,11 +192,11 @@ def test_shared_stream_after_a_resize_replays_what_was_not_committed_and_skips_n
     loaded = ip.InputPosition()
     tf.train.Checkpoint(input_position=loaded).read(path).assert_consumed()
     resumed = stream()
-    assert resumed.resume(loaded, 0, 1) and int(loaded.samples_seen.numpy()) == 24 * 7
+    assert resumed.resume(loaded) and int(loaded.samples_seen.numpy()) == 24 * 7
     assert update([resumed], 1) == order[len(trained):len(trained) + micro]
     # a run without --elastic cannot use it: a fresh pass instead (pretraining says so)
     static = ip.PerRankInput(tf.data.Dataset.range(3), 1, gather=lambda b: [b])
-    assert not static.resume(loaded, 0, 1) and loaded.saved_by() == "elastic mode's shared stream"
+    assert not static.resume(loaded) and loaded.saved_by() == "elastic mode's shared stream"
     # nor the other way round
     static.capture(position, 5)
     assert not resumed.resume(position) and position.saved_by() == "1 ranks"
@@ -203,7 +206,8 @@ def test_an_elastic_checkpoint_from_before_the_shared_flag_still_resumes_the_str
     """Elastic checkpoints written before InputPosition.shared marked the shared stream with ranks = -1:
     restoring one takes the variables it has and reads it as the shared stream's position."""
     import tensorflow as tf
-    from bert_tf import checkpointing, input_pipeline as ip
+    from bert_tf.artifacts import checkpointing
+    from bert_tf.data import input_pipeline as ip
     files = _write_records(tmp_path, files=1)
     stream = elastic.SharedStream(elastic.make_shared_stream(files, 4, seed=7, shuffle_buffer=8), 16, 3)
     stream.next_update()
@@ -495,8 +499,9 @@ def test_one_process_drives_the_elastic_loop_through_a_lost_rank_and_an_added_ho
     to the end. The share follows each formation and the input resumes exactly at the commit: after
     20 updates the stream stands at micro-batch 80 of its own order."""
     import tensorflow as tf
-    from bert_tf import distributed, pretraining
-    cfg = pretraining.PretrainConfig(
+    from bert_tf.dist import distributed
+    from bert_tf.train import pretraining
+    cfg = pretrain_config.PretrainConfig(
         model_preset="tiny", vocab_file=tiny_data["vocab_file"], train_files=tiny_data["train"],
         eval_files=tiny_data["eval"], max_seq_length=64, max_predictions_per_seq=10, batch_size=4,
         elastic=True, global_batch=16, elastic_commit_interval=5, total_steps=20, log_interval=1,
@@ -504,7 +509,7 @@ def test_one_process_drives_the_elastic_loop_through_a_lost_rank_and_an_added_ho
     distributed.init()
     lines = []
     log = lambda *a, **k: lines.append(" ".join(map(str, a)))  # noqa: E731
-    job = pretraining.build(cfg, log)
+    job = startup.build(cfg, log)
     world = FakeWorld(sizes=[2, 1, 2], fail_at_allreduce=7, grow_at_step=15)
     world.trainer = job.trainer
     last = elastic.Elastic(cfg, job, log, world=world).run(lambda mode: pretraining.train(cfg, job, mode))
@@ -520,7 +525,7 @@ def test_one_process_drives_the_elastic_loop_through_a_lost_rank_and_an_added_ho
         [(s, 8) for s in range(16, 21)], trained
     assert job.trainer.indices == [0, 2] and job.trainer.rank_micro_batches == 2
     # replayed, never skipped: the stream's next micro-batch is number 80 of its own order
-    from bert_tf import input_pipeline
+    from bert_tf.data import input_pipeline
     reference = elastic.make_shared_stream(input_pipeline.list_files(tiny_data["train"]), 4, seed=cfg.seed)
     expected = next(iter(reference.skip(80)))
     job.input.set_share(0, 1, 1)
@@ -537,15 +542,16 @@ def test_elastic_mode_rolls_a_run_of_skipped_updates_back_to_the_last_commit(tin
     non-finite gradients and skipped updates); with --max_skipped_updates=3 the log of step 9 rolls the
     weights back to the commit of step 5 (no commit waited in between: they wait while the guard
     suspects), the stream goes on past the poisoned batches and the run ends at step 20."""
-    from bert_tf import distributed, pretraining
-    cfg = pretraining.PretrainConfig(
+    from bert_tf.dist import distributed
+    from bert_tf.train import pretraining
+    cfg = pretrain_config.PretrainConfig(
         model_preset="tiny", vocab_file=tiny_data["vocab_file"], train_files=tiny_data["train"],
         max_seq_length=64, max_predictions_per_seq=10, batch_size=4, elastic=True, global_batch=4,
         elastic_commit_interval=5, total_steps=20, log_interval=1, save_interval=50, max_skipped_updates=3,
         checkpoint_dir=str(tmp_path))
     distributed.init()
     lines = []
-    job = pretraining.build(cfg, lambda *a, **k: lines.append(" ".join(map(str, a))))
+    job = startup.build(cfg, lambda *a, **k: lines.append(" ".join(map(str, a))))
 
     class Poisoned:
         def __init__(self, inner):

@@ -9,7 +9,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from bert_tf import checkpointing, classification, modeling, tokenization, training
+from bert_tf.artifacts import checkpointing
+from bert_tf.data import tokenization
+from bert_tf.model import modeling
+from bert_tf.tasks import classification
+from bert_tf.train import training
 from conftest import REPO, WORKERS, mpi_env, mpirun, read_rank_results
 
 VOCAB = tokenization.google_reserved_tokens() + ["good", "bad", "great", "awful", "movie", "plot", "the", "was"]
@@ -175,7 +179,7 @@ def test_finetuning_on_two_ranks_keeps_identical_weights(tmp_path, monkeypatch):
 
 
 def test_fine_tuning_batches_reshuffle_each_epoch_and_split_the_ranks_disjointly():
-    from bert_tf import finetuning
+    from bert_tf.tasks import finetuning
     n, batch, size = 20, 3, 2                  # 3 updates per epoch on each rank: 18 of 20 rows
     ranks = [list(finetuning.batch_rows(n, batch, total=7, seed=5, rank=r, size=size)) for r in range(size)]
     assert [len(r) for r in ranks] == [7, 7] and all(len(rows) == batch for r in ranks for rows in r)

@@ -8,7 +8,9 @@ import transformers  # the oracle (requirements-dev.txt)
 from safetensors.numpy import load_file
 from transformers.modeling_tf_pytorch_utils import load_pytorch_state_dict_in_tf2_model
 
-from bert_tf import checkpoint_formats, classification, finetuning, modeling, squad
+from bert_tf.artifacts import checkpoint_formats
+from bert_tf.model import modeling
+from bert_tf.tasks import classification, finetuning, squad
 from conftest import random_features
 
 

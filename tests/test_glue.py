@@ -4,7 +4,8 @@ import sys
 
 import pytest
 
-from bert_tf import ConfigError, glue
+from bert_tf import ConfigError
+from bert_tf.tasks import glue
 
 # header row (None: the file has none) and rows of each split, in each task's columns as distributed
 LAYOUT = {
@@ -213,7 +214,8 @@ def test_every_task_trains_predicts_scores_and_writes_its_submission_under_mpiru
     import json
     import subprocess
     from conftest import REPO, mpirun
-    from bert_tf import modeling, tokenization
+    from bert_tf.data import tokenization
+    from bert_tf.model import modeling
     data = write_glue(tmp_path / "glue", grown_layout(16))
     config = tmp_path / "bert_config.json"
     vocab = len(tokenization.Tokenizer.from_file(tiny_data["vocab_file"]))
@@ -255,7 +257,10 @@ def test_a_sweep_with_seeds_summarises_each_setting_and_selects_on_dev(tiny_data
     """2 batch sizes x 2 seeds on MRPC (two metrics): each setting's metrics summarised over
     its seeds, the setting with the best median dev score selected, its best seed's test predictions kept."""
     import statistics
-    from bert_tf import distributed, finetuning, modeling, tokenization
+    from bert_tf.data import tokenization
+    from bert_tf.dist import distributed
+    from bert_tf.model import modeling
+    from bert_tf.tasks import finetuning
     distributed.init()
     data = write_glue(tmp_path / "glue", grown_layout(16))
     tokenizer = tokenization.Tokenizer.from_file(tiny_data["vocab_file"])

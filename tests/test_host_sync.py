@@ -7,7 +7,11 @@ import pytest
 import tensorflow as tf
 from tensorflow.python.framework import ops
 
-from bert_tf import distributed, modeling, pretraining, training
+from bert_tf.dist import distributed
+from bert_tf.model import modeling
+from bert_tf.train import pretraining, training
+from bert_tf.train import startup
+from bert_tf.train import pretrain_config
 from conftest import random_features
 
 
@@ -42,7 +46,7 @@ def test_the_counter_sees_a_fetch():
 @pytest.mark.parametrize("precision,comm", [("float32", {}), ("mixed_float16", {}),
                                             ("float32", {"allreduce_every_micro_batch": True})])
 def test_an_update_fetches_nothing_from_the_device(precision, comm):
-    from bert_tf.comm import CommConfig
+    from bert_tf.dist.comm import CommConfig
     tf.random.set_seed(0)
     model = modeling.BertPretrainer(modeling.BertConfig.preset("tiny", vocab_size=100))
     trainer = training.Trainer(model, training.TrainConfig(precision=precision, accumulation_steps=3,
@@ -71,19 +75,19 @@ def test_dropout_seeds_differ_per_micro_batch_update_and_rank():
 
 def _loop_counts(tiny_data, tmp_path, total_steps, log_interval, accumulation_steps):
     """(fetches, stop agreements) of pretraining.train over one run from step 0."""
-    cfg = pretraining.PretrainConfig(
+    cfg = pretrain_config.PretrainConfig(
         model_preset="tiny", vocab_file=tiny_data["vocab_file"], train_files=tiny_data["train"],
         max_seq_length=64, max_predictions_per_seq=10, batch_size=2, accumulation_steps=accumulation_steps,
         total_steps=total_steps, log_interval=log_interval, save_interval=10 ** 6, stop_check_interval=4,
         checkpoint_dir=str(tmp_path))
     distributed.init()
-    job = pretraining.build(cfg, lambda *a, **k: None)
+    job = startup.build(cfg, lambda *a, **k: None)
     trainer = job.trainer
     trainer.train_step(job.input.next_update())               # compile outside the count
     trainer.step.assign(0)
     with fetches() as n, counting(distributed, "any_rank") as agreements:
         with pretraining.StopSignal() as stop:
-            pretraining.train(cfg, job, pretraining.Static(stop, 0, lambda *a, **k: None, cfg.stop_check_interval))
+            pretraining.train(cfg, job, pretraining.Static(stop, job, lambda *a, **k: None, cfg.stop_check_interval))
     return n[0], agreements[0]
 
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from bert_tf import modeling
+from bert_tf.model import modeling
 from conftest import random_features
 
 

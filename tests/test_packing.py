@@ -8,7 +8,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from bert_tf import ConfigError, input_pipeline, modeling, pretraining_data as pd, tokenization
+from bert_tf import ConfigError
+from bert_tf.data import input_pipeline, pretraining_data as pd, tokenization
+from bert_tf.model import modeling
+from bert_tf.train import pretrain_config
 
 SPECIAL = {"CLS": 1, "SEP": 2, "MASK": 3}
 
@@ -115,7 +118,7 @@ def test_packing_options_and_layouts_are_checked(tmp_path):
 @pytest.fixture(scope="module")
 def bundled_records(tmp_path_factory, corpus_dir):
     """The bundled news corpus as records at sequence 128 and 512, one instance per row and packed."""
-    from bert_tf import corpus
+    from bert_tf.data import corpus
     root = tmp_path_factory.mktemp("packing")
     inputs = [str(corpus_dir / "lee_background.cor") + "@documents"]
     docs = list(corpus.read_documents(inputs))
@@ -148,12 +151,12 @@ def test_packing_the_bundled_corpus_keeps_its_instances_and_cuts_its_padding(bun
 def test_pretraining_reads_packed_records_and_counts_instances_and_useful_tokens(tiny_data, corpus_dir, tmp_path):
     """tiny_data's corpus made again with --pack=3 (seq 64): a short run trains and evaluates on it and
     logs instances/s above rows/s."""
-    from bert_tf import pretraining
+    from bert_tf.train import pretraining
     inputs = [str(corpus_dir / "lee_background.cor") + "@documents"]
     tokenizer = tokenization.Tokenizer.from_file(tiny_data["vocab_file"])
     config = pd.InstanceConfig(max_seq_length=64, max_predictions_per_seq=10, dupe_factor=1, random_seed=3, pack=3)
     pd.create_pretraining_data(inputs, "auto", tokenizer, str(tmp_path / "data"), config, heldout_fraction=0.1)
-    cfg = pretraining.PretrainConfig(
+    cfg = pretrain_config.PretrainConfig(
         model_preset="tiny", vocab_file=tiny_data["vocab_file"], train_files=str(tmp_path / "data" / "train-*"),
         eval_files=str(tmp_path / "data" / "eval-*"), max_seq_length=64, max_predictions_per_seq=10, batch_size=4,
         total_steps=4, log_interval=2, eval_batches=2, learning_rate=1e-3, checkpoint_dir=str(tmp_path / "run"))

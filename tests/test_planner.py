@@ -6,8 +6,10 @@ import sys
 
 import pytest
 
-from bert_tf import ConfigError, comm_study, modeling, planner
-from bert_tf.comm import CommConfig
+from bert_tf import ConfigError
+from bert_tf.model import modeling
+from bert_tf.tools import comm_study, planner
+from bert_tf.dist.comm import CommConfig
 from conftest import REPO, mpi_env
 
 

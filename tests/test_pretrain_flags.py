@@ -7,7 +7,11 @@ import sys
 
 import pytest
 
-from bert_tf import ConfigError, comm, pretraining
+from bert_tf import ConfigError
+from bert_tf.dist import comm
+from bert_tf.train import pretraining
+from bert_tf.train import startup
+from bert_tf.train import pretrain_config
 from conftest import REPO, mpi_env
 
 
@@ -18,7 +22,7 @@ def config(tiny_data, tmp_path, **overrides):
     values.update(overrides)
     if isinstance(values.get("comm"), dict):
         values["comm"] = comm.CommConfig(**values["comm"])
-    return pretraining.PretrainConfig(**values)
+    return pretrain_config.PretrainConfig(**values)
 
 
 BAD_CONFIGURATIONS = [
@@ -39,7 +43,7 @@ BAD_CONFIGURATIONS = [
 
 
 def test_thread_pools_default_to_a_fair_share_of_the_cores_and_flags_override_each():
-    from bert_tf.distributed import cpu_threads
+    from bert_tf.dist.distributed import cpu_threads
     assert cpu_threads(1, cores=2) == (2, 2) and cpu_threads(2, cores=2) == (1, 2)
     assert cpu_threads(3, cores=2) == (1, 2) and cpu_threads(4, cores=32) == (8, 2)
     assert cpu_threads(2, intra_op_threads=2, cores=2) == (2, 2)
@@ -63,13 +67,13 @@ def test_dry_run_finds_what_a_run_would_stop_at_and_writes_nothing(tiny_data, tm
     (tmp_path / "a_file").write_text("not a folder\n")
     overrides = {k: v.format(tmp=tmp_path) if isinstance(v, str) else v for k, v in overrides.items()}
     with pytest.raises(ConfigError, match=error):
-        pretraining.dry_run(config(tiny_data, tmp_path, **overrides))
+        startup.dry_run(config(tiny_data, tmp_path, **overrides))
     assert not (tmp_path / "ckpt").exists()
 
 
 def test_dry_run_says_what_the_run_would_be(tiny_data, tmp_path):
     lines = []
-    pretraining.dry_run(config(tiny_data, tmp_path, batch_size=3, accumulation_steps=5), log=lines.append)
+    startup.dry_run(config(tiny_data, tmp_path, batch_size=3, accumulation_steps=5), log=lines.append)
     vocab = len(open(tiny_data["vocab_file"]).read().splitlines())
     train, evaluation = len(glob.glob(tiny_data["train"])), len(glob.glob(tiny_data["eval"]))
     assert train >= 2 and evaluation >= 1
@@ -111,7 +115,7 @@ def test_recipes_give_their_stated_global_batch():
                 key, _, value = line[2:].partition("=")
                 values[key] = value
         return values
-    known = {f.name for f in dataclasses.fields(pretraining.PretrainConfig) if f.name != "comm"}
+    known = {f.name for f in dataclasses.fields(pretrain_config.PretrainConfig) if f.name != "comm"}
     known |= {f.name for f in dataclasses.fields(comm.CommConfig)}
     for model in ("base", "large"):
         for phase, batch in (("phase1", 61440), ("phase2", 30720)):

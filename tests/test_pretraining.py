@@ -8,7 +8,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from bert_tf import ConfigError, distributed, divergence, modeling, pretraining, training
+from bert_tf import ConfigError
+from bert_tf.dist import distributed
+from bert_tf.model import modeling
+from bert_tf.train import divergence, pretraining, training
+from bert_tf.train import pretrain_config
 
 
 def test_stop_signal_remembers_a_signal_and_puts_the_old_handlers_back():
@@ -51,7 +55,7 @@ def test_interval_metrics_average_losses_and_count_accuracies_over_the_interval(
 def test_wait_for_record_returns_the_first_match_and_says_why_it_gave_up(tmp_path):
     import subprocess
     import sys
-    from bert_tf.metrics import wait_for_record
+    from bert_tf.artifacts.metrics import wait_for_record
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"kind": "train", "step": 1}\n{"kind": "train", "step": 2}\n{"kind": "tr')  # last line half-written
     assert wait_for_record(path, lambda r: r["step"] >= 1)["step"] == 1
@@ -108,7 +112,7 @@ def read_wandb_run(folder):
 
 
 def test_a_metrics_writer_that_is_not_rank_0_writes_nothing(tmp_path):
-    from bert_tf import metrics
+    from bert_tf.artifacts import metrics
     writer = metrics.MetricsWriter(str(tmp_path / "run"), active=False, wandb_project="p", wandb_mode="offline")
     writer.write({"kind": "train", "step": 1, "loss": 2.0})
     writer.close()
@@ -122,7 +126,7 @@ def test_a_short_run_logs_saves_and_restores_the_signal_handlers(tiny_data, tmp_
         pass
     previous = signal.signal(signal.SIGTERM, sentinel)
     try:
-        cfg = pretraining.PretrainConfig(
+        cfg = pretrain_config.PretrainConfig(
             model_preset="tiny", vocab_file=tiny_data["vocab_file"], train_files=tiny_data["train"],
             eval_files=tiny_data["eval"], max_seq_length=64, max_predictions_per_seq=10, batch_size=4,
             accumulation_steps=2, fit_micro_batch=2, total_steps=3, log_interval=2, eval_batches=2,
@@ -162,7 +166,7 @@ def test_a_checkpoint_from_before_the_input_position_resumes_from_its_json_with_
     `samples_seen` in the JSON beside them: resuming takes the count from there and says the input
     starts a fresh pass (nothing to seek to), instead of failing or restarting the count at zero."""
     def config(directory, total_steps):
-        return pretraining.PretrainConfig(
+        return pretrain_config.PretrainConfig(
             model_preset="tiny", vocab_file=tiny_data["vocab_file"], train_files=tiny_data["train"],
             eval_files=tiny_data["eval"], max_seq_length=64, max_predictions_per_seq=10, batch_size=4,
             total_steps=total_steps, log_interval=1, eval_batches=1, checkpoint_dir=str(directory))
@@ -207,7 +211,8 @@ def _guarded_run(tiny_data, tmp_path, monkeypatch, inject, **overrides):
     """A tiny run whose input `inject(call, features) -> features` may poison (or set `boost`, the
     learning rate multiplier the schedule is patched with); returns (last record, metrics records,
     [(checkpoint, weights equal its values)] for each rollback)."""
-    from bert_tf import checkpointing, optimization
+    from bert_tf.artifacts import checkpointing
+    from bert_tf.train import optimization
     boost = tf.Variable(1.0, trainable=False)
     real_lr = optimization.learning_rate
     monkeypatch.setattr(optimization, "learning_rate", lambda *a, **k: real_lr(*a, **k) * boost)
@@ -228,8 +233,9 @@ def _guarded_run(tiny_data, tmp_path, monkeypatch, inject, **overrides):
         job.input = Injected(job.input)
         return real_train(cfg, job, mode)
 
-    def spy_rollback(self, job, before_step=None):
-        target = real_rollback(self, job, before_step)
+    def spy_rollback(self, before_step=None):
+        job = self.job
+        target = real_rollback(self, before_step)
         path = str(tmp_path / target)
         stored = {k: tf.train.load_variable(path, checkpointing.variable_key("model", k))
                   for k in checkpointing.module_variables(job.trainer.model)}
@@ -243,7 +249,7 @@ def _guarded_run(tiny_data, tmp_path, monkeypatch, inject, **overrides):
                     warmup_steps=5, total_steps=60, log_interval=2, save_interval=10, checkpoint_dir=str(tmp_path))
     settings.update(overrides)
     logs = []
-    _, last = pretraining.run(pretraining.PretrainConfig(**settings), log=logs.append)
+    _, last = pretraining.run(pretrain_config.PretrainConfig(**settings), log=logs.append)
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     return last, records, checks, logs
 
@@ -296,12 +302,12 @@ def _tiny(tiny_data, folder, **overrides):
                     learning_rate=1e-3, warmup_steps=100, total_steps=10000, log_interval=5, save_interval=50,
                     eval_batches=2, checkpoint_dir=str(folder))
     settings.update(overrides)
-    return pretraining.PretrainConfig(**settings)
+    return pretrain_config.PretrainConfig(**settings)
 
 
 def test_a_time_budget_stretches_the_schedule_over_the_clock_and_a_restart_spends_only_what_is_left(tiny_data,
                                                                                                    tmp_path):
-    from bert_tf import checkpointing
+    from bert_tf.artifacts import checkpointing
     budget_s = 10.0
     logs = []
     # every update logged: the peak learning rate is seen even where compilation leaves few updates in 10 s
@@ -350,11 +356,11 @@ def test_a_target_mlm_accuracy_stops_the_run_and_logs_the_time_to_train(tiny_dat
 
 def test_wall_clock_flags_are_checked_at_start():
     with pytest.raises(ConfigError, match="--target_mlm_accuracy needs --eval_files and --eval_interval"):
-        pretraining.PretrainConfig(checkpoint_dir="x", vocab_file="v", target_mlm_accuracy=0.5, eval_files="e")
+        pretrain_config.PretrainConfig(checkpoint_dir="x", vocab_file="v", target_mlm_accuracy=0.5, eval_files="e")
     with pytest.raises(ConfigError, match="--time_budget_hours with --elastic: not supported"):
-        pretraining.PretrainConfig(checkpoint_dir="x", vocab_file="v", time_budget_hours=1, elastic=True,
+        pretrain_config.PretrainConfig(checkpoint_dir="x", vocab_file="v", time_budget_hours=1, elastic=True,
                                    global_batch=8)
     with pytest.raises(ConfigError, match="--recompute=all: valid are none, layer"):
-        pretraining.PretrainConfig(checkpoint_dir="x", vocab_file="v", recompute="all")
+        pretrain_config.PretrainConfig(checkpoint_dir="x", vocab_file="v", recompute="all")
     with pytest.raises(ConfigError, match=r"--target_mlm_accuracy must be in \[0, 1\)"):
-        pretraining.PretrainConfig(checkpoint_dir="x", vocab_file="v", target_mlm_accuracy=1.5)
+        pretrain_config.PretrainConfig(checkpoint_dir="x", vocab_file="v", target_mlm_accuracy=1.5)

@@ -7,7 +7,9 @@ import sys
 import numpy as np
 import pytest
 
-from bert_tf import ConfigError, squad, tokenization
+from bert_tf import ConfigError
+from bert_tf.data import tokenization
+from bert_tf.tasks import squad
 from conftest import REPO, mpirun
 
 WORDS = ["the", "denver", "broncos", "won", "super", "bowl", "50", "in", "2016", "smith", "steve", "'", "s",
@@ -135,7 +137,7 @@ def test_answers_from_logits_v1_and_the_null_score_of_v2():
 def test_both_versions_train_predict_and_score_end_to_end(tiny_data, tmp_path):
     """run/squad.py on official-layout files with a tiny random-init BERT: v1.1 under mpirun on 2 ranks,
     v2.0 in one process; every question predicted, the official files written, the scores reported."""
-    from bert_tf import modeling
+    from bert_tf.model import modeling
     vocab_size = len(tokenization.Tokenizer.from_file(tiny_data["vocab_file"]))
     config = tmp_path / "bert_config.json"
     modeling.BertConfig.preset("tiny", vocab_size=vocab_size).to_json_file(str(config))

@@ -4,7 +4,7 @@ import random
 import pytest
 from transformers.data.metrics import squad_metrics as official   # the oracle (requirements-dev.txt)
 
-from bert_tf import squad_scoring as sq
+from bert_tf.tasks import squad_scoring as sq
 
 
 def test_normalisation_and_token_f1_by_hand():

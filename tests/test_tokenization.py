@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from bert_tf import tokenization
+from bert_tf.data import tokenization
 from conftest import REPO, mpi_env
 
 
@@ -121,8 +121,8 @@ def test_library_backend_equals_the_python_rules_on_random_unicode_text(backend)
 @pytest.mark.cluster
 @pytest.mark.parametrize("backend", ["tensorflow_text", "rust"])
 def test_the_shipped_departure_table_is_what_a_scan_of_every_code_point_finds(backend):
-    """bert_tf/tokenizer_departures.py against a fresh scan (about 1 min, 5 GB) with the pinned library."""
-    from bert_tf import tokenizer_departures
+    """bert_tf/data/tokenizer_departures.py against a fresh scan (about 1 min, 5 GB) with the pinned library."""
+    from bert_tf.data import tokenizer_departures
     table = tokenizer_departures.TABLES[backend]
     assert table["versions"] == tokenization.library_versions(backend)
     assert tokenization.scan_departures(backend) == list(table["ranges"])

@@ -6,8 +6,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from bert_tf import ConfigError, checkpointing, modeling, optimization, training
-from bert_tf.comm import CommConfig
+from bert_tf import ConfigError
+from bert_tf.artifacts import checkpointing
+from bert_tf.model import modeling
+from bert_tf.train import optimization, training
+from bert_tf.dist.comm import CommConfig
 from conftest import random_features
 
 NO_DROPOUT = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
@@ -353,7 +356,7 @@ import glob, json, os, sys
 import numpy as np
 import tensorflow as tf
 sys.path.insert(0, sys.argv[1])
-from bert_tf import training
+from bert_tf.train import training
 from test_training import features, tiny_model
 batch = features(batch=4, seq=16, preds=3)
 out, clustered = {}, {}

@@ -8,7 +8,10 @@ import sys
 import numpy as np
 import tensorflow as tf
 
-from bert_tf import distributed, input_pipeline, modeling, training
+from bert_tf.data import input_pipeline
+from bert_tf.dist import distributed
+from bert_tf.model import modeling
+from bert_tf.train import training
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from conftest import random_features  # noqa: E402

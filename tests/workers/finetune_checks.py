@@ -4,7 +4,10 @@ import json
 import os
 import sys
 
-from bert_tf import classification, distributed, modeling, tokenization
+from bert_tf.data import tokenization
+from bert_tf.dist import distributed
+from bert_tf.model import modeling
+from bert_tf.tasks import classification
 
 out_dir = sys.argv[1]
 hvd = distributed.init()

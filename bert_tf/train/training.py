@@ -41,8 +41,9 @@ import time
 
 import tensorflow as tf
 
-from bert_tf import ConfigError, optimization
-from bert_tf.comm import CommConfig
+from bert_tf import ConfigError
+from bert_tf.train import optimization
+from bert_tf.dist.comm import CommConfig
 
 POLICIES = {"float32": tf.float32, "mixed_bfloat16": tf.bfloat16, "mixed_float16": tf.float16}
 

@@ -254,14 +254,14 @@ def library_versions(backend):
 @functools.lru_cache(maxsize=None)
 def departures(backend):
     """The characters `backend` hands to the Python rules (a frozenset of str): private use and the
-    ranges bert_tf.tokenizer_departures lists for it; None when that table was scanned for other
+    ranges bert_tf.data.tokenizer_departures lists for it; None when that table was scanned for other
     library or Unicode versions than these (then every sentence takes the Python rules, with a warning)."""
     import warnings
 
-    from bert_tf import tokenizer_departures
+    from bert_tf.data import tokenizer_departures
     table = tokenizer_departures.TABLES[backend]
     if library_versions(backend) != table["versions"]:
-        warnings.warn(f"bert_tf.tokenizer_departures lists {backend}'s departures for versions {table['versions']}, "
+        warnings.warn(f"bert_tf.data.tokenizer_departures lists {backend}'s departures for versions {table['versions']}, "
                       f"not {library_versions(backend)}: tokenising with the (slower) Python rules; "
                       f"`python run/tokenizer_agreement.py --write_departures` scans again")
         return None

@@ -21,13 +21,12 @@ backend does not use those kernels, so an XLA-only peak understates what the har
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 
 import tensorflow as tf
 
-from bert_tf import machine_load
-from bert_tf.modeling import BertConfig
+from bert_tf.tools import machine_load
+from bert_tf.model.modeling import BertConfig
 
 
 def forward_flops_per_sequence(config: BertConfig, seq_length: int, predictions: int, nsp: bool = True) -> float:
@@ -103,24 +102,3 @@ def hardware_peak(peaks: dict):
     return max((value, name, way) for name, ways in peaks.items() for way, value in ways.items())
 
 
-CPU_FEATURES = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_fp16", "amx_tile")
-
-
-def device_description(cpuinfo="/proc/cpuinfo") -> dict:
-    """What the ladder ran on: the GPU names if TensorFlow sees any, else the CPU model and
-    which of CPU_FEATURES its flags include."""
-    gpus = tf.config.list_physical_devices("GPU")
-    if gpus:
-        return {"gpus": [tf.config.experimental.get_device_details(g).get("device_name", g.name) for g in gpus]}
-    model, found = "unknown CPU", []
-    if os.path.exists(cpuinfo):
-        with open(cpuinfo) as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key.strip() == "model name" and model == "unknown CPU":
-                    model = value.strip()
-                elif key.strip() == "flags":
-                    flags = set(value.split())
-                    found = [name for name in CPU_FEATURES if name in flags]
-                    break
-    return {"cpu": model, "cpu_features": found, "cpu_count": os.cpu_count()}

@@ -11,7 +11,7 @@ import queue
 import tensorflow as tf
 
 from bert_tf import ConfigError
-from bert_tf.comm import CommConfig
+from bert_tf.dist.comm import CommConfig
 
 # CommConfig field (and flag) -> Horovod environment variable. Values set by horovodrun (or the user's
 # environment) win over flags; `configure` reports which value is in force.
@@ -224,7 +224,7 @@ def any_rank(flag: bool) -> bool:
 
 
 class ElasticWorld:
-    """What elastic mode (bert_tf/elastic.py) needs of Horovod's elastic runtime, in one place, so the
+    """What elastic mode (bert_tf/train/elastic.py) needs of Horovod's elastic runtime, in one place, so the
     loop can be driven by a stand-in in one process (tests/test_elastic.py). `Failure` is what a
     collective with a lost peer raises (Horovod's words; TensorFlow op errors naming Horovod or Gloo
     count too: elastic.is_collective_failure); `HostsUpdated` is raised by `check_host_updates` on every

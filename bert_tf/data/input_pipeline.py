@@ -12,20 +12,20 @@ states do not apply: the input starts a fresh pass, reshuffled with a seed taken
 step; ranks are disjoint in it and each record is read once per pass, but records the old
 ranks read in their unfinished pass can be read again (at most once more each).
 
-The loop reads an update at a time through one interface, `next_update()` (this rank's micro-batches
-of the next update), `capture(position, samples_seen)` and `resume(position, rank, size)`: `PerRankInput` here
+The loop reads an update at a time through one interface, `TrainingInput`: `PerRankInput` here
 for static runs, `elastic.SharedStream` for --elastic (every rank reads one shared stream, so the
-rank count may change between updates; bert_tf/elastic.py says how).
+rank count may change between updates; bert_tf/train/elastic.py says how).
 """
 from __future__ import annotations
 
 import glob
 import os
+from typing import Protocol, runtime_checkable
 
 import tensorflow as tf
 
 from bert_tf import ConfigError
-from bert_tf.pretraining_data import feature_spec
+from bert_tf.data.pretraining_data import feature_spec
 
 # Verify every record of a rank's files at start-up when they are this small in total;
 # larger inputs get a first-record check, and a corrupt file is named when it is hit.
@@ -227,14 +227,31 @@ def restore_iterator(iterator, state: bytes):
     iterator._restore_from_tensors({"_STATE": tf.io.parse_tensor(state, tf.variant)})
 
 
+@runtime_checkable
+class TrainingInput(Protocol):
+    """What the pre-training loop reads: `PerRankInput` (static runs) and `elastic.SharedStream`
+    (--elastic) both satisfy it (tests/test_pretraining.py)."""
+
+    def next_update(self) -> list:
+        """This rank's micro-batches of the next update (feature dicts)."""
+
+    def capture(self, position: "InputPosition", samples_seen: int) -> None:
+        """Store the position into `position` before a save (a collective where the input says so)."""
+
+    def resume(self, position: "InputPosition") -> bool:
+        """Continue from a restored `position`; False when it does not apply (a fresh pass follows)."""
+
+
 class PerRankInput:
     """Static runs' input: this rank's `make_dataset` pipeline; an update is its next
     `rank_micro_batches` batches (--accumulation_steps). Its position is every rank's iterator state,
     gathered to the checkpoint writer."""
 
-    def __init__(self, dataset, rank_micro_batches, gather):
-        """gather(bytes) -> [every rank's bytes] (a collective: distributed.gather_bytes)."""
+    def __init__(self, dataset, rank_micro_batches, gather, rank=0, size=1):
+        """gather(bytes) -> [every rank's bytes] (a collective: distributed.gather_bytes); rank, size:
+        whose pipeline this is (`make_dataset`'s)."""
         self.dataset, self.rank_micro_batches, self.gather = dataset, rank_micro_batches, gather
+        self.rank, self.size = rank, size
         self.iterator = iter(dataset)
 
     def next_update(self):
@@ -244,13 +261,13 @@ class PerRankInput:
         """A collective: every rank calls it before a save."""
         position.store(samples_seen, self.gather(iterator_state(self.iterator)), shared=False)
 
-    def resume(self, position, rank, size) -> bool:
+    def resume(self, position) -> bool:
         """Puts this rank's iterator at the saved position; False when the saved states do not apply
         (nothing saved, another rank count, or elastic mode's shared stream)."""
         states = position.states()
-        if position.is_shared() or len(states) != size or int(position.ranks.numpy()) != size:
+        if position.is_shared() or len(states) != self.size or int(position.ranks.numpy()) != self.size:
             return False
-        restore_iterator(self.iterator, states[rank])
+        restore_iterator(self.iterator, states[self.rank])
         return True
 
 

@@ -19,8 +19,9 @@ import signal
 import statistics
 import subprocess
 
-from bert_tf import metrics, planner
-from bert_tf.comm import CommConfig
+from bert_tf.artifacts import metrics
+from bert_tf.tools import planner
+from bert_tf.dist.comm import CommConfig
 
 BASELINE = "fp32/every-mb"
 FP32_ACCUM = "fp32/accum"
@@ -53,7 +54,7 @@ def probe_link(small_tensors=200, big_elements=16 * 2 ** 20, repeats=9):
 
     import tensorflow as tf
 
-    from bert_tf import distributed
+    from bert_tf.dist import distributed
     distributed.configure(CommConfig(fusion_threshold_mb=0, cycle_time_ms=0.2))
     distributed.init()
     small = [tf.ones([1]) for _ in range(small_tensors)]

@@ -110,7 +110,7 @@ class Counts:
 # partners are drawn from the same window, as google draws them from all documents of a run.
 DOCUMENT_WINDOW = 2000
 
-# What de-duplication left out (bert_tf.dedup), per part, rank and in total.
+# What de-duplication left out (bert_tf.data.dedup), per part, rank and in total.
 DEDUP_COUNTS = ("duplicate_documents", "documents_emptied", "repeated_lines_removed")
 
 Instance = collections.namedtuple("Instance", "tokens segment_ids is_random_next positions labels")
@@ -435,7 +435,7 @@ def fingerprint(input_files, input_format, tokenizer, config, size, num_shards, 
     """What a shard's content depends on: a completed shard is reused only when all of it is unchanged."""
     import hashlib
 
-    from bert_tf import corpus
+    from bert_tf.data import corpus
     inputs = []
     for spec in input_files:
         path = spec.partition("@")[0]
@@ -513,11 +513,11 @@ def create_pretraining_data(input_files, input_format, tokenizer, output_dir, co
 
     With `dedup_documents` or `dedup_lines`, all ranks first agree over `comm` (collective: every
     rank calls this) which documents are later copies and which lines repeat `dedup_lines` times or
-    more (`bert_tf.dedup`), and those are left out before the held-out split.
+    more (`bert_tf.data.dedup`), and those are left out before the held-out split.
     Returns this rank's summary dict.
     """
     import time
-    from bert_tf import corpus
+    from bert_tf.data import corpus
 
     start = time.time()
     if dedup_lines < 0 or dedup_lines == 1:
@@ -532,7 +532,7 @@ def create_pretraining_data(input_files, input_format, tokenizer, output_dir, co
                "parts_reused": 0, **{k: 0 for k in DEDUP_COUNTS}}
     decisions = None
     if dedup_documents or dedup_lines:
-        from bert_tf import dedup
+        from bert_tf.data import dedup
         t = time.time()
         mine = [sh for i in range(num_shards) for sh in parts[rank * num_shards + i]]
         decisions = dedup.decide(corpus.read_share(mine, corpus.ReadStats()), comm, dedup_documents, dedup_lines)
@@ -579,7 +579,7 @@ def create_pretraining_data(input_files, input_format, tokenizer, output_dir, co
 
 def _create_part(shares, tokenizer, output_dir, name, config, heldout_fraction, window, decisions=None):
     """One part: the documents beginning in `shares` -> train/eval shards named by `name`."""
-    from bert_tf import corpus
+    from bert_tf.data import corpus
 
     stats = corpus.ReadStats()
     special = {"CLS": tokenizer.cls_id, "SEP": tokenizer.sep_id, "MASK": tokenizer.mask_id}

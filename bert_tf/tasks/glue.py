@@ -241,7 +241,7 @@ def sweep(learning_rates, batch_sizes, epochs) -> list:
 
 def encode_split(task: Task, split: Split, tokenizer, max_seq_length):
     """-> (features with "label" where the split has labels, number of truncated examples)."""
-    from bert_tf import classification
+    from bert_tf.tasks import classification
     import numpy as np
     examples = split.examples
     features, truncated = classification.encode_texts([e.text_a for e in examples], [e.text_b for e in examples],
@@ -265,7 +265,7 @@ def run_task(task: Task, data_dir, tokenizer, model_config, init, settings, seed
     init: a read checkpoint (checkpoint_formats.read) or None for random initialisation. recipe: the
     other fine-tuning settings (finetuning.Recipe). distributed: (rank, size, allreduce, broadcast).
     keep_model: the selected run's model is returned too ("model"), for finetuning.export."""
-    from bert_tf import classification, finetuning
+    from bert_tf.tasks import classification, finetuning
     import tensorflow as tf
     rank, size, allreduce, broadcast = distributed or (0, 1, None, None)
     splits = {name: read_split(task, data_dir, name) for name in ("train", *task.dev_splits, *task.test_splits)}

@@ -14,6 +14,8 @@ import time
 
 import tensorflow as tf
 
+from bert_tf.artifacts import metrics
+
 
 class RunClock(tf.Module):
     """Seconds of training over all runs of a job (a checkpoint item): what the budget and time to
@@ -60,15 +62,32 @@ class Budget:
         return clock.elapsed() >= self.seconds
 
 
-def planned_hours(cfg, size, local_size, global_batch, parameters_sizes):
+def planned_hours(cfg, size, local_size, global_batch, model_config):
     """The planner's hours for --total_steps at the ladder's measured seq/s per rank (None without one),
     with `size // local_size` nodes on 10 Gbit/s (the network is not measured at start-up)."""
-    from bert_tf import planner
     if not cfg.ladder_sequences_per_second:
         return None
+    from bert_tf.tools import planner   # the cost model; only a budgeted run with a ladder figure needs it
+    parameters_sizes = planner.gradient_tensor_sizes(model_config, nsp=not cfg.mlm_only)
     nodes = max(size // max(local_size, 1), 1)
     cluster = planner.Cluster(nodes=nodes, devices_per_node=max(size // nodes, 1), inter_gbps=10.0)
     phase = planner.Phase("run", cfg.max_seq_length, cfg.total_steps * global_batch, global_batch,
                           cfg.ladder_sequences_per_second)
     row = planner.plan_phase(parameters_sizes, phase, cluster, cfg.comm, 1)
     return row["days"] * 24
+
+
+def budget_plan(cfg, size, local_size, global_batch, model_config, spent_seconds) -> str:
+    """The start-up line of a budgeted run: the planner's hours for --total_steps, and whether they fit."""
+    hours = planned_hours(cfg, size, local_size, global_batch, model_config)
+    text = (f"time budget {cfg.time_budget_hours:g} h ({metrics.hms(spent_seconds)} spent by earlier runs): the "
+            f"learning-rate schedule follows the clock, stretched over the updates it holds")
+    if hours is None:
+        return text + ("; no --ladder_sequences_per_second (run/benchmark.py) to predict --total_steps from: the "
+                       "first log interval measures the rate")
+    text += (f"; the planner gives {hours:.2f} h for --total_steps={cfg.total_steps} at the ladder's "
+             f"{cfg.ladder_sequences_per_second:.2f} seq/s per rank (10 Gbit/s between nodes assumed)")
+    if hours > cfg.time_budget_hours:
+        text += (f". WARNING: they will not fit: about {cfg.total_steps * cfg.time_budget_hours / hours:,.0f} "
+                 f"updates will")
+    return text

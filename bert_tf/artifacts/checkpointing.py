@@ -7,7 +7,7 @@ steps, loss scale) and the input position (`input_pipeline.InputPosition`: sampl
 rank's iterator state, or elastic mode's one shared-stream state). The JSON file beside it (`save`'s
 `extra`: step, samples seen, ranks, global batch, model config) is written for people, with one
 exception: resuming takes `samples_seen` from it when the checkpoint's own position holds none (a
-checkpoint written before the position was part of it; `pretraining.restore`).
+checkpoint written before the position was part of it; `startup.restore`).
 `tf.train.CheckpointManager` writes the data files first and the `checkpoint` index last, so an
 interrupted save leaves the previous checkpoint as the latest one; the JSON comes after the index, so
 a save interrupted between the two leaves a latest checkpoint without its JSON (`read_extra` gives {}).

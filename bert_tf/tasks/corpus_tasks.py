@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import random
 
-from bert_tf import classification
+from bert_tf.tasks import classification
 
 
 def split_documents(documents, dev_fraction, seed):

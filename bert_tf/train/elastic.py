@@ -43,16 +43,16 @@ import re
 
 import tensorflow as tf
 
-from bert_tf import ConfigError, distributed, input_pipeline
+from bert_tf import ConfigError
+from bert_tf.artifacts import metrics
+from bert_tf.data import input_pipeline
+from bert_tf.dist import distributed
 
 # A TensorFlow error from a collective: Horovod's own words, or Gloo's (a peer's recv timing out names
 # only our op, e.g. "grad_43", and gloo/transport/tcp/...).
 COLLECTIVE_FAILURE = re.compile(r"horovod|gloo", re.IGNORECASE)
 
 # What horovodrun sets for the ranks of an elastic job (horovod/runner/gloo_run.py).
-ELASTIC_LAUNCH = {"HOROVOD_ELASTIC": "1", "HOROVOD_CONTROLLER": "gloo"}
-
-
 def check_launch(environ=None, gloo_built=None):
     """Raises ConfigError when this process was not started by an elastic horovodrun (Gloo controller)."""
     environ = os.environ if environ is None else environ
@@ -158,7 +158,7 @@ class SharedStream:
         """No collective: every rank's stream is at the same place; the writer's state is saved."""
         position.store(samples_seen, [self.state()], shared=True, ranks=self.size)
 
-    def resume(self, position, rank=None, size=None) -> bool:
+    def resume(self, position) -> bool:
         """Puts the stream at the saved shared position; False when the checkpoint holds per-rank states."""
         if not position.is_shared():
             return False
@@ -229,10 +229,6 @@ def _failure_reason(error) -> str:
     return f"{type(error).__name__}: {(lines or [message.strip() or '?'])[-1][:300]}"
 
 
-def _silent(*args, **kwargs):
-    pass
-
-
 class Elastic:
     """The mode object of pretraining.train for --elastic: where an update's micro-batches come from
     (the shared stream's share), the commit, re-forming, the digest checks, who writes. `run(train)`
@@ -246,7 +242,7 @@ class Elastic:
         self.world = world if world is not None else distributed.ElasticWorld()
         self.per_update = micro_batches_per_update(cfg.global_batch, cfg.batch_size)
         self.state = TrainingState(job.trainer.state_variables(), job.input, job.samples_seen, self.world)
-        self.rank, self.size, self.say, self.loss_weight = 0, 1, _silent, 1.0
+        self.rank, self.size, self.say, self.loss_weight = 0, 1, metrics.silent, 1.0
         self.samples_seen = self.start_step = 0
 
     # -- the loop's hooks ---------------------------------------------------------------------
@@ -254,7 +250,7 @@ class Elastic:
         """At every (re)start, after the state's sync: this rank's share and role at the new size."""
         job, micro = self.job, self.per_update
         self.rank, self.size = self.world.rank(), self.world.size()
-        self.say = self.log if self.rank == 0 else _silent
+        self.say = self.log if self.rank == 0 else metrics.silent
         _, self.loss_weight = rank_share(micro, self.rank, self.size)
         job.trainer.set_share(rank_indices(micro, self.rank, self.size), micro,
                               self.world.gradient_allreduce(self.cfg.comm.fp16_allreduce, self.loss_weight))
@@ -271,6 +267,9 @@ class Elastic:
     def stop_requested(self, step, boundary) -> bool:
         return False            # no stop handlers: a signal to a rank is its node leaving
 
+    def stop_reason(self) -> str:
+        return ""               # stop_requested never says True
+
     def after_update(self, step):
         if step == self.start_step + 1:
             self._agree(step, "first update")
@@ -282,7 +281,7 @@ class Elastic:
     def end(self, step):
         self._agree(step, "end")
 
-    def rollback(self, job, before_step=None) -> str:
+    def rollback(self, before_step=None) -> str:
         """The divergence guard: every rank back to its copy of the last commit (they are equal); there is
         only one, so `before_step` cannot take it further back."""
         self.state.restore_weights()

@@ -25,7 +25,9 @@ import shutil
 
 import numpy as np
 
-from bert_tf import ConfigError, checkpointing, modeling
+from bert_tf import ConfigError
+from bert_tf.artifacts import checkpointing
+from bert_tf.model import modeling
 
 OURS, GOOGLE, HUGGINGFACE = "bert_tf", "google", "huggingface"
 HF_CONFIG, HF_WEIGHTS = "config.json", "model.safetensors"
@@ -444,7 +446,7 @@ SPECIAL_TOKENS_MAP = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "
 def write_tokenizer_files(vocab_file, out_dir, do_lower_case=True, model_max_length=512) -> list:
     """vocab.txt, tokenizer.json (the fast tokenizer: tokenization.huggingface_tokenizer), tokenizer_config.json
     and special_tokens_map.json: what AutoTokenizer, text-embeddings-inference and transformers.js look for."""
-    from bert_tf import tokenization
+    from bert_tf.data import tokenization
     os.makedirs(out_dir, exist_ok=True)
     vocab = tokenization.load_vocab(vocab_file)
     tokenization.huggingface_tokenizer(vocab, do_lower_case).save(os.path.join(out_dir, "tokenizer.json"))

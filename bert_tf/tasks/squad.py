@@ -28,7 +28,9 @@ import os
 import numpy as np
 import tensorflow as tf
 
-from bert_tf import ConfigError, modeling, tokenization
+from bert_tf import ConfigError
+from bert_tf.data import tokenization
+from bert_tf.model import modeling
 
 
 @dataclasses.dataclass
@@ -344,7 +346,7 @@ def train_and_predict(train_examples, predict_examples, tokenizer, config, init,
     (None: left untrained) with finetuning.fine_tune, then predictions for predict_examples.
     window_flags: make_windows' max_seq_length, doc_stride, max_query_length. distributed: (rank, size,
     allreduce, broadcast). Returns (model, predictions, null_odds, nbest, report)."""
-    from bert_tf import classification, finetuning
+    from bert_tf.tasks import classification, finetuning
     rank, size, allreduce, broadcast = distributed or (0, 1, None, None)
     predict_windows, predict_counts = make_windows(predict_examples, tokenizer, training=False, **window_flags)
     report = {"predict": dataclasses.asdict(predict_counts)}

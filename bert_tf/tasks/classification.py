@@ -20,7 +20,8 @@ import os
 import numpy as np
 import tensorflow as tf
 
-from bert_tf import ConfigError, modeling
+from bert_tf import ConfigError
+from bert_tf.model import modeling
 
 
 @dataclasses.dataclass
@@ -133,7 +134,7 @@ class BertClassifier(tf.Module):
 def load_encoder(encoder: modeling.BertEncoder, checkpoint, vocab_size: int | None = None, vocab_file: str = ""):
     """Loads encoder weights (heads ignored) from any checkpoint `checkpoint_formats.read` takes: a
     pre-training run, an export, google-research/bert's or a Hugging Face directory (path or read)."""
-    from bert_tf import checkpoint_formats
+    from bert_tf.artifacts import checkpoint_formats
     ckpt = checkpoint if isinstance(checkpoint, checkpoint_formats.Checkpoint) else checkpoint_formats.read(checkpoint)
     checkpoint_formats.check_fits(ckpt, encoder.config, vocab_size, vocab_file)
     checkpoint_formats.assign(encoder, ckpt)
@@ -162,7 +163,7 @@ def train_and_evaluate(model_config, label_names, train, evaluation, init_checkp
 
     train / evaluation: (features dict of numpy arrays, labels). Returns (metrics, model).
     """
-    from bert_tf import finetuning
+    from bert_tf.tasks import finetuning
 
     tf.random.set_seed(seed)
     model = BertClassifier(model_config, len(label_names))

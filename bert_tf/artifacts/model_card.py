@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 import os
 
-from bert_tf import metrics, modeling
+from bert_tf.artifacts import metrics
+from bert_tf.model import modeling
 
 
 def provenance(checkpoint_path: str) -> dict:
@@ -36,7 +37,7 @@ def provenance(checkpoint_path: str) -> dict:
 def render(config: modeling.BertConfig, parameters: int, source: str, source_format: str, info: dict,
            export_command: str, heads: str) -> str:
     """The model card's markdown (Hugging Face's YAML header first)."""
-    from bert_tf import checkpoint_formats
+    from bert_tf.artifacts import checkpoint_formats
     activation = checkpoint_formats.config_to_huggingface(config)["hidden_act"]   # the name config.json has
     lines = ["---", "library_name: transformers", "pipeline_tag: fill-mask", "tags:", "- bert", "- bert_tf",
              "- fill-mask", "---", "", f"# BERT ({config.num_hidden_layers} layers, hidden {config.hidden_size})", "",

@@ -57,8 +57,8 @@ from __future__ import annotations
 import dataclasses
 
 from bert_tf import ConfigError
-from bert_tf.comm import CommConfig
-from bert_tf.modeling import BertConfig
+from bert_tf.dist.comm import CommConfig
+from bert_tf.model.modeling import BertConfig
 
 
 def gradient_tensor_sizes(config: BertConfig, nsp: bool = True) -> list:

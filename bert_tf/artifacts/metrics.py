@@ -18,6 +18,10 @@ from tensorflow.core.framework import summary_pb2
 from bert_tf import ConfigError
 
 
+def silent(*args, **kwargs):
+    """The `say` of a rank that does not log."""
+
+
 def accuracies(sums: dict) -> dict:
     """Turns summed counts into rates: mlm_accuracy, nsp_accuracy."""
     out = {}

@@ -17,7 +17,8 @@ import statistics
 import numpy as np
 import tensorflow as tf
 
-from bert_tf import ConfigError, training
+from bert_tf import ConfigError
+from bert_tf.train import training
 
 
 @dataclasses.dataclass
@@ -97,7 +98,7 @@ def export(model, vocab_file, out_dir, labels=None, do_lower_case=True) -> list:
     cls/squad/...) and as a transformers directory that BertForSequenceClassification (id2label /
     label2id; STS-B: regression) or BertForQuestionAnswering loads without conversion. model: a
     classification.BertClassifier (labels: its label names) or a squad.BertSpanExtractor."""
-    from bert_tf import checkpoint_formats, checkpointing
+    from bert_tf.artifacts import checkpoint_formats, checkpointing
     weights = {name: v.numpy() for name, v in checkpointing.module_variables(model).items()}
     if "span/kernel" in weights:
         hf = checkpoint_formats.config_to_huggingface(model.config, "BertForQuestionAnswering")

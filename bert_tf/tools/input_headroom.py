@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 
-from bert_tf import input_pipeline, tokenization
+from bert_tf.data import input_pipeline, tokenization
 
 
 def sequences_per_second(files, batch_size, max_seq_length, max_predictions_per_seq, masker=None, seconds=5.0,

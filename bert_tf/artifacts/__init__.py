@@ -1,0 +1,1 @@
+"""What a run leaves behind: checkpoints (own and foreign formats), metrics, the model card."""

@@ -1,0 +1,1 @@
+"""The model: BertConfig and BERT top to bottom (modeling.py)."""

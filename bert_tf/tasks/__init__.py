@@ -1,0 +1,1 @@
+"""Downstream tasks: the fine-tuning loop, classification, GLUE, SQuAD, tasks made from a corpus."""

@@ -1,0 +1,52 @@
+"""Held-out evaluation during pre-training: masked-LM loss and accuracy (NSP too), and the accuracy
+of always predicting the most frequent masked token, summed over every rank's share."""
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+from bert_tf.artifacts import metrics
+from bert_tf.data import input_pipeline
+from bert_tf.dist import distributed
+from bert_tf.train import training
+
+
+def make_evaluator(trainer, cfg, eval_files, vocab_size, masker, pack=0):
+    """Returns evaluate(step) -> record with held-out MLM loss/accuracy, NSP accuracy, and the
+    accuracy of always predicting the most frequent masked token (a data-only baseline)."""
+    if not eval_files:
+        return lambda step: {}
+    forward = tf.function(lambda f: trainer.model(f, dtype=trainer.dtype, training=False), jit_compile=False)
+
+    def evaluate(step):
+        dataset = input_pipeline.make_dataset(eval_files, cfg.batch_size, cfg.max_seq_length,
+                                              cfg.max_predictions_per_seq, distributed.rank(), distributed.size(),
+                                              training=False, masker=masker, pack=pack)
+        if cfg.eval_batches:
+            dataset = dataset.take(cfg.eval_batches)
+        sums, label_counts = {}, np.zeros([vocab_size], np.float64)
+        for features in dataset:
+            out = forward(features)
+            n = float(tf.shape(features["input_ids"])[0])
+            for key, value in out.items():   # means weighted by the batch, counts as they are
+                if key != "loss":
+                    sums[key] = sums.get(key, 0.0) + float(value) * (n if training.is_mean(key) else 1.0)
+            sums["sequences"] = sums.get("sequences", 0.0) + n
+            ids = tf.boolean_mask(features["masked_lm_ids"], features["masked_lm_weights"] > 0).numpy()
+            np.add.at(label_counts, ids, 1)
+        total = distributed.sum_across_ranks(sums)
+        # the most frequent masked token over all ranks' eval labels
+        label_counts = distributed.sum_array_across_ranks(label_counts, name="eval_label_counts")
+        record = {"kind": "eval", "step": step,
+                  "eval_mlm_loss": total.get("mlm_loss", 0.0) / max(total.get("sequences", 0.0), 1.0),
+                  "eval_sequences": total.get("sequences", 0.0)}
+        acc = metrics.accuracies(total)
+        record.update({f"eval_{k}": v for k, v in acc.items()})
+        if "nsp_loss" in total:
+            record["eval_nsp_loss"] = total["nsp_loss"] / max(total["sequences"], 1.0)
+        if label_counts.any():
+            record["eval_most_frequent_token"] = int(label_counts.argmax())
+            record["eval_most_frequent_token_accuracy"] = label_counts.max() / max(total.get("mlm_weight", 0.0), 1.0)
+        return record
+
+    return evaluate

@@ -1,0 +1,237 @@
+"""What happens before the first update, on every rank: the inputs checked (`check_inputs`), the
+model built and restored (or initialised) and equal on all ranks, the input at the restored
+position; all of it handed to the loop as a `Job` (`build`). `dry_run` checks without building.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import shlex
+import sys
+from typing import Callable
+
+import tensorflow as tf
+
+from bert_tf import ConfigError
+from bert_tf.artifacts import checkpoint_formats, checkpointing, metrics
+from bert_tf.data import input_pipeline, tokenization
+from bert_tf.dist import device, distributed
+from bert_tf.model import modeling
+from bert_tf.train import budget, divergence, elastic, training
+from bert_tf.train.evaluation import make_evaluator
+from bert_tf.train.pretrain_config import PretrainConfig
+
+
+def build_model_config(cfg: PretrainConfig, vocab_size: int, init=None) -> modeling.BertConfig:
+    """--bert_config_file, else the --init_checkpoint's own config (unless another --model_preset is
+    asked for), else the preset; `init` is the read init checkpoint, checked against the result."""
+    if cfg.bert_config_file:
+        config = modeling.BertConfig.from_json_file(cfg.bert_config_file)
+    elif init is not None and init.config is not None and cfg.model_preset in ("", "base"):
+        config = init.config
+    else:
+        config = modeling.BertConfig.preset(cfg.model_preset, vocab_size=vocab_size)
+    if init is not None:  # first: its errors name the checkpoint file
+        checkpoint_formats.check_fits(init, config, vocab_size, cfg.vocab_file, cfg.max_seq_length)
+    modeling.check_features_fit(config, cfg.max_seq_length, vocab_size)
+    return config
+
+
+@dataclasses.dataclass
+class Inputs:
+    """What a run reads, checked (`check_inputs`)."""
+    tokenizer: tokenization.Tokenizer
+    init: checkpoint_formats.Checkpoint | None   # the read --init_checkpoint, or None
+    model_config: modeling.BertConfig
+    train_files: list
+    eval_files: list
+    pack: int = 0                        # instances per row of the training records (0: google's layout)
+    eval_pack: int = 0                   # the same for the evaluation records
+
+
+def check_inputs(cfg: PretrainConfig, rank: int, size: int) -> Inputs:
+    """What a run reads, checked before anything is built or written: --network_interface, the
+    vocabulary, --init_checkpoint (read, unless resuming, and checked against the model config), the
+    records of this rank's training files and every evaluation file. The config's own checks
+    (PretrainConfig.validate) look at values only; everything on disk or the network is looked at here."""
+    if cfg.network_interface and not os.path.exists(metrics.tx_counter(cfg.network_interface)):
+        raise ConfigError(f"--network_interface={cfg.network_interface}: no such interface here "
+                          f"({metrics.tx_counter(cfg.network_interface)} not found)")
+    if cfg.init_checkpoint:
+        try:
+            checkpoint_formats.locate(cfg.init_checkpoint)  # exists and is a format we read
+        except ConfigError as e:
+            raise ConfigError(f"--init_checkpoint={cfg.init_checkpoint}: {e}") from None
+    tokenizer = tokenization.Tokenizer.from_file(cfg.vocab_file, cfg.do_lower_case)
+    init = checkpoint_formats.read(cfg.init_checkpoint) \
+        if cfg.init_checkpoint and not checkpointing.latest_intact(cfg.checkpoint_dir, log=lambda *_: None) else None
+    model_config = build_model_config(cfg, len(tokenizer), init)
+    train_files = input_pipeline.list_files(cfg.train_files) if cfg.train_files else []
+    if not train_files:
+        raise ConfigError("--train_files matched no files")
+    pack = input_pipeline.check_files(input_pipeline.shard_files(train_files, rank, size)[0], cfg.max_seq_length,
+                                      cfg.max_predictions_per_seq, cfg.dynamic_masking)
+    packed = input_pipeline.full_sentence_folders(train_files)
+    if packed and not cfg.mlm_only:
+        raise ConfigError(f"{packed[0]}: its records are FULL-SENTENCES instances (summary.json: "
+                          f"full_sentences), which have no sentence pairs to train next-sentence prediction on: "
+                          f"pre-train them with --mlm_only")
+    eval_files = input_pipeline.list_files(cfg.eval_files) if cfg.eval_files else []
+    eval_pack = input_pipeline.check_files(eval_files, cfg.max_seq_length, cfg.max_predictions_per_seq,
+                                           cfg.dynamic_masking) if eval_files else 0
+    return Inputs(tokenizer=tokenizer, init=init, model_config=model_config, train_files=train_files,
+                  eval_files=eval_files, pack=pack, eval_pack=eval_pack)
+
+
+def dry_run(cfg: PretrainConfig, log=print):
+    """--dry_run: check_inputs as a single rank that reads every file, and whether --checkpoint_dir
+    can be written; then one line saying what the run would be. No Horovod, no model, nothing
+    written: for checking a flagfile on a login node before the job waits in a queue."""
+    cfg = cfg.resolved()
+    inputs = check_inputs(cfg, rank=0, size=1)
+    target = os.path.abspath(cfg.checkpoint_dir)
+    while "://" not in cfg.checkpoint_dir and not os.path.exists(target):
+        target = os.path.dirname(target)
+    if "://" not in cfg.checkpoint_dir and not (os.path.isdir(target) and os.access(target, os.W_OK | os.X_OK)):
+        raise ConfigError(f"--checkpoint_dir={cfg.checkpoint_dir} cannot be created: {target} is not a writable folder")
+    latest = checkpointing.latest_intact(cfg.checkpoint_dir, log)
+    config = inputs.model_config
+    start = (f"resumes from {latest}" if latest else f"starts from {inputs.init.path} ({inputs.init.format} format)"
+             if inputs.init else "starts from random weights")
+    log(f"dry run: flags and inputs check out: model {config.num_hidden_layers} layers, hidden {config.hidden_size}, "
+        f"vocab {config.vocab_size}; {len(inputs.train_files)} training and {len(inputs.eval_files)} evaluation "
+        f"files of {cfg.max_seq_length}-token records; {cfg.batch_size} x {cfg.accumulation_steps} sequences per rank "
+        f"per update (x ranks = global batch); {start}; checkpoints in {cfg.checkpoint_dir}")
+    warning = device.precision_warning(cfg.precision, device.device_description(), cfg.ladder_sequences_per_second)
+    if warning:
+        log(warning)
+
+
+@dataclasses.dataclass
+class Job:
+    """Everything the loop needs, on every rank (`build`)."""
+    trainer: training.Trainer
+    input: input_pipeline.TrainingInput   # PerRankInput, or elastic.SharedStream with --elastic
+    position: input_pipeline.InputPosition
+    ckpts: checkpointing.Checkpoints
+    writer: metrics.MetricsWriter
+    evaluate: Callable[[int], dict]
+    samples_seen: int        # sequences all ranks consumed before this run (restored)
+    global_batch: int        # sequences per update
+    parameters: int
+    eval_files: list
+    started_from_init: bool  # from --init_checkpoint, not resumed
+    checkpoint_extra: dict   # the JSON beside each checkpoint
+    run_record: dict         # metrics.jsonl's first record: what was asked and what it resolved to
+    guard: divergence.Guard  # spikes and runs of skipped updates -> rollbacks
+    clock: budget.RunClock   # training seconds over restarts (a checkpoint item)
+
+
+def describe(cfg: PretrainConfig, size: int, global_batch: int) -> str:
+    """The run's first log line: ranks, batch split, precision."""
+    return (("elastic  " if cfg.elastic else f"ranks {size}  ")
+            + f"micro-batch {cfg.batch_size}/rank  "
+            + ("" if cfg.elastic else f"accumulation {cfg.accumulation_steps}  ")
+            + f"global batch {global_batch} sequences  seq {cfg.max_seq_length}  precision {cfg.precision}  "
+            f"xla {cfg.xla}{'  fuse' if cfg.fuse else ''}  fp16 allreduce {cfg.comm.fp16_allreduce}"
+            + ("  allreduce every micro-batch" if cfg.comm.allreduce_every_micro_batch else "")
+            + (f"  (ladder: {cfg.ladder_sequences_per_second:.2f} seq/s per rank)"
+               if cfg.ladder_sequences_per_second else ""))
+
+
+def make_input(cfg: PretrainConfig, files, masker, rank, size, seed, pack=0):
+    """The training input: every rank's own shard, or elastic mode's shared stream (the same seed on
+    every rank, newcomers included); pack: the records' instances per row."""
+    if cfg.elastic:
+        stream = elastic.make_shared_stream(files, cfg.batch_size, seed=cfg.seed)
+        return elastic.SharedStream(stream, cfg.max_seq_length, cfg.max_predictions_per_seq, masker, pack=pack)
+    dataset = input_pipeline.make_dataset(files, cfg.batch_size, cfg.max_seq_length, cfg.max_predictions_per_seq,
+                                          rank, size, seed=seed, masker=masker, pack=pack)
+    return input_pipeline.PerRankInput(dataset, cfg.accumulation_steps, distributed.gather_bytes, rank, size)
+
+
+def build(cfg: PretrainConfig, say, asked: PretrainConfig | None = None) -> Job:
+    """Everything the loop needs, on every rank: checked inputs, the trainer restored (or
+    initialised) and equal on all ranks, the input at the restored position, the outputs.
+    `cfg` is resolved; `asked` what the user gave (the run record keeps both)."""
+    rank, size = distributed.rank(), distributed.size()
+    # --init_checkpoint and the records are read and checked before anything is written to --checkpoint_dir.
+    inputs = check_inputs(cfg, rank, size)
+    tokenizer, init, model_config = inputs.tokenizer, inputs.init, inputs.model_config
+    global_batch = cfg.global_batch if cfg.elastic else cfg.batch_size * cfg.accumulation_steps * size
+    say(describe(cfg, size, global_batch))
+    warning = device.precision_warning(cfg.precision, device.device_description(), cfg.ladder_sequences_per_second)
+    if warning:
+        say(warning)
+
+    tf.random.set_seed(cfg.seed)
+    model = modeling.BertPretrainer(model_config, use_nsp=not cfg.mlm_only, recompute=cfg.recompute)
+    trainer = training.Trainer(model, cfg, allreduce=distributed.make_gradient_allreduce(cfg.comm.fp16_allreduce),
+                               seed_offset=rank)
+    parameters = sum(int(tf.size(v)) for v in trainer.variables)
+    say(f"model: {model_config.num_hidden_layers} layers, hidden {model_config.hidden_size}, "
+        f"vocab {model_config.vocab_size}, {parameters / 1e6:.2f}M parameters")
+
+    position = input_pipeline.InputPosition()
+    clock = budget.RunClock()
+    ckpts = checkpointing.Checkpoints(cfg.checkpoint_dir, {**trainer.checkpoint_items(), "input_position": position,
+                                                           "clock": clock}, cfg.keep_last, is_writer=rank == 0)
+    # elastic: rank 0 alone reads the checkpoint; the others (and later newcomers) get the state by broadcast
+    samples_seen = restore(cfg, trainer, ckpts, global_batch, init, say) if rank == 0 or not cfg.elastic else 0
+    if rank == 0:
+        model_config.to_json_file(os.path.join(cfg.checkpoint_dir, "bert_config.json"))
+    if not cfg.elastic:
+        distributed.broadcast_variables(trainer.state_variables(), root_rank=0)
+    if cfg.time_budget_hours:
+        say(budget.budget_plan(cfg, size, distributed.local_size(), global_batch, model_config,
+                               float(clock.seconds.numpy())))
+
+    masker = None
+    if cfg.dynamic_masking:
+        masker = input_pipeline.dynamic_masker(
+            len(tokenizer), [tokenizer.cls_id, tokenizer.sep_id, tokenizer.pad_id],
+            cfg.max_predictions_per_seq, cfg.masked_lm_prob, tokenizer.mask_id)
+    # Resume position: the saved iterator states (a seek, whatever the step); when they do not apply
+    # (another rank count, the other mode), a fresh pass, reshuffled by the step (static runs) so it
+    # does not replay the first pass's order.
+    step = int(trainer.step.numpy())
+    train_input = make_input(cfg, inputs.train_files, masker, rank, size, seed=cfg.seed, pack=inputs.pack)
+    if samples_seen and not train_input.resume(position):
+        if not cfg.elastic:
+            train_input = make_input(cfg, inputs.train_files, masker, rank, size, seed=cfg.seed + step,
+                                     pack=inputs.pack)
+        say(f"input: the checkpoint's position was saved by {position.saved_by()}, this run "
+            f"{'is elastic' if cfg.elastic else f'has {size}'}: a fresh pass over the training files starts at "
+            f"step {step} (records read since the last pass began may be read again)")
+    run_record = {"kind": "run", "global_batch": global_batch, "parameters": parameters,
+                  "config": dataclasses.asdict(asked or cfg), "resolved": dataclasses.asdict(cfg),
+                  "command": "python " + shlex.join(sys.argv)}  # for the export's model card
+    return Job(trainer=trainer, input=train_input, position=position, ckpts=ckpts,
+               writer=metrics.MetricsWriter(cfg.checkpoint_dir, rank == 0, cfg.wandb_project, cfg.wandb_mode),
+               evaluate=make_evaluator(trainer, cfg, inputs.eval_files, len(tokenizer), masker, inputs.eval_pack),
+               samples_seen=samples_seen, global_batch=global_batch, parameters=parameters,
+               eval_files=inputs.eval_files, started_from_init=init is not None,
+               checkpoint_extra={"global_batch": global_batch, "model_config": model_config.to_dict(),
+                                 "vocab_size": len(tokenizer)},
+               run_record=run_record, guard=divergence.Guard(cfg.guard_config()), clock=clock)
+
+
+def restore(cfg: PretrainConfig, trainer, ckpts, global_batch, init, say) -> int:
+    """Resumes from --checkpoint_dir's latest checkpoint, else starts the model from
+    --init_checkpoint (`init`, already read and checked), else leaves it fresh; returns the
+    samples already consumed."""
+    latest = ckpts.latest(log=say)
+    if latest:
+        extra = ckpts.restore(latest)
+        step = int(trainer.step.numpy())
+        say(f"resumed from {latest} at step {step}"
+            + (" (--init_checkpoint ignored: resuming wins)" if cfg.init_checkpoint else ""))
+        samples_seen = int(ckpts.items["input_position"].samples_seen.numpy())
+        # checkpoints written before the position moved into them kept it in the JSON file only
+        return samples_seen or int(extra.get("samples_seen", step * global_batch))
+    if init is not None:
+        fresh = checkpoint_formats.assign(trainer.model, init, log=say)  # says which head (if any) starts at random
+        say(f"initialised encoder{'' if fresh else ' and heads'} from {init.path} ({init.format} format)")
+    return 0
+
+
