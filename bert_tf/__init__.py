@@ -18,3 +18,10 @@ def sha256(path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def knob(default, help, choices=None):
+    """A config dataclass field that is also a flag: its default, help text and (for an enum) choices
+    in one place. bert_tf.cli.define_config_flags turns every such field into a flag of that name."""
+    import dataclasses
+    return dataclasses.field(default=default, metadata={"help": help, "choices": tuple(choices) if choices else None})

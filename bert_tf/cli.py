@@ -1,16 +1,19 @@
 """What the run/ scripts share: flag definitions for knobs several scripts take (one name,
-one meaning, one help text everywhere; choices taken from the library), and the start-up
-that turns the project's own configuration errors into one-line messages.
+one meaning, one help text everywhere; choices taken from the library), flags generated from a
+config dataclass's fields (`define_config_flags`: each field made with bert_tf.knob carries its
+default, help and choices), renamed flags that keep working for one release (`define_renamed`),
+and the start-up that turns the project's own configuration errors into one-line messages.
 
     from bert_tf import cli
-    cli.define_model_preset("base")
-    cli.define_comm()
+    cli.define_config_flags(PretrainConfig)
+    cli.define_renamed("batch_size", "micro_batch_size")
     ...
     if __name__ == "__main__":
         cli.run(main)
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import sys
 
@@ -102,24 +105,69 @@ def define_sequence(max_seq_length=128, max_predictions_per_seq=20, flag_values=
 
 
 def define_comm(defaults: comm.CommConfig = comm.CommConfig(), flag_values=FLAGS):
-    """The fields of comm.CommConfig, one flag each; read them back with comm_config()."""
-    flags.DEFINE_bool("fp16_allreduce", defaults.fp16_allreduce,
-                      "Send gradients as float16 (Horovod compression).", flag_values=flag_values)
-    flags.DEFINE_bool("allreduce_every_micro_batch", defaults.allreduce_every_micro_batch,
-                      "The naive baseline: allreduce each micro-batch's gradients (accumulation_steps "
-                      "allreduces per update instead of one, after accumulation).", flag_values=flag_values)
-    flags.DEFINE_float("fusion_threshold_mb", defaults.fusion_threshold_mb,
-                       "Horovod tensor-fusion buffer, MB (HOROVOD_FUSION_THRESHOLD; 0: no fusion). Unset: "
-                       f"Horovod's {comm.HOROVOD_FUSION_THRESHOLD_MB:g} MB; a value in the environment "
-                       "(horovodrun --fusion-threshold-mb) wins over the flag.", flag_values=flag_values)
-    flags.DEFINE_float("cycle_time_ms", defaults.cycle_time_ms,
-                       f"Horovod cycle time, ms (HOROVOD_CYCLE_TIME). Unset: Horovod's "
-                       f"{comm.HOROVOD_CYCLE_TIME_MS:g} ms; the environment wins over the flag.",
-                       flag_values=flag_values)
+    """The fields of comm.CommConfig, one flag each (defaults: this script's); read them back with comm_config()."""
+    define_config_flags(comm.CommConfig, flag_values, defaults=defaults)
 
 
 def comm_config(flag_values=FLAGS) -> comm.CommConfig:
     return comm.CommConfig(**{name: flag_values[name].value for name in comm.CommConfig.__dataclass_fields__})
+
+
+_DEFINE = {"bool": flags.DEFINE_bool, "int": flags.DEFINE_integer, "float": flags.DEFINE_float,
+           "float | None": flags.DEFINE_float, "str": flags.DEFINE_string}
+
+
+def define_config_flags(cls, flag_values=FLAGS, defaults=None, skip=()):
+    """One flag per field of the config dataclass `cls`, named as the field, with its type, default (or
+    `defaults`' value), help and choices (bert_tf.knob). A field holding a CommConfig becomes
+    define_comm's flags. Read them back with config_from_flags."""
+    for field in dataclasses.fields(cls):
+        if field.name in skip:
+            continue
+        if field.type == "CommConfig":
+            define_comm(flag_values=flag_values)
+            continue
+        if "help" not in field.metadata:
+            raise TypeError(f"{cls.__name__}.{field.name} has no help text: declare it with bert_tf.knob")
+        default = getattr(defaults, field.name) if defaults is not None else field.default
+        help_text, choices = field.metadata["help"], field.metadata["choices"]
+        if choices:
+            flags.DEFINE_enum(field.name, default, list(choices), help_text, flag_values=flag_values)
+        else:
+            _DEFINE[field.type](field.name, default, help_text, flag_values=flag_values)
+
+
+def config_from_flags(cls, flag_values=FLAGS, skip=()):
+    """An instance of `cls` (which checks its values) from define_config_flags' flags."""
+    values = {f.name: (comm_config(flag_values) if f.type == "CommConfig" else flag_values[f.name].value)
+              for f in dataclasses.fields(cls) if f.name not in skip}
+    return cls(**values)
+
+
+_RENAMED = []   # (old name, new name, flag values)
+
+
+def define_renamed(old, new, flag_values=FLAGS):
+    """--old, the name --new had until this release: it keeps working for one release, with a
+    warning naming --new; giving both is a start-up error naming both (apply_renamed)."""
+    target = flag_values[new]
+    flags.DEFINE(target.parser, old, None, f"Deprecated: the old name of --{new}; use --{new}.",
+                 flag_values=flag_values, serializer=target.serializer)
+    _RENAMED.append((old, new, flag_values))
+
+
+def apply_renamed(warn=None):
+    """Moves each renamed flag's value to its new name (a warning each); both given: ConfigError."""
+    warn = warn or (lambda message: print(message, file=sys.stderr, flush=True))
+    for old, new, flag_values in _RENAMED:
+        if not flag_values[old].present:
+            continue
+        if flag_values[new].present:
+            raise ConfigError(f"--{old} and --{new} both given: --{old} is the old name of --{new} "
+                              f"(deprecated); keep --{new} only")
+        warn(f"warning: --{old} is deprecated and goes in the next release: use --{new} "
+             f"({flag_values[new].help.split('.')[0]})")
+        flag_values[new].value = flag_values[old].value
 
 
 def one_line_errors(main):
@@ -128,6 +176,7 @@ def one_line_errors(main):
     @functools.wraps(main)
     def wrapped(argv):
         try:
+            apply_renamed()
             return main(argv)
         except ConfigError as e:
             sys.exit(f"error: {e}")

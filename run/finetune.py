@@ -29,7 +29,9 @@ flags.DEFINE_string("vocab_file", None, "The vocab.txt the encoder was pre-train
 flags.DEFINE_bool("do_lower_case", True, "Tokeniser lower-cases.")
 flags.DEFINE_integer("max_seq_length", 128, "Longer examples are truncated (and counted).")
 flags.DEFINE_integer("epochs", 3, "Passes over the training examples.")
-flags.DEFINE_integer("batch_size", 32, "Examples per update over all ranks (a multiple of the rank count).")
+flags.DEFINE_integer("global_batch_size", 32, "Examples per optimizer update over all ranks (a multiple of the rank "
+                     "count).")
+cli.define_renamed("batch_size", "global_batch_size")
 flags.DEFINE_float("learning_rate", 2e-5, "AdamW peak learning rate (10% linear warmup, then linear decay).")
 flags.DEFINE_integer("seed", 0, "Seed for folds, initialisation and order.")
 flags.DEFINE_string("output_json", "", "Write the metrics here.")
@@ -56,7 +58,7 @@ def cross_validate(model_config, tokenizer, examples, checkpoint, hvd, label_nam
     for train, evaluation in data:
         metrics, model = classification.train_and_evaluate(
             model_config, label_names, train, evaluation, init_checkpoint=checkpoint, vocab_size=len(tokenizer),
-            epochs=FLAGS.epochs, batch_size=finetuning.Recipe(batch_size=FLAGS.batch_size).per_rank_batch(hvd.size()),
+            epochs=FLAGS.epochs, batch_size=finetuning.Recipe(batch_size=FLAGS.global_batch_size).per_rank_batch(hvd.size()),
             learning_rate=FLAGS.learning_rate, seed=FLAGS.seed,
             allreduce=distributed.make_gradient_allreduce(False, name="ft"),
             broadcast=distributed.broadcast_variables, rank=hvd.rank(), size=hvd.size())

@@ -24,7 +24,8 @@ flags.DEFINE_string("tasks", "all", "Comma-separated GLUE tasks (cola, sst2, mrp
 flags.DEFINE_string("data_dir", None, "The GLUE download's folder.")
 cli.define_finetune_start()
 flags.DEFINE_list("learning_rates", ["2e-5"], "AdamW peak learning rates to sweep.")
-flags.DEFINE_list("batch_sizes", ["32"], "Sequences per update over all ranks, to sweep.")
+flags.DEFINE_list("global_batch_sizes", ["32"], "Sequences per optimizer update over all ranks, to sweep.")
+cli.define_renamed("batch_sizes", "global_batch_sizes")
 flags.DEFINE_list("epochs", ["3"], "Epochs to sweep.")
 flags.DEFINE_list("seeds", ["0"], "Seeds per setting (initialisation of the head, order, dropout).")
 flags.DEFINE_integer("max_seq_length", 128, "Longer pairs are truncated, the longer text first (and counted).")
@@ -52,7 +53,8 @@ def main(argv):
     if len(argv) > 1:
         raise ConfigError(f"unexpected arguments {argv[1:]}")
     tasks = glue.parse_tasks(FLAGS.tasks)
-    settings = glue.sweep(numbers("learning_rates", float), numbers("batch_sizes", int), numbers("epochs", float))
+    settings = glue.sweep(numbers("learning_rates", float), numbers("global_batch_sizes", int),
+                          numbers("epochs", float))
     seeds = numbers("seeds", int)
     recipe = finetuning.Recipe(max_seq_length=FLAGS.max_seq_length, warmup_fraction=FLAGS.warmup_fraction,
                                weight_decay=FLAGS.weight_decay, precision=FLAGS.precision, xla=FLAGS.xla)

@@ -26,7 +26,8 @@ flags.DEFINE_integer("max_seq_length", 384, "Tokens per window: [CLS] question [
 flags.DEFINE_integer("doc_stride", 128, "A long context's next window starts this many tokens later.")
 flags.DEFINE_integer("max_query_length", 64, "Longer questions are cut to this many tokens (and counted).")
 flags.DEFINE_float("learning_rate", 5e-5, "AdamW peak learning rate.")
-flags.DEFINE_integer("batch_size", 32, "Windows per update over all ranks.")
+flags.DEFINE_integer("global_batch_size", 32, "Windows per optimizer update over all ranks.")
+cli.define_renamed("batch_size", "global_batch_size")
 flags.DEFINE_float("epochs", 3.0, "Passes over the training windows.")
 flags.DEFINE_float("warmup_fraction", 0.1, "Linear warmup over this fraction of the updates, then linear decay.")
 flags.DEFINE_integer("seed", 0, "Seed for the head's initialisation, order and dropout.")
@@ -49,7 +50,7 @@ def main(argv):
     if len(argv) > 1:
         raise ConfigError(f"unexpected arguments {argv[1:]}")
     tokenizer, init, config = cli.finetune_start(FLAGS.max_seq_length)
-    recipe = finetuning.Recipe(learning_rate=FLAGS.learning_rate, batch_size=FLAGS.batch_size, epochs=FLAGS.epochs,
+    recipe = finetuning.Recipe(learning_rate=FLAGS.learning_rate, batch_size=FLAGS.global_batch_size, epochs=FLAGS.epochs,
                                warmup_fraction=FLAGS.warmup_fraction, max_seq_length=FLAGS.max_seq_length,
                                seed=FLAGS.seed, precision=FLAGS.precision, xla=FLAGS.xla)
     window_flags = dict(max_seq_length=FLAGS.max_seq_length, doc_stride=FLAGS.doc_stride,

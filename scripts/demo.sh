@@ -27,7 +27,7 @@ node_flags=runs/node-tiny.flags   # self-tuned once per machine type: precision 
 if [ ! -f "$node_flags" ]; then
   mkdir -p "$(dirname "$node_flags")"
   echo "== self-tuning: timing tiny BERT's precision x XLA rungs on this machine -> $node_flags"
-  python run/benchmark.py --model_preset=tiny --vocab_size=8192 --max_seq_length=128 --batch_size=16 \
+  python run/benchmark.py --model_preset=tiny --vocab_size=8192 --max_seq_length=128 --micro_batch_size=16 \
     --rungs=fp32,fp32+xla,bf16,bf16+xla --updates=3 --warmup_updates=1 --peak_seconds=0.5 \
     --output_dir=runs/node-tiny --write_flagfile="$node_flags"
 fi

@@ -48,7 +48,7 @@ if not hvd.nccl_built():
 EOF
 
 say "the GPU ladder: BERT-base, sequence 128, micro-batch 32"
-python run/benchmark.py --model_preset=base --max_seq_length=128 --batch_size=32 \
+python run/benchmark.py --model_preset=base --max_seq_length=128 --micro_batch_size=32 \
     --rungs=fp16+xla,bf16+xla,tf32+xla --warmup_updates=2 --updates=5 --peak_seconds=1 \
     --output_dir="$out/ladder" --write_flagfile="$out/node.flags" --device_figures="$figures"
 

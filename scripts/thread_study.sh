@@ -22,7 +22,7 @@ for round in $(seq "$rounds"); do
     rm -rf "$dir"
     "${mpi[@]}" -np "$ranks" python run/pretrain.py --model_preset=base --vocab_file=data/demo/vocab.txt \
       --train_files='data/pack/seq128-pack0/train-*' --max_seq_length=128 --max_predictions_per_seq=20 \
-      --batch_size=8 --accumulation_steps=2 --precision=mixed_bfloat16 --total_steps=8 --warmup_steps=1 \
+      --micro_batch_size=8 --accumulation_steps=2 --precision=mixed_bfloat16 --total_steps=8 --warmup_steps=1 \
       --log_interval=1 --save_interval=100000 --keep_last=1 --intra_op_threads="$intra" \
       --inter_op_threads="$inter" --checkpoint_dir="$dir" >"$dir.log" 2>&1 || { echo "$dir failed: $dir.log"; continue; }
     rm -f "$dir"/ckpt-*

@@ -92,5 +92,5 @@ def tiny_data(tmp_path_factory, corpus_dir):
     return {"vocab_file": vocab_file, "train": str(root / "train-*"), "eval": str(root / "eval-*"),
             "flags": [f"--vocab_file={vocab_file}", f"--train_files={root / 'train-*'}",
                       f"--eval_files={root / 'eval-*'}", "--model_preset=tiny", "--max_seq_length=64",
-                      "--max_predictions_per_seq=10", "--batch_size=4", "--learning_rate=1e-3",
+                      "--max_predictions_per_seq=10", "--micro_batch_size=4", "--learning_rate=1e-3",
                       "--warmup_steps=2", "--log_interval=1", "--eval_batches=4"]}

@@ -81,21 +81,21 @@ def test_an_updates_dropout_masks_do_not_depend_on_the_rank_count():
 
 
 def test_elastic_flags_are_checked_at_start_up(tmp_path):
-    base = dict(vocab_file="v", checkpoint_dir=str(tmp_path), batch_size=4)
-    with pytest.raises(ConfigError, match="--elastic needs --global_batch"):
+    base = dict(vocab_file="v", checkpoint_dir=str(tmp_path), micro_batch_size=4)
+    with pytest.raises(ConfigError, match="--elastic needs --global_batch_size"):
         pretrain_config.PretrainConfig(elastic=True, **base)
-    with pytest.raises(ConfigError, match="--global_batch=30 must be a positive multiple of --batch_size=4"):
-        pretrain_config.PretrainConfig(elastic=True, global_batch=30, **base)
+    with pytest.raises(ConfigError, match="--global_batch_size=30 must be a positive multiple of --micro_batch_size=4"):
+        pretrain_config.PretrainConfig(elastic=True, global_batch_size=30, **base)
     with pytest.raises(ConfigError, match="--elastic_commit_interval must be >= 1"):
-        pretrain_config.PretrainConfig(elastic=True, global_batch=32, elastic_commit_interval=0, **base)
+        pretrain_config.PretrainConfig(elastic=True, global_batch_size=32, elastic_commit_interval=0, **base)
     with pytest.raises(ConfigError, match="--accumulation_steps=4 with --elastic"):
-        pretrain_config.PretrainConfig(elastic=True, global_batch=32, accumulation_steps=4, **base)
-    with pytest.raises(ConfigError, match="--global_batch is for --elastic"):
-        pretrain_config.PretrainConfig(global_batch=32, **base)
+        pretrain_config.PretrainConfig(elastic=True, global_batch_size=32, accumulation_steps=4, **base)
+    with pytest.raises(ConfigError, match="--global_batch_size is for --elastic"):
+        pretrain_config.PretrainConfig(global_batch_size=32, **base)
 
 
 def test_pretrain_with_elastic_but_not_launched_elastically_fails_at_once(tmp_path, tiny_data):
-    proc = subprocess.run([sys.executable, str(PRETRAIN), *tiny_data["flags"], "--elastic", "--global_batch=8",
+    proc = subprocess.run([sys.executable, str(PRETRAIN), *tiny_data["flags"], "--elastic", "--global_batch_size=8",
                            f"--checkpoint_dir={tmp_path}"], env=mpi_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1 and "error: --elastic needs an elastic launch" in proc.stderr, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr and not os.listdir(tmp_path)       # nothing written
@@ -282,7 +282,7 @@ def test_elastic_job_loses_a_node_takes_it_back_and_loses_a_link(tmp_path, tiny_
     metrics = ckpt / "metrics.jsonl"
     commit = 10
     # 5 micro-batches of 4: uneven shares on 3 ranks (2, 2, 1) and on 2 (3, 2)
-    flags = tiny_data["flags"] + ["--elastic", "--global_batch=20", f"--elastic_commit_interval={commit}",
+    flags = tiny_data["flags"] + ["--elastic", "--global_batch_size=20", f"--elastic_commit_interval={commit}",
                                   "--save_interval=10", "--total_steps=220", f"--checkpoint_dir={ckpt}"]
     figures = {}
     with ec.EmulatedCluster(3, rate_gbit=1) as cluster:
@@ -394,7 +394,7 @@ def test_min_np_lost_mid_run_ends_the_job_after_the_elastic_timeout_with_the_che
     import tensorflow as tf
     ckpt = tmp_path / "run"
     metrics = ckpt / "metrics.jsonl"
-    flags = tiny_data["flags"] + ["--elastic", "--global_batch=8", "--elastic_commit_interval=5",
+    flags = tiny_data["flags"] + ["--elastic", "--global_batch_size=8", "--elastic_commit_interval=5",
                                   "--save_interval=10", "--total_steps=100000", f"--checkpoint_dir={ckpt}"]
     with ec.EmulatedCluster(2, rate_gbit=1) as cluster:
         cluster.set_live(cluster.hosts)
@@ -503,8 +503,8 @@ def test_one_process_drives_the_elastic_loop_through_a_lost_rank_and_an_added_ho
     from bert_tf.train import pretraining
     cfg = pretrain_config.PretrainConfig(
         model_preset="tiny", vocab_file=tiny_data["vocab_file"], train_files=tiny_data["train"],
-        eval_files=tiny_data["eval"], max_seq_length=64, max_predictions_per_seq=10, batch_size=4,
-        elastic=True, global_batch=16, elastic_commit_interval=5, total_steps=20, log_interval=1,
+        eval_files=tiny_data["eval"], max_seq_length=64, max_predictions_per_seq=10, micro_batch_size=4,
+        elastic=True, global_batch_size=16, elastic_commit_interval=5, total_steps=20, log_interval=1,
         save_interval=10, eval_batches=1, ladder_sequences_per_second=1.0, checkpoint_dir=str(tmp_path))
     distributed.init()
     lines = []
@@ -546,7 +546,7 @@ def test_elastic_mode_rolls_a_run_of_skipped_updates_back_to_the_last_commit(tin
     from bert_tf.train import pretraining
     cfg = pretrain_config.PretrainConfig(
         model_preset="tiny", vocab_file=tiny_data["vocab_file"], train_files=tiny_data["train"],
-        max_seq_length=64, max_predictions_per_seq=10, batch_size=4, elastic=True, global_batch=4,
+        max_seq_length=64, max_predictions_per_seq=10, micro_batch_size=4, elastic=True, global_batch_size=4,
         elastic_commit_interval=5, total_steps=20, log_interval=1, save_interval=50, max_skipped_updates=3,
         checkpoint_dir=str(tmp_path))
     distributed.init()
@@ -573,8 +573,8 @@ def test_elastic_mode_rolls_a_run_of_skipped_updates_back_to_the_last_commit(tin
     restored = []
     real = mode.rollback
 
-    def spy(job_, before_step=None):
-        target = real(job_, before_step)
+    def spy(before_step=None):
+        target = real(before_step)
         restored.append(all(np.array_equal(v.numpy(), saved)
                             for v, saved in zip(mode.state.variables, mode.state._values)))
         return target

@@ -137,7 +137,7 @@ def test_probe_over_checkpoints_writes_metrics_and_plots(pretrained, tmp_path):
                                                       "mlm_accuracy": 0.1, "sequences_per_second": 5.0}) + "\n")
     proc = subprocess.run([sys.executable, str(REPO / "run" / "finetune.py"), f"--train_file={data}",
                            f"--vocab_file={folder / 'vocab.txt'}", f"--probe_checkpoint_dir={folder}", "--kfold=2",
-                           "--epochs=6", "--batch_size=4", "--learning_rate=2e-3", "--max_seq_length=8"],
+                           "--epochs=6", "--global_batch_size=4", "--learning_rate=2e-3", "--max_seq_length=8"],
                           env=mpi_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     probes = [json.loads(l) for l in open(folder / "metrics.jsonl") if '"probe"' in l]

@@ -223,7 +223,7 @@ def test_every_task_trains_predicts_scores_and_writes_its_submission_under_mpiru
     out = tmp_path / "out"
     mpirun(2, [REPO / "run" / "glue.py", "--tasks=all", f"--data_dir={data}", "--random_init",
                f"--bert_config_file={config}", f"--vocab_file={tiny_data['vocab_file']}", "--max_seq_length=32",
-               "--batch_sizes=8", "--epochs=1", "--learning_rates=1e-3", "--seeds=1", "--export_models",
+               "--global_batch_sizes=8", "--epochs=1", "--learning_rates=1e-3", "--seeds=1", "--export_models",
                f"--output_dir={out}"],
            timeout=900)
     result = json.loads((out / "glue.json").read_text())["results"]

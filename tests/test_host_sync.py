@@ -77,7 +77,7 @@ def _loop_counts(tiny_data, tmp_path, total_steps, log_interval, accumulation_st
     """(fetches, stop agreements) of pretraining.train over one run from step 0."""
     cfg = pretrain_config.PretrainConfig(
         model_preset="tiny", vocab_file=tiny_data["vocab_file"], train_files=tiny_data["train"],
-        max_seq_length=64, max_predictions_per_seq=10, batch_size=2, accumulation_steps=accumulation_steps,
+        max_seq_length=64, max_predictions_per_seq=10, micro_batch_size=2, accumulation_steps=accumulation_steps,
         total_steps=total_steps, log_interval=log_interval, save_interval=10 ** 6, stop_check_interval=4,
         checkpoint_dir=str(tmp_path))
     distributed.init()

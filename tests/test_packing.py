@@ -158,7 +158,7 @@ def test_pretraining_reads_packed_records_and_counts_instances_and_useful_tokens
     pd.create_pretraining_data(inputs, "auto", tokenizer, str(tmp_path / "data"), config, heldout_fraction=0.1)
     cfg = pretrain_config.PretrainConfig(
         model_preset="tiny", vocab_file=tiny_data["vocab_file"], train_files=str(tmp_path / "data" / "train-*"),
-        eval_files=str(tmp_path / "data" / "eval-*"), max_seq_length=64, max_predictions_per_seq=10, batch_size=4,
+        eval_files=str(tmp_path / "data" / "eval-*"), max_seq_length=64, max_predictions_per_seq=10, micro_batch_size=4,
         total_steps=4, log_interval=2, eval_batches=2, learning_rate=1e-3, checkpoint_dir=str(tmp_path / "run"))
     trainer, last = pretraining.run(cfg, log=lambda *a, **k: None)
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]

@@ -30,7 +30,7 @@ BAD_CONFIGURATIONS = [
     (dict(max_predictions_per_seq=20), r"'masked_lm_positions' has length 10 .*--max_predictions_per_seq"),
     (dict(train_files="/nonexistent/train-*"), "no input files match '/nonexistent/train-\\*'"),
     (dict(vocab_file="/nonexistent/vocab.txt"), "vocab file not found: /nonexistent/vocab.txt"),
-    (dict(batch_size=0), "--batch_size must be >= 1, got 0"),
+    (dict(micro_batch_size=0), "--micro_batch_size must be >= 1, got 0"),
     (dict(precision="fp8"), "valid: float32, mixed_bfloat16, mixed_float16"),
     (dict(init_checkpoint="/nonexistent/ckpt-1"), "--init_checkpoint=/nonexistent/ckpt-1: no such checkpoint"),
     (dict(eval_interval=10, eval_files=""), "--eval_interval needs --eval_files"),
@@ -73,7 +73,7 @@ def test_dry_run_finds_what_a_run_would_stop_at_and_writes_nothing(tiny_data, tm
 
 def test_dry_run_says_what_the_run_would_be(tiny_data, tmp_path):
     lines = []
-    startup.dry_run(config(tiny_data, tmp_path, batch_size=3, accumulation_steps=5), log=lines.append)
+    startup.dry_run(config(tiny_data, tmp_path, micro_batch_size=3, accumulation_steps=5), log=lines.append)
     vocab = len(open(tiny_data["vocab_file"]).read().splitlines())
     train, evaluation = len(glob.glob(tiny_data["train"])), len(glob.glob(tiny_data["eval"]))
     assert train >= 2 and evaluation >= 1
@@ -101,9 +101,9 @@ def test_unknown_flag_fails_at_start_up():
 
 
 def test_a_bad_value_is_one_line_without_traceback(tiny_data, tmp_path):
-    proc = subprocess.run([sys.executable, str(REPO / "run" / "pretrain.py"), *tiny_data["flags"], "--batch_size=0",
+    proc = subprocess.run([sys.executable, str(REPO / "run" / "pretrain.py"), *tiny_data["flags"], "--micro_batch_size=0",
                            f"--checkpoint_dir={tmp_path}"], env=mpi_env(), capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 1 and "error: --batch_size must be >= 1, got 0" in proc.stderr, proc.stderr[-2000:]
+    assert proc.returncode == 1 and "error: --micro_batch_size must be >= 1, got 0" in proc.stderr, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
 
 
@@ -121,18 +121,72 @@ def test_recipes_give_their_stated_global_batch():
         for phase, batch in (("phase1", 61440), ("phase2", 30720)):
             flags = read(f"{model}_{phase}.flags")
             assert set(flags) <= known
-            assert int(flags["batch_size"]) * int(flags["accumulation_steps"]) * 16 == batch
+            assert int(flags["micro_batch_size"]) * int(flags["accumulation_steps"]) * 16 == batch
     assert read("demo.flags")["model_preset"] == "tiny"
 
 
 def test_fit_micro_batch_re_splits_the_per_rank_batch_or_names_why_it_cannot(tiny_data, tmp_path):
-    asked = config(tiny_data, tmp_path, batch_size=8, accumulation_steps=2, fit_micro_batch=4)
+    asked = config(tiny_data, tmp_path, micro_batch_size=8, accumulation_steps=2, fit_micro_batch=4)
     cfg = asked.resolved()
-    assert (cfg.batch_size, cfg.accumulation_steps, cfg.fit_micro_batch) == (4, 4, 0)
-    assert (asked.batch_size, asked.accumulation_steps, asked.fit_micro_batch) == (8, 2, 4)  # checked, not changed
-    assert cfg.resolved() == cfg and dataclasses.replace(cfg).batch_size == 4     # resolving again changes nothing
-    with pytest.raises(ConfigError, match=r"--fit_micro_batch=3: the per-rank batch --batch_size x "
+    assert (cfg.micro_batch_size, cfg.accumulation_steps, cfg.fit_micro_batch) == (4, 4, 0)
+    assert (asked.micro_batch_size, asked.accumulation_steps, asked.fit_micro_batch) == (8, 2, 4)  # checked, not changed
+    assert cfg.resolved() == cfg and dataclasses.replace(cfg).micro_batch_size == 4     # resolving again changes nothing
+    with pytest.raises(ConfigError, match=r"--fit_micro_batch=3: the per-rank batch --micro_batch_size x "
                                           r"--accumulation_steps = 8 x 2 = 16 is not a positive multiple"):
-        config(tiny_data, tmp_path, batch_size=8, accumulation_steps=2, fit_micro_batch=3)
-    elastic = config(tiny_data, tmp_path, batch_size=8, elastic=True, global_batch=32, fit_micro_batch=4).resolved()
-    assert (elastic.batch_size, elastic.accumulation_steps, elastic.global_batch) == (4, 1, 32)
+        config(tiny_data, tmp_path, micro_batch_size=8, accumulation_steps=2, fit_micro_batch=3)
+    elastic = config(tiny_data, tmp_path, micro_batch_size=8, elastic=True, global_batch_size=32, fit_micro_batch=4).resolved()
+    assert (elastic.micro_batch_size, elastic.accumulation_steps, elastic.global_batch_size) == (4, 1, 32)
+
+
+def test_a_flagfile_with_the_old_batch_flag_still_works_with_a_warning_naming_the_new_one(tiny_data, tmp_path):
+    """--batch_size was the micro-batch's name until this release: a flagfile that still says it runs,
+    warned; the run is what --micro_batch_size would give."""
+    old = tmp_path / "old.flags"
+    flags = [f for f in tiny_data["flags"] if not f.startswith("--micro_batch_size=")]
+    old.write_text("\n".join([*flags, "--batch_size=3", f"--checkpoint_dir={tmp_path / 'ckpt'}"]) + "\n")
+    proc = subprocess.run([sys.executable, str(REPO / "run" / "pretrain.py"), f"--flagfile={old}", "--dry_run"],
+                          env=mpi_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "warning: --batch_size is deprecated and goes in the next release: use --micro_batch_size" in proc.stderr
+    assert "; 3 x 1 sequences per rank per update" in proc.stdout
+
+
+def test_the_old_and_the_new_name_of_a_flag_together_fail_at_start_up_naming_both(tmp_path):
+    from absl import flags as absl_flags
+    from bert_tf import cli
+    from bert_tf.train.pretrain_config import PretrainConfig
+    fv = absl_flags.FlagValues()
+    cli.define_config_flags(PretrainConfig, fv)
+    cli.define_renamed("batch_size", "micro_batch_size", fv)
+    flagfile = tmp_path / "both.flags"
+    flagfile.write_text("--batch_size=8\n")
+    fv(["pretrain.py", f"--flagfile={flagfile}", "--micro_batch_size=4"])
+    with pytest.raises(ConfigError, match="--batch_size and --micro_batch_size both given: --batch_size is the old "
+                                          "name of --micro_batch_size"):
+        cli.apply_renamed(warn=lambda message: None)
+    fv.unparse_flags()
+    fv(["pretrain.py", f"--flagfile={flagfile}"])
+    said = []
+    cli.apply_renamed(warn=said.append)
+    assert fv.micro_batch_size == 8 and said == [
+        "warning: --batch_size is deprecated and goes in the next release: use --micro_batch_size (Sequences per "
+        "rank per forward/backward pass (one micro-batch))"]
+
+
+def test_every_pretraining_flag_is_a_config_field_with_its_help_and_the_config_round_trips():
+    """The flags of run/pretrain.py come from PretrainConfig's fields (one name, default and help each)."""
+    from absl import flags as absl_flags
+    from bert_tf import cli
+    from bert_tf.train.pretrain_config import PretrainConfig
+    fv = absl_flags.FlagValues()
+    cli.define_config_flags(PretrainConfig, fv)
+    fields = {f.name for f in dataclasses.fields(PretrainConfig) if f.name != "comm"}
+    assert set(fv) == fields | {f.name for f in dataclasses.fields(comm.CommConfig)}
+    assert all(fv[name].help for name in fv)
+    assert fv["precision"].parser.enum_values == ["float32", "mixed_bfloat16", "mixed_float16"]
+    fv(["pretrain.py", "--vocab_file=v", "--checkpoint_dir=c", "--micro_batch_size=6", "--fp16_allreduce",
+        "--recompute=layer"])
+    cfg = cli.config_from_flags(PretrainConfig, fv)
+    assert (cfg.micro_batch_size, cfg.comm.fp16_allreduce, cfg.recompute, cfg.seed) == (6, True, "layer", 12345)
+    with pytest.raises(absl_flags.IllegalFlagValueError):
+        fv(["pretrain.py", "--recompute=all"])

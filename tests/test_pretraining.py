@@ -1,5 +1,6 @@
 """The pre-training loop's pieces in one process: signal handling, interval metrics, the trainer's
 state list, and a short run end to end."""
+import inspect
 import json
 import re
 import signal
@@ -128,7 +129,7 @@ def test_a_short_run_logs_saves_and_restores_the_signal_handlers(tiny_data, tmp_
     try:
         cfg = pretrain_config.PretrainConfig(
             model_preset="tiny", vocab_file=tiny_data["vocab_file"], train_files=tiny_data["train"],
-            eval_files=tiny_data["eval"], max_seq_length=64, max_predictions_per_seq=10, batch_size=4,
+            eval_files=tiny_data["eval"], max_seq_length=64, max_predictions_per_seq=10, micro_batch_size=4,
             accumulation_steps=2, fit_micro_batch=2, total_steps=3, log_interval=2, eval_batches=2,
             checkpoint_dir=str(tmp_path), wandb_project="bert_tf-test", wandb_mode="offline")
         trainer, last = pretraining.run(cfg, log=lambda *a, **k: None)
@@ -142,8 +143,8 @@ def test_a_short_run_logs_saves_and_restores_the_signal_handlers(tiny_data, tmp_
                                             "fusion_threshold_mb": None, "cycle_time_ms": None}
     # the run record keeps what was asked and what it resolved to (the per-rank batch of 8 re-split)
     asked, resolved = records[0]["config"], records[0]["resolved"]
-    assert (asked["batch_size"], asked["accumulation_steps"], asked["fit_micro_batch"]) == (4, 2, 2)
-    assert (resolved["batch_size"], resolved["accumulation_steps"], resolved["fit_micro_batch"]) == (2, 4, 0)
+    assert (asked["micro_batch_size"], asked["accumulation_steps"], asked["fit_micro_batch"]) == (4, 2, 2)
+    assert (resolved["micro_batch_size"], resolved["accumulation_steps"], resolved["fit_micro_batch"]) == (2, 4, 0)
     assert records[2]["samples_seen"] == 3 * 8 and records[2]["sequences"] == 8 and "eval_mlm_accuracy" in last
     assert tf.train.latest_checkpoint(str(tmp_path)).endswith("ckpt-3")
     # --wandb_mode=offline: the W&B run folder holds what metrics.jsonl (and TensorBoard) got, and the run record
@@ -158,7 +159,7 @@ def test_a_short_run_logs_saves_and_restores_the_signal_handlers(tiny_data, tmp_
         for key, value in record.items():
             if isinstance(value, (int, float)) and not isinstance(value, bool) and key not in ("step", "time"):
                 assert logged[record["step"]][f"{record['kind']}/{key}"] == pytest.approx(value, rel=1e-6), key
-    assert json.loads(config["resolved"])["batch_size"] == 2 and "command" in config
+    assert json.loads(config["resolved"])["micro_batch_size"] == 2 and "command" in config
 
 
 def test_a_checkpoint_from_before_the_input_position_resumes_from_its_json_with_a_fresh_pass(tiny_data, tmp_path):
@@ -168,7 +169,7 @@ def test_a_checkpoint_from_before_the_input_position_resumes_from_its_json_with_
     def config(directory, total_steps):
         return pretrain_config.PretrainConfig(
             model_preset="tiny", vocab_file=tiny_data["vocab_file"], train_files=tiny_data["train"],
-            eval_files=tiny_data["eval"], max_seq_length=64, max_predictions_per_seq=10, batch_size=4,
+            eval_files=tiny_data["eval"], max_seq_length=64, max_predictions_per_seq=10, micro_batch_size=4,
             total_steps=total_steps, log_interval=1, eval_batches=1, checkpoint_dir=str(directory))
 
     trainer, _ = pretraining.run(config(tmp_path / "new", 3), log=lambda *a, **k: None)
@@ -245,7 +246,7 @@ def _guarded_run(tiny_data, tmp_path, monkeypatch, inject, **overrides):
     monkeypatch.setattr(pretraining, "train", spy_train)
     monkeypatch.setattr(pretraining.Static, "rollback", spy_rollback)
     settings = dict(model_preset="tiny", vocab_file=tiny_data["vocab_file"], train_files=tiny_data["train"],
-                    max_seq_length=64, max_predictions_per_seq=10, batch_size=8, learning_rate=1e-3,
+                    max_seq_length=64, max_predictions_per_seq=10, micro_batch_size=8, learning_rate=1e-3,
                     warmup_steps=5, total_steps=60, log_interval=2, save_interval=10, checkpoint_dir=str(tmp_path))
     settings.update(overrides)
     logs = []
@@ -298,7 +299,7 @@ def test_a_poisoned_batch_is_skipped_after_a_rollback_and_one_that_never_ends_st
 # ----------------------------------------------------------------------------- wall-clock: budgets and targets
 def _tiny(tiny_data, folder, **overrides):
     settings = dict(model_preset="tiny", vocab_file=tiny_data["vocab_file"], train_files=tiny_data["train"],
-                    eval_files=tiny_data["eval"], max_seq_length=64, max_predictions_per_seq=10, batch_size=8,
+                    eval_files=tiny_data["eval"], max_seq_length=64, max_predictions_per_seq=10, micro_batch_size=8,
                     learning_rate=1e-3, warmup_steps=100, total_steps=10000, log_interval=5, save_interval=50,
                     eval_batches=2, checkpoint_dir=str(folder))
     settings.update(overrides)
@@ -359,8 +360,45 @@ def test_wall_clock_flags_are_checked_at_start():
         pretrain_config.PretrainConfig(checkpoint_dir="x", vocab_file="v", target_mlm_accuracy=0.5, eval_files="e")
     with pytest.raises(ConfigError, match="--time_budget_hours with --elastic: not supported"):
         pretrain_config.PretrainConfig(checkpoint_dir="x", vocab_file="v", time_budget_hours=1, elastic=True,
-                                   global_batch=8)
+                                   global_batch_size=8)
     with pytest.raises(ConfigError, match="--recompute=all: valid are none, layer"):
         pretrain_config.PretrainConfig(checkpoint_dir="x", vocab_file="v", recompute="all")
     with pytest.raises(ConfigError, match=r"--target_mlm_accuracy must be in \[0, 1\)"):
         pretrain_config.PretrainConfig(checkpoint_dir="x", vocab_file="v", target_mlm_accuracy=1.5)
+
+
+def _protocol_members(protocol):
+    methods = {name: inspect.signature(getattr(protocol, name)) for name, value in vars(protocol).items()
+               if callable(value) and not name.startswith("_")}
+    return methods, set(getattr(protocol, "__annotations__", {}))
+
+
+def _same_parameters(cls, name, expected):
+    got = inspect.signature(getattr(cls, name))
+    return [p.name for p in got.parameters.values()] == [p.name for p in expected.parameters.values()]
+
+
+def test_both_modes_and_both_training_inputs_satisfy_the_loops_protocols():
+    """The loop's contracts are typing.Protocols (pretraining.Mode, input_pipeline.TrainingInput): every
+    hook with the protocol's parameters, in both implementations; a missing hook or another signature fails."""
+    import ast
+    import textwrap
+    import types
+    from bert_tf.data import input_pipeline
+    from bert_tf.train import elastic
+    for protocol, implementations in ((pretraining.Mode, (pretraining.Static, elastic.Elastic)),
+                                      (input_pipeline.TrainingInput, (input_pipeline.PerRankInput,
+                                                                      elastic.SharedStream))):
+        methods, data = _protocol_members(protocol)
+        assert methods, protocol
+        for cls in implementations:
+            for name, signature in methods.items():
+                assert hasattr(cls, name) and _same_parameters(cls, name, signature), (cls, name)
+            init = ast.parse(textwrap.dedent(inspect.getsource(cls.__init__)))
+            assigned = {t.attr for node in ast.walk(init) if isinstance(node, ast.Assign) for target in node.targets
+                        for t in ast.walk(target) if isinstance(t, ast.Attribute)}
+            assert data <= assigned | set(vars(cls)), (cls, data - assigned)
+    static = pretraining.Static(None, types.SimpleNamespace(samples_seen=5), print, 10)
+    assert isinstance(static, pretraining.Mode) and static.samples_seen == 5
+    stream = input_pipeline.PerRankInput(tf.data.Dataset.range(3), 1, gather=lambda b: [b])
+    assert isinstance(stream, input_pipeline.TrainingInput)

@@ -142,7 +142,7 @@ def test_both_versions_train_predict_and_score_end_to_end(tiny_data, tmp_path):
     config = tmp_path / "bert_config.json"
     modeling.BertConfig.preset("tiny", vocab_size=vocab_size).to_json_file(str(config))
     common = [f"--vocab_file={tiny_data['vocab_file']}", "--random_init", f"--bert_config_file={config}",
-              "--max_seq_length=48", "--doc_stride=16", "--max_query_length=16", "--batch_size=4", "--epochs=2",
+              "--max_seq_length=48", "--doc_stride=16", "--max_query_length=16", "--global_batch_size=4", "--epochs=2",
               "--learning_rate=1e-3"]
     for version, launch in (("1.1", "mpirun"), ("2.0", "python")):
         data = squad_json(version, impossible=version == "2.0")

@@ -188,6 +188,22 @@ def dynamic_masker(vocab_size, special_ids, max_predictions_per_seq, masked_lm_p
     return mask
 
 
+def serialized_records(files, seed=0, training=True, shuffle_buffer=10000, read=tf.data.TFRecordDataset,
+                       record_shard=None):
+    """The records of `files`, serialized. training: the files reshuffled every pass and the records
+    through a seeded buffer, repeated forever; else one pass in order. record_shard: (index, count),
+    keep every count-th record from index (shard_files' record-level sharding)."""
+    ds = tf.data.Dataset.from_tensor_slices(files)
+    if training:
+        ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True).repeat()
+    ds = ds.interleave(read, cycle_length=min(4, len(files)), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    if record_shard is not None:
+        ds = ds.shard(record_shard[1], record_shard[0])
+    if training:
+        ds = ds.shuffle(shuffle_buffer, seed=seed + 1, reshuffle_each_iteration=True)
+    return ds
+
+
 def make_dataset(files, batch_size, max_seq_length, max_predictions_per_seq, rank=0, size=1, seed=0,
                  training=True, masker=None, shuffle_buffer=10000, read=tf.data.TFRecordDataset, pack=0):
     """Batches of google-format features (int32 ids) for one rank (packed rows: pack = instances per row).
@@ -198,15 +214,7 @@ def make_dataset(files, batch_size, max_seq_length, max_predictions_per_seq, ran
     """
     my_files, record_shard = shard_files(list(files), rank, size)
     spec = record_spec(max_seq_length, max_predictions_per_seq, masked=masker is None, pack=pack)
-    ds = tf.data.Dataset.from_tensor_slices(my_files)
-    if training:
-        ds = ds.shuffle(len(my_files), seed=seed, reshuffle_each_iteration=True).repeat()
-    ds = ds.interleave(read, cycle_length=min(4, len(my_files)),
-                       num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    if record_shard is not None:
-        ds = ds.shard(record_shard[1], record_shard[0])
-    if training:
-        ds = ds.shuffle(shuffle_buffer, seed=seed + 1, reshuffle_each_iteration=True)
+    ds = serialized_records(my_files, seed, training, shuffle_buffer, read, record_shard)
     ds = ds.map(lambda record: parse_features(record, spec), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     ds = ds.batch(batch_size, drop_remainder=training)
     if masker is not None:

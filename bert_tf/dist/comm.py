@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from bert_tf import ConfigError
+from bert_tf import ConfigError, knob
 
 # Horovod 0.28's own values, in force when a field is None and the environment sets nothing.
 HOROVOD_FUSION_THRESHOLD_MB = 128.0
@@ -19,10 +19,17 @@ HOROVOD_CYCLE_TIME_MS = 1.0
 
 @dataclasses.dataclass(frozen=True)
 class CommConfig:
-    fp16_allreduce: bool = False                # send gradients as float16 (Horovod compression)
-    allreduce_every_micro_batch: bool = False   # the naive baseline: one allreduce per micro-batch
-    fusion_threshold_mb: float | None = None    # Horovod tensor-fusion buffer; 0 = no fusion
-    cycle_time_ms: float | None = None          # Horovod cycle time
+    fp16_allreduce: bool = knob(False, "Send gradients as float16 (Horovod compression).")
+    allreduce_every_micro_batch: bool = knob(
+        False, "The naive baseline: allreduce each micro-batch's gradients (accumulation_steps allreduces per "
+        "update instead of one, after accumulation).")
+    fusion_threshold_mb: float | None = knob(
+        None, "Horovod tensor-fusion buffer, MB (HOROVOD_FUSION_THRESHOLD; 0: no fusion). Unset: Horovod's "
+        f"{HOROVOD_FUSION_THRESHOLD_MB:g} MB; a value in the environment (horovodrun --fusion-threshold-mb) wins "
+        "over the flag.")
+    cycle_time_ms: float | None = knob(
+        None, f"Horovod cycle time, ms (HOROVOD_CYCLE_TIME). Unset: Horovod's {HOROVOD_CYCLE_TIME_MS:g} ms; the "
+        "environment wins over the flag.")
 
     def __post_init__(self):
         for name in ("fusion_threshold_mb", "cycle_time_ms"):

@@ -2,7 +2,7 @@
 
     horovodrun -np 3 --min-np 2 --max-np 4 --gloo --network-interface eth0 \
         --host-discovery-script 'scripts/discover_hosts.sh hosts.live' \
-        python run/pretrain.py --elastic --global_batch=... --elastic_commit_interval=10 ...
+        python run/pretrain.py --elastic --global_batch_size=... --elastic_commit_interval=10 ...
 
 Horovod's elastic driver (horovodrun, Gloo controller) runs the discovery script every second, starts
 ranks on new hosts, and blacklists hosts whose ranks failed. This module is the rank's side, all of
@@ -15,7 +15,7 @@ It reaches Horovod only through distributed.ElasticWorld (a test passes a stand-
   died or became unreachable), every survivor puts the committed copy back, Horovod re-forms the ring
   without the lost ranks, and rank 0 (the oldest survivor) broadcasts the state, so a newcomer
   receives it too; training continues at the committed update (`Elastic.run`).
-- The global batch never changes: --global_batch is `per_update` micro-batches of --batch_size; with
+- The global batch never changes: --global_batch_size is `per_update` micro-batches of --micro_batch_size; with
   `size` ranks, rank r takes micro-batches r, r + size, ... of each update (`SharedStream`), so ranks
   take ceil or floor(per_update / size) of them. Each rank averages its own micro-batches and the
   allreduce averages ranks, so a rank's average is weighted by `its micro-batches x size /
@@ -73,7 +73,7 @@ def check_launch(environ=None, gloo_built=None):
 
 def micro_batches_per_update(global_batch, batch_size):
     if global_batch < 1 or global_batch % batch_size:
-        raise ConfigError(f"--global_batch={global_batch} must be a positive multiple of --batch_size={batch_size}")
+        raise ConfigError(f"--global_batch_size={global_batch} must be a positive multiple of --micro_batch_size={batch_size}")
     return global_batch // batch_size
 
 
@@ -86,8 +86,8 @@ def rank_indices(per_update, rank, size):
 def rank_share(per_update, rank, size):
     """(micro-batches this rank takes per update, weight of its average in the ranks' average)."""
     if size > per_update:
-        raise ConfigError(f"{size} ranks but an update has only {per_update} micro-batches (--global_batch / "
-                          f"--batch_size): give horovodrun --max-np <= {per_update}, or a smaller --batch_size")
+        raise ConfigError(f"{size} ranks but an update has only {per_update} micro-batches (--global_batch_size / "
+                          f"--micro_batch_size): give horovodrun --max-np <= {per_update}, or a smaller --micro_batch_size")
     mine = len(rank_indices(per_update, rank, size))
     return mine, mine * size / per_update
 
@@ -106,11 +106,7 @@ def make_shared_stream(files, batch_size, seed=0, shuffle_buffer=10000, read=tf.
     """The shared stream's dataset: serialized micro-batches of `batch_size` records, the files
     reshuffled every pass and the records through a seeded buffer, repeated forever. It has no rank
     or size in it, so every rank builds the same one."""
-    files = sorted(files)
-    ds = tf.data.Dataset.from_tensor_slices(files).shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
-    ds = ds.repeat().interleave(read, cycle_length=min(4, len(files)), num_parallel_calls=tf.data.AUTOTUNE,
-                                deterministic=True)
-    ds = ds.shuffle(shuffle_buffer, seed=seed + 1, reshuffle_each_iteration=True)
+    ds = input_pipeline.serialized_records(sorted(files), seed, True, shuffle_buffer, read)
     return ds.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
 
 
@@ -201,9 +197,8 @@ class TrainingState:
             v.assign(value)
 
     def restore(self):
-        """Back to the last commit (this rank's own copy)."""
-        for v, value in zip(self.variables, self._values):
-            v.assign(value)
+        """Back to the last commit (this rank's own copy): its weights and its stream position."""
+        self.restore_weights()
         self.samples_seen = self._saved[0]
         self.stream.restore(self._saved[1])
 
@@ -240,7 +235,7 @@ class Elastic:
     def __init__(self, cfg, job, log=print, world=None):
         self.cfg, self.job, self.log = cfg, job, log
         self.world = world if world is not None else distributed.ElasticWorld()
-        self.per_update = micro_batches_per_update(cfg.global_batch, cfg.batch_size)
+        self.per_update = micro_batches_per_update(cfg.global_batch_size, cfg.micro_batch_size)
         self.state = TrainingState(job.trainer.state_variables(), job.input, job.samples_seen, self.world)
         self.rank, self.size, self.say, self.loss_weight = 0, 1, metrics.silent, 1.0
         self.samples_seen = self.start_step = 0
@@ -258,7 +253,7 @@ class Elastic:
         job.writer.set_active(self.rank == 0)
         job.ckpts.set_writer(self.rank == 0)
         self.samples_seen, self.start_step = self.state.samples_seen, step
-        self.say(f"elastic: {describe_share(micro, self.cfg.batch_size, self.size)}; from step {step} "
+        self.say(f"elastic: {describe_share(micro, self.cfg.micro_batch_size, self.size)}; from step {step} "
                  f"({self.samples_seen} samples seen), committing every {self.cfg.elastic_commit_interval} updates")
 
     def started(self, step):

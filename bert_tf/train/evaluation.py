@@ -19,7 +19,7 @@ def make_evaluator(trainer, cfg, eval_files, vocab_size, masker, pack=0):
     forward = tf.function(lambda f: trainer.model(f, dtype=trainer.dtype, training=False), jit_compile=False)
 
     def evaluate(step):
-        dataset = input_pipeline.make_dataset(eval_files, cfg.batch_size, cfg.max_seq_length,
+        dataset = input_pipeline.make_dataset(eval_files, cfg.micro_batch_size, cfg.max_seq_length,
                                               cfg.max_predictions_per_seq, distributed.rank(), distributed.size(),
                                               training=False, masker=masker, pack=pack)
         if cfg.eval_batches:

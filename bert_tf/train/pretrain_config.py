@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from bert_tf import ConfigError
+from bert_tf import ConfigError, knob
 from bert_tf.artifacts import metrics
 from bert_tf.dist import distributed
 from bert_tf.model import modeling
@@ -23,53 +23,74 @@ class PretrainConfig(training.TrainConfig):
     weight_decay, clip_norm, seed, comm) plus model, data, Horovod and output settings.
     Constructing one validates it (training.TrainConfig.validate, extended here)."""
 
-    seed: int = 12345
+    seed: int = knob(12345, "Seed for initialisation, data order and dropout.")
     # model and data
-    model_preset: str = "base"
-    bert_config_file: str = ""
-    vocab_file: str = ""
-    do_lower_case: bool = True
-    train_files: str = ""
-    eval_files: str = ""
-    max_seq_length: int = 128
-    max_predictions_per_seq: int = 20
-    dynamic_masking: bool = False
-    masked_lm_prob: float = 0.15
-    mlm_only: bool = False
-    batch_size: int = 32
-    fit_micro_batch: int = 0          # re-split batch_size x accumulation_steps into micro-batches of this size
-    recompute: str = "none"           # "layer": recompute each transformer layer in the backward pass (memory)
+    model_preset: str = knob("base", "Standard model size (google-research/bert and Turc et al. 2019).",
+                             choices=modeling.PRESETS)
+    bert_config_file: str = knob("", "google-format bert_config.json (instead of a preset).")
+    vocab_file: str = knob("", "WordPiece vocab.txt; its size sets the model's vocab_size for presets.")
+    do_lower_case: bool = knob(True, "Tokeniser lower-cases (must match the data).")
+    train_files: str = knob("", "Comma-separated globs of training TFRecords.")
+    eval_files: str = knob("", "Comma-separated globs of held-out TFRecords.")
+    max_seq_length: int = knob(128, "Tokens per sequence, with [CLS] and [SEP]s.")
+    max_predictions_per_seq: int = knob(20, "Masked positions per sequence.")
+    dynamic_masking: bool = knob(False, "Records are unmasked; mask in tf.data each epoch.")
+    masked_lm_prob: float = knob(0.15, "Masking rate for --dynamic_masking.")
+    mlm_only: bool = knob(False, "Train the masked-LM objective only (no next-sentence head).")
+    # batches: a micro-batch is one rank's forward/backward; the global batch is one update over all ranks
+    micro_batch_size: int = knob(32, "Sequences per rank per forward/backward pass (one micro-batch). The global "
+                                 "batch is --micro_batch_size x --accumulation_steps x ranks.")
+    fit_micro_batch: int = knob(0, "Re-split the per-rank batch (--micro_batch_size x --accumulation_steps) into "
+                                "micro-batches of this size, keeping the global batch (run/benchmark.py "
+                                "--tune_micro_batch_sizes writes it); 0: off.")
+    recompute: str = knob("none", "layer: keep only each transformer layer's input for the backward pass and run "
+                          "the layer again there (less activation memory, about one more forward pass; the same "
+                          "gradients): phase 2 at sequence 512 on small devices.", choices=modeling.RECOMPUTE)
     # Horovod (the communication knobs are training.TrainConfig.comm)
-    horovod_timeline: str = ""
-    horovod_autotune: bool = False
-    network_interface: str = ""       # log bytes this node sent on it per update (e.g. eth0)
-    intra_op_threads: int = 0         # CPU thread pools per rank; 0: distributed.cpu_threads' default
-    inter_op_threads: int = 0
+    horovod_timeline: str = knob("", "Write Horovod's timeline JSON here.")
+    horovod_autotune: bool = knob(False, "Let Horovod tune fusion threshold and cycle time.")
+    network_interface: str = knob("", "Log the bytes this node sent on this interface per update (e.g. eth0).")
+    intra_op_threads: int = knob(0, "CPU threads per rank for one op (0: the node's cores / its ranks).")
+    inter_op_threads: int = knob(0, "CPU threads per rank running ops side by side (0: 2).")
     # outputs
-    checkpoint_dir: str = ""
-    init_checkpoint: str = ""
-    save_interval: int = 1000
-    keep_last: int = 3
-    log_interval: int = 100
-    wandb_project: str = ""           # also log to Weights & Biases (rank 0), besides TensorBoard
-    wandb_mode: str = "online"        # or "offline": a run folder in checkpoint_dir/wandb, for `wandb sync`
-    stop_check_interval: int = 10     # ranks agree on a stop signal every N updates (and at logs, saves)
-    ladder_sequences_per_second: float = 0.0  # run/benchmark.py's figure for this configuration (its flagfile)
-    eval_interval: int = 0
-    eval_batches: int = 0
+    checkpoint_dir: str = knob("", "Checkpoints, metrics.jsonl, TensorBoard; resumes from here.")
+    init_checkpoint: str = knob("", "Start the model from this checkpoint (phase 2); fresh optimizer and schedule. "
+                                "Ignored when --checkpoint_dir has a checkpoint.")
+    save_interval: int = knob(1000, "Save every N updates (and at the end and on SIGTERM/SIGINT).")
+    keep_last: int = knob(3, "Checkpoints to keep.")
+    log_interval: int = knob(100, "Progress line every N updates.")
+    wandb_project: str = knob("", "Also log what TensorBoard gets to this Weights & Biases project (rank 0; needs "
+                              "`pip install wandb`); TensorBoard stays.")
+    wandb_mode: str = knob("online", "offline: no network; the run goes to <checkpoint_dir>/wandb/offline-run-*, "
+                           "for `wandb sync` later.", choices=("online", "offline"))
+    stop_check_interval: int = knob(10, "Ranks agree on a SIGTERM/SIGINT every N updates (and at log and save "
+                                    "steps): the only host synchronisation between log intervals.")
+    ladder_sequences_per_second: float = knob(0.0, "run/benchmark.py's sequences/s for this configuration (its "
+                                              "--write_flagfile sets it): logged next to the measured figure.")
+    eval_interval: int = knob(0, "Held-out evaluation every N updates (0: only at the end).")
+    eval_batches: int = knob(0, "Limit evaluation to N batches per rank (0: all).")
     # elastic mode (bert_tf/train/elastic.py)
-    elastic: bool = False
-    global_batch: int = 0             # elastic: sequences per update, whatever the rank count
-    elastic_commit_interval: int = 10
+    elastic: bool = knob(False, "Elastic mode: ranks may leave and join (horovodrun --host-discovery-script ... "
+                         "--gloo; bert_tf/train/elastic.py). Needs --global_batch_size.")
+    global_batch_size: int = knob(0, "Elastic mode: sequences per optimizer update over all ranks, kept whatever "
+                                  "the rank count (each rank's micro-batches per update follow from it).")
+    elastic_commit_interval: int = knob(10, "Elastic mode: commit the state to memory every N updates (a lost rank "
+                                        "costs the updates since the last commit).")
     # the divergence guard (bert_tf/train/divergence.py)
-    divergence_factor: float = 1.5    # roll back when the logged loss stays above this x its running median
-    divergence_intervals: int = 3     # ... for this many logged intervals in a row
-    max_skipped_updates: int = 25     # ... or when this many updates in a row were skipped (non-finite)
-    max_rollbacks: int = 3
-    rollback_lr_scale: float = 1.0
+    divergence_factor: float = knob(1.5, "Divergence guard: roll back to the last good checkpoint when the logged "
+                                    "loss stays above this x the median of the last 20 healthy intervals (0: off) "
+                                    "...")
+    divergence_intervals: int = knob(3, "... for this many logged intervals in a row.")
+    max_skipped_updates: int = knob(25, "Divergence guard: roll back when this many updates in a row were skipped "
+                                    "for non-finite gradients (0: off; checked at log steps).")
+    max_rollbacks: int = knob(3, "Stop after this many rollbacks.")
+    rollback_lr_scale: float = knob(1.0, "Multiply the learning rate by this at each rollback.")
     # wall-clock (bert_tf/train/budget.py)
-    time_budget_hours: float = 0.0    # the schedule follows the clock; stop, save and evaluate when spent
-    target_mlm_accuracy: float = 0.0  # stop at the first evaluation that reaches it; log the time to train
+    time_budget_hours: float = knob(0.0, "End the run on the clock: the learning-rate schedule (the recipe's "
+                                    "shape) is stretched over the updates this many hours hold, predicted from the "
+                                    "measured rate; a restart spends what is left (0: end at --total_steps).")
+    target_mlm_accuracy: float = knob(0.0, "Stop at the first evaluation (--eval_interval) whose held-out MLM "
+                                      "accuracy reaches this, and log the time to train (0: off).")
 
     def guard_config(self) -> divergence.GuardConfig:
         return divergence.GuardConfig(self.divergence_factor, self.divergence_intervals, self.max_skipped_updates,
@@ -96,19 +117,19 @@ class PretrainConfig(training.TrainConfig):
             raise ConfigError("--vocab_file is required")
         if self.bert_config_file and self.model_preset not in ("", "base"):
             raise ConfigError("give --bert_config_file or --model_preset, not both")
-        for name in ("batch_size", "max_seq_length", "max_predictions_per_seq", "save_interval", "log_interval",
+        for name in ("micro_batch_size", "max_seq_length", "max_predictions_per_seq", "save_interval", "log_interval",
                      "keep_last", "stop_check_interval"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name} must be >= 1, got {getattr(self, name)}")
         if self.fit_micro_batch < 0:
             raise ConfigError(f"--fit_micro_batch must be >= 0, got {self.fit_micro_batch}")
         if self.fit_micro_batch and not self.elastic:   # the per-rank batch stays the recipe's
-            per_rank = self.batch_size * self.accumulation_steps
+            per_rank = self.micro_batch_size * self.accumulation_steps
             if per_rank % self.fit_micro_batch:
                 raise ConfigError(
-                    f"--fit_micro_batch={self.fit_micro_batch}: the per-rank batch --batch_size x "
-                    f"--accumulation_steps = {self.batch_size} x {self.accumulation_steps} = {per_rank} is not a "
-                    f"positive multiple of it; tune with run/benchmark.py --tune_batch_sizes=<divisors of "
+                    f"--fit_micro_batch={self.fit_micro_batch}: the per-rank batch --micro_batch_size x "
+                    f"--accumulation_steps = {self.micro_batch_size} x {self.accumulation_steps} = {per_rank} is not a "
+                    f"positive multiple of it; tune with run/benchmark.py --tune_micro_batch_sizes=<divisors of "
                     f"{per_rank}> or drop the line")
         if self.ladder_sequences_per_second < 0:
             raise ConfigError(f"--ladder_sequences_per_second must be >= 0, got {self.ladder_sequences_per_second}")
@@ -120,18 +141,18 @@ class PretrainConfig(training.TrainConfig):
             raise ConfigError(f"--max_predictions_per_seq={self.max_predictions_per_seq} exceeds "
                               f"--max_seq_length={self.max_seq_length}")
         if self.elastic:
-            if not self.global_batch:
-                raise ConfigError("--elastic needs --global_batch (sequences per update, kept whatever the rank "
+            if not self.global_batch_size:
+                raise ConfigError("--elastic needs --global_batch_size (sequences per update, kept whatever the rank "
                                   "count; --accumulation_steps is then derived from it at every resize)")
-            elastic.micro_batches_per_update(self.global_batch, self.fit_micro_batch or self.batch_size)
+            elastic.micro_batches_per_update(self.global_batch_size, self.fit_micro_batch or self.micro_batch_size)
             if self.accumulation_steps != 1:
                 raise ConfigError(f"--accumulation_steps={self.accumulation_steps} with --elastic: each rank's "
-                                  f"micro-batches per update follow from --global_batch and the rank count; leave "
+                                  f"micro-batches per update follow from --global_batch_size and the rank count; leave "
                                   f"it at 1")
             if self.elastic_commit_interval < 1:
                 raise ConfigError(f"--elastic_commit_interval must be >= 1, got {self.elastic_commit_interval}")
-        elif self.global_batch:
-            raise ConfigError("--global_batch is for --elastic; otherwise the global batch is --batch_size x "
+        elif self.global_batch_size:
+            raise ConfigError("--global_batch_size is for --elastic; otherwise the global batch is --micro_batch_size x "
                               "--accumulation_steps x ranks")
         distributed.cpu_threads(1, self.intra_op_threads, self.inter_op_threads, cores=1)   # its value checks
 
@@ -139,11 +160,11 @@ class PretrainConfig(training.TrainConfig):
     def resolved(self) -> "PretrainConfig":
         """A new config with --fit_micro_batch applied (this one, what was asked, is unchanged): the
         micro-batch becomes it, and --accumulation_steps re-splits the per-rank batch (elastic mode:
-        --global_batch fixes the update, so only the micro-batch changes)."""
+        --global_batch_size fixes the update, so only the micro-batch changes)."""
         if not self.fit_micro_batch:
             return self
         if self.elastic:
-            return dataclasses.replace(self, batch_size=self.fit_micro_batch, fit_micro_batch=0)
-        per_rank = self.batch_size * self.accumulation_steps
-        return dataclasses.replace(self, batch_size=self.fit_micro_batch, fit_micro_batch=0,
+            return dataclasses.replace(self, micro_batch_size=self.fit_micro_batch, fit_micro_batch=0)
+        per_rank = self.micro_batch_size * self.accumulation_steps
+        return dataclasses.replace(self, micro_batch_size=self.fit_micro_batch, fit_micro_batch=0,
                                    accumulation_steps=per_rank // self.fit_micro_batch)

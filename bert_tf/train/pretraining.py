@@ -105,7 +105,7 @@ class IntervalMetrics:
               "useful_tokens", "instances")
 
     def __init__(self, global_batch, seq_length, network_interface="", loss_weight=1.0):
-        self.global_batch, self.seq_length, self.interface = global_batch, seq_length, network_interface
+        self.global_batch_size, self.seq_length, self.interface = global_batch, seq_length, network_interface
         # elastic mode with uneven shares: this rank's losses weighted like its gradients, so the
         # ranks' average is the mean over the whole global batch
         self.loss_weight = loss_weight
@@ -137,8 +137,8 @@ class IntervalMetrics:
                   **{key: value / (n * size) for key, value in total.items() if training.is_mean(key)},
                   **metrics.accuracies(total),
                   "learning_rate": float(out["learning_rate"]), "grad_norm": float(out["grad_norm"]),
-                  "sequences_per_second": n * self.global_batch / seconds,
-                  "tokens_per_second": n * self.global_batch * self.seq_length / seconds,
+                  "sequences_per_second": n * self.global_batch_size / seconds,
+                  "tokens_per_second": n * self.global_batch_size * self.seq_length / seconds,
                   **({"sequences": int(total["sequences"])} if "sequences" in total else {}),  # trained, all ranks
                   # non-padding tokens (and with packed rows, instances) over all ranks
                   **{f"{key}_per_second": float(total[key]) / seconds for key in ("useful_tokens", "instances")
@@ -211,17 +211,10 @@ def train(cfg: PretrainConfig, job: Job, mode: Mode) -> dict:
     and the hooks where the modes differ; elastic mode runs it again after every re-forming."""
     trainer, writer = job.trainer, job.writer
     start_step = step = int(trainer.step.numpy())
-    mode.begin(step)
+    _begin(job, mode, step)
     say, samples_seen = mode.say, mode.samples_seen
     interval = IntervalMetrics(job.global_batch, cfg.max_seq_length, cfg.network_interface, mode.loss_weight)
     last = {}
-    writer.write({**job.run_record, "step": step, "ranks": mode.size})
-    mode.started(step)
-    if job.started_from_init and job.eval_files and step == 0:  # continued pre-training: the loaded model
-        first = job.evaluate(step)
-        writer.write(first)
-        say(f"held-out before training: MLM accuracy {first.get('eval_mlm_accuracy', float('nan')):.4f}, "
-            f"MLM loss {first['eval_mlm_loss']:.4f}")
     plan = budget.Budget(cfg.time_budget_hours, cfg.warmup_steps, cfg.total_steps) if cfg.time_budget_hours else None
     end_step = cfg.total_steps if plan is None else sys.maxsize     # a budget ends on the clock
     why, spent = "", False                   # a stop of our own: the budget or the target
@@ -239,14 +232,7 @@ def train(cfg: PretrainConfig, job: Job, mode: Mode) -> dict:
                 and distributed.any_rank(plan.spent(job.clock)):
             stopping, spent, why = True, True, f"the time budget ({cfg.time_budget_hours:g} h)"
         if logging or stopping:
-            last = interval.record(step, out)
-            last.update(skipped_steps=int(trainer.skipped_steps.numpy()), samples_seen=samples_seen, ranks=mode.size)
-            if plan is not None:             # rank 0's prediction of the budget's updates, on every rank
-                trainer.schedule.assign(plan.schedule(plan.predict(step, start_step, job.clock)))
-                distributed.broadcast_variables([trainer.schedule], root_rank=0)
-                last["budget_predicted_steps"] = float(trainer.schedule[1].numpy())
-            writer.write(last)
-            writer.progress(step, int(trainer.schedule[1].numpy()), last, start_step)
+            last = _log_interval(job, mode, interval.record(step, out), step, samples_seen, plan, start_step)
             reason = job.guard.observe(last["loss"], int(trainer.consecutive_skips.numpy()))
             if reason and not stopping:
                 step = rollback(cfg, job, mode, reason, step)
@@ -274,13 +260,47 @@ def train(cfg: PretrainConfig, job: Job, mode: Mode) -> dict:
             break
         if not job.guard.suspect:
             mode.commit(step, samples_seen)
+    return _finish(cfg, job, mode, step, last, stopped_early=step < cfg.total_steps and not why if plan is None
+                   else not spent, evaluate=step == cfg.total_steps or spent)
+
+
+def _begin(job: Job, mode: Mode, step):
+    """A (re)start: the mode's view, the run record, and the loaded model's held-out figures when
+    continued pre-training starts from --init_checkpoint."""
+    mode.begin(step)
+    job.writer.write({**job.run_record, "step": step, "ranks": mode.size})
+    mode.started(step)
+    if job.started_from_init and job.eval_files and step == 0:
+        first = job.evaluate(step)
+        job.writer.write(first)
+        mode.say(f"held-out before training: MLM accuracy {first.get('eval_mlm_accuracy', float('nan')):.4f}, "
+                 f"MLM loss {first['eval_mlm_loss']:.4f}")
+
+
+def _log_interval(job: Job, mode: Mode, last, step, samples_seen, plan, start_step) -> dict:
+    """A log step: the interval's record completed, the budget's schedule re-predicted (rank 0's
+    prediction, on every rank), written and shown."""
+    trainer = job.trainer
+    last.update(skipped_steps=int(trainer.skipped_steps.numpy()), samples_seen=samples_seen, ranks=mode.size)
+    if plan is not None:
+        trainer.schedule.assign(plan.schedule(plan.predict(step, start_step, job.clock)))
+        distributed.broadcast_variables([trainer.schedule], root_rank=0)
+        last["budget_predicted_steps"] = float(trainer.schedule[1].numpy())
+    job.writer.write(last)
+    job.writer.progress(step, int(trainer.schedule[1].numpy()), last, start_step)
+    return last
+
+
+def _finish(cfg: PretrainConfig, job: Job, mode: Mode, step, last, stopped_early, evaluate) -> dict:
+    """After the loop: the mode's end, the final held-out evaluation, the ladder comparison."""
+    say = mode.say
     mode.end(step)
-    if job.eval_files and (step == cfg.total_steps or spent):
+    if job.eval_files and evaluate:
         final_eval = job.evaluate(step)
-        writer.write(final_eval)
+        job.writer.write(final_eval)
         target_reached(cfg, job, final_eval, step, say)
         last.update({k: v for k, v in final_eval.items() if k.startswith("eval_")})
-    last["stopped_early"] = step < cfg.total_steps and not why if plan is None else not spent
+    last["stopped_early"] = stopped_early
     if cfg.ladder_sequences_per_second and "sequences_per_second" in last:
         say(f"measured {last['sequences_per_second'] / mode.size:.2f} seq/s per rank (last interval) vs "
             f"the ladder's {cfg.ladder_sequences_per_second:.2f} for this configuration")

@@ -100,7 +100,7 @@ def dry_run(cfg: PretrainConfig, log=print):
              if inputs.init else "starts from random weights")
     log(f"dry run: flags and inputs check out: model {config.num_hidden_layers} layers, hidden {config.hidden_size}, "
         f"vocab {config.vocab_size}; {len(inputs.train_files)} training and {len(inputs.eval_files)} evaluation "
-        f"files of {cfg.max_seq_length}-token records; {cfg.batch_size} x {cfg.accumulation_steps} sequences per rank "
+        f"files of {cfg.max_seq_length}-token records; {cfg.micro_batch_size} x {cfg.accumulation_steps} sequences per rank "
         f"per update (x ranks = global batch); {start}; checkpoints in {cfg.checkpoint_dir}")
     warning = device.precision_warning(cfg.precision, device.device_description(), cfg.ladder_sequences_per_second)
     if warning:
@@ -130,7 +130,7 @@ class Job:
 def describe(cfg: PretrainConfig, size: int, global_batch: int) -> str:
     """The run's first log line: ranks, batch split, precision."""
     return (("elastic  " if cfg.elastic else f"ranks {size}  ")
-            + f"micro-batch {cfg.batch_size}/rank  "
+            + f"micro-batch {cfg.micro_batch_size}/rank  "
             + ("" if cfg.elastic else f"accumulation {cfg.accumulation_steps}  ")
             + f"global batch {global_batch} sequences  seq {cfg.max_seq_length}  precision {cfg.precision}  "
             f"xla {cfg.xla}{'  fuse' if cfg.fuse else ''}  fp16 allreduce {cfg.comm.fp16_allreduce}"
@@ -143,9 +143,9 @@ def make_input(cfg: PretrainConfig, files, masker, rank, size, seed, pack=0):
     """The training input: every rank's own shard, or elastic mode's shared stream (the same seed on
     every rank, newcomers included); pack: the records' instances per row."""
     if cfg.elastic:
-        stream = elastic.make_shared_stream(files, cfg.batch_size, seed=cfg.seed)
+        stream = elastic.make_shared_stream(files, cfg.micro_batch_size, seed=cfg.seed)
         return elastic.SharedStream(stream, cfg.max_seq_length, cfg.max_predictions_per_seq, masker, pack=pack)
-    dataset = input_pipeline.make_dataset(files, cfg.batch_size, cfg.max_seq_length, cfg.max_predictions_per_seq,
+    dataset = input_pipeline.make_dataset(files, cfg.micro_batch_size, cfg.max_seq_length, cfg.max_predictions_per_seq,
                                           rank, size, seed=seed, masker=masker, pack=pack)
     return input_pipeline.PerRankInput(dataset, cfg.accumulation_steps, distributed.gather_bytes, rank, size)
 
@@ -158,7 +158,7 @@ def build(cfg: PretrainConfig, say, asked: PretrainConfig | None = None) -> Job:
     # --init_checkpoint and the records are read and checked before anything is written to --checkpoint_dir.
     inputs = check_inputs(cfg, rank, size)
     tokenizer, init, model_config = inputs.tokenizer, inputs.init, inputs.model_config
-    global_batch = cfg.global_batch if cfg.elastic else cfg.batch_size * cfg.accumulation_steps * size
+    global_batch = cfg.global_batch_size if cfg.elastic else cfg.micro_batch_size * cfg.accumulation_steps * size
     say(describe(cfg, size, global_batch))
     warning = device.precision_warning(cfg.precision, device.device_description(), cfg.ladder_sequences_per_second)
     if warning:
@@ -191,18 +191,7 @@ def build(cfg: PretrainConfig, say, asked: PretrainConfig | None = None) -> Job:
         masker = input_pipeline.dynamic_masker(
             len(tokenizer), [tokenizer.cls_id, tokenizer.sep_id, tokenizer.pad_id],
             cfg.max_predictions_per_seq, cfg.masked_lm_prob, tokenizer.mask_id)
-    # Resume position: the saved iterator states (a seek, whatever the step); when they do not apply
-    # (another rank count, the other mode), a fresh pass, reshuffled by the step (static runs) so it
-    # does not replay the first pass's order.
-    step = int(trainer.step.numpy())
-    train_input = make_input(cfg, inputs.train_files, masker, rank, size, seed=cfg.seed, pack=inputs.pack)
-    if samples_seen and not train_input.resume(position):
-        if not cfg.elastic:
-            train_input = make_input(cfg, inputs.train_files, masker, rank, size, seed=cfg.seed + step,
-                                     pack=inputs.pack)
-        say(f"input: the checkpoint's position was saved by {position.saved_by()}, this run "
-            f"{'is elastic' if cfg.elastic else f'has {size}'}: a fresh pass over the training files starts at "
-            f"step {step} (records read since the last pass began may be read again)")
+    train_input = resume_input(cfg, inputs, masker, position, samples_seen, int(trainer.step.numpy()), say)
     run_record = {"kind": "run", "global_batch": global_batch, "parameters": parameters,
                   "config": dataclasses.asdict(asked or cfg), "resolved": dataclasses.asdict(cfg),
                   "command": "python " + shlex.join(sys.argv)}  # for the export's model card
@@ -214,6 +203,22 @@ def build(cfg: PretrainConfig, say, asked: PretrainConfig | None = None) -> Job:
                checkpoint_extra={"global_batch": global_batch, "model_config": model_config.to_dict(),
                                  "vocab_size": len(tokenizer)},
                run_record=run_record, guard=divergence.Guard(cfg.guard_config()), clock=clock)
+
+
+def resume_input(cfg: PretrainConfig, inputs: Inputs, masker, position, samples_seen, step, say):
+    """The training input at the restored position: the saved iterator states (a seek, whatever the
+    step); when they do not apply (another rank count, the other mode), a fresh pass, reshuffled by the
+    step (static runs) so it does not replay the first pass's order."""
+    rank, size = distributed.rank(), distributed.size()
+    train_input = make_input(cfg, inputs.train_files, masker, rank, size, seed=cfg.seed, pack=inputs.pack)
+    if samples_seen and not train_input.resume(position):
+        if not cfg.elastic:
+            train_input = make_input(cfg, inputs.train_files, masker, rank, size, seed=cfg.seed + step,
+                                     pack=inputs.pack)
+        say(f"input: the checkpoint's position was saved by {position.saved_by()}, this run "
+            f"{'is elastic' if cfg.elastic else f'has {size}'}: a fresh pass over the training files starts at "
+            f"step {step} (records read since the last pass began may be read again)")
+    return train_input
 
 
 def restore(cfg: PretrainConfig, trainer, ckpts, global_batch, init, say) -> int:

@@ -41,7 +41,7 @@ import time
 
 import tensorflow as tf
 
-from bert_tf import ConfigError
+from bert_tf import ConfigError, knob
 from bert_tf.train import optimization
 from bert_tf.dist.comm import CommConfig
 
@@ -78,20 +78,26 @@ class LossScale(tf.Module):
 
 @dataclasses.dataclass
 class TrainConfig:
-    precision: str = "float32"
-    tf32: bool = True               # TensorFloat-32 float32 matmuls on GPUs that have it (TensorFlow's default)
-    xla: bool = False
-    fuse: bool = False              # XLA-fuse the element-wise ops around TensorFlow's matmuls (FUSION_FLAGS)
-    accumulation_steps: int = 1
-    optimizer: str = "lamb"
-    learning_rate: float = 1e-4
-    warmup_steps: int = 0
-    total_steps: int = 1000
-    decay_power: float = 1.0
-    weight_decay: float = 0.01
-    clip_norm: float = 1.0
-    seed: int = 0
-    comm: CommConfig = dataclasses.field(default_factory=CommConfig)
+    precision: str = knob("float32", "Compute precision policy.", choices=POLICIES)
+    tf32: bool = knob(True, "On GPUs with TensorFloat-32 (Ampere and newer), float32 matmuls use it (TensorFlow's "
+                      "default); --notf32 for strict float32. No effect on CPUs.")
+    xla: bool = knob(False, "Compile the whole forward/backward pass with XLA (the update always is).")
+    fuse: bool = knob(False, "XLA-fuse the element-wise ops (GELU, LayerNorm, softmax, casts and their gradients) "
+                      "between TensorFlow's own matmul kernels: for CPUs, whose AMX/AVX-512 BF16 matmuls XLA does "
+                      "not reach. Needs TF_XLA_FLAGS='--tf_xla_auto_jit=fusible --tf_xla_cpu_global_jit' in the "
+                      "environment at launch (mpirun -x TF_XLA_FLAGS). Not with --xla. run/benchmark.py's +fuse "
+                      "rungs measure it.")
+    accumulation_steps: int = knob(1, "Micro-batches per optimizer update (and per allreduce).")
+    optimizer: str = knob("lamb", "Optimizer.", choices=optimization.OPTIMIZERS)
+    learning_rate: float = knob(1e-4, "Peak learning rate, for the global batch (not scaled with the rank count; "
+                                "run/pretrain.py's doc says how to scale it with the global batch).")
+    warmup_steps: int = knob(0, "Linear warmup updates.")
+    total_steps: int = knob(1000, "Optimizer updates in all.")
+    decay_power: float = knob(1.0, "Polynomial decay power after warmup (1 = linear).")
+    weight_decay: float = knob(0.01, "Decoupled weight decay (not on LayerNorm or biases).")
+    clip_norm: float = knob(1.0, "Global-norm gradient clipping.")
+    seed: int = knob(0, "Seed for initialisation, data order and dropout.")
+    comm: CommConfig = dataclasses.field(default_factory=CommConfig)   # its fields are flags of their own
 
     def __post_init__(self):
         self.validate()

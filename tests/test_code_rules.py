@@ -1,0 +1,54 @@
+"""The shape rules of the code base (docs/design.md): modules and functions small enough to read,
+and the training path free of data creation and tooling. Static: no TensorFlow import."""
+import ast
+
+from conftest import REPO
+
+MAX_MODULE_LINES = 450
+MAX_FUNCTION_LINES = 60
+
+
+def python_files(*folders):
+    return sorted(p for folder in folders for p in (REPO / folder).rglob("*.py"))
+
+
+def test_no_module_over_450_lines_and_no_function_over_60():
+    too_long = []
+    for path in python_files("bert_tf", "run"):
+        source = path.read_text()
+        lines = source.count("\n")
+        if lines > MAX_MODULE_LINES:
+            too_long.append(f"{path.relative_to(REPO)}: {lines} lines")
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    too_long.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name}: {length} lines")
+    assert not too_long, "\n".join(too_long)
+
+
+def imported_modules(path):
+    """Every bert_tf module a file imports, at any depth (lazy imports too)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("bert_tf"):
+            found |= {f"{node.module}.{alias.name}" for alias in node.names}
+        elif isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names if alias.name.startswith("bert_tf")}
+    return found
+
+
+def test_training_imports_neither_data_creation_nor_tooling():
+    """The training path (bert_tf/train, bert_tf/dist, bert_tf/model) reads records; it does not make them,
+    and measurement tools are not imported for its log lines. The one exception: a time-budgeted run asks
+    the cost planner how long its updates take (train/budget.py, lazily)."""
+    creation = {"bert_tf.data.pretraining_data", "bert_tf.data.instances", "bert_tf.data.corpus",
+                "bert_tf.data.dedup"}
+    offenders = []
+    for path in python_files("bert_tf/train", "bert_tf/dist", "bert_tf/model"):
+        for module in imported_modules(path):
+            allowed = path.name == "budget.py" and module == "bert_tf.tools.planner"
+            made = any(module == c or module.startswith(c + ".") for c in creation)
+            if (made or module.startswith("bert_tf.tools.")) and not allowed:
+                offenders.append(f"{path.relative_to(REPO)} imports {module}")
+    assert not offenders, "\n".join(offenders)
