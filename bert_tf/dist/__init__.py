@@ -1,0 +1,1 @@
+"""Distribution: Horovod (init, allreduce, broadcast), the communication settings, the device."""
