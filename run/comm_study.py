@@ -38,7 +38,8 @@ cli.define_model_preset("small")
 flags.DEFINE_string("vocab_file", "data/demo/vocab.txt", "Vocabulary of the records (scripts/demo.sh makes it).")
 flags.DEFINE_string("train_files", "data/demo/seq128/train-*", "Training TFRecords.")
 cli.define_sequence()
-flags.DEFINE_integer("batch_size", 2, "Micro-batch per rank.")
+flags.DEFINE_integer("micro_batch_size", 2, "Sequences per rank per forward/backward pass (one micro-batch).")
+cli.define_renamed("batch_size", "micro_batch_size")
 flags.DEFINE_integer("accumulation_steps", 8, "Micro-batches per update.")
 flags.DEFINE_integer("updates", 4, "Measured updates per job.")
 flags.DEFINE_integer("warmup_updates", 1, "Updates dropped from the measurement (compilation).")
@@ -71,8 +72,9 @@ def job_command(checkpoint_dir, comm):
     return [sys.executable, os.path.join(REPO, "run", "pretrain.py"),
             f"--model_preset={FLAGS.model_preset}", f"--vocab_file={FLAGS.vocab_file}",
             f"--train_files={FLAGS.train_files}", f"--max_seq_length={FLAGS.max_seq_length}",
-            f"--max_predictions_per_seq={FLAGS.max_predictions_per_seq}", f"--batch_size={FLAGS.batch_size}",
-            f"--accumulation_steps={FLAGS.accumulation_steps}", f"--total_steps={total}", "--log_interval=1",
+            f"--max_predictions_per_seq={FLAGS.max_predictions_per_seq}",
+            f"--micro_batch_size={FLAGS.micro_batch_size}", f"--accumulation_steps={FLAGS.accumulation_steps}",
+            f"--total_steps={total}", "--log_interval=1",
             f"--save_interval={total}", "--keep_last=1", "--learning_rate=1e-4", f"--checkpoint_dir={checkpoint_dir}",
             "--network_interface=eth0", "--xla" if FLAGS.xla else "--noxla", *comm.as_flags()]
 
@@ -84,7 +86,7 @@ def job_env():
 
 
 def check_flags():
-    for name in ("batch_size", "accumulation_steps", "updates"):
+    for name in ("micro_batch_size", "accumulation_steps", "updates"):
         if FLAGS[name].value < 1:
             raise ConfigError(f"--{name} must be >= 1, got {FLAGS[name].value}")
     try:
@@ -124,7 +126,7 @@ def main(argv):
     sizes = planner.gradient_tensor_sizes(config)
     os.makedirs(FLAGS.output_dir, exist_ok=True)
     result = {"command": " ".join(sys.argv), "model_preset": FLAGS.model_preset, "vocab_size": vocab_size,
-              "parameters": sum(sizes), "gradient_tensors": len(sizes), "batch_size": FLAGS.batch_size,
+              "parameters": sum(sizes), "gradient_tensors": len(sizes), "batch_size": FLAGS.micro_batch_size,
               "accumulation_steps": FLAGS.accumulation_steps, "updates": FLAGS.updates, "rows": [],
               "settings": settings()}
     if problem is not None:
@@ -136,7 +138,7 @@ def main(argv):
             for nodes in nodes_list:
                 for rate in rates:
                     for label, comm in ladder():
-                        p = comm_study.predict(sizes, nodes, rate, comm, FLAGS.device_seq_s, FLAGS.batch_size,
+                        p = comm_study.predict(sizes, nodes, rate, comm, FLAGS.device_seq_s, FLAGS.micro_batch_size,
                                                FLAGS.accumulation_steps, FLAGS.max_seq_length)
                         result["rows"].append({"nodes": nodes, "rate_gbit": rate, "config": label,
                                                "predicted_sequences_per_second": p["sequences_per_second"]})
@@ -151,7 +153,7 @@ def main(argv):
     rows = result["rows"]
     order = {label: i for i, (label, _) in enumerate(all_rungs())}
     rows.sort(key=lambda r: (r["nodes"], r["rate_gbit"], order.get(r["config"], len(order))))
-    speed = comm_study.add_predictions(rows, result.get("links", []), dict(all_rungs()), sizes, FLAGS.batch_size,
+    speed = comm_study.add_predictions(rows, result.get("links", []), dict(all_rungs()), sizes, FLAGS.micro_batch_size,
                                        FLAGS.accumulation_steps, FLAGS.max_seq_length)
     if speed is not None:
         result["device_seq_s"] = speed
@@ -193,7 +195,7 @@ def measure(result, nodes_list, rates):
                     folder = os.path.join(FLAGS.output_dir, f"n{nodes}_r{rate:g}_{label.replace('/', '_').replace(' ', '_')}")
                     row = {"nodes": nodes, "rate_gbit": rate, "config": label, "flags": comm.as_flags(),
                            **comm_study.run_job(cluster, nodes, job_command(folder, comm), folder, FLAGS.job_timeout,
-                                                FLAGS.warmup_updates, FLAGS.batch_size * FLAGS.accumulation_steps,
+                                                FLAGS.warmup_updates, FLAGS.micro_batch_size * FLAGS.accumulation_steps,
                                                 env)}
                     rows.append(row)
                     print(json.dumps(row), flush=True)
@@ -201,10 +203,11 @@ def measure(result, nodes_list, rates):
 
 
 def settings():
-    """What makes two studies' measurements comparable."""
-    return {name: FLAGS[name].value for name in ("model_preset", "vocab_file", "train_files", "max_seq_length",
-                                                  "max_predictions_per_seq", "batch_size", "accumulation_steps",
-                                                  "updates", "warmup_updates", "xla")}
+    """What makes two studies' measurements comparable; the micro-batch keeps its old key "batch_size", so
+    a study.json written before --micro_batch_size was renamed still has the same settings."""
+    names = ("model_preset", "vocab_file", "train_files", "max_seq_length", "max_predictions_per_seq",
+             "micro_batch_size", "accumulation_steps", "updates", "warmup_updates", "xla")
+    return {"batch_size" if name == "micro_batch_size" else name: FLAGS[name].value for name in names}
 
 
 def print_goals(goals):
@@ -257,7 +260,7 @@ def plot(rows, path):
         ax.set_xlabel("link rate per node (Gbit/s)")
         ax.set_ylabel("sequences/s")
         ax.set_title(f"{nodes} emulated nodes, BERT-{FLAGS.model_preset}, "
-                     f"{FLAGS.batch_size}x{FLAGS.accumulation_steps} seq/rank/update")
+                     f"{FLAGS.micro_batch_size}x{FLAGS.accumulation_steps} seq/rank/update")
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7)
     fig.tight_layout()

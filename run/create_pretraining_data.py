@@ -45,12 +45,12 @@ FLAGS = flags.FLAGS
 def main(_):
     from mpi4py import MPI
 
-    from bert_tf.data import corpus, pretraining_data, tokenization
+    from bert_tf.data import corpus, instances, pretraining_data, tokenization
 
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
     files = corpus.expand_inputs(FLAGS.input_files)
-    config = pretraining_data.InstanceConfig(
+    config = instances.InstanceConfig(
         max_seq_length=FLAGS.max_seq_length, max_predictions_per_seq=FLAGS.max_predictions_per_seq,
         masked_lm_prob=FLAGS.masked_lm_prob, short_seq_prob=FLAGS.short_seq_prob,
         dupe_factor=FLAGS.dupe_factor, whole_word_masking=FLAGS.whole_word_masking,

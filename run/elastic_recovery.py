@@ -73,10 +73,10 @@ def job_args(work):
     """run/pretrain.py's command line for each way of surviving: {"restart": ..., "elastic": ...}."""
     pretrain = [sys.executable, os.path.join(REPO, "run", "pretrain.py"), "--model_preset=tiny",
                 f"--vocab_file={os.path.abspath(FLAGS.vocab_file)}", f"--train_files={os.path.abspath(FLAGS.train_files)}",
-                "--max_seq_length=128", "--max_predictions_per_seq=20", "--batch_size=4", "--log_interval=1",
+                "--max_seq_length=128", "--max_predictions_per_seq=20", "--micro_batch_size=4", "--log_interval=1",
                 "--total_steps=100000", f"--save_interval={FLAGS.save_interval}"]
     return {"restart": pretrain + ["--accumulation_steps=2", f"--checkpoint_dir={os.path.join(work, 'restart')}"],
-            "elastic": pretrain + ["--elastic", "--global_batch=24",
+            "elastic": pretrain + ["--elastic", "--global_batch_size=24",
                                    f"--elastic_commit_interval={FLAGS.elastic_commit_interval}",
                                    f"--checkpoint_dir={os.path.join(work, 'elastic')}"]}
 

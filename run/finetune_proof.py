@@ -10,33 +10,30 @@ its place), over several seeds.
 Prints, per task and start, the dev metric as mean ± standard deviation over the seeds (pair tasks: accuracy;
 span tasks: SQuAD v1.1 F1 and exact match, as the official script computes them).
 """
-import functools
 import json
 
 from absl import flags
 
 from bert_tf import ConfigError, cli
-
-PAIR_TASKS = {"same_document": ["different", "same"], "word_order": ["kept", "swapped"]}
-SPAN_TASKS = ("spans", "odd_word")
-TASKS = (*PAIR_TASKS, *SPAN_TASKS)
+from bert_tf.tasks import proof
 
 flags.DEFINE_string("init_checkpoint", None, "The pre-trained model (a run's folder, an export, ...).")
 flags.DEFINE_string("vocab_file", None, "Its vocab.txt.")
 flags.DEFINE_list("corpus", ["data/corpus/lee_background.cor@documents"], "Documents to make the tasks from.")
-flags.DEFINE_list("tasks", list(TASKS), "Tasks (bert_tf/tasks/corpus_tasks.py).")
+flags.DEFINE_list("tasks", list(proof.TASKS), "Tasks (bert_tf/tasks/corpus_tasks.py).")
 flags.DEFINE_list("seeds", ["1", "2", "3"], "Seeds (the tasks' examples, the heads, the order, dropout).")
 flags.DEFINE_integer("train_examples", 1600, "Examples per task to train on.")
 flags.DEFINE_integer("dev_examples", 200, "Examples per task to score (from documents not trained on).")
 flags.DEFINE_float("learning_rate", 1e-3, "AdamW peak learning rate (a tiny model needs more than BERT-base's 2e-5; "
                    "1e-4 moved neither start off chance here).")
-flags.DEFINE_integer("batch_size", 32, "Examples per update.")
+flags.DEFINE_integer("global_batch_size", 32, "Examples per update, all ranks.")
+cli.define_renamed("batch_size", "global_batch_size")
 flags.DEFINE_float("epochs", 5.0, "Passes over the training examples.")
 flags.DEFINE_integer("max_seq_length", 128, "Tokens per example or window.")
 flags.DEFINE_string("output_json", "", "Every run's figures.")
 flags.mark_flags_as_required(["init_checkpoint", "vocab_file"])
-flags.register_validator("tasks", lambda v: bool(v) and set(v) <= set(TASKS),
-                         f"--tasks takes a comma-separated subset of {', '.join(TASKS)}")
+flags.register_validator("tasks", lambda v: bool(v) and set(v) <= set(proof.TASKS),
+                         f"--tasks takes a comma-separated subset of {', '.join(proof.TASKS)}")
 FLAGS = flags.FLAGS
 
 
@@ -44,7 +41,7 @@ def main(argv):
     from bert_tf.artifacts import checkpoint_formats
     from bert_tf.data import corpus, tokenization
     from bert_tf.dist import distributed
-    from bert_tf.tasks import classification, corpus_tasks, finetuning, squad, squad_scoring
+    from bert_tf.tasks import corpus_tasks
     if len(argv) > 1:
         raise ConfigError(f"unexpected arguments {argv[1:]}")
     distributed.init()
@@ -54,56 +51,23 @@ def main(argv):
         raise ConfigError(f"{init.path}: no bert_config.json beside it")
     checkpoint_formats.check_fits(init, init.config, len(tokenizer), FLAGS.vocab_file, FLAGS.max_seq_length)
     documents = list(corpus.read_documents(FLAGS.corpus))
-    windows = dict(max_seq_length=FLAGS.max_seq_length, doc_stride=64, max_query_length=64)
+    recipe = proof.ProofRecipe(FLAGS.train_examples, FLAGS.dev_examples, FLAGS.learning_rate,
+                               FLAGS.global_batch_size, FLAGS.epochs, FLAGS.max_seq_length)
     runs = []
-
-    def pair_task(task, train_docs, dev_docs, seed, checkpoint):
-        make = getattr(corpus_tasks, task)
-        x, y, _ = classification.encode(make(train_docs, FLAGS.train_examples, seed), tokenizer,
-                                        FLAGS.max_seq_length, PAIR_TASKS[task])
-        ex, ey, _ = classification.encode(make(dev_docs, FLAGS.dev_examples, seed + 1000), tokenizer,
-                                          FLAGS.max_seq_length, PAIR_TASKS[task])
-        metrics, _ = classification.train_and_evaluate(
-            init.config, PAIR_TASKS[task], (x, y), (ex, ey), init_checkpoint=checkpoint, vocab_size=len(tokenizer),
-            epochs=FLAGS.epochs, batch_size=FLAGS.batch_size, learning_rate=FLAGS.learning_rate, seed=seed)
-        return {"accuracy": metrics["accuracy"]}
-
-    def span_task(task, train_docs, dev_docs, seed, checkpoint):
-        make = corpus_tasks.spans if task == "spans" else functools.partial(
-            corpus_tasks.odd_word, words=corpus_tasks.vocabulary_words(tokenizer.vocab))
-        span_dev = make(dev_docs, FLAGS.dev_examples, seed + 1000)
-        recipe = finetuning.Recipe(learning_rate=FLAGS.learning_rate, batch_size=FLAGS.batch_size,
-                                   epochs=FLAGS.epochs, max_seq_length=FLAGS.max_seq_length, seed=seed)
-        train_q = squad.examples_of(make(train_docs, FLAGS.train_examples, seed), "1.1", training=True)
-        dev_q = squad.examples_of(span_dev, "1.1", training=False)
-        _, predictions, _, _, _ = squad.train_and_predict(train_q, dev_q, tokenizer, init.config, checkpoint,
-                                                          recipe, windows, log=lambda *a, **k: None)
-        scores = squad_scoring.evaluate(span_dev, predictions, version="1.1")
-        return {"f1": scores["f1"], "exact_match": scores["exact_match"]}
-
     for seed in map(int, FLAGS.seeds):
         train_docs, dev_docs = corpus_tasks.split_documents(documents, 0.2, seed)
         for task in FLAGS.tasks:
             for start, checkpoint in (("pre-trained", init), ("random", None)):
-                figures = (span_task(task, train_docs, dev_docs, seed, checkpoint) if task in SPAN_TASKS
-                           else pair_task(task, train_docs, dev_docs, seed, checkpoint))
+                figures = proof.run_task(task, train_docs, dev_docs, seed, checkpoint, tokenizer, init.config, recipe)
                 runs.append({"task": task, "start": start, "seed": seed, **figures})
                 print(json.dumps(runs[-1]), flush=True)
     print(f"\n{len(FLAGS.seeds)} seeds; {FLAGS.train_examples} training and {FLAGS.dev_examples} dev examples per task; "
           f"pre-trained: {init.path}")
-    print("| task | metric | pre-trained | random init |\n|---|---|---|---|")
-    for task in FLAGS.tasks:
-        for metric in (("f1", "exact_match") if task in SPAN_TASKS else ("accuracy",)):
-            cells = []
-            for start in ("pre-trained", "random"):
-                s = finetuning.summarize([r[metric] for r in runs if r["task"] == task and r["start"] == start])
-                scale = 100 if metric == "accuracy" else 1
-                cells.append(f"{scale * s['mean']:.1f} ± {scale * s['std']:.1f}")
-            print(f"| {task} | {metric} | {cells[0]} | {cells[1]} |")
+    print(proof.table(runs, FLAGS.tasks))
     if FLAGS.output_json:
         with open(FLAGS.output_json, "w") as f:
             json.dump({"init": init.path, "flags": {k: FLAGS[k].value for k in (
-                "tasks", "corpus", "seeds", "train_examples", "dev_examples", "learning_rate", "batch_size",
+                "tasks", "corpus", "seeds", "train_examples", "dev_examples", "learning_rate", "global_batch_size",
                 "epochs")}, "runs": runs}, f, indent=1)
 
 

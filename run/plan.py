@@ -39,8 +39,10 @@ flags.DEFINE_float("phase1_device_seq_s", 206.5, "Phase-1 sequences/s of one dev
 flags.DEFINE_float("phase2_device_seq_s", 40.95, "Phase-2 sequences/s of one device (default: V100, BERT-large, fp16).")
 flags.DEFINE_float("phase1_sequences", 7506 * 61440, "Phase-1 total sequences.")
 flags.DEFINE_float("phase2_sequences", 1668 * 30720, "Phase-2 total sequences.")
-flags.DEFINE_integer("phase1_global_batch", 61440, "Phase-1 global batch.")
-flags.DEFINE_integer("phase2_global_batch", 30720, "Phase-2 global batch.")
+flags.DEFINE_integer("phase1_global_batch_size", 61440, "Phase-1 sequences per optimizer update, all devices.")
+flags.DEFINE_integer("phase2_global_batch_size", 30720, "Phase-2 sequences per optimizer update, all devices.")
+cli.define_renamed("phase1_global_batch", "phase1_global_batch_size")
+cli.define_renamed("phase2_global_batch", "phase2_global_batch_size")
 flags.DEFINE_integer("phase1_accumulation", 64, "Phase-1 accumulation steps.")
 flags.DEFINE_integer("phase2_accumulation", 192, "Phase-2 accumulation steps.")
 cli.define_comm(comm.CommConfig(fp16_allreduce=True))
@@ -68,8 +70,12 @@ flags.DEFINE_string("output_json", "", "Write the plan here.")
 flags.DEFINE_string("device_figures", "", "JSON of this device's measured figures (run/benchmark.py --device_figures, "
                     "scripts/gpu_check.sh): its phase1/phase2_device_seq_s and intra_gbps replace the defaults; "
                     "flags given on the command line still win.")
-flags.DEFINE_integer("phase1_micro_batch", 64, "Phase-1 sequences per device per micro-batch (memory estimate).")
-flags.DEFINE_integer("phase2_micro_batch", 16, "Phase-2 sequences per device per micro-batch (memory estimate).")
+flags.DEFINE_integer("phase1_micro_batch_size", 64, "Phase-1 sequences per device per micro-batch (memory "
+                     "estimate).")
+flags.DEFINE_integer("phase2_micro_batch_size", 16, "Phase-2 sequences per device per micro-batch (memory "
+                     "estimate).")
+cli.define_renamed("phase1_micro_batch", "phase1_micro_batch_size")
+cli.define_renamed("phase2_micro_batch", "phase2_micro_batch_size")
 flags.DEFINE_enum("precision", "mixed_float16", ["float32", "mixed_float16", "mixed_bfloat16"],
                   "Activation precision of the memory estimate.")
 flags.DEFINE_enum("recompute", "none", ["none", "layer"], "run/pretrain.py --recompute, for the memory estimate.")
@@ -92,9 +98,9 @@ def main(_):
     cluster = planner.Cluster(FLAGS.nodes, FLAGS.devices_per_node, FLAGS.inter_gbps, FLAGS.inter_latency_us,
                               FLAGS.intra_gbps, price_per_device_hour=FLAGS.price_per_device_hour,
                               message_overhead_us=FLAGS.message_overhead_us)
-    phases = [planner.Phase("phase1", 128, FLAGS.phase1_sequences, FLAGS.phase1_global_batch,
+    phases = [planner.Phase("phase1", 128, FLAGS.phase1_sequences, FLAGS.phase1_global_batch_size,
                             FLAGS.phase1_device_seq_s),
-              planner.Phase("phase2", 512, FLAGS.phase2_sequences, FLAGS.phase2_global_batch,
+              planner.Phase("phase2", 512, FLAGS.phase2_sequences, FLAGS.phase2_global_batch_size,
                             FLAGS.phase2_device_seq_s)]
     settings = cli.comm_config()
     accumulation = [FLAGS.phase1_accumulation, FLAGS.phase2_accumulation]
@@ -107,7 +113,7 @@ def main(_):
               f"{r['allreduce_seconds']:.3f}; {r['sequences_per_second']:.0f} seq/s, scaling efficiency "
               f"{r['scaling_efficiency']:.1%}; {r['days']:.2f} days, cost {r['cost']:.0f}")
     print(f"total: {result['days']:.2f} days, cost {result['cost']:.0f}")
-    for phase, micro in ((phases[0], FLAGS.phase1_micro_batch), (phases[1], FLAGS.phase2_micro_batch)):
+    for phase, micro in ((phases[0], FLAGS.phase1_micro_batch_size), (phases[1], FLAGS.phase2_micro_batch_size)):
         for recompute in ("none", "layer"):
             m = planner.memory_bytes(config, phase.seq_length, micro, FLAGS.precision, recompute,
                                      accumulation[phases.index(phase)])

@@ -119,9 +119,9 @@ def compare_export(vocab_file, tmp, parts, exact):
 
     from transformers import AutoTokenizer
 
-    from bert_tf.artifacts import checkpoint_formats
+    from bert_tf.data import tokenization
     export_dir = os.path.join(tmp, "export")
-    checkpoint_formats.write_tokenizer_files(vocab_file, export_dir, FLAGS.do_lower_case)
+    tokenization.write_tokenizer_files(vocab_file, export_dir, FLAGS.do_lower_case)
     hf = AutoTokenizer.from_pretrained(export_dir)
     report = {"export_tokenizer_class": type(hf).__name__, "export_is_fast": hf.is_fast}
     for part, sample in parts.items():

@@ -78,7 +78,7 @@ def corpus_dir():
 @pytest.fixture(scope="session")
 def tiny_data(tmp_path_factory, corpus_dir):
     """A small vocab and seq-64 TFRecords (2 train shards, 1 eval) from the bundled news corpus."""
-    from bert_tf.data import corpus, pretraining_data as pd, tokenization
+    from bert_tf.data import corpus, instances as ins, pretraining_data as pd, tokenization
 
     root = tmp_path_factory.mktemp("tiny_data")
     inputs = [str(corpus_dir / "lee_background.cor") + "@documents"]
@@ -86,7 +86,7 @@ def tiny_data(tmp_path_factory, corpus_dir):
     vocab = tokenization.learn_vocab([s for d in docs for s in d], vocab_size=2000)
     vocab_file = str(root / "vocab.txt")
     tokenization.write_vocab(vocab, vocab_file)
-    config = pd.InstanceConfig(max_seq_length=64, max_predictions_per_seq=10, dupe_factor=2, random_seed=3)
+    config = ins.InstanceConfig(max_seq_length=64, max_predictions_per_seq=10, dupe_factor=2, random_seed=3)
     pd.create_pretraining_data(inputs, "auto", tokenization.Tokenizer(vocab), str(root), config,
                                num_shards=2, heldout_fraction=0.1)
     return {"vocab_file": vocab_file, "train": str(root / "train-*"), "eval": str(root / "eval-*"),

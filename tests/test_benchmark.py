@@ -17,7 +17,7 @@ from conftest import REPO, mpi_env
 BENCHMARK = REPO / "run" / "benchmark.py"
 PRETRAIN = REPO / "run" / "pretrain.py"
 QUICK = ["--model_preset=tiny", "--vocab_size=200", "--max_seq_length=16", "--max_predictions_per_seq=3",
-         "--batch_size=2", "--updates=1", "--warmup_updates=1", "--peak_seconds=0.01", "--peak_size=32"]
+         "--micro_batch_size=2", "--updates=1", "--warmup_updates=1", "--peak_seconds=0.01", "--peak_size=32"]
 
 
 # what --fuse needs at launch (training.FUSION_ENV)
@@ -64,7 +64,7 @@ def test_precision_warning_names_the_missing_arithmetic_and_the_measured_figure(
 
 
 def test_the_library_never_imports_keras():
-    sources = sorted((REPO / "bert_tf").glob("*.py"))
+    sources = sorted((REPO / "bert_tf").rglob("*.py"))
     offenders = [p.name for p in sources if re.search(r"^\s*(import|from)\s+(keras|keras_hub|tf_keras)\b|tf\.keras",
                                                       p.read_text(), re.M)]
     assert len(sources) > 10 and offenders == []
@@ -94,7 +94,7 @@ def test_bad_rungs_and_an_unwritable_flagfile_fail_before_measuring(tmp_path):
 def test_the_self_tuned_flagfile_is_taken_by_pretrain_after_the_recipe(tiny_data, tmp_path):
     node = tmp_path / "node.flags"
     out = benchmark([*QUICK, "--rungs=fp32,bf16+fuse,best-dropout", f"--output_dir={tmp_path / 'ladder'}",
-                     f"--write_flagfile={node}", f"--profile_dir={tmp_path / 'trace'}", "--tune_batch_sizes=1,4"],
+                     f"--write_flagfile={node}", f"--profile_dir={tmp_path / 'trace'}", "--tune_micro_batch_sizes=1,4"],
                     tmp_path, env=FUSION)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "hardware peak:" in out.stdout and "cpu_features" in out.stdout
@@ -107,7 +107,7 @@ def test_the_self_tuned_flagfile_is_taken_by_pretrain_after_the_recipe(tiny_data
     assert names[:3] == ["fp32", "bf16+fuse", "best-dropout"] and rows["best-dropout"]["diagnostic"]
     assert rows["bf16+fuse"]["fuse"] and not rows["fp32"]["fuse"]
     base = max(("fp32", "bf16+fuse"), key=lambda r: rows[r]["sequences_per_second"])
-    assert names[3:] == [f"{base} b1", f"{base} b4"]                     # --tune_batch_sizes on the fastest rung
+    assert names[3:] == [f"{base} b1", f"{base} b4"]                     # --tune_micro_batch_sizes on the fastest rung
     fastest = max([base] + names[3:], key=lambda r: rows[r]["sequences_per_second"])
     assert f"fastest bert_tf rung {fastest}" in node.read_text()          # never the diagnostic rung
     assert report["hardware_peak_flops"] == max(v for ways in report["matmul_peak_flops"].values()
@@ -123,7 +123,7 @@ def test_the_self_tuned_flagfile_is_taken_by_pretrain_after_the_recipe(tiny_data
     assert best["precision"] == {"fp32": "float32", "bf16+fuse": "mixed_bfloat16"}[base] and not best["xla"]
     ladder = float(lines[3].split("=")[1])
     assert ladder > 0
-    micro = int(lines[4].removeprefix("--fit_micro_batch="))                # the fastest of 2 (--batch_size), 1, 4
+    micro = int(lines[4].removeprefix("--fit_micro_batch="))        # the fastest of 2 (--micro_batch_size), 1, 4
     assert micro == best["batch_size"] and len(lines) == 5
     recipe = tmp_path / "recipe.flags"
     recipe.write_text("\n".join(tiny_data["flags"] + ["--precision=mixed_float16", "--xla", "--total_steps=2"]))
@@ -180,17 +180,17 @@ def test_the_records_rung_counts_the_useful_tokens_of_the_rows_it_timed(tmp_path
     """Records of instances 5..24 tokens long in 64-token rows: at most 24/64 of the rows' tokens are useful."""
     import tensorflow as tf
 
-    from bert_tf.data import pretraining_data as pd
+    from bert_tf.data import instances as ins, records as rec
     from test_packing import random_instances
-    config = pd.InstanceConfig(max_seq_length=64, max_predictions_per_seq=10)
+    config = ins.InstanceConfig(max_seq_length=64, max_predictions_per_seq=10)
     with tf.io.TFRecordWriter(str(tmp_path / "short.tfrecord")) as w:
         for inst in random_instances(64, 24, 10):
-            w.write(pd.serialize(inst, config))
+            w.write(rec.serialize(inst, config))
     # ... timed beside a busy neighbour, which every figure's line and the summary name
     neighbour = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         out = benchmark(["--model_preset=tiny", "--vocab_size=300", "--max_seq_length=64",
-                         "--max_predictions_per_seq=10", "--batch_size=2", "--updates=30", "--warmup_updates=1",
+                         "--max_predictions_per_seq=10", "--micro_batch_size=2", "--updates=30", "--warmup_updates=1",
                          "--peak_seconds=0.2", "--peak_size=32", "--peak_repeats=1", "--rungs=fp32",
                          f"--records={tmp_path / 'short.tfrecord'}", f"--output_dir={tmp_path / 'out'}"], tmp_path)
     finally:
@@ -217,7 +217,8 @@ def test_the_records_rung_counts_the_useful_tokens_of_the_rows_it_timed(tmp_path
 
 def test_the_peer_is_also_timed_with_its_own_accumulation_and_at_the_tuned_micro_batches(tmp_path):
     out = benchmark([*QUICK, "--peak_repeats=1", "--rungs=fp32,keras-hub", "--accumulation_steps=2",
-                     "--tune_batch_sizes=4", f"--output_dir={tmp_path / 'out'}", f"--profile_dir={tmp_path / 'trace'}"],
+                     "--tune_micro_batch_sizes=4", f"--output_dir={tmp_path / 'out'}",
+                     f"--profile_dir={tmp_path / 'trace'}"],
                     tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
     report = json.loads((tmp_path / "out" / "ladder.json").read_text())

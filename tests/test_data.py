@@ -16,7 +16,8 @@ import pytest
 import tensorflow as tf
 
 from bert_tf import ConfigError
-from bert_tf.data import corpus, input_pipeline, pretraining_data as pd, tokenization
+from bert_tf.data import (compressed, corpus, input_pipeline, instances as ins, pretraining_data as pd, records as rec,
+                          sentences, tokenization)
 from bert_tf.train import startup
 from bert_tf.train import pretrain_config
 from conftest import REPO, mpi_env, mpirun
@@ -41,14 +42,14 @@ def test_wiki_markup_cases():
     wikitext = ("'''Anarchism''' is a [[political philosophy]]<ref>cite</ref> that [[State (polity)|states]] "
                 "{{cite|x={{nested}}}} are harmful.\n{| class=wikitable\n|-\n| cell\n|}\n"
                 "[[File:A.jpg|thumb|A [[caption]] here]]\n== History ==\nIt began in [http://x.org France].")
-    assert corpus.wiki_to_sentences(wikitext) == [
+    assert sentences.wiki_to_sentences(wikitext) == [
         "Anarchism is a political philosophy that states are harmful.", "History", "It began in France."]
 
 
 def test_sentence_splitter_rules():
     text = ("Mr. Smith paid $3.50 at 5 p.m. on Monday. J. R. Tolkien wrote it! "
             "\"Is it?\" she asked. The U.S. Army won.\n\nA new paragraph")
-    assert corpus.split_sentences(text) == [
+    assert sentences.split_sentences(text) == [
         "Mr. Smith paid $3.50 at 5 p.m. on Monday.", "J. R. Tolkien wrote it!", "\"Is it?\" she asked.",
         "The U.S. Army won.", "A new paragraph"]
 
@@ -101,7 +102,7 @@ def test_json_lines_plain_gz_bz2_with_a_field_flag_and_bad_lines_reported(tmp_pa
 def test_more_ranks_than_documents_leaves_a_rank_an_empty_share_reported(tmp_path, vocab_file):
     (tmp_path / "two.txt").write_text("One document here.\nAnother document there.\n")
     tok = tokenization.Tokenizer.from_file(vocab_file)
-    config = pd.InstanceConfig(max_seq_length=32, max_predictions_per_seq=5, dupe_factor=1)
+    config = ins.InstanceConfig(max_seq_length=32, max_predictions_per_seq=5, dupe_factor=1)
     summaries = [pd.create_pretraining_data([str(tmp_path / "two.txt")], "documents", tok, str(tmp_path / "out"),
                                             config, rank=r, size=8) for r in range(8)]
     assert sum(s["documents"] for s in summaries) == 2
@@ -113,9 +114,10 @@ def test_more_ranks_than_documents_leaves_a_rank_an_empty_share_reported(tmp_pat
 def test_cleaned_wikipedia_sentences_are_almost_free_of_markup(corpus_dir):
     docs = corpus.read_documents([str(corpus_dir / "enwiki-latest-pages-articles1.xml-p000000010p000030302-"
                                                     "shortened.bz2")])
+    from bert_tf.data.sentences import markup_fraction
     sentences = [s for d in docs for s in d]
     assert len(sentences) > 20000
-    fraction = corpus.markup_fraction(sentences)
+    fraction = markup_fraction(sentences)
     print(f"sentences with markup: {fraction:.5f} of {len(sentences)}")
     assert fraction < 0.0005        # measured 3 of 22,831 ('|' in quoted text and one broken link)
 
@@ -181,7 +183,7 @@ def test_ranks_read_disjoint_byte_ranges_whose_documents_make_the_corpus(tmp_pat
             got += [d for _, d in corpus.read_share(shares[rank], stats)]
             share_bytes = sum((sh.end or path.stat().st_size) - sh.start for sh in shares[rank])
             # its share, the rest of the last document begun in it, one read buffer beyond (and one before)
-            assert stats.bytes_read <= share_bytes + longest + 2 * corpus.READ_BUFFER
+            assert stats.bytes_read <= share_bytes + longest + 2 * compressed.READ_BUFFER
         assert got == whole, size                                                # same documents, once each
 
 
@@ -211,7 +213,7 @@ def test_missing_and_empty_corpus(tmp_path):
     empty.write_text("\n\n")
     tok = tokenization.Tokenizer(tokenization.google_reserved_tokens() + ["a"])
     with pytest.raises(ConfigError, match="no text found in .*empty.txt"):
-        pd.create_pretraining_data([str(empty)], "auto", tok, str(tmp_path / "out"), pd.InstanceConfig())
+        pd.create_pretraining_data([str(empty)], "auto", tok, str(tmp_path / "out"), ins.InstanceConfig())
 
 
 # ----------------------------------------------------------------------------- vocabulary
@@ -277,7 +279,7 @@ def test_unk_rate_on_heldout_text(vocab_file, corpus_dir):
 def created(tmp_path_factory, vocab_file, corpus_dir):
     """Static instances from the news corpus, written twice with the same seed."""
     tok = tokenization.Tokenizer.from_file(vocab_file)
-    config = pd.InstanceConfig(max_seq_length=64, max_predictions_per_seq=10, dupe_factor=3, random_seed=7)
+    config = ins.InstanceConfig(max_seq_length=64, max_predictions_per_seq=10, dupe_factor=3, random_seed=7)
     inputs = [str(corpus_dir / "lee_background.cor") + "@documents"]
     outs = []
     for i in range(2):
@@ -311,13 +313,13 @@ def batch_records(batches, limit=None):
 
 def file_records(files, config):
     """The record keys of `files`, in order (batched parsing: fast)."""
-    spec = pd.feature_spec(config.max_seq_length, config.max_predictions_per_seq)
+    spec = rec.feature_spec(config.max_seq_length, config.max_predictions_per_seq)
     return list(batch_records(tf.data.TFRecordDataset(sorted(files)).batch(512).map(
         lambda r: tf.io.parse_example(r, spec))))
 
 
 def read_records(files, config):
-    spec = pd.feature_spec(config.max_seq_length, config.max_predictions_per_seq)
+    spec = rec.feature_spec(config.max_seq_length, config.max_predictions_per_seq)
     return [{k: v.numpy() for k, v in tf.io.parse_single_example(r, spec).items()}
             for r in tf.data.TFRecordDataset(sorted(files))]
 
@@ -394,7 +396,7 @@ def test_heldout_split_is_by_document(tmp_path, vocab_file, corpus_dir, monkeypa
     """Each document's instances, and the partners of its random-next pairs, come from one split."""
     tok = tokenization.Tokenizer.from_file(vocab_file)
     docs_of_pool, pools = {}, {}
-    real = pd.create_instances
+    real = ins.create_instances
 
     def recording(doc_index, documents, *args, doc_id=None, **kwargs):
         docs_of_pool.setdefault(id(documents), collections.Counter())[doc_id] += 1
@@ -402,7 +404,7 @@ def test_heldout_split_is_by_document(tmp_path, vocab_file, corpus_dir, monkeypa
         return real(doc_index, documents, *args, doc_id=doc_id, **kwargs)
 
     monkeypatch.setattr(pd, "create_instances", recording)
-    config = pd.InstanceConfig(max_seq_length=64, max_predictions_per_seq=10, dupe_factor=2, random_seed=7)
+    config = ins.InstanceConfig(max_seq_length=64, max_predictions_per_seq=10, dupe_factor=2, random_seed=7)
     summary = pd.create_pretraining_data([str(corpus_dir / "lee_background.cor") + "@documents"], "auto", tok,
                                          str(tmp_path), config, heldout_fraction=0.1)
     train, heldout = docs_of_pool.values()                 # the train pool is written first
@@ -419,20 +421,20 @@ def test_heldout_split_is_by_document(tmp_path, vocab_file, corpus_dir, monkeypa
 
 def test_max_seq_length_too_small():
     with pytest.raises(ConfigError, match="--max_seq_length=4 is too small for \\[CLS\\] A \\[SEP\\] B \\[SEP\\]"):
-        pd.InstanceConfig(max_seq_length=4)
+        ins.InstanceConfig(max_seq_length=4)
 
 
 def test_too_few_predictions_are_clamped_and_counted():
-    config = pd.InstanceConfig(max_seq_length=64, max_predictions_per_seq=2)
-    counts = pd.Counts()
+    config = ins.InstanceConfig(max_seq_length=64, max_predictions_per_seq=2)
+    counts = ins.Counts()
     tokens = [101] + list(range(200, 260)) + [102]
-    positions, labels = pd.mask_tokens(tokens, config, {"CLS": 101, "SEP": 102, "MASK": 103}, 300,
+    positions, labels = ins.mask_tokens(tokens, config, {"CLS": 101, "SEP": 102, "MASK": 103}, 300,
                                        __import__("random").Random(0), counts=counts)
     assert len(positions) == 2 and counts.clamped == 1
 
 
 def test_whole_word_masking_masks_all_pieces():
-    config = pd.InstanceConfig(max_seq_length=64, max_predictions_per_seq=20, whole_word_masking=True)
+    config = ins.InstanceConfig(max_seq_length=64, max_predictions_per_seq=20, whole_word_masking=True)
     vocab = ["a", "##b", "##c", "d", "[CLS]", "[SEP]", "[MASK]"]
     starts = [not t.startswith("##") for t in vocab]
     rng = __import__("random").Random(3)
@@ -440,7 +442,7 @@ def test_whole_word_masking_masks_all_pieces():
     whole_words_masked = 0
     for _ in range(50):
         tokens = [4] + [0, 1, 2, 3] * 5 + [5]
-        positions, _ = pd.mask_tokens(tokens, config, {"CLS": 4, "SEP": 5, "MASK": 6}, 4, rng, starts)
+        positions, _ = ins.mask_tokens(tokens, config, {"CLS": 4, "SEP": 5, "MASK": 6}, 4, rng, starts)
         assert len(positions) == 3          # round(20 * 0.15); 5 one-piece words always fill what is left
         for word in words:                  # a word is masked with all its pieces or not at all
             assert sum(p in positions for p in word) in (0, len(word)), (word, positions)
@@ -451,7 +453,7 @@ def test_whole_word_masking_masks_all_pieces():
 def test_failed_creation_leaves_no_half_written_shard(tmp_path, vocab_file, corpus_dir, monkeypatch):
     tok = tokenization.Tokenizer.from_file(vocab_file)
     calls = {"n": 0}
-    real = pd.serialize
+    real = rec.serialize
 
     def failing(instance, config):
         calls["n"] += 1
@@ -462,7 +464,7 @@ def test_failed_creation_leaves_no_half_written_shard(tmp_path, vocab_file, corp
     monkeypatch.setattr(pd, "serialize", failing)
     with pytest.raises(RuntimeError, match="disk full"):
         pd.create_pretraining_data([str(corpus_dir / "lee_background.cor") + "@documents"], "auto", tok,
-                                   str(tmp_path), pd.InstanceConfig(max_seq_length=64, dupe_factor=2))
+                                   str(tmp_path), ins.InstanceConfig(max_seq_length=64, dupe_factor=2))
     assert os.listdir(tmp_path) == []
 
 
@@ -483,7 +485,7 @@ def test_a_killed_creation_job_resumes_skipping_its_complete_parts(tmp_path, voc
     job.wait()
     done = sorted(p.name for p in resumed.glob("part-*.json"))
     assert first.name in done and len(done) < 4, done           # killed between parts
-    config = pd.InstanceConfig(max_seq_length=64, max_predictions_per_seq=10)
+    config = ins.InstanceConfig(max_seq_length=64, max_predictions_per_seq=10)
     for shard in resumed.glob("*.tfrecord"):                     # never a half-written shard under its name
         read_records([str(shard)], config)
     again = subprocess.run(args + [f"--output_dir={resumed}"], env=mpi_env(), check=True, capture_output=True,
@@ -611,7 +613,7 @@ def test_resume_decodes_as_few_records_after_many_updates_as_after_few(created):
 # ----------------------------------------------------------------------------- dynamic masking
 def test_dynamic_masking_gives_static_features_with_a_fresh_mask_each_epoch(tmp_path, vocab_file, corpus_dir):
     tok = tokenization.Tokenizer.from_file(vocab_file)
-    config = pd.InstanceConfig(max_seq_length=64, max_predictions_per_seq=10, dupe_factor=1, mask=False)
+    config = ins.InstanceConfig(max_seq_length=64, max_predictions_per_seq=10, dupe_factor=1, mask=False)
     pd.create_pretraining_data([str(corpus_dir / "lee_background.cor") + "@documents"], "auto", tok,
                                str(tmp_path), config)
     files = glob.glob(str(tmp_path / "train-*"))
@@ -623,7 +625,7 @@ def test_dynamic_masking_gives_static_features_with_a_fresh_mask_each_epoch(tmp_
         "input_ids": (16, 64), "input_mask": (16, 64), "segment_ids": (16, 64), "next_sentence_labels": (16, 1),
         "masked_lm_positions": (16, 10), "masked_lm_ids": (16, 10), "masked_lm_weights": (16, 10)}
     # the records as written (unmasked), in the same order: one file, one pass
-    spec = {k: v for k, v in pd.feature_spec(64, 10).items() if not k.startswith("masked_lm")}
+    spec = {k: v for k, v in rec.feature_spec(64, 10).items() if not k.startswith("masked_lm")}
     written = list(tf.data.TFRecordDataset(sorted(files)).batch(16).map(lambda r: tf.io.parse_example(r, spec)))
     masked = mask = same = 0
     for b, w in zip(epochs[0], written, strict=True):
@@ -662,7 +664,7 @@ def test_two_ranks_write_disjoint_shards_that_match_one_process_but_for_random_p
             "--max_seq_length=64", "--max_predictions_per_seq=10", "--dupe_factor=2", "--heldout_fraction=0"]
     mpirun(2, args + [f"--output_dir={tmp_path / 'two'}"])
     mpirun(1, args + [f"--output_dir={tmp_path / 'one'}"])
-    config = pd.InstanceConfig(max_seq_length=64, max_predictions_per_seq=10)
+    config = ins.InstanceConfig(max_seq_length=64, max_predictions_per_seq=10)
 
     def records(pattern):
         return [tuple((k, tuple(v.ravel().tolist())) for k, v in sorted(r.items()))
@@ -685,7 +687,7 @@ def test_two_ranks_write_disjoint_shards_that_match_one_process_but_for_random_p
     shares = [s["shares"] for s in summary["per_rank"]]
     assert shares == [[[str(corpus_dir / "lee_background.cor"), 0, size // 2]],
                       [[str(corpus_dir / "lee_background.cor"), size // 2, None]]]
-    assert all(s["bytes_read"] <= size // 2 + corpus.READ_BUFFER for s in summary["per_rank"])
+    assert all(s["bytes_read"] <= size // 2 + compressed.READ_BUFFER for s in summary["per_rank"])
     assert sum(s["documents"] for s in summary["per_rank"]) == 300 and summary["per_rank"][1]["documents"] > 100
 
 
@@ -920,7 +922,7 @@ def test_dedup_in_creation_counts_what_it_left_out_and_a_rerun_reuses_the_parts(
         d.append("Retrieved from the archive.")                           # boilerplate, 6 times
     corpus_file = tmp_path / "corpus.txt"
     corpus_file.write_text("".join("\n".join(d) + "\n\n" for d in docs))
-    config = pd.InstanceConfig(max_seq_length=64, max_predictions_per_seq=10, dupe_factor=1)
+    config = ins.InstanceConfig(max_seq_length=64, max_predictions_per_seq=10, dupe_factor=1)
     args = ([str(corpus_file)], "auto", tok, str(tmp_path / "out"), config)
     summary = pd.create_pretraining_data(*args, dedup_documents=True, dedup_lines=6, log=lambda m: None)
     assert (summary["duplicate_documents"], summary["repeated_lines_removed"], summary["documents_emptied"],
@@ -945,13 +947,13 @@ def test_full_sentences_pack_whole_consecutive_sentences_across_documents_whatev
     docs = [(1000 + d, [list(rng.randint(200, 300, rng.randint(3, 10))) for _ in range(rng.randint(1, 6))])
             for d in range(40)]
     docs[7][1].append(list(range(200, 300)))                         # one sentence longer than a sequence
-    config = pd.InstanceConfig(max_seq_length=32, max_predictions_per_seq=5, mask=False, full_sentences=True)
+    config = ins.InstanceConfig(max_seq_length=32, max_predictions_per_seq=5, mask=False, full_sentences=True)
 
     def packed(window):
         state, out = {}, []
         for i in range(0, len(docs), window):
-            out += pd.pack_full_sentences(docs[i:i + window], state, config, SPECIAL, 400)
-        return out + pd.pack_full_sentences([], state, config, SPECIAL, 400, flush=True)
+            out += ins.pack_full_sentences(docs[i:i + window], state, config, SPECIAL, 400)
+        return out + ins.pack_full_sentences([], state, config, SPECIAL, 400, flush=True)
 
     instances = packed(1)
     assert [i.tokens for i in instances] == [i.tokens for i in packed(7)] == [i.tokens for i in packed(40)]
@@ -970,10 +972,10 @@ def test_full_sentences_pack_whole_consecutive_sentences_across_documents_whatev
     # a sentence is never split between two sequences: each sequence's body starts where a sentence starts
     starts = {tuple(s[:3]) for _, doc in docs for s in doc}
     assert all(tuple(i.tokens[1:4]) in starts for i in instances)
-    masked = pd.InstanceConfig(max_seq_length=32, max_predictions_per_seq=5, full_sentences=True)
-    a = pd.pack_full_sentences(docs, {}, masked, SPECIAL, 400, flush=True)
-    b = pd.pack_full_sentences(docs[:9], state := {}, masked, SPECIAL, 400) + \
-        pd.pack_full_sentences(docs[9:], state, masked, SPECIAL, 400, flush=True)
+    masked = ins.InstanceConfig(max_seq_length=32, max_predictions_per_seq=5, full_sentences=True)
+    a = ins.pack_full_sentences(docs, {}, masked, SPECIAL, 400, flush=True)
+    b = ins.pack_full_sentences(docs[:9], state := {}, masked, SPECIAL, 400) + \
+        ins.pack_full_sentences(docs[9:], state, masked, SPECIAL, 400, flush=True)
     assert [(i.tokens, i.positions) for i in a] == [(i.tokens, i.positions) for i in b]   # masks too
     assert all(i.positions and 101 not in [i.tokens[p] for p in i.positions] for i in a)
 
@@ -987,7 +989,7 @@ def test_full_sentence_records_need_mlm_only(tmp_path, vocab_file, corpus_dir):
                    capture_output=True, timeout=300)
     summary = json.load(open(out / "summary.json"))["total"]
     assert summary["config"]["full_sentences"] and summary["train"]["random_next"] == 0
-    config = pd.InstanceConfig(max_seq_length=64, max_predictions_per_seq=10)
+    config = ins.InstanceConfig(max_seq_length=64, max_predictions_per_seq=10)
     records = read_records(glob.glob(str(out / "train-*")), config)
     assert all(r["segment_ids"].sum() == 0 and r["next_sentence_labels"][0] == 0 for r in records)
     # sequences run on across documents: a [SEP] inside some (at 64 tokens a story fills about 4 sequences)
@@ -1036,13 +1038,13 @@ def test_truncation_is_googles_and_a_document_of_one_enormous_line_makes_instanc
         a, b = list(range(r.randint(0, 300))), list(range(1000, 1000 + r.randint(0, 300)))
         ours, theirs = (list(a), list(b)), (list(a), list(b))
         limit = r.randint(1, 200)
-        pd._truncate_pair(*ours, limit, random.Random(seed))
+        ins._truncate_pair(*ours, limit, random.Random(seed))
         google_truncate(*theirs, limit, random.Random(seed))
         assert ours == theirs, seed
     words = " ".join(f"word{i % 5000}" for i in range(300_000))       # 2 MB, one line, no sentence end
     path = tmp_path / "one_line.txt"
     path.write_text(words + "\n")
     tok = tokenization.Tokenizer(tokenization.google_reserved_tokens() + ["word"] + [f"##{i}" for i in range(10)])
-    config = pd.InstanceConfig(max_seq_length=64, max_predictions_per_seq=10, dupe_factor=1)
+    config = ins.InstanceConfig(max_seq_length=64, max_predictions_per_seq=10, dupe_factor=1)
     summary = pd.create_pretraining_data([f"{path}@documents"], "auto", tok, str(tmp_path / "out"), config)
     assert summary["documents"] == 1 and summary["train"]["instances"] >= 1

@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 from bert_tf import ConfigError
-from bert_tf.data import input_pipeline, pretraining_data as pd, tokenization
+from bert_tf.data import input_pipeline, instances as ins, pretraining_data as pd, records as rec, tokenization
 from bert_tf.model import modeling
 from bert_tf.train import pretrain_config
 
@@ -28,7 +28,7 @@ def random_instances(n, max_len, preds, vocab=300, seed=0):
         segments = [0] * (a + 2) + [1] * (length - a - 2)
         maskable = [i for i, t in enumerate(tokens) if t not in (SPECIAL["CLS"], SPECIAL["SEP"])]
         positions = sorted(r.sample(maskable, min(preds, max(1, round(0.15 * len(maskable))))))
-        out.append(pd.Instance(tokens, segments, r.random() < 0.5, positions, [r.randrange(10, vocab) for _ in positions]))
+        out.append(ins.Instance(tokens, segments, r.random() < 0.5, positions, [r.randrange(10, vocab) for _ in positions]))
     return out
 
 
@@ -38,9 +38,9 @@ def parsed(records, config, pack):
 
 
 def test_pack_instances_keeps_every_instance_once_within_every_limit_and_fills_rows():
-    config = pd.InstanceConfig(max_seq_length=64, max_predictions_per_seq=8, pack=3)
+    config = ins.InstanceConfig(max_seq_length=64, max_predictions_per_seq=8, pack=3)
     instances = random_instances(300, 64, 8)
-    rows = pd.pack_instances(instances, config, random.Random(0))
+    rows = ins.pack_instances(instances, config, random.Random(0))
     assert sorted(id(i) for row in rows for i in row) == sorted(id(i) for i in instances)
     for row in rows:
         assert 1 <= len(row) <= 3
@@ -48,17 +48,17 @@ def test_pack_instances_keeps_every_instance_once_within_every_limit_and_fills_r
     tokens = sum(len(i.tokens) for i in instances)
     lower_bound = -(-tokens // 64)               # rows needed if every row were full
     assert len(rows) <= 1.1 * lower_bound < 0.75 * len(instances)
-    again = pd.pack_instances(instances, config, random.Random(0))
+    again = ins.pack_instances(instances, config, random.Random(0))
     assert [[id(i) for i in row] for row in again] == [[id(i) for i in row] for row in rows]   # deterministic
 
 
 def test_a_packed_batch_has_the_losses_and_gradients_of_its_instances_unpacked():
-    config = pd.InstanceConfig(max_seq_length=64, max_predictions_per_seq=8, pack=3)
+    config = ins.InstanceConfig(max_seq_length=64, max_predictions_per_seq=8, pack=3)
     instances = random_instances(12, 40, 8, seed=1)
-    rows = pd.pack_instances(instances, config, random.Random(1))
+    rows = ins.pack_instances(instances, config, random.Random(1))
     assert len(rows) < len(instances) and any(len(r) > 1 for r in rows)
-    packed = parsed([pd.serialize_packed(r, config) for r in rows], config, pack=3)
-    plain = parsed([pd.serialize(i, config) for i in instances], config, pack=0)
+    packed = parsed([rec.serialize_packed(r, config) for r in rows], config, pack=3)
+    plain = parsed([rec.serialize(i, config) for i in instances], config, pack=0)
     assert int(tf.reduce_sum(packed["input_mask"])) == int(tf.reduce_sum(plain["input_mask"]))
 
     tf.random.set_seed(0)
@@ -94,14 +94,14 @@ def test_a_packed_batch_has_the_losses_and_gradients_of_its_instances_unpacked()
 
 def test_packing_options_and_layouts_are_checked(tmp_path):
     with pytest.raises(ConfigError, match="--pack must be 0"):
-        pd.InstanceConfig(pack=1)
+        ins.InstanceConfig(pack=1)
     with pytest.raises(ConfigError, match="--pack with --full_sentences"):
-        pd.InstanceConfig(pack=3, full_sentences=True)
-    config = pd.InstanceConfig(max_seq_length=64, max_predictions_per_seq=8, pack=3)
+        ins.InstanceConfig(pack=3, full_sentences=True)
+    config = ins.InstanceConfig(max_seq_length=64, max_predictions_per_seq=8, pack=3)
     instances = random_instances(20, 40, 8)
     files = {}
-    for name, records in (("packed", [pd.serialize_packed(r, config) for r in pd.pack_instances(instances, config)]),
-                          ("plain", [pd.serialize(i, config) for i in instances])):
+    for name, records in (("packed", [rec.serialize_packed(r, config) for r in ins.pack_instances(instances, config)]),
+                          ("plain", [rec.serialize(i, config) for i in instances])):
         files[name] = str(tmp_path / f"{name}.tfrecord")
         with tf.io.TFRecordWriter(files[name]) as w:
             for record in records:
@@ -126,7 +126,7 @@ def bundled_records(tmp_path_factory, corpus_dir):
     out = {}
     for seq, preds in ((128, 20), (512, 80)):
         for pack in (0, 3):
-            config = pd.InstanceConfig(max_seq_length=seq, max_predictions_per_seq=preds, dupe_factor=2, pack=pack)
+            config = ins.InstanceConfig(max_seq_length=seq, max_predictions_per_seq=preds, dupe_factor=2, pack=pack)
             folder = str(root / f"seq{seq}-pack{pack}")
             out[seq, pack] = pd.summarize([pd.create_pretraining_data(inputs, "auto", tokenizer, folder, config)],
                                           seq)["train"]
@@ -154,7 +154,7 @@ def test_pretraining_reads_packed_records_and_counts_instances_and_useful_tokens
     from bert_tf.train import pretraining
     inputs = [str(corpus_dir / "lee_background.cor") + "@documents"]
     tokenizer = tokenization.Tokenizer.from_file(tiny_data["vocab_file"])
-    config = pd.InstanceConfig(max_seq_length=64, max_predictions_per_seq=10, dupe_factor=1, random_seed=3, pack=3)
+    config = ins.InstanceConfig(max_seq_length=64, max_predictions_per_seq=10, dupe_factor=1, random_seed=3, pack=3)
     pd.create_pretraining_data(inputs, "auto", tokenizer, str(tmp_path / "data"), config, heldout_fraction=0.1)
     cfg = pretrain_config.PretrainConfig(
         model_preset="tiny", vocab_file=tiny_data["vocab_file"], train_files=str(tmp_path / "data" / "train-*"),

@@ -66,8 +66,8 @@ def test_phase_plan_by_hand():
 @pytest.mark.parametrize("flag,message", [
     ("--inter_gbps=0", "error: --inter_gbps must be > 0"),
     ("--phase1_accumulation=7", "error: phase1: per-device batch 3840 is not divisible by --phase1_accumulation=7"),
-    ("--phase2_global_batch=30721", "error: phase2: global batch 30721 is not divisible by 16 devices "
-                                    "(--phase2_global_batch; --nodes x --devices_per_node)"),
+    ("--phase2_global_batch_size=30721", "error: phase2: global batch 30721 is not divisible by 16 devices "
+                                         "(--phase2_global_batch_size; --nodes x --devices_per_node)"),
 ])
 def test_plan_cli_names_the_flag_of_an_impossible_input(flag, message):
     proc = subprocess.run([sys.executable, str(REPO / "run" / "plan.py"), flag], env=mpi_env(),

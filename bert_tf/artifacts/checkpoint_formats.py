@@ -21,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
 
 import numpy as np
 
@@ -80,16 +79,6 @@ def _table(num_layers):
     rows.append(("span/kernel", "cls/squad/output_weights", "qa_outputs.weight", "nsp"))
     rows.append(("span/bias", "cls/squad/output_bias", "qa_outputs.bias", "vector"))
     return rows
-
-
-def google_names(num_layers):
-    """{our name: google name} for a model of `num_layers` layers (encoder and both heads)."""
-    return {o: g for o, g, _, _ in _table(num_layers)}
-
-
-def huggingface_names(num_layers):
-    """{our name: Hugging Face BertForPreTraining name}."""
-    return {o: h for o, _, h, _ in _table(num_layers)}
 
 
 def _count_layers(names, pattern):
@@ -401,6 +390,8 @@ def _tables(weights):
 def write_google(weights: dict, config: modeling.BertConfig, vocab_file: str, out_dir: str) -> list:
     """bert_model.ckpt.{index,data-*} under google's names, bert_config.json, vocab.txt."""
     import tensorflow as tf
+
+    from bert_tf.data import tokenization
     if config.hidden_act not in ("gelu", "relu", "tanh"):
         raise ConfigError(f"hidden_act {config.hidden_act!r} has no google-research/bert name (its 'gelu' is "
                          f"the tanh form): export this model with --format=huggingface,saved_model")
@@ -414,15 +405,18 @@ def write_google(weights: dict, config: modeling.BertConfig, vocab_file: str, ou
     # A name-based (TF1) checkpoint, no object graph: what tf.compat.v1.train.Saver writes.
     tf.raw_ops.SaveV2(prefix=prefix, tensor_names=names, shape_and_slices=[""] * len(names), tensors=tensors)
     config.to_json_file(os.path.join(out_dir, GOOGLE_CONFIG))
-    _copy_vocab(vocab_file, out_dir)
+    tokenization.copy_vocab(vocab_file, out_dir)
     return [GOOGLE_CKPT + ".index", GOOGLE_CKPT + ".data-00000-of-00001", GOOGLE_CONFIG, "vocab.txt"]
 
 
 def write_huggingface(weights: dict, config: modeling.BertConfig, vocab_file: str, out_dir: str,
                       do_lower_case: bool = True, hf_config: dict | None = None) -> list:
-    """config.json, model.safetensors (transformers' names) and the tokenizer files (write_tokenizer_files).
-    hf_config: config.json's content (default: BertForPreTraining's, config_to_huggingface)."""
+    """config.json, model.safetensors (transformers' names) and the tokenizer files
+    (tokenization.write_tokenizer_files). hf_config: config.json's content (default: BertForPreTraining's,
+    config_to_huggingface)."""
     from safetensors.numpy import save_file
+
+    from bert_tf.data import tokenization
     tensors = {}
     for ours, _, hf, kind in _tables(weights):
         if ours in weights:
@@ -435,33 +429,6 @@ def write_huggingface(weights: dict, config: modeling.BertConfig, vocab_file: st
     with open(os.path.join(out_dir, HF_CONFIG), "w") as f:
         json.dump(hf_config or config_to_huggingface(config), f, indent=2, sort_keys=True)
         f.write("\n")
-    return [HF_CONFIG, HF_WEIGHTS] + write_tokenizer_files(vocab_file, out_dir, do_lower_case,
-                                                           config.max_position_embeddings)
+    return [HF_CONFIG, HF_WEIGHTS] + tokenization.write_tokenizer_files(vocab_file, out_dir, do_lower_case,
+                                                                        config.max_position_embeddings)
 
-
-SPECIAL_TOKENS_MAP = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]",
-                      "mask_token": "[MASK]"}
-
-
-def write_tokenizer_files(vocab_file, out_dir, do_lower_case=True, model_max_length=512) -> list:
-    """vocab.txt, tokenizer.json (the fast tokenizer: tokenization.huggingface_tokenizer), tokenizer_config.json
-    and special_tokens_map.json: what AutoTokenizer, text-embeddings-inference and transformers.js look for."""
-    from bert_tf.data import tokenization
-    os.makedirs(out_dir, exist_ok=True)
-    vocab = tokenization.load_vocab(vocab_file)
-    tokenization.huggingface_tokenizer(vocab, do_lower_case).save(os.path.join(out_dir, "tokenizer.json"))
-    # strip_accents None: follow do_lower_case, as google's tokenizer does.
-    config = {"tokenizer_class": "BertTokenizer", "do_lower_case": do_lower_case, "strip_accents": None,
-              "tokenize_chinese_chars": True, "model_max_length": model_max_length, **SPECIAL_TOKENS_MAP}
-    for name, content in (("tokenizer_config.json", config), ("special_tokens_map.json", SPECIAL_TOKENS_MAP)):
-        with open(os.path.join(out_dir, name), "w") as f:
-            json.dump(content, f, indent=2)
-            f.write("\n")
-    _copy_vocab(vocab_file, out_dir)
-    return ["vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"]
-
-
-def _copy_vocab(vocab_file, out_dir):
-    target = os.path.join(out_dir, "vocab.txt")
-    if not (os.path.exists(target) and os.path.samefile(vocab_file, target)):
-        shutil.copyfile(vocab_file, target)

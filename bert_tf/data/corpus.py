@@ -19,38 +19,28 @@ a whole file: Parquet is read a row group at a time, Arrow a record batch at a t
 
 Ranks split the corpus by bytes (`plan_shares`): a rank reads only the documents that begin
 in its byte ranges (after a blank line for google format, at a line start for one document
-per line, at `<page>` for MediaWiki XML), reading at most READ_BUFFER bytes beyond its last
+per line, at `<page>` for MediaWiki XML), reading at most compressed.READ_BUFFER bytes beyond its last
 document; a compressed file is read whole by one rank, except a Wikipedia multistream dump
-with its index beside it (`multistream_index`), whose bz2 streams are shared out; Parquet row groups
+with its index beside it (`compressed.multistream_index`), whose bz2 streams are shared out; Parquet row groups
 and Arrow record batches are shared out the same way, whole, to the rank their first byte falls to. A document is
 named by its file and byte offset (in a compressed file read whole, by its number in the file;
 `read_share`), whatever the rank count.
 
-Sentence splitting rules (`split_sentences`), for text that is not split already:
-  a sentence ends at '.', '!' or '?' (plus closing quotes/brackets) followed by white space
-  and then an upper-case letter or a digit, optionally behind an opening quote/bracket; a single
-  '.' does not end one after a known abbreviation (Mr., Dr., e.g., U.S., No., ...), a single
-  capital initial ("J. Smith") or a dotted abbreviation ("i.e.", "U.S.A."). A decimal point is
-  never a boundary (no white space follows it). Line breaks in the source are treated as
-  spaces, and blank lines always end a sentence (paragraphs).
+Compressed files are read by `compressed`, Parquet and Arrow by `tables`, and text is cut into sentences
+by `sentences`.
 """
 from __future__ import annotations
 
-import bz2
 import dataclasses
-import gzip
-import html
-import io
 import os
-import re
 import xml.etree.ElementTree as ET
 
 from bert_tf import ConfigError
+from bert_tf.data import compressed, tables
+from bert_tf.data.sentences import split_sentences, wiki_to_sentences
 
 FORMATS = ("sentences", "documents", "mediawiki", "jsonl", "parquet", "arrow")
 TABLES = ("parquet", "arrow")           # columnar formats: a row per document, shared by row group / batch
-COMPRESSED = (".gz", ".bz2", ".zst")
-READ_BUFFER = 1 << 16   # bytes read at a time: a rank reads at most this much past its share's last document
 
 
 @dataclasses.dataclass
@@ -69,59 +59,6 @@ class ReadStats:
     problems: list = dataclasses.field(default_factory=list)   # "file: byte N: what" for each skipped item
 
 
-def decompressing(f, path):
-    """A binary file object -> one that yields `path`'s uncompressed bytes (by its suffix)."""
-    if path.endswith(".gz"):
-        return gzip.GzipFile(fileobj=f, mode="rb")
-    if path.endswith(".bz2"):
-        return bz2.BZ2File(f, "rb")
-    if path.endswith(".zst"):
-        return io.BufferedReader(_ZstdReader(f), READ_BUFFER)
-    return f
-
-
-class _ZstdReader(io.RawIOBase):
-    """Zstandard frames one after another (zstd -T and pzstd write several), streamed; like gzip and bz2,
-    EOFError when the file ends inside a frame (zstandard's own stream reader just stops there)."""
-
-    def __init__(self, f):
-        import zstandard
-        self.f, self.zstd, self.pending = f, zstandard, b""
-        self.frame = zstandard.ZstdDecompressor().decompressobj()
-        self.started = False        # bytes of the current frame have been fed
-
-    def readable(self):
-        return True
-
-    def readinto(self, b):
-        while not self.pending:
-            data = self.f.read(READ_BUFFER)
-            if not data:
-                if self.started:
-                    raise EOFError("compressed file ended before the end-of-stream marker was reached")
-                return 0
-            while data:
-                try:
-                    self.pending += self.frame.decompress(data)
-                except self.zstd.ZstdError as e:
-                    raise EOFError(f"not valid Zstandard data ({e})")
-                self.started = not self.frame.eof
-                data = self.frame.unused_data if self.frame.eof else b""
-                if self.frame.eof:
-                    self.frame = self.zstd.ZstdDecompressor().decompressobj()
-        n = min(len(b), len(self.pending))
-        b[:n], self.pending = self.pending[:n], self.pending[n:]
-        return n
-
-    def close(self):
-        self.f.close()
-        super().close()
-
-
-def open_binary(path):
-    return decompressing(open(path, "rb"), path)
-
-
 def detect_format(path):
     """parquet (*.parquet), arrow (a save_to_disk folder), mediawiki when the file starts with a <mediawiki>
     element, jsonl for JSON lines, else sentences."""
@@ -129,14 +66,14 @@ def detect_format(path):
         return "arrow"
     if path.endswith(".parquet"):
         return "parquet"
-    with open_binary(path) as f:
+    with compressed.open_binary(path) as f:
         try:
             head = f.read(4096).lstrip()
         except (EOFError, OSError):   # a truncated compressed file: reading it says so, with the file's name
             head = b""
     if head.startswith(b"<mediawiki") or b"<mediawiki " in head[:200]:
         return "mediawiki"
-    stem = next((path[:-len(c)] for c in COMPRESSED if path.endswith(c)), path)
+    stem = next((path[:-len(c)] for c in compressed.COMPRESSED if path.endswith(c)), path)
     return "jsonl" if head.startswith(b"{") or stem.endswith((".jsonl", ".json")) else "sentences"
 
 
@@ -165,10 +102,6 @@ def read_documents(paths, fmt="auto", stats: ReadStats | None = None, text_field
 
 
 # ------------------------------------------------------------------------- rank shares
-def is_compressed(path):
-    return path.endswith(COMPRESSED)
-
-
 @dataclasses.dataclass(frozen=True)
 class Share:
     """Byte range [start, end) of one file: a rank reads the documents that *begin* in it (a
@@ -191,7 +124,7 @@ def check_text(path):
     """ConfigError when a text input's first TEXT_SAMPLE bytes (uncompressed) are mostly not UTF-8 lines or
     hold NUL bytes: a binary file, or Parquet/Arrow given as text, would otherwise become instances of noise."""
     try:
-        with open_binary(path) as f:
+        with compressed.open_binary(path) as f:
             sample = f.read(TEXT_SAMPLE)
     except (EOFError, OSError):
         return                     # a truncated compressed file: reading it reports that, with its name
@@ -230,7 +163,7 @@ def plan_shares(specs, size, fmt="auto", text_field="text", title_field=""):
         if kind not in FORMATS:
             raise ConfigError(f"unknown input format {kind!r} for {path}; valid: auto, {', '.join(FORMATS)}")
         if kind == "arrow":
-            files += [(f, kind, os.path.getsize(f)) for f in arrow_folder_files(path)]
+            files += [(f, kind, os.path.getsize(f)) for f in tables.arrow_folder_files(path)]
         elif os.path.isdir(path):
             raise ConfigError(f"{path} is a folder; only a datasets.save_to_disk folder (with state.json) is read "
                               f"as a whole: give its files, or the folder with @arrow")
@@ -238,8 +171,9 @@ def plan_shares(specs, size, fmt="auto", text_field="text", title_field=""):
             if kind not in TABLES:
                 check_text(path)
             files.append((path, kind, os.path.getsize(path)))
-    units = {path: table_units(path, kind, text_field, title_field) if kind in TABLES else read_stream_index(path)
-             for path, kind, _ in files if kind in TABLES or multistream_index(path)}
+    units = {path: tables.table_units(path, kind, text_field, title_field) if kind in TABLES
+             else compressed.read_stream_index(path)
+             for path, kind, _ in files if kind in TABLES or compressed.multistream_index(path)}
     total = sum(n for _, _, n in files)
     bounds = [total * r // size for r in range(size + 1)]      # rank r owns global bytes [bounds[r], bounds[r+1])
     shares = [[] for _ in range(size)]
@@ -254,7 +188,7 @@ def plan_shares(specs, size, fmt="auto", text_field="text", title_field=""):
                 if mine:
                     shares[r].append(Share(i, path, kind, offsets[mine[0]], offsets[mine[-1] + 1], text_field,
                                            tuple(names[j] for j in mine), title_field))
-        elif is_compressed(path) or n == 0:
+        elif compressed.is_compressed(path) or n == 0:
             owner = max(r for r in range(size) if bounds[r] <= offset) if n else 0
             shares[owner].append(Share(i, path, kind, text_field=text_field))
         else:
@@ -274,197 +208,22 @@ def read_share(shares, stats: ReadStats | None = None):
     for share in shares:
         stats.files += 1
         reader = {"sentences": _sentences_in_range, "documents": _lines_in_range, "mediawiki": _pages_in_range,
-                  "jsonl": _json_in_range, "parquet": _table_rows, "arrow": _table_rows}[share.fmt]
+                  "jsonl": _json_in_range, "parquet": tables.table_rows, "arrow": tables.table_rows}[share.fmt]
         for number, (offset, doc) in enumerate(reader(share, stats)):
             doc = [s for s in (s.strip() for s in doc) if s]
             if doc:
                 stats.documents += 1
                 stats.sentences += len(doc)
-                named_by_offset = share.streams or not is_compressed(share.path)   # tables: unit << 32 | row
+                named_by_offset = share.streams or not compressed.is_compressed(share.path)   # tables: unit << 32 | row
                 yield (share.file_index, offset if named_by_offset else number), doc
-
-
-class _CountingReader(io.RawIOBase):
-    """Counts the bytes read from a file (ReadStats.bytes_read: what a rank really read)."""
-
-    def __init__(self, f, stats):
-        self.f, self.stats = f, stats
-
-    def readable(self):
-        return True
-
-    def seekable(self):
-        return True
-
-    def seek(self, offset, whence=0):
-        return self.f.seek(offset, whence)
-
-    def tell(self):
-        return self.f.tell()
-
-    def readinto(self, b):
-        n = self.f.readinto(b)
-        self.stats.bytes_read += n or 0
-        return n
-
-    def close(self):
-        self.f.close()
-        super().close()
-
-
-# ------------------------------------------------------------------------- Parquet and Arrow
-def arrow_folder_files(folder):
-    """The Arrow stream files of a `datasets.save_to_disk` folder, from its state.json."""
-    import json
-    state = os.path.join(folder, "state.json")
-    if not os.path.isfile(state):
-        hint = (" (a DatasetDict: give one split's folder, e.g. train/)"
-                if os.path.isfile(os.path.join(folder, "dataset_dict.json")) else "")
-        raise ConfigError(f"{folder}: no state.json: not a datasets.save_to_disk folder{hint}")
-    try:
-        with open(state) as f:
-            files = [os.path.join(folder, entry["filename"]) for entry in json.load(f)["_data_files"]]
-    except (ValueError, KeyError, TypeError) as e:
-        raise ConfigError(f"{state}: not the layout datasets.save_to_disk writes (a list '_data_files' of "
-                          f"{{'filename': ...}}; another datasets version?): {e!r}")
-    for path in files:
-        if not os.path.isfile(path):
-            raise ConfigError(f"{state} names {path}, which does not exist")
-    return files
-
-
-def _open_table(path, kind):
-    """(pyarrow reader, memory map or None) for a Parquet file or an Arrow stream file; errors name the file."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-    try:
-        if kind == "parquet":
-            return pq.ParquetFile(path), None
-        mapped = pa.memory_map(path)
-        return pa.ipc.open_stream(mapped), mapped
-    except (pa.ArrowException, OSError) as e:
-        what = "Parquet" if kind == "parquet" else "an Arrow stream (datasets.save_to_disk)"
-        raise ConfigError(f"{path}: not a readable {what} file (corrupt or truncated?): {e}")
-
-
-def _check_columns(path, schema, text_field, title_field):
-    import pyarrow as pa
-    for field in filter(None, (text_field, title_field)):
-        if field not in schema.names:
-            raise ConfigError(f"{path}: no column {field!r} (--text_field/--title_field); its columns: "
-                              f"{', '.join(schema.names)}")
-        if not (pa.types.is_string(schema.field(field).type) or pa.types.is_large_string(schema.field(field).type)):
-            raise ConfigError(f"{path}: column {field!r} holds {schema.field(field).type}, not text")
-
-
-def table_units(path, kind, text_field, title_field):
-    """[(byte offset, unit number)]: a Parquet file's row groups (offset of its first column chunk) or an
-    Arrow stream's record batches (offset in the memory-mapped file), after checking the columns."""
-    import pyarrow as pa
-    reader, mapped = _open_table(path, kind)
-    _check_columns(path, reader.schema_arrow if kind == "parquet" else reader.schema, text_field, title_field)
-    if kind == "parquet":
-        meta = reader.metadata
-        return [(min(c.dictionary_page_offset or c.data_page_offset for c in
-                     (meta.row_group(g).column(k) for k in range(meta.num_columns))), g)
-                for g in range(meta.num_row_groups) if meta.row_group(g).num_rows]
-    units, offset = [], mapped.tell()
-    while True:
-        try:
-            reader.read_next_batch()
-        except StopIteration:
-            return units
-        except pa.ArrowException as e:
-            raise ConfigError(f"{path}: the Arrow stream breaks off in record batch {len(units)} (truncated?): {e}")
-        units.append((offset, len(units)))
-        offset = mapped.tell()
-
-
-def _table_rows(share, stats):
-    """(unit << 32 | row, sentences) for the rows of the share's row groups / record batches."""
-    reader, _ = _open_table(share.path, share.fmt)
-    columns = [c for c in (share.text_field, share.title_field) if c]
-    stats.bytes_read += share.end - share.start
-    if share.fmt == "parquet":
-        batches = ((g, reader.read_row_group(g, columns=columns)) for g in share.streams)
-    else:
-        wanted = set(share.streams)
-        batches = ((number, batch) for number, batch in enumerate(reader) if number in wanted)
-    for unit, table in batches:
-        texts = table.column(share.text_field).to_pylist()
-        titles = table.column(share.title_field).to_pylist() if share.title_field else [None] * len(texts)
-        for row, (text, title) in enumerate(zip(texts, titles)):
-            if not isinstance(text, str):
-                stats.bad_rows += 1
-                stats.problems.append(f"{share.path}: row {row} of {'row group' if share.fmt == 'parquet' else 'record batch'} "
-                                      f"{unit}: {share.text_field!r} is {text!r}, not text; skipped")
-                continue
-            yield unit << 32 | row, ([title] if title else []) + split_sentences(text)
-
-
-def multistream_index(path):
-    """Wikipedia's index beside a multistream dump (…-multistream.xml.bz2 -> …-multistream-index.txt.bz2), or None."""
-    if not path.endswith("multistream.xml.bz2"):
-        return None
-    index = path[:-len(".xml.bz2")] + "-index.txt.bz2"
-    return index if os.path.isfile(index) else None
-
-
-def read_stream_index(path):
-    """Sorted offsets of the bz2 streams of a multistream dump, from its index (offset:page id:title
-    lines); the first stream (the <siteinfo> header) is at 0. A mismatch is an error: reading
-    with wrong offsets would be wrong."""
-    index = multistream_index(path)
-    offsets = {0}
-    with bz2.open(index, "rb") as f:
-        for number, line in enumerate(f, 1):
-            head = line.split(b":", 1)[0]
-            if not head.strip().isdigit():
-                raise ConfigError(f"{index}: line {number} is not offset:page id:title: {line[:80]!r}")
-            offsets.add(int(head))
-    size = os.path.getsize(path)
-    with open(path, "rb") as f:
-        for o in sorted(offsets):
-            f.seek(o)
-            if o >= size or f.read(3) != b"BZh":
-                raise ConfigError(f"{index} does not match {path}: no bz2 stream starts at byte {o}")
-    return sorted(offsets)
-
-
-def _stream_lines(share, stats):
-    """(offset, raw line) of the pages in a multistream share: each stream decompressed on its own;
-    offsets are stream offset * 2**32 + offset inside the stream (a name, not a position)."""
-    bounds = list(share.streams) + [share.end]
-    with open(share.path, "rb") as f:
-        for start, end in zip(bounds, bounds[1:]):
-            f.seek(start)
-            data = f.read(end - start)
-            stats.bytes_read += len(data)
-            chunks = []
-            while data:                    # usually one stream; the last also holds the closing </mediawiki>
-                decompressor = bz2.BZ2Decompressor()
-                try:
-                    chunks.append(decompressor.decompress(data))
-                except OSError as e:
-                    raise ConfigError(f"{share.path}: byte {start}: the stream the index names is not valid bz2 ({e})")
-                if not decompressor.eof:
-                    raise ConfigError(f"{share.path}: byte {start}: the stream does not end before the next index "
-                                      f"offset {end} (index and dump do not match, or the dump is truncated)")
-                data = decompressor.unused_data
-            text = b"".join(chunks)
-            inside = 0
-            for line in io.BytesIO(text):
-                yield start << 32 | inside, line
-                inside += len(line)
 
 
 def _lines_from(share, stats):
     """(byte offset, raw line) from the first line that starts at or after share.start."""
     if share.streams:
-        yield from _stream_lines(share, stats)
+        yield from compressed.multistream_lines(share.path, share.streams, share.end, stats)
         return
-    f = decompressing(io.BufferedReader(_CountingReader(open(share.path, "rb"), stats), READ_BUFFER), share.path)
-    with f:
+    with compressed.open_counting(share.path, stats) as f:
         offset = 0
         if share.start:
             f.seek(share.start - 1)
@@ -507,7 +266,7 @@ def _json_in_range(share, stats):
             return
         if not raw.strip():
             continue
-        where = f"line {number + 1}" if is_compressed(share.path) else f"byte {offset}"
+        where = f"line {number + 1}" if compressed.is_compressed(share.path) else f"byte {offset}"
         try:
             text = json.loads(raw)
         except ValueError as e:
@@ -537,7 +296,7 @@ def _sentences_in_range(share, stats):
     doc, doc_start, between = [], None, None
     for offset, raw in _lines_from(share, stats):
         if between is None:       # the first line: does a document start here?
-            between = is_compressed(share.path) or _previous_line_is_blank(share.path, offset)
+            between = compressed.is_compressed(share.path) or _previous_line_is_blank(share.path, offset)
         line = _decode(raw, stats).rstrip("\r\n")
         if not line.strip():
             if doc:
@@ -593,108 +352,3 @@ def _page_to_document(xml_bytes, path, offset, stats):
     stats.skipped_pages += 1
     return None
 
-
-# ------------------------------------------------------------------------- sentence splitting
-_ABBREVIATIONS = {
-    "mr", "mrs", "ms", "dr", "prof", "sr", "jr", "st", "mt", "vs", "etc", "no", "nos", "vol", "fig",
-    "e.g", "i.e", "cf", "al", "approx", "inc", "ltd", "co", "corp", "gen", "gov", "sen", "rep", "lt",
-    "col", "sgt", "capt", "u.s", "u.k", "u.n", "jan", "feb", "mar", "apr", "jun", "jul", "aug", "sep",
-    "sept", "oct", "nov", "dec", "ca", "c", "p", "pp", "ed", "eds", "rev", "est",
-}
-_BOUNDARY = re.compile(r"""([.!?]+["')\]]*)\s+(?=["'(\[]?[A-Z0-9])""")
-
-
-def split_sentences(text):
-    """Rule-based sentence splitter (rules in the module docstring)."""
-    sentences = []
-    for paragraph in re.split(r"\n\s*\n", text):
-        paragraph = " ".join(paragraph.split())
-        start = 0
-        for m in _BOUNDARY.finditer(paragraph):
-            end = m.end(1)
-            before = paragraph[start:m.start(1)]
-            last_word = before.split()[-1] if before.split() else ""
-            if m.group(1).startswith(".") and len(m.group(1).rstrip("\"')]")) == 1:
-                word = last_word.lower().strip("(\"'")
-                if word in _ABBREVIATIONS or re.fullmatch(r"[A-Z]", last_word.strip("(\"'")) \
-                        or re.fullmatch(r"(?:[a-z]\.)+[a-z]", word):
-                    continue
-            sentences.append(paragraph[start:end].strip())
-            start = m.end()
-        if paragraph[start:].strip():
-            sentences.append(paragraph[start:].strip())
-    return sentences
-
-
-# ------------------------------------------------------------------------- MediaWiki
-_NON_ARTICLE_LINK = re.compile(r"^\s*:?\s*(file|image|category|media|wikipedia|template|help|portal|"
-                               r"user|special|draft|module|wp|[a-z]{2,3}(-[a-z]+)?)\s*:", re.I)
-
-
-def _remove_nested(text, open_, close):
-    """Removes balanced open_...close spans, innermost first (templates, tables)."""
-    pattern = re.compile(re.escape(open_) + r"(?:(?!" + re.escape(open_) + r").)*?" + re.escape(close), re.S)
-    while True:
-        text, n = pattern.subn("", text)
-        if not n:
-            return text
-
-
-def _link_text(m):
-    inner = m.group(1)
-    if _NON_ARTICLE_LINK.match(inner):
-        return ""
-    return inner.split("|")[-1]
-
-
-def strip_wiki_markup(text):
-    """Plain article text from wikitext: templates, tables, refs, files and categories
-    dropped, links reduced to their text, headings kept as their own paragraphs."""
-    text = re.sub(r"<!--.*?-->", "", text, flags=re.S)
-    text = re.sub(r"<ref[^>/]*/>", "", text, flags=re.I)
-    text = re.sub(r"<ref[^>]*>.*?</ref>", "", text, flags=re.I | re.S)
-    text = re.sub(r"<(gallery|math|timeline|score|source|syntaxhighlight|pre|code)\b.*?</\1>", "",
-                  text, flags=re.I | re.S)
-    text = _remove_nested(text, "{{", "}}")
-    text = _remove_nested(text, "{|", "|}")
-    text = re.sub(r"\[(?:https?|ftp)://[^\s\]]+\s*([^\]]*)\]", r"\1", text)
-    # File/Category links may contain links in their captions: resolve innermost links first.
-    # Inside a link, single brackets are text; only "[[" and "]]" nest.
-    innermost = re.compile(r"\[\[((?:[^\[\]]|\[(?!\[)|\](?!\]))*?)\]\]", re.S)
-    while True:
-        text, n = innermost.subn(_link_text, text)
-        if not n:
-            break
-    text = re.sub(r"https?://\S+", "", text)
-    text = re.sub(r"'{2,}", "", text)
-    text = re.sub(r"__[A-Z]+__", "", text)
-    text = re.sub(r"<[^>]+>", "", text)
-    text = html.unescape(text)
-    lines = []
-    for line in text.split("\n"):
-        stripped = line.strip()
-        heading = re.fullmatch(r"(=+)\s*(.*?)\s*\1", stripped)
-        if heading:
-            lines += ["", heading.group(2), ""]       # a heading is a sentence of its own
-        elif stripped.startswith(("|", "!", "{", "}")):
-            continue                                     # leftovers of tables and templates
-        else:
-            lines.append(re.sub(r"^[*#:;]+\s*", "", stripped))
-    text = "\n".join(lines)
-    text = re.sub(r"\(\s*[,;]?\s*\)", "", text)          # "( )" left by removed templates
-    text = text.replace("[[", "").replace("]]", "").replace("{{", "").replace("}}", "")
-    return text
-
-
-def wiki_to_sentences(wikitext):
-    return split_sentences(strip_wiki_markup(wikitext))
-
-
-MARKUP = ("{{", "}}", "[[", "]]", "|", "<ref", "&lt;", "&gt;", "&amp;")
-
-
-def markup_fraction(sentences):
-    """Fraction of sentences that still contain a MediaWiki markup string (MARKUP): how well
-    strip_wiki_markup cleans real articles."""
-    sentences = list(sentences)
-    return sum(any(m in s for m in MARKUP) for s in sentences) / max(len(sentences), 1)

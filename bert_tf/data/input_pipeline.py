@@ -25,7 +25,7 @@ from typing import Protocol, runtime_checkable
 import tensorflow as tf
 
 from bert_tf import ConfigError
-from bert_tf.data.pretraining_data import feature_spec
+from bert_tf.data.records import feature_spec
 
 # Verify every record of a rank's files at start-up when they are this small in total;
 # larger inputs get a first-record check, and a corrupt file is named when it is hit.

@@ -27,8 +27,10 @@ measures all three; figures in docs/results.md, "Tokenizer agreement").
 from __future__ import annotations
 
 import functools
+import json
 import os
 import re
+import shutil
 import time
 import unicodedata
 
@@ -215,6 +217,34 @@ def huggingface_tokenizer(vocab, lower_case=True, max_chars_per_word=100, specia
     if special_tokens_whole:   # "[MASK]" in a fill-mask prompt is one token; in corpus text google's "[", "mask", "]"
         tok.add_special_tokens(list(SPECIAL_TOKENS))
     return tok
+
+
+SPECIAL_TOKENS_MAP = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]",
+                      "mask_token": "[MASK]"}
+
+
+def write_tokenizer_files(vocab_file, out_dir, do_lower_case=True, model_max_length=512) -> list:
+    """vocab.txt, tokenizer.json (the fast tokenizer: huggingface_tokenizer), tokenizer_config.json and
+    special_tokens_map.json: what AutoTokenizer, text-embeddings-inference and transformers.js look for."""
+    os.makedirs(out_dir, exist_ok=True)
+    vocab = load_vocab(vocab_file)
+    huggingface_tokenizer(vocab, do_lower_case).save(os.path.join(out_dir, "tokenizer.json"))
+    # strip_accents None: follow do_lower_case, as google's tokenizer does.
+    config = {"tokenizer_class": "BertTokenizer", "do_lower_case": do_lower_case, "strip_accents": None,
+              "tokenize_chinese_chars": True, "model_max_length": model_max_length, **SPECIAL_TOKENS_MAP}
+    for name, content in (("tokenizer_config.json", config), ("special_tokens_map.json", SPECIAL_TOKENS_MAP)):
+        with open(os.path.join(out_dir, name), "w") as f:
+            json.dump(content, f, indent=2)
+            f.write("\n")
+    copy_vocab(vocab_file, out_dir)
+    return ["vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"]
+
+
+def copy_vocab(vocab_file, out_dir):
+    """vocab_file as out_dir/vocab.txt (an export's vocabulary), unless it is that file already."""
+    target = os.path.join(out_dir, "vocab.txt")
+    if not (os.path.exists(target) and os.path.samefile(vocab_file, target)):
+        shutil.copyfile(vocab_file, target)
 
 
 def _private_use(cp):

@@ -288,7 +288,7 @@ class BertEncoder(tf.Module):
 
     def __call__(self, input_ids, input_mask, segment_ids, *, dtype=tf.float32, seed=None, training=False,
                  position_ids=None, instance_ids=None):
-        """Packed rows (pretraining_data.pack_instances) also pass position_ids and instance_ids [B, S]
+        """Packed rows (instances.pack_instances) also pass position_ids and instance_ids [B, S]
         (1, 2, ... per instance, 0 for padding): attention stays within an instance, so each one's
         outputs are those it has alone in a row of its own."""
         if seed is None:
@@ -345,7 +345,7 @@ class BertPretrainer(tf.Module):
         return tf.cast(logits, tf.float32) + self.mlm_output_bias
 
     def __call__(self, features, *, dtype=tf.float32, seed=None, training=False):
-        """features: google's pre-training feature dict, or a packed one (pretraining_data.PACKED_FEATURES
+        """features: google's pre-training feature dict, or a packed one (records.PACKED_FEATURES
         as well). Returns a dict of float32 scalars: loss, mlm_loss, nsp_loss, and sums for exact
         cross-batch accuracies (mlm_correct, mlm_weight, nsp_correct, nsp_count); the nsp_ ones only
         with the NSP head. A packed batch's losses are those of its instances unpacked: masked-LM over

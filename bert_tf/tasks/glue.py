@@ -257,6 +257,21 @@ def select(summaries: list) -> dict:
     return max(summaries, key=lambda s: s["score"]["median"])
 
 
+def _summaries(task: Task, runs):
+    """(a summary per setting: its score and dev metrics over the seeds, {Setting: its runs})."""
+    from bert_tf.tasks import finetuning
+    by_setting = {}
+    for run in runs:
+        by_setting.setdefault(Setting(**run["setting"]), []).append(run)
+    summaries = []
+    for setting, group in by_setting.items():
+        metrics = {f"{name}/{m}": finetuning.summarize([g["dev"][name][m] for g in group])
+                   for name in task.dev_splits for m in task.metrics}
+        summaries.append({"setting": dataclasses.asdict(setting), "score": finetuning.summarize([g["score"] for g in group]),
+                          "metrics": metrics})
+    return summaries, by_setting
+
+
 def run_task(task: Task, data_dir, tokenizer, model_config, init, settings, seeds, recipe, distributed=None,
              log=print, keep_model=False) -> dict:
     """Fine-tunes `task` once per setting and seed, scores every dev split, and keeps the test
@@ -301,15 +316,7 @@ def run_task(task: Task, data_dir, tokenizer, model_config, init, settings, seed
                 kept[setting] = (runs[-1]["score"], model)
             log(f"{task.name}: {setting.label()}, seed {seed}: " + "; ".join(
                 f"{name} " + ", ".join(f"{m} {v:.4f}" for m, v in d.items()) for name, d in dev.items()))
-    by_setting = {}
-    for run in runs:
-        by_setting.setdefault(Setting(**run["setting"]), []).append(run)
-    summaries = []
-    for setting, group in by_setting.items():
-        metrics = {f"{name}/{m}": finetuning.summarize([g["dev"][name][m] for g in group])
-                   for name in task.dev_splits for m in task.metrics}
-        summaries.append({"setting": dataclasses.asdict(setting), "score": finetuning.summarize([g["score"] for g in group]),
-                          "metrics": metrics})
+    summaries, by_setting = _summaries(task, runs)
     best = select(summaries)
     chosen = max(by_setting[Setting(**best["setting"])], key=lambda g: g["score"])
     out = {"model": kept[Setting(**best["setting"])][1]} if keep_model else {}

@@ -201,8 +201,9 @@ class EmulatedCluster:
         started in the hosts' namespaces by the ssh shim, Gloo on the emulated links (eth0)."""
         import sys
         hvdrun = shutil.which("horovodrun", path=os.path.dirname(sys.executable)) or "horovodrun"
-        discover = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts",
-                                "discover_hosts.sh")
+        # the checkout's scripts/: this file is bert_tf/tools/emulated_cluster.py
+        discover = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                                "scripts", "discover_hosts.sh")
         return ["ip", "netns", "exec", f"{PREFIX}-launch", "env", f"PATH={self.ssh_dir}:{os.environ.get('PATH', '')}",
                 hvdrun, "-np", str(np_), "--min-np", str(min_np), "--max-np", str(max_np), "--gloo",
                 "--network-interface", "eth0", "--host-discovery-script", f"{discover} {self.live_hosts}",

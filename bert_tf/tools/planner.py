@@ -183,7 +183,7 @@ def plan_phase(tensor_sizes, phase: Phase, cluster: Cluster, comm: CommConfig, a
     N = cluster.devices
     if phase.global_batch % N:
         raise ConfigError(f"{phase.name}: global batch {phase.global_batch} is not divisible by {N} devices "
-                          f"(--{phase.name}_global_batch; --nodes x --devices_per_node)")
+                          f"(--{phase.name}_global_batch_size; --nodes x --devices_per_node)")
     if (phase.global_batch // N) % accumulation:
         raise ConfigError(f"{phase.name}: per-device batch {phase.global_batch // N} is not divisible by "
                           f"--{phase.name}_accumulation={accumulation}")

@@ -1,0 +1,343 @@
+"""The single-device speed ladder (run/benchmark.py): one BERT update timed with each lever, next to the
+peer a Keras user would pick instead, and the fastest bert_tf configuration written as run/pretrain.py
+flags. The rungs (RUNGS) and what each reports are in run/benchmark.py's docstring; one rung is timed by
+bert_tf/tools/rung.py. The peer is passed in as a function (run/benchmark.py's keras-hub model: the
+library never imports Keras) called as peer(config, timing, precision, xla, micro_batch_size,
+accumulation=1, profile_dir="") and returning what rung.timed_updates does (traced: the seconds).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import resource
+
+from bert_tf import ConfigError
+from bert_tf.tools import machine_load
+from bert_tf.tools.rung import TRACED_UPDATES, Timing, run_rung
+
+# tf32: float32 with TensorFloat-32 matmuls (GPUs from Ampere on); fp32 is then strict float32.
+PRECISION = {"fp32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16", "tf32": "float32"}
+DTYPE_NAME = {"float32": "float32", "mixed_bfloat16": "bfloat16", "mixed_float16": "float16"}
+PRECISION_RUNGS = [*PRECISION, *(f"{p}+{way}" for way in ("xla", "fuse") for p in PRECISION)]
+RUNGS = [*PRECISION_RUNGS, "best+accum", "best-dropout", "keras-hub"]
+# Without a GPU, XLA's CPU backend misses the bf16 matrix units, so both ways are timed; on a GPU, XLA
+# fuses around cuBLAS and float16/bfloat16 use the tensor cores: the fast rungs first.
+CPU_RUNGS = ["fp32", "fp32+xla", "fp32+fuse", "bf16", "bf16+xla", "bf16+fuse", "fp16", "fp16+xla", "best+accum",
+             "best-dropout", "keras-hub"]
+GPU_RUNGS = ["fp16+xla", "bf16+xla", "tf32+xla", "fp32+xla", "fp16", "best+accum", "best-dropout", "keras-hub"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """run/benchmark.py's flags, by the same names (rungs: the ladder to climb, defaults resolved)."""
+    model_preset: str = "base"
+    max_seq_length: int = 128
+    max_predictions_per_seq: int = 20
+    vocab_size: int = 30522
+    micro_batch_size: int = 8
+    tune_micro_batch_sizes: list = dataclasses.field(default_factory=list)
+    accumulation_steps: int = 4
+    warmup_updates: int = 2
+    updates: int = 5
+    rungs: list = dataclasses.field(default_factory=lambda: list(CPU_RUNGS))
+    peak_seconds: float = 3.0
+    peak_size: int = 2048
+    peak_repeats: int = 3
+    output_dir: str = "runs/benchmark"
+    input_files: str = ""
+    vocab_file: str = ""
+    records: list = dataclasses.field(default_factory=list)
+    input_seconds: float = 5.0
+    profile_dir: str = ""
+    write_flagfile: str = ""
+    device_figures: str = ""
+
+    def timing(self) -> Timing:
+        return Timing(self.max_seq_length, self.max_predictions_per_seq, self.warmup_updates, self.updates)
+
+
+def default_rungs(gpu: bool, fusion: bool):
+    """The ladder for this device; the +fuse rungs only where the process started with auto-clustering on
+    (training.FUSION_ENV), and main says so when it leaves them out."""
+    return [r for r in (GPU_RUNGS if gpu else CPU_RUNGS) if fusion or not r.endswith("+fuse")]
+
+
+def check_rungs(rungs, gpu=False, fusion=False):
+    """Everything about --rungs but whether the peer can be imported (run/benchmark.py checks that)."""
+    from bert_tf.train import training
+    unknown = [r for r in rungs if r not in RUNGS]
+    if unknown:
+        raise ConfigError(f"--rungs: unknown {', '.join(map(repr, unknown))}; valid: {', '.join(RUNGS)}")
+    if not rungs:
+        raise ConfigError("--rungs is empty")
+    if not gpu and any(r.startswith("tf32") for r in rungs):
+        raise ConfigError("--rungs: tf32 needs a GPU with TensorFloat-32 (Ampere or newer); TensorFlow sees no GPU here")
+    if not fusion and any(r.endswith("+fuse") for r in rungs):
+        raise ConfigError(f"--rungs: the +fuse rungs need {training.FUSION_ENV} in the environment when the "
+                          "benchmark starts (TensorFlow reads it once, early); the other rungs keep out of it")
+    if "best-dropout" in rungs and not any(r in rungs[:rungs.index("best-dropout")] for r in PRECISION_RUNGS):
+        raise ConfigError("--rungs: best-dropout needs a bert_tf rung before it")
+
+
+def check_writable(path, flag="write_flagfile"):
+    """Fails before an hour of measuring if the file could not be written at the end."""
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise ConfigError(f"--{flag}={path}: directory {directory} does not exist")
+    if os.path.isdir(path) or not os.access(directory, os.W_OK) or (os.path.exists(path) and
+                                                                   not os.access(path, os.W_OK)):
+        raise ConfigError(f"--{flag}={path}: not writable")
+
+
+def check_settings(s: Settings):
+    """(tuned micro-batches, [(records glob, instances per row)]), after every check that can fail before
+    an hour of measuring: micro-batches, output files, the plan's sequence lengths, input files."""
+    from bert_tf.data import input_pipeline
+    from bert_tf.tools import planner
+    try:
+        batch_sizes = [int(b) for b in s.tune_micro_batch_sizes]
+    except ValueError:
+        raise ConfigError(f"--tune_micro_batch_sizes: not integers: {','.join(s.tune_micro_batch_sizes)}") from None
+    if any(b < 1 for b in batch_sizes) or s.micro_batch_size < 1:
+        raise ConfigError(f"--micro_batch_size/--tune_micro_batch_sizes must be >= 1, got {s.micro_batch_size}, "
+                          f"{batch_sizes}")
+    for flag in ("write_flagfile", "device_figures"):
+        if getattr(s, flag):
+            check_writable(getattr(s, flag), flag)
+            if not any(r in PRECISION_RUNGS for r in s.rungs):
+                raise ConfigError(f"--{flag} needs at least one bert_tf precision rung in --rungs")
+    if s.device_figures:
+        if s.max_seq_length not in planner.DEVICE_FIGURES.values():
+            raise ConfigError(f"--device_figures: the plan's phases run at sequence 128 and 512, not "
+                              f"--max_seq_length={s.max_seq_length}")
+        if os.path.exists(s.device_figures):
+            planner.read_device_figures(s.device_figures, s.model_preset)   # one it can add to
+    records = []
+    for pattern in s.records:       # (glob, instances per row), checked before an hour of measuring
+        files = input_pipeline.list_files(pattern)
+        records.append((pattern, input_pipeline.check_files(files, s.max_seq_length, s.max_predictions_per_seq)))
+    if s.input_files:
+        if not s.vocab_file:
+            raise ConfigError("--input_files needs --vocab_file")
+        input_pipeline.check_files(input_pipeline.list_files(s.input_files), s.max_seq_length,
+                                   s.max_predictions_per_seq)
+    return batch_sizes, records
+
+
+class Ladder:
+    """The rows measured so far (ladder.json's "rungs"), each with its MFU against the measured peaks."""
+
+    def __init__(self, config, s: Settings, peaks, flops_per_seq, peer, fusion):
+        from bert_tf.tools import flops
+        self.config, self.s, self.timing, self.peer, self.fusion = config, s, s.timing(), peer, fusion
+        self.peaks, self.flops_per_seq = peaks, flops_per_seq
+        self.hw_peak = flops.hardware_peak(peaks)[0]
+        self.rows = []
+
+    def record(self, rung, precision, xla, accumulation, batch_size, result, peer=False, diagnostic=False, tf32=False,
+               fuse=False):
+        seqs = batch_size * accumulation / result["update_seconds"]
+        achieved = seqs * self.flops_per_seq
+        dtype_peak = max(self.peaks[DTYPE_NAME[precision]].values())
+        seq = self.s.max_seq_length
+        row = {"rung": rung, "precision": precision, "tf32": tf32, "xla": xla, "fuse": fuse,
+               "accumulation_steps": accumulation,
+               "batch_size": batch_size, "peer": peer, "diagnostic": diagnostic,
+               "sequences_per_second": seqs, "tokens_per_second": seqs * seq,
+               "model_tflops": achieved / 1e12, "mfu": achieved / self.hw_peak, "mfu_same_dtype": achieved / dtype_peak,
+               **result}
+        self.rows.append(row)
+        print(f"{rung:<22} {seqs:8.2f} seq/s {seqs * seq:9.0f} tok/s {achieved / 1e12:7.3f} TFLOP/s  "
+              f"MFU {achieved / self.hw_peak:6.1%} of hardware peak ({achieved / dtype_peak:6.1%} of "
+              f"{DTYPE_NAME[precision]})  first update {result['first_update_seconds']:.1f} s"
+              + (f"  WARNING: timed beside other work ({machine_load.describe(result['machine_load'])})"
+                 if machine_load.busy(result.get("machine_load")) else ""), flush=True)
+        return row
+
+    def fastest(self, peer=False):
+        return max((r for r in self.rows if r["peer"] == peer and not r["diagnostic"]),
+                   key=lambda r: r["sequences_per_second"], default=None)
+
+    def climb(self, rungs):
+        for rung in rungs:
+            if rung == "keras-hub":
+                self._peer_rungs()
+            elif rung == "best-dropout":
+                self._without_dropout()
+            else:
+                self._rung(rung)
+
+    def _rung(self, rung):
+        if rung == "best+accum":
+            base = self.fastest()
+            precision, xla, tf32, fuse = (base["precision"], base["xla"], base["tf32"], base["fuse"]) if base else \
+                ("float32", True, False, False)
+            accumulation = self.s.accumulation_steps
+        else:
+            short, _, opt = rung.partition("+")
+            precision, xla, tf32, fuse, accumulation = PRECISION[short], opt == "xla", short == "tf32", opt == "fuse", 1
+        micro = self.s.micro_batch_size
+        self.record(rung, precision, xla, accumulation, micro,
+                    run_rung(self.config, self.timing, precision, xla, accumulation, micro, tf32=tf32, fuse=fuse),
+                    tf32=tf32, fuse=fuse)
+
+    def _peer_rungs(self):
+        micro = self.s.micro_batch_size
+        for precision in ("float32", "mixed_bfloat16"):
+            for xla in (False, True):
+                name = f"keras-hub {precision.replace('mixed_', '')}{'+xla' if xla else ''}"
+                if not xla and self.fusion:     # the peer with the same lever: its steps are auto-clustered too
+                    name += "+autojit"
+                self.record(name, precision, xla, 1, micro, self.peer(self.config, self.timing, precision, xla, micro),
+                            peer=True)
+        if self.s.accumulation_steps > 1:      # the peer's best with its own accumulation, as best+accum
+            base = self.fastest(peer=True)
+            self.record(f"{base['rung']}+accum", base["precision"], base["xla"], self.s.accumulation_steps, micro,
+                        self.peer(self.config, self.timing, base["precision"], base["xla"], micro,
+                                  self.s.accumulation_steps), peer=True)
+
+    def _without_dropout(self):
+        base = self.fastest()
+        quiet = dataclasses.replace(self.config, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+        result = run_rung(quiet, self.timing, base["precision"], base["xla"], base["accumulation_steps"],
+                          base["batch_size"], tf32=base["tf32"], fuse=base["fuse"])
+        row = self.record("best-dropout", base["precision"], base["xla"], base["accumulation_steps"],
+                          base["batch_size"], result, diagnostic=True, tf32=base["tf32"], fuse=base["fuse"])
+        print(f"dropout costs {1 - base['sequences_per_second'] / row['sequences_per_second']:.1%} of the "
+              f"fastest rung's ({base['rung']}) time", flush=True)
+
+    def again(self, base, batch_size, **kwargs):
+        """The row `base`'s configuration timed again at `batch_size` (with run_rung's records/profile_dir)."""
+        return run_rung(self.config, self.timing, base["precision"], base["xla"], base["accumulation_steps"],
+                        batch_size, tf32=base["tf32"], fuse=base["fuse"], **kwargs)
+
+    def tune(self, batch_sizes):
+        """The fastest rung of each side again at each of the tuned micro-batches."""
+        if not (batch_sizes and self.fastest()):
+            return
+        base = self.fastest()
+        for b in batch_sizes:
+            if b != base["batch_size"]:
+                self.record(f"{base['rung']} b{b}", base["precision"], base["xla"], base["accumulation_steps"], b,
+                            self.again(base, b), tf32=base["tf32"], fuse=base["fuse"])
+        peer = self.fastest(peer=True)        # the peer's best at the same micro-batches
+        for b in batch_sizes if peer else ():
+            if b != peer["batch_size"]:
+                self.record(f"{peer['rung']} b{b}", peer["precision"], peer["xla"], peer["accumulation_steps"], b,
+                            self.peer(self.config, self.timing, peer["precision"], peer["xla"], b,
+                                      peer["accumulation_steps"]), peer=True)
+
+    def on_records(self, records, best):
+        """The fastest rung on batches of real records: useful (non-padding) tokens/s next to rows/s."""
+        for pattern, pack in records:
+            if not best:
+                break
+            row = self.record(f"{best['rung']} on {'packed ' if pack else ''}records", best["precision"], best["xla"],
+                              best["accumulation_steps"], best["batch_size"],
+                              self.again(best, best["batch_size"], records=(pattern, pack)), diagnostic=True,
+                              tf32=best["tf32"], fuse=best["fuse"])
+            row.update(records=pattern, instances_per_row=pack)
+            print(f"  {pattern}: {row['useful_tokens_per_second']:.0f} useful tokens/s "
+                  f"({1 - row['useful_tokens_per_second'] / row['tokens_per_second']:.1%} of the rows' tokens are "
+                  f"padding), {row['instances_per_second']:.2f} instances/s", flush=True)
+
+    def profile(self, profile_dir, best, peer):
+        """Each side's fastest traced, the same number of updates, and where their time went."""
+        from bert_tf.tools import op_profile
+        profiles = {}
+        if not (profile_dir and best):
+            return profiles
+        where = os.path.join(profile_dir, "bert_tf")
+        seconds = self.again(best, best["batch_size"], profile_dir=where)
+        sequences = TRACED_UPDATES * best["batch_size"] * best["accumulation_steps"]
+        profiles["bert_tf"] = op_profile.report(best["rung"], where, seconds, sequences)
+        if peer:
+            where = os.path.join(profile_dir, "keras-hub")
+            seconds = self.peer(self.config, self.timing, peer["precision"], peer["xla"], peer["batch_size"],
+                                peer["accumulation_steps"], profile_dir=where)
+            sequences = TRACED_UPDATES * peer["batch_size"] * peer["accumulation_steps"]
+            profiles["keras-hub"] = op_profile.report(peer["rung"], where, seconds, sequences)
+        profiles["comparison"] = op_profile.print_comparison(profiles["bert_tf"], profiles.get("keras-hub"))
+        return profiles
+
+
+def measure_peaks(s: Settings):
+    """(peaks, every sample, what else ran during each): the matmul peaks MFU is taken against."""
+    from bert_tf.tools import flops
+    if s.peak_repeats < 1:
+        raise ConfigError(f"--peak_repeats must be >= 1, got {s.peak_repeats}")
+    peak_samples, peak_loads = {}, {}
+    peaks = flops.matmul_peaks(n=s.peak_size, seconds=s.peak_seconds, log=lambda line: print(line, flush=True),
+                               repeats=s.peak_repeats, samples=peak_samples, loads=peak_loads)
+    hw_peak, hw_dtype, hw_way = flops.hardware_peak(peaks)
+    print(f"hardware peak: {hw_peak / 1e12:.3f} TFLOP/s ({hw_dtype}, {hw_way})", flush=True)
+    return peaks, peak_samples, peak_loads
+
+
+def print_machine_load(rows, peak_loads):
+    """Which figures were timed beside other work (their neighbours' cores), or that none was."""
+    busy_rungs = [r for r in rows if machine_load.busy(r.get("machine_load"))]
+    busy_peaks = [s for ways in peak_loads.values() for seen in ways.values() for s in seen if machine_load.busy(s)]
+    if busy_rungs or busy_peaks:
+        loads = [r["machine_load"] for r in busy_rungs] + busy_peaks
+        print(f"timed beside other work: {len(busy_rungs)} rungs ({', '.join(r['rung'] for r in busy_rungs)}) and "
+              f"{len(busy_peaks)} peak measurements, with up to {max(s['other_cores'] for s in loads):.2f} cores of "
+              f"other processes and {max(s['steal_cores'] for s in loads):.2f} of steal: those figures measure the "
+              "neighbours too")
+    else:
+        print(f"the machine was quiet during every timed measurement (other processes and steal below "
+              f"{machine_load.BUSY_WARNING_CORES} cores)")
+
+
+def print_best(best, peer, peak_rss_gb):
+    if best:
+        print(f"best bert_tf: {best['rung']} at {best['sequences_per_second']:.2f} seq/s, MFU {best['mfu']:.1%} "
+              f"of the hardware peak")
+    if best and peer:
+        print(f"keras-hub best: {peer['rung']} at {peer['sequences_per_second']:.2f} seq/s; bert_tf / keras-hub = "
+              f"{best['sequences_per_second'] / peer['sequences_per_second']:.2f}x")
+    print(f"peak host memory {peak_rss_gb:.2f} GB")
+
+
+def input_headroom(s: Settings, best):
+    """With --input_files, what the input pipeline delivers alone next to the fastest rung's consumption."""
+    if not s.input_files:
+        return None
+    from bert_tf.tools import input_headroom
+    headroom = input_headroom.measure(s.input_files, s.vocab_file, s.micro_batch_size, s.max_seq_length,
+                                      s.max_predictions_per_seq, s.input_seconds)
+    consumed = best["sequences_per_second"] if best else float("nan")
+    for kind, rate in headroom.items():
+        print(f"input pipeline alone, {kind} masking: {rate:.0f} seq/s per rank = {rate / consumed:.1f}x the "
+              f"fastest rung's {consumed:.2f} seq/s ({'ok' if rate >= 10 * consumed else 'below'} the 10x goal)")
+    return headroom
+
+
+def run(s: Settings, peer, fusion):
+    """The whole ladder: every check first, then the peaks, the rungs, the tuned micro-batches, the records
+    and the profiles; ladder.json, ladder.png and the flagfile and device figures asked for."""
+    from bert_tf.dist import device
+    from bert_tf.model import modeling
+    from bert_tf.tools import flops, ladder_report
+    batch_sizes, records = check_settings(s)
+    config = modeling.BertConfig.preset(s.model_preset, vocab_size=s.vocab_size)
+    flops_per_seq = flops.training_flops_per_sequence(config, s.max_seq_length, s.max_predictions_per_seq)
+    described = device.device_description()
+    print(f"device: {described}")
+    print(f"{s.model_preset}: {config.num_hidden_layers} layers, hidden {config.hidden_size}; seq {s.max_seq_length}, "
+          f"micro-batch {s.micro_batch_size}; {flops_per_seq / 1e9:.2f} GFLOP per sequence (train)", flush=True)
+    peaks, peak_samples, peak_loads = measure_peaks(s)
+    ladder = Ladder(config, s, peaks, flops_per_seq, peer, fusion)
+    ladder.climb(s.rungs)
+    ladder.tune(batch_sizes)
+    best, peer_best = ladder.fastest(), ladder.fastest(peer=True)
+    ladder.on_records(records, best)
+    profiles = ladder.profile(s.profile_dir, best, peer_best)
+    print_machine_load(ladder.rows, peak_loads)
+    peak_rss_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 ** 2
+    print_best(best, peer_best, peak_rss_gb)
+    headroom = input_headroom(s, best)
+    report = ladder_report.report(s, ladder, peak_samples, peak_loads, described, batch_sizes, headroom, profiles,
+                                  peak_rss_gb)
+    ladder_report.save(report, s, best)
+    return report
