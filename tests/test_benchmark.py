@@ -70,6 +70,7 @@ def test_the_library_never_imports_keras():
     assert len(sources) > 10 and offenders == []
 
 
+@pytest.mark.slow
 def test_bad_rungs_and_an_unwritable_flagfile_fail_before_measuring(tmp_path):
     bad = benchmark([*QUICK, "--rungs=fp32,fp8+xla"], tmp_path)
     assert bad.returncode == 1 and "error: --rungs: unknown 'fp8+xla'; valid: fp32, bf16" in bad.stderr
@@ -91,6 +92,7 @@ def test_bad_rungs_and_an_unwritable_flagfile_fail_before_measuring(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == []                 # nothing written
 
 
+@pytest.mark.slow
 def test_the_self_tuned_flagfile_is_taken_by_pretrain_after_the_recipe(tiny_data, tmp_path):
     node = tmp_path / "node.flags"
     out = benchmark([*QUICK, "--rungs=fp32,bf16+fuse,best-dropout", f"--output_dir={tmp_path / 'ladder'}",
@@ -162,6 +164,7 @@ def test_input_headroom_measures_static_and_dynamic_masking(tiny_data, monkeypat
         assert batch["input_ids"].shape == (4, 64) and batch["masked_lm_weights"].numpy().sum(1).min() >= 1
 
 
+@pytest.mark.slow
 def test_the_gpu_ladder_is_the_default_where_a_gpu_is_seen_and_its_rungs_pass_the_checks():
     script = ("import sys; sys.path.insert(0, 'run'); import benchmark as b; "
               "b.check_rungs(b.default_rungs(True, False), gpu=True); print(b.default_rungs(True, False)); "
@@ -176,6 +179,7 @@ def test_the_gpu_ladder_is_the_default_where_a_gpu_is_seen_and_its_rungs_pass_th
     assert not any(r.startswith("tf32") for r in cpu) and cpu[:2] == ["fp32", "fp32+xla"]
 
 
+@pytest.mark.slow
 def test_the_records_rung_counts_the_useful_tokens_of_the_rows_it_timed(tmp_path):
     """Records of instances 5..24 tokens long in 64-token rows: at most 24/64 of the rows' tokens are useful."""
     import tensorflow as tf
@@ -215,6 +219,7 @@ def test_the_records_rung_counts_the_useful_tokens_of_the_rows_it_timed(tmp_path
     assert f"{row['useful_tokens_per_second']:.0f} useful tokens/s" in out.stdout
 
 
+@pytest.mark.slow
 def test_the_peer_is_also_timed_with_its_own_accumulation_and_at_the_tuned_micro_batches(tmp_path):
     out = benchmark([*QUICK, "--peak_repeats=1", "--rungs=fp32,keras-hub", "--accumulation_steps=2",
                      "--tune_micro_batch_sizes=4", f"--output_dir={tmp_path / 'out'}",

@@ -99,6 +99,7 @@ def exported(google_dir, tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_export_writes_google_names_exactly(exported, weights):
     assert sorted(os.listdir(exported)) == [
         "README.md", "bert_config.json", "bert_model.ckpt.data-00000-of-00001", "bert_model.ckpt.index", "config.json",
@@ -322,6 +323,7 @@ def test_continue_base_flagfile_names_only_real_flags():
     assert "model_preset" not in values and "bert_config_file" not in values   # the size comes from the checkpoint
 
 
+@pytest.mark.slow
 def test_export_refuses_before_writing(tmp_path, hf_dir, weights):
     """A vocab of another size, and an exact-gelu model asked for in google's format (google's 'gelu' is the
     tanh form): each fails naming the problem, and the output folder is not created."""

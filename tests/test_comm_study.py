@@ -150,6 +150,7 @@ def test_planner_predicts_the_emulated_study_within_25_percent(tiny_data, tmp_pa
 NO_UNSHARE = pytest.mark.skipif(shutil.which("unshare") is None, reason="needs unshare (util-linux)")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case,prefix,message", [
     ("no tc", [], "the emulated cluster needs 'tc' (Debian package iproute2)"),
     pytest.param("not root", ["unshare", "--user"], "the emulated cluster needs root (network namespaces)",
@@ -173,6 +174,7 @@ def test_without_what_it_needs_the_study_says_so_and_skips_the_emulated_part(tmp
     assert all(r["predicted_sequences_per_second"] > 0 for r in study["rows"])
 
 
+@pytest.mark.slow
 def test_bad_study_flags_are_named(tmp_path):
     proc = subprocess.run([sys.executable, str(STUDY), "--rungs=fp64/everything", f"--output_dir={tmp_path}"],
                           env=mpi_env(), capture_output=True, text=True, timeout=300)

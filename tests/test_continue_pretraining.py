@@ -1,5 +1,6 @@
 """Continued pre-training end to end: pre-train -> export as Hugging Face -> run/pretrain.py
 --init_checkpoint=<that directory> on other text starts where the exported model was."""
+import pytest
 import glob
 import json
 import math
@@ -20,6 +21,7 @@ def records(run_dir, kind):
     return [r for r in map(json.loads, open(run_dir / "metrics.jsonl")) if r["kind"] == kind]
 
 
+@pytest.mark.slow
 def test_pretrain_export_huggingface_continue_from_it(tiny_data, tmp_path):
     vocab_size = sum(1 for _ in open(tiny_data["vocab_file"]))
     shard0, shard1 = sorted(glob.glob(tiny_data["train"]))               # pre-train on one, continue on the other

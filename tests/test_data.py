@@ -233,6 +233,7 @@ def test_learned_vocab_has_google_layout(vocab_file):
     assert len(vocab) > 1500 and any(t.startswith("##") for t in vocab)
 
 
+@pytest.mark.slow
 def test_both_vocabulary_learners_give_googles_layout_and_few_unknowns(corpus_dir):
     docs = list(corpus.read_documents([str(corpus_dir / "lee_background.cor") + "@documents"]))
     heldout = [s for d in list(corpus.read_documents([str(corpus_dir / WIKI)]))[:5] for s in d]
@@ -468,6 +469,7 @@ def test_failed_creation_leaves_no_half_written_shard(tmp_path, vocab_file, corp
     assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.slow
 def test_a_killed_creation_job_resumes_skipping_its_complete_parts(tmp_path, vocab_file, corpus_dir):
     args = [sys.executable, str(REPO / "run" / "create_pretraining_data.py"),
             f"--input_files={corpus_dir / 'lee_background.cor'}@documents", f"--vocab_file={vocab_file}",
@@ -980,6 +982,7 @@ def test_full_sentences_pack_whole_consecutive_sentences_across_documents_whatev
     assert all(i.positions and 101 not in [i.tokens[p] for p in i.positions] for i in a)
 
 
+@pytest.mark.slow
 def test_full_sentence_records_need_mlm_only(tmp_path, vocab_file, corpus_dir):
     out = tmp_path / "full"
     subprocess.run([sys.executable, str(REPO / "run" / "create_pretraining_data.py"),

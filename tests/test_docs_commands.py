@@ -411,6 +411,7 @@ def test_env_sh_puts_the_venv_on_path():
     assert out[1] == ("root=1" if os.geteuid() == 0 else "root=")
 
 
+@pytest.mark.slow
 def test_plan():
     [command] = commands_of("test_plan")
     out = ok(run_doc_command(command, REPO))
@@ -419,6 +420,7 @@ def test_plan():
     assert float(cost) == pytest.approx(float(days) * 24 * 16 * 2.5, rel=0.01)     # 16 devices at 2.5 an hour
 
 
+@pytest.mark.slow
 def test_plan_preemptible():
     [command] = commands_of("test_plan_preemptible")
     out = ok(run_doc_command(command, REPO))
@@ -732,6 +734,7 @@ def test_mpirun_on_16_ranks_maps_4_per_node(command, workdir, ranks_dry_runs):
     assert "dry run: flags and inputs check out" in ranks_dry_runs(ranks_command(args))
 
 
+@pytest.mark.slow
 def test_elastic_horovodrun_on_16_ranks_parses_and_discovers_4_nodes(workdir, ranks_dry_runs, monkeypatch, tmp_path):
     """Horovod 0.28.1's own parser and elastic set-up (launch._run up to the Gloo elastic driver, which
     would ssh to the hosts), then the settings' host discovery: the README's script on a live-hosts
@@ -755,6 +758,7 @@ def test_elastic_horovodrun_on_16_ranks_parses_and_discovers_4_nodes(workdir, ra
     assert "dry run: flags and inputs check out: model 24 layers, hidden 1024" in out, out[-2000:]
 
 
+@pytest.mark.slow
 def test_elastic_recovery_benchmark_dry_run(workdir):
     """The benchmark's two jobs, as it would start them (with the demo's data), pass run/pretrain.py's --dry_run."""
     [command] = commands_of("test_elastic_recovery_benchmark_dry_run")

@@ -94,6 +94,7 @@ def test_elastic_flags_are_checked_at_start_up(tmp_path):
         pretrain_config.PretrainConfig(global_batch_size=32, **base)
 
 
+@pytest.mark.slow
 def test_pretrain_with_elastic_but_not_launched_elastically_fails_at_once(tmp_path, tiny_data):
     proc = subprocess.run([sys.executable, str(PRETRAIN), *tiny_data["flags"], "--elastic", "--global_batch_size=8",
                            f"--checkpoint_dir={tmp_path}"], env=mpi_env(), capture_output=True, text=True, timeout=300)
@@ -493,6 +494,7 @@ class FakeWorld:
         self.formation += 1
 
 
+@pytest.mark.slow
 def test_one_process_drives_the_elastic_loop_through_a_lost_rank_and_an_added_host(tiny_data, tmp_path):
     """The elastic side of pretraining.train, without root: 2 ranks, one lost during update 7 (the
     commit at 5 comes back, the stream with it), 1 rank on, a host added at the commit of 15, 2 ranks
@@ -537,6 +539,7 @@ def test_one_process_drives_the_elastic_loop_through_a_lost_rank_and_an_added_ho
     assert tf.train.latest_checkpoint(str(tmp_path)).endswith("ckpt-20")
 
 
+@pytest.mark.slow
 def test_elastic_mode_rolls_a_run_of_skipped_updates_back_to_the_last_commit(tiny_data, tmp_path):
     """The divergence guard in elastic mode: updates 7-9 are poisoned (infinite masked-LM weights, so
     non-finite gradients and skipped updates); with --max_skipped_updates=3 the log of step 9 rolls the

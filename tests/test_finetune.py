@@ -42,6 +42,7 @@ def heldout_examples(train):
     return classification.Examples(labels, texts, [None] * len(texts))
 
 
+@pytest.mark.slow
 def test_classifier_head_reaches_100_percent_on_a_separable_set():
     """Trained on 48 sentences, it classifies every one of 51 word orders it never saw: a model that did not
     learn the task scores about 0.5 (sigma 0.07 on 51 sentences), one that memorised its training set no better."""
@@ -101,6 +102,7 @@ def pretrained(tmp_path_factory):
     return folder, trainer.model
 
 
+@pytest.mark.slow
 def test_export_round_trip_reproduces_the_encoder(pretrained, tmp_path):
     folder, model = pretrained
     proc = subprocess.run([sys.executable, str(REPO / "run" / "export.py"), f"--checkpoint={folder}",
@@ -128,6 +130,7 @@ def test_export_round_trip_reproduces_the_encoder(pretrained, tmp_path):
         classification.load_encoder(modeling.BertEncoder(config), str(tmp_path / "bert_model.ckpt"), 120)
 
 
+@pytest.mark.slow
 def test_probe_over_checkpoints_writes_metrics_and_plots(pretrained, tmp_path):
     folder, _ = pretrained
     data = tmp_path / "toy.tsv"
@@ -190,6 +193,7 @@ def test_fine_tuning_batches_reshuffle_each_epoch_and_split_the_ranks_disjointly
     assert [list(x) for x in ranks[0]] == [list(x) for x in finetuning.batch_rows(n, batch, 7, 5, 0, size)]
 
 
+@pytest.mark.slow
 def test_finetune_proof_runs_every_task_from_both_starts(pretrained, tmp_path, corpus_dir):
     """run/finetune_proof.py end to end, small: each task from the checkpoint and from random weights,
     its table, and the JSON with one record per task, start and seed."""

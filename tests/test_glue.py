@@ -253,6 +253,7 @@ def test_every_task_trains_predicts_scores_and_writes_its_submission_under_mpiru
     assert bad.returncode == 1 and "rte: " in bad.stderr and "RTE/train.tsv not found" in bad.stderr, bad.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_a_sweep_with_seeds_summarises_each_setting_and_selects_on_dev(tiny_data, tmp_path):
     """2 batch sizes x 2 seeds on MRPC (two metrics): each setting's metrics summarised over
     its seeds, the setting with the best median dev score selected, its best seed's test predictions kept."""

@@ -43,6 +43,7 @@ def test_the_counter_sees_a_fetch():
     assert n[0] == 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("precision,comm", [("float32", {}), ("mixed_float16", {}),
                                             ("float32", {"allreduce_every_micro_batch": True})])
 def test_an_update_fetches_nothing_from_the_device(precision, comm):
@@ -91,6 +92,7 @@ def _loop_counts(tiny_data, tmp_path, total_steps, log_interval, accumulation_st
     return n[0], agreements[0]
 
 
+@pytest.mark.slow
 def test_the_loop_fetches_per_log_interval_not_per_update_or_micro_batch(tiny_data, tmp_path):
     few = _loop_counts(tiny_data, tmp_path / "a", total_steps=4, log_interval=2, accumulation_steps=1)
     many = _loop_counts(tiny_data, tmp_path / "b", total_steps=16, log_interval=8, accumulation_steps=3)

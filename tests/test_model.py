@@ -45,6 +45,7 @@ def test_unknown_fields_and_preset_are_named(tmp_path):
         modeling.BertConfig.preset("huge")
 
 
+@pytest.mark.slow
 def test_base_parameter_count_matches_google_bert_base():
     config = modeling.BertConfig.preset("base")
     model = modeling.BertPretrainer(config)
@@ -131,6 +132,7 @@ def test_dropout_keeps_the_configured_fraction_unbiased_the_same_under_xla_and_p
     assert modeling.dropout(x, 0.1, seed, training=False) is x
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("compiled", [False, True])
 def test_layer_recomputation_gives_the_plain_gradients_and_runs_each_layer_again_backwards(compiled, monkeypatch):
     config = modeling.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=3, num_attention_heads=4,

@@ -86,6 +86,7 @@ def test_the_load_is_the_machines_busy_time_less_this_processs_own(tmp_path):
         machine_load.read(str(tmp_path / "stat"), str(tmp_path / "self_stat"))
 
 
+@pytest.mark.slow
 def test_a_busy_neighbour_is_seen_and_this_processs_own_work_is_not():
     def spin(seconds):
         import time

@@ -148,6 +148,7 @@ def test_packing_the_bundled_corpus_keeps_its_instances_and_cuts_its_padding(bun
         assert json.load(f)["train"]["rows"] == rows
 
 
+@pytest.mark.slow
 def test_pretraining_reads_packed_records_and_counts_instances_and_useful_tokens(tiny_data, corpus_dir, tmp_path):
     """tiny_data's corpus made again with --pack=3 (seq 64): a short run trains and evaluates on it and
     logs instances/s above rows/s."""

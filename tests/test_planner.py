@@ -63,6 +63,7 @@ def test_phase_plan_by_hand():
     assert every["update_seconds"] == pytest.approx(2 + 2 * 1.0)     # fp32 and one allreduce per micro-batch
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flag,message", [
     ("--inter_gbps=0", "error: --inter_gbps must be > 0"),
     ("--phase1_accumulation=7", "error: phase1: per-device batch 3840 is not divisible by --phase1_accumulation=7"),
@@ -76,6 +77,7 @@ def test_plan_cli_names_the_flag_of_an_impossible_input(flag, message):
     assert "Traceback" not in proc.stderr                   # a configuration error is one line
 
 
+@pytest.mark.slow
 def test_plan_cli_keeps_the_traceback_of_an_error_that_is_not_a_configuration_error(tmp_path):
     out = tmp_path / "missing_folder" / "plan.json"
     proc = subprocess.run([sys.executable, str(REPO / "run" / "plan.py"), f"--output_json={out}"], env=mpi_env(),
@@ -187,6 +189,7 @@ def test_memory_estimate_follows_korthikanti_and_recomputation_keeps_only_layer_
     assert fp32["state"] == 20 * planner.parameter_count(config)         # + the accumulators
 
 
+@pytest.mark.slow
 def test_measured_device_figures_are_recorded_per_phase_checked_and_taken_by_the_plan(tmp_path):
     path = tmp_path / "gpu_check.json"
     planner.record_device_figures(str(path), "base", 128, 512.5, device="NVIDIA A100", rung_128="fp16+xla")

@@ -94,12 +94,14 @@ def test_model_too_small_for_data(tiny_data, tmp_path):
         pretraining.run(config(tiny_data, tmp_path, model_preset="mini", bert_config_file=str(bert_config)))
 
 
+@pytest.mark.slow
 def test_unknown_flag_fails_at_start_up():
     proc = subprocess.run([sys.executable, str(REPO / "run" / "pretrain.py"), "--batch_sise=4"],
                           env=mpi_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0 and "batch_sise" in proc.stderr
 
 
+@pytest.mark.slow
 def test_a_bad_value_is_one_line_without_traceback(tiny_data, tmp_path):
     proc = subprocess.run([sys.executable, str(REPO / "run" / "pretrain.py"), *tiny_data["flags"], "--micro_batch_size=0",
                            f"--checkpoint_dir={tmp_path}"], env=mpi_env(), capture_output=True, text=True, timeout=300)
@@ -138,6 +140,7 @@ def test_fit_micro_batch_re_splits_the_per_rank_batch_or_names_why_it_cannot(tin
     assert (elastic.micro_batch_size, elastic.accumulation_steps, elastic.global_batch_size) == (4, 1, 32)
 
 
+@pytest.mark.slow
 def test_a_flagfile_with_the_old_batch_flag_still_works_with_a_warning_naming_the_new_one(tiny_data, tmp_path):
     """--batch_size was the micro-batch's name until this release: a flagfile that still says it runs,
     warned; the run is what --micro_batch_size would give."""

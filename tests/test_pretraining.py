@@ -122,6 +122,7 @@ def test_a_metrics_writer_that_is_not_rank_0_writes_nothing(tmp_path):
         metrics.check_wandb("p", "cloud")
 
 
+@pytest.mark.slow
 def test_a_short_run_logs_saves_and_restores_the_signal_handlers(tiny_data, tmp_path):
     def sentinel(signum, frame):
         pass
@@ -162,6 +163,7 @@ def test_a_short_run_logs_saves_and_restores_the_signal_handlers(tiny_data, tmp_
     assert json.loads(config["resolved"])["micro_batch_size"] == 2 and "command" in config
 
 
+@pytest.mark.slow
 def test_a_checkpoint_from_before_the_input_position_resumes_from_its_json_with_a_fresh_pass(tiny_data, tmp_path):
     """Checkpoints written before the data position moved into them hold only the trainer's items and
     `samples_seen` in the JSON beside them: resuming takes the count from there and says the input
@@ -255,6 +257,7 @@ def _guarded_run(tiny_data, tmp_path, monkeypatch, inject, **overrides):
     return last, records, checks, logs
 
 
+@pytest.mark.slow
 def test_a_learning_rate_blow_up_is_rolled_back_to_the_last_checkpoint_and_the_run_recovers(tiny_data, tmp_path,
                                                                                            monkeypatch):
     def blow_up(call, boost, features):
@@ -275,6 +278,7 @@ def test_a_learning_rate_blow_up_is_rolled_back_to_the_last_checkpoint_and_the_r
     assert any("divergence guard" in line and "rolled back to ckpt-28 (step 28)" in line for line in logs)
 
 
+@pytest.mark.slow
 def test_a_poisoned_batch_is_skipped_after_a_rollback_and_one_that_never_ends_stops_the_run(tiny_data, tmp_path,
                                                                                           monkeypatch):
     def poison(first, last):
@@ -306,6 +310,7 @@ def _tiny(tiny_data, folder, **overrides):
     return pretrain_config.PretrainConfig(**settings)
 
 
+@pytest.mark.slow
 def test_a_time_budget_stretches_the_schedule_over_the_clock_and_a_restart_spends_only_what_is_left(tiny_data,
                                                                                                    tmp_path):
     from bert_tf.artifacts import checkpointing
@@ -340,6 +345,7 @@ def test_a_time_budget_stretches_the_schedule_over_the_clock_and_a_restart_spend
     assert any(re.search(r"\(0:00:1[0-2] spent by earlier runs\)", line) for line in logs), logs
 
 
+@pytest.mark.slow
 def test_a_target_mlm_accuracy_stops_the_run_and_logs_the_time_to_train(tiny_data, tmp_path):
     logs = []
     _, last = pretraining.run(_tiny(tiny_data, tmp_path, target_mlm_accuracy=0.02, eval_interval=5,

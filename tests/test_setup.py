@@ -1,4 +1,5 @@
 """scripts/setup.sh: warm runs are quick and repair the corpus; a machine it cannot fix gets a clear message."""
+import pytest
 import os
 import shutil
 import subprocess
@@ -47,6 +48,7 @@ def test_missing_packages_without_apt_get_are_listed_and_fail(tmp_path):
     assert "openmpi-bin" in proc.stderr and "libopenmpi-dev" in proc.stderr
 
 
+@pytest.mark.slow
 def test_a_corrupt_cached_wheel_is_never_installed_and_no_network_is_reported(tmp_path):
     """A copy of the wheel cache with one byte appended: setup must refuse it and rebuild. The
     rebuild then meets a package index that does not answer (a dead loopback port), as on a

@@ -89,6 +89,7 @@ def test_unknown_names_list_the_valid_ones():
         training.TrainConfig(optimizer="sgd")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("precision", ["float32", "mixed_bfloat16", "mixed_float16"])
 def test_loss_decreases_when_overfitting_a_fixed_batch(precision):
     # one layer of hidden 32: float16 matmuls are emulated on CPUs (60x slower than float32 at the tiny
@@ -105,6 +106,7 @@ def test_loss_decreases_when_overfitting_a_fixed_batch(precision):
     assert int(trainer.skipped_steps.numpy()) <= 1
 
 
+@pytest.mark.slow
 def test_xla_and_plain_function_agree():
     batch = features(batch=4, seq=16, preds=3)
     results = []
@@ -114,6 +116,7 @@ def test_xla_and_plain_function_agree():
     np.testing.assert_allclose(results[0], results[1], rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_loss_scaling_skips_a_non_finite_gradient_without_touching_weights():
     model = tiny_model()
     trainer = training.Trainer(model, training.TrainConfig(precision="mixed_float16", learning_rate=1e-3))
@@ -140,6 +143,7 @@ def test_loss_scale_grows_after_a_run_of_good_steps():
     assert float(scale.scale.numpy()) == 16.0 and int(scale.good_steps.numpy()) == 0
 
 
+@pytest.mark.slow
 def test_accumulating_n_micro_batches_equals_one_large_batch():
     big = random_features(batch=8, seq=16, preds=3, seed=7)
     micro = [{k: tf.constant(v[i * 2:(i + 1) * 2]) for k, v in big.items()} for i in range(4)]
@@ -167,6 +171,7 @@ def test_accumulating_n_micro_batches_equals_one_large_batch():
         np.testing.assert_allclose(a, b, rtol=0, atol=2e-6)
 
 
+@pytest.mark.slow
 def test_allreduce_every_micro_batch_calls_the_allreduce_n_times_with_the_same_result():
     big = random_features(batch=8, seq=16, preds=3, seed=7)
     micro = [{k: tf.constant(v[i * 2:(i + 1) * 2]) for k, v in big.items()} for i in range(4)]
@@ -219,6 +224,7 @@ def test_allreduce_every_micro_batch_calls_the_allreduce_n_times_with_the_same_r
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-8)      # measured: 3e-11; a step: >= 2e-5
 
 
+@pytest.mark.slow
 def test_checkpoint_round_trip_reproduces_the_next_step(tmp_path):
     batch_a, batch_b = features(seed=1), features(seed=2)
     config = training.TrainConfig(precision="mixed_float16", learning_rate=1e-3, accumulation_steps=2)
@@ -255,6 +261,7 @@ def saved_checkpoints(directory, steps=(1, 2, 3), keep_last=3):
     return trainer, ckpts, values
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault", ["truncated data", "garbage index", "no manifest", "missing data"])
 def test_a_damaged_latest_checkpoint_is_named_and_the_newest_intact_one_restored(tmp_path, fault):
     trainer, ckpts, values = saved_checkpoints(tmp_path)
@@ -292,6 +299,7 @@ def glob_one(pattern):
     return found
 
 
+@pytest.mark.slow
 def test_no_intact_checkpoint_is_an_error_naming_each_and_old_folders_resume_as_before(tmp_path):
     _, _, _ = saved_checkpoints(tmp_path, steps=(1, 2))
     for step in (1, 2):
@@ -307,6 +315,7 @@ def test_no_intact_checkpoint_is_an_error_naming_each_and_old_folders_resume_as_
     assert checkpointing.latest_intact(str(tmp_path / "none")) is None
 
 
+@pytest.mark.slow
 def test_a_full_disk_during_a_save_names_the_folder_and_bytes_and_keeps_the_previous_checkpoint(tmp_path):
     import subprocess
     mount = tmp_path / "small"
@@ -336,6 +345,7 @@ def test_a_full_disk_during_a_save_names_the_folder_and_bytes_and_keeps_the_prev
         subprocess.run(["umount", str(mount)], check=False)
 
 
+@pytest.mark.slow
 def test_a_garbled_checkpoint_index_falls_back_to_the_files_and_a_renamed_copy_checks_out(tmp_path):
     import shutil
     saved_checkpoints(tmp_path, steps=(1, 2))
@@ -377,6 +387,7 @@ print(json.dumps({"out": out, "clustered": clustered}))
 """
 
 
+@pytest.mark.slow
 def test_fuse_clusters_the_element_wise_ops_not_the_matmuls_and_trains_like_the_plain_step(tmp_path):
     """A process of its own, started with the flags --fuse needs (and one that dumps the clustering): plain and
     fused trainers side by side, as the ladder runs them."""
