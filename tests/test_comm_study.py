@@ -109,7 +109,7 @@ def test_a_study_run_again_keeps_only_the_good_rows_of_the_same_settings(tmp_pat
 @pytest.mark.cluster
 @pytest.mark.skipif(ec.preflight() is not None, reason=f"emulated cluster unavailable: {ec.preflight()}")
 def test_planner_predicts_the_emulated_study_within_25_percent(tiny_data, tmp_path):
-    """A small study (README: python run/comm_study.py; the full one is a ~45 min benchmark): the study's
+    """A small study (docs/measuring.md: python run/comm_study.py; the full one is a ~45 min benchmark): the study's
     own BERT-small, 3 rungs at 1 Gbit/s, 5 measured updates per job after 1 warm-up, without XLA (its
     compilation was most of each job here; the planner is fed measured speed whatever the compiler).
     The assertion feeds each job's own compute speed: with the study's median instead, fp16/accum missed
@@ -140,7 +140,7 @@ def test_planner_predicts_the_emulated_study_within_25_percent(tiny_data, tmp_pa
     assert rows["fp16/accum"]["speedup_vs_baseline"] > 1.0
     assert (out / "study.png").stat().st_size > 10_000
     assert "fp32/every-mb" in proc.stdout and "planner" in proc.stdout
-    # README: python run/validate_planner.py --study=runs/comm_study/study.json (this study's folder)
+    # docs/measuring.md: python run/validate_planner.py --study=runs/comm_study/study.json (this study's folder)
     proc = subprocess.run([sys.executable, str(REPO / "run" / "validate_planner.py"), f"--study={out / 'study.json'}"],
                           env=mpi_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -1,4 +1,4 @@
-"""The shipped hostfiles work with horovodrun and mpirun, and the README's hostfile command runs."""
+"""The shipped hostfiles work with horovodrun and mpirun, and the hostfile command of docs/pretraining.md runs."""
 import os
 import re
 import shutil
@@ -64,7 +64,7 @@ def workdir(tmp_path_factory, corpus_dir):
 
 @pytest.mark.cluster
 def test_readme_command_horovodrun_with_the_localhost_hostfile(workdir, tmp_path):
-    """README: horovodrun -np 2 -hostfile hostfiles/localhost python run/pretrain.py --flagfile=configs/demo.flags
+    """docs/pretraining.md: horovodrun -np 2 -hostfile hostfiles/localhost python run/pretrain.py --flagfile=configs/demo.flags
     (steps shortened, checkpoints in a temporary folder)."""
     ckpt = tmp_path / "ckpt"
     cmd = [HVDRUN, "-np", "2", "-hostfile", "hostfiles/localhost", "python", "run/pretrain.py",
