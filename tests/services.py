@@ -1,10 +1,13 @@
 """Daemons the deployment tests need and start themselves (CI starts none): Debian packages,
-dockerd, the image build (cached by the files it copies), munge and a one-machine Slurm.
+dockerd, the image build (in two parts, each cached by what it is built from), munge and a one-machine Slurm.
 Everything they do is printed (run pytest with -s, or read the captured output of a failure)."""
 import contextlib
+import dataclasses
 import hashlib
+import json
 import os
 import pathlib
+import re
 import shutil
 import signal
 import socket
@@ -132,9 +135,9 @@ def ensure_base_image():
     say(f"imported {BASE_IMAGE} in {time.time() - start:.0f} s")
 
 
-def dockerfile_sources(dockerfile=REPO / "Dockerfile"):
-    """Paths of the build context that the Dockerfile COPYs (not --from another stage)."""
-    text = dockerfile.read_text().replace("\\\n", " ")
+def dockerfile_sources(dockerfile=REPO / "Dockerfile", text=None):
+    """Paths of the build context that the Dockerfile (or `text`, a part of it) COPYs (not --from a stage)."""
+    text = (text if text is not None else dockerfile.read_text()).replace("\\\n", " ")
     sources = []
     for line in text.splitlines():
         parts = line.split()
@@ -143,13 +146,83 @@ def dockerfile_sources(dockerfile=REPO / "Dockerfile"):
     return sources
 
 
-def build_context(dest, wheels=None, ca_bundle=None, gpu=False):
-    """A build context in dest: the files the Dockerfile copies, plus the optional build inputs
-    (docker/build-inputs/: a Horovod wheel cache, the CPU or the GPU (NCCL) wheels only, a CA bundle).
-    Returns its content key."""
+def dockerfile_instructions(text):
+    """[(op, args, text)]: each instruction with its continuation lines and the comments above it."""
+    out, pending, current = [], "", None
+    for line in text.splitlines(keepends=True):
+        if current is not None:                       # a continuation line
+            current[2] += line
+            if not line.rstrip("\n").endswith("\\"):
+                out.append(tuple(current))
+                current = None
+            continue
+        if not line.strip() or line.lstrip().startswith("#"):
+            pending += line
+            continue
+        op, _, args = line.strip().partition(" ")
+        current = [op.upper(), args, pending + line]
+        pending = ""
+        if not line.rstrip("\n").endswith("\\"):
+            out.append(tuple(current))
+            current = None
+    if pending:
+        out.append(("", "", pending))                 # comments after the last instruction
+    return [(op, " ".join(args.replace("\\\n", " ").split()), text) for op, args, text in out]
+
+
+def dockerfile_parts(dockerfile=REPO / "Dockerfile"):
+    """The Dockerfile cut where the project source comes in, for building it in two images:
+      deps:   everything up to the final stage's COPY --from=source (the builder stage and the runtime
+              stage's dependency layers), without the source stage, which those do not use;
+      source: the source stage (FROM scratch: only COPYs of the project source);
+      tail:   the final stage from that COPY on (no RUN, ADD or ARG: only the COPY and settings; the
+              legacy builder makes a container for each, which vfs stores as a full copy).
+    `source` + "FROM <deps image> AS <final stage>" + `tail` builds, on the deps image, the layers the
+    Dockerfile puts on it: the same instructions in the same order."""
+    instructions = dockerfile_instructions(dockerfile.read_text())
+    stages, preamble = [], []
+    for ins in instructions:
+        if ins[0] == "FROM":
+            words = ins[1].split()
+            stages.append({"base": words[0], "name": words[2] if len(words) == 3 and words[1].upper() == "AS" else "",
+                           "instructions": [ins]})
+        elif stages:
+            stages[-1]["instructions"].append(ins)
+        else:
+            preamble.append(ins)
+    names = [s["name"] for s in stages]
+    if "source" not in names or names[-1] == "source":
+        raise RuntimeError(f"{dockerfile}: expected a stage 'source' before the final stage (stages: {names})")
+    source = stages[names.index("source")]
+    final = stages[-1]
+    if source["base"] != "scratch" or any(op not in ("FROM", "COPY", "") or "--from" in args
+                                          for op, args, _ in source["instructions"]):
+        raise RuntimeError(f"{dockerfile}: the source stage must be FROM scratch with COPYs of the build context only")
+    users = [(s["name"], args) for s in stages for op, args, _ in s["instructions"] if op == "COPY" and "--from=source" in args]
+    if len(users) != 1 or users[0][0] != final["name"]:
+        raise RuntimeError(f"{dockerfile}: expected one COPY --from=source, in the final stage: {users}")
+    cut = next(i for i, (op, args, _) in enumerate(final["instructions"]) if op == "COPY" and "--from=source" in args)
+    tail = final["instructions"][cut:]
+    if any(op in ("RUN", "ADD", "ARG", "FROM", "ONBUILD") or (op == "COPY" and "--from=source" not in args)
+           or "$" in args for op, args, _ in tail):
+        raise RuntimeError(f"{dockerfile}: after its COPY --from=source the final stage may only set settings")
+    deps = preamble + [ins for s in stages if s is not source and s is not final for ins in s["instructions"]] \
+        + final["instructions"][:cut]
+    text = lambda part: "".join(t for _, _, t in part)                       # noqa: E731
+    return {"deps": text(deps), "source": text(source["instructions"]), "tail": text(tail), "final_stage": final["name"]}
+
+
+def build_context(dest, dockerfile_text, wheels=None, ca_bundle=None, gpu=False, extra=()):
+    """A build context in dest: `dockerfile_text` as its Dockerfile, the files it copies, plus for the
+    builder stage the optional build inputs (docker/build-inputs/: a Horovod wheel cache, the CPU or the
+    GPU (NCCL) wheels only, a CA bundle). Returns its content key: a hash of all that and of `extra`."""
     digest = hashlib.sha256()
-    files = [REPO / "Dockerfile", REPO / ".dockerignore"]
-    for source in dockerfile_sources():
+    for item in extra:
+        digest.update(str(item).encode() + b"\0")
+    (dest / "Dockerfile").write_text(dockerfile_text)
+    digest.update(b"Dockerfile\0" + dockerfile_text.encode())
+    files = [REPO / ".dockerignore"]
+    for source in dockerfile_sources(text=dockerfile_text):
         path = REPO / source
         files += sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
     for f in files:
@@ -159,17 +232,18 @@ def build_context(dest, wheels=None, ca_bundle=None, gpu=False):
         (dest / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(f, dest / rel)
         digest.update(str(rel).encode() + b"\0" + f.read_bytes())
-    inputs = dest / "docker" / "build-inputs"
-    inputs.mkdir(parents=True, exist_ok=True)
-    if wheels:
-        shutil.copytree(wheels, inputs / "wheels", ignore=lambda folder, names: [
-            n for n in names if pathlib.Path(folder) == pathlib.Path(wheels) and ("-nccl" in n) != gpu])
+    if "docker/build-inputs" in dockerfile_text:
+        inputs = dest / "docker" / "build-inputs"
+        inputs.mkdir(parents=True, exist_ok=True)
         digest.update(b"gpu" if gpu else b"cpu")
-        for sums in sorted((inputs / "wheels").rglob("SHA256SUMS")):
-            digest.update(sums.read_bytes())
-    if ca_bundle:
-        shutil.copy(ca_bundle, inputs / "ca.crt")
-        digest.update(pathlib.Path(ca_bundle).read_bytes())
+        if wheels:
+            shutil.copytree(wheels, inputs / "wheels", ignore=lambda folder, names: [
+                n for n in names if pathlib.Path(folder) == pathlib.Path(wheels) and ("-nccl" in n) != gpu])
+            for sums in sorted((inputs / "wheels").rglob("SHA256SUMS")):
+                digest.update(str(sums.relative_to(inputs)).encode() + b"\0" + sums.read_bytes())
+        if ca_bundle:
+            shutil.copy(ca_bundle, inputs / "ca.crt")
+            digest.update(pathlib.Path(ca_bundle).read_bytes())
     return digest.hexdigest()[:16]
 
 
@@ -184,43 +258,117 @@ def pip_cert():
     return None
 
 
+@dataclasses.dataclass
+class Image:
+    name: str            # bert_tf:cpu-<key>, tagged bert_tf:cpu too (or BERT_TF_TEST_IMAGE)
+    key: str             # hash of every input of the image (None: an image not built here)
+    id: str
+    seconds: float       # build time here (0: cached)
+    deps: str = ""       # bert_tf:cpu-deps-<deps key>: the image up to the project source
+    deps_key: str = ""
+    deps_seconds: float = 0.0
+
+
+def image_id(name):
+    return docker("image", "inspect", "-f", "{{.Id}}", name).stdout.strip()
+
+
+def image_layers(name):
+    return json.loads(docker("image", "inspect", "-f", "{{json .RootFS.Layers}}", name).stdout)
+
+
+def docker_build(tag_args, ctx, what, build_args=()):
+    start = time.time()
+    env = {**os.environ, "DOCKER_BUILDKIT": "0"}
+    proc = subprocess.run(["docker", "build", *tag_args, *build_args, str(ctx)], capture_output=True, text=True,
+                          env=env, timeout=3600)
+    seconds = time.time() - start
+    if proc.returncode != 0:
+        raise RuntimeError(f"docker build of {what} failed after {seconds:.0f} s\n{proc.stdout[-6000:]}\n{proc.stderr[-3000:]}")
+    return seconds
+
+
 def ensure_image(gpu=False):
-    """bert_tf:cpu (or bert_tf:gpu: --build-arg GPU=build), built from a copy of the checkout unless an
-    image with the same content key (the files the Dockerfile copies, the wheel cache and CA bundle fed
-    to it) is there already."""
+    """bert_tf:cpu (or bert_tf:gpu: --build-arg GPU=build) from a copy of the checkout, in two builds
+    (dockerfile_parts): the deps image bert_tf:cpu-deps-<deps key> (builder stage, Debian packages, venv,
+    Horovod: keyed by the files that part copies, the wheel cache and CA bundle fed to it, the base image),
+    kept while its key holds; then the project source on it, bert_tf:cpu-<key> (key: the deps image's key
+    and id, and the source). Either is built only when no image has its key; a source-only change builds
+    the last layer alone. Older keyed images of the same kind and dangling build stages are removed (vfs stores
+    every layer in full)."""
     image = GPU_IMAGE if gpu else IMAGE
     if os.environ.get("BERT_TF_TEST_IMAGE") and not gpu:
-        say(f"testing the image BERT_TF_TEST_IMAGE={os.environ['BERT_TF_TEST_IMAGE']} (not built here)")
-        return os.environ["BERT_TF_TEST_IMAGE"], 0.0
+        name = os.environ["BERT_TF_TEST_IMAGE"]
+        say(f"testing the image BERT_TF_TEST_IMAGE={name} (not built here: no content key, no stamps)")
+        return Image(name, None, image_id(name), 0.0)
     ensure_base_image()
     cache = pathlib.Path(os.environ.get("BERT_TF_CACHE", pathlib.Path.home() / ".cache" / "bert_tf"))
     wheels = cache / "wheels"
     ca = pip_cert()
+    parts = dockerfile_parts()
+    base_id = image_id(BASE_IMAGE)
+    built = {}
     with tempfile.TemporaryDirectory(prefix="bert_tf-context.") as ctx:
-        key = build_context(pathlib.Path(ctx), wheels if wheels.is_dir() else None, ca, gpu=gpu)
+        deps_key = build_context(pathlib.Path(ctx), parts["deps"], wheels if wheels.is_dir() else None, ca, gpu=gpu,
+                                 extra=[f"base {BASE_IMAGE} {base_id}"])
+        deps = f"{image}-deps-{deps_key}"
+        if image_exists(deps):
+            say(f"dependency image {deps} (key = hash of what it is built from) already built: not rebuilding")
+        else:
+            say(f"building {deps} (the Dockerfile up to the project source) with the legacy builder (Debian 12 has "
+                f"no buildx); inputs: Horovod wheel cache from {wheels if wheels.is_dir() else '(none: compiled in the image)'}, "
+                f"CA bundle {ca or '(none)'}")
+            built["deps"] = docker_build(["-t", deps], ctx, deps, ["--build-arg", "GPU=build"] if gpu else [])
+            say(f"built {deps} in {built['deps']:.0f} s")
+    with tempfile.TemporaryDirectory(prefix="bert_tf-context.") as ctx:
+        text = f"{parts['source']}FROM {deps} AS {parts['final_stage']}\n{parts['tail']}"
+        key = build_context(pathlib.Path(ctx), text, extra=[f"deps {deps_key} {image_id(deps)}"])
         keyed = f"{image}-{key}"
         if image_exists(keyed):
-            say(f"image {keyed} (key = hash of the files it copies) already built: not rebuilding")
+            say(f"image {keyed} (key = hash of every file it is built from) already built: not rebuilding")
             docker("tag", keyed, image)
-            return keyed, 0.0
-        say(f"building {keyed} with the legacy builder (Debian 12 has no buildx); inputs: Horovod wheel cache "
-            f"from {wheels if wheels.is_dir() else '(none: compiled in the image)'}, CA bundle {ca or '(none)'}")
-        start = time.time()
-        env = {**os.environ, "DOCKER_BUILDKIT": "0"}
-        proc = subprocess.run(["docker", "build", "-t", keyed, "-t", image, *(["--build-arg", "GPU=build"] if gpu else []),
-                               ctx], capture_output=True, text=True, env=env, timeout=3600)
-        seconds = time.time() - start
-        if proc.returncode != 0:
-            raise RuntimeError(f"docker build failed after {seconds:.0f} s\n{proc.stdout[-6000:]}\n{proc.stderr[-3000:]}")
-        say(f"built {keyed} in {seconds:.0f} s")
-        # Older keyed images: vfs stores every layer in full.
-        for line in docker("images", "--format", "{{.Repository}}:{{.Tag}}", "bert_tf").stdout.split():
-            if line.startswith(f"{image}-") and line != keyed:
-                docker("rmi", line, check=False)
-        # Dangling images are the builder stages (the GPU image's holds 7 GB): the keyed images are the cache
-        # that matters, so none is kept (two builds within hours filled the disk with them).
-        docker("image", "prune", "-f", check=False)
-        return keyed, seconds
+        else:
+            say(f"building {keyed}: the project source on {deps}")
+            built["image"] = docker_build(["-t", keyed, "-t", image], ctx, keyed)
+            say(f"built {keyed} in {built['image']:.0f} s")
+    if built:
+        remove_older_images(image, keyed, deps)
+    return Image(keyed, key, image_id(keyed), sum(built.values()), deps, deps_key, built.get("deps", 0.0))
+
+
+def docker_daemon():
+    """What the image checks could depend on besides the image: the daemon's version and storage driver."""
+    return docker("info", "-f", "{{.ServerVersion}} {{.Driver}}").stdout.strip()
+
+
+CUDA_VENV = pathlib.Path(os.environ.get("BERT_TF_CACHE", pathlib.Path.home() / ".cache" / "bert_tf")) / "venv-py311-cuda"
+
+
+def gpu_install(timeout=3600):
+    """The GPU install (BERT_TF_GPU=build bash scripts/setup.sh, as tests/test_gpu.py makes it): the GPU
+    venv and its Horovod wheel with NCCL, cached in the wheel cache (seconds when it is). The GPU image
+    takes that wheel as a build input instead of compiling it again."""
+    say(f"the GPU install (BERT_TF_GPU=build bash scripts/setup.sh, venv {CUDA_VENV})")
+    start = time.time()
+    proc = subprocess.run(["bash", str(REPO / "scripts" / "setup.sh")], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "BERT_TF_GPU": "build", "BERT_TF_VENV": str(CUDA_VENV)})
+    if proc.returncode != 0:
+        raise RuntimeError(f"the GPU install failed after {time.time() - start:.0f} s\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    say(f"GPU install ready after {time.time() - start:.0f} s")
+    return proc
+
+
+def remove_older_images(image, keyed, deps):
+    """Older keyed images of this kind (bert_tf:cpu-<key>, then bert_tf:cpu-deps-<key>) and dangling images
+    (the builder and source stages: the GPU builder stage holds 7 GB; two builds within hours filled the
+    disk with them). The deps image is the build cache that matters: it is kept while its key holds."""
+    tags = docker("images", "--format", "{{.Repository}}:{{.Tag}}", "bert_tf").stdout.split()
+    older = [t for t in tags if re.fullmatch(rf"{re.escape(image)}-[0-9a-f]{{16}}", t) and t != keyed]
+    older += [t for t in tags if re.fullmatch(rf"{re.escape(image)}-deps-[0-9a-f]{{16}}", t) and t != deps]
+    for tag in older:
+        say(f"removing the older image {tag}")
+        docker("rmi", tag, check=False)
+    docker("image", "prune", "-f", check=False)
 
 
 # ------------------------------------------------------------------------------------------ Slurm

@@ -1,11 +1,14 @@
-"""The Dockerfile (linted and parsed), the image's entry point, and the image itself: built (cached by
-the files it copies), the demo inside it, a two-container horovodrun job, a worker killed mid-run,
-and the bad inputs of worker/launch. dockerd, the base image and the image are made by
-tests/services.py when missing (what it does is printed)."""
+"""The Dockerfile (linted and parsed), the image's entry point, and the image itself: built (its
+dependency layers cached by the files they are built from, the project source on them), the demo inside
+it, a two-container horovodrun job, a worker killed mid-run, and the bad inputs of worker/launch.
+dockerd, the base image and the image are made by tests/services.py when missing (what it does is
+printed). Each check of an image records a stamp when it passes (tests/stamps.py), keyed by the image's
+content key: for the same image the check is not repeated (a cheap check and a skip that says so)."""
 import fnmatch
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -15,6 +18,7 @@ import pytest
 
 from conftest import REPO
 import services
+import stamps
 
 ENTRYPOINT = str(REPO / "docker" / "entrypoint.sh")
 
@@ -45,13 +49,40 @@ def test_both_stages_install_through_the_setup_script():
 
 
 def test_one_pinned_base_for_every_stage():
-    """The legacy builder pulls every stage's base: all stages use the one BASE_IMAGE build argument."""
+    """The legacy builder pulls every stage's base: all stages that install use the one BASE_IMAGE build
+    argument; the stage that gathers the project source is FROM scratch (it pulls nothing)."""
     instructions = dockerfile_instructions()
     base = [args.split("=", 1)[1] for op, args in instructions if op == "ARG" and args.startswith("BASE_IMAGE=")]
     assert base == [services.BASE_IMAGE]
     name, _, tag = base[0].rpartition(":")
     assert name and tag and tag != "latest" and re.search(r"\d", tag), f"{base[0]}: pin a versioned tag"
-    assert [args.split()[0] for op, args in instructions if op == "FROM"] == ["${BASE_IMAGE}"] * 2
+    stages = [args.split() for op, args in instructions if op == "FROM"]
+    assert [s[0] for s in stages if s[-1] != "source"] == ["${BASE_IMAGE}"] * 2
+    assert [s[0] for s in stages if s[-1] == "source"] == ["scratch"]
+
+
+PROJECT_SOURCE = ["bert_tf/", "run/", "configs/", "hostfiles/"]
+
+
+def test_the_dependency_layers_never_see_the_project_source_which_comes_last_in_one_layer():
+    """A change of bert_tf/, run/, configs/ or hostfiles/ rebuilds the image's last layer alone: the builder
+    stage and the runtime stage up to its Debian packages copy only the dependency inputs; the source
+    stage gathers the project source, which the runtime stage copies last, in one COPY. tests/services.py
+    builds the Dockerfile in those two parts (the deps image, then the rest on it): every instruction
+    is in one part, and the parts keep the Dockerfile's order."""
+    parts = services.dockerfile_parts()
+    assert services.dockerfile_sources(text=parts["deps"]) == [
+        "requirements.txt", "requirements-dev.txt", "requirements-cuda.txt", "setup.py", "scripts/",
+        "docker/build-inputs/", "docker/entrypoint.sh"]
+    assert services.dockerfile_sources(text=parts["source"]) == PROJECT_SOURCE
+    tail = [(op, args) for op, args, _ in services.dockerfile_instructions(parts["tail"]) if op]
+    assert tail == [("COPY", "--from=source --chown=1000:1000 /src/ /opt/bert_tf/src/")]
+    whole = [(op, args) for op, args, _ in services.dockerfile_instructions((REPO / "Dockerfile").read_text()) if op]
+    deps, source = ([(op, args) for op, args, _ in services.dockerfile_instructions(parts[p]) if op]
+                    for p in ("deps", "source"))
+    final_from = max(i for i, (op, _) in enumerate(whole) if op == "FROM")
+    assert whole == deps[:deps.index(whole[final_from])] + source + deps[deps.index(whole[final_from]):] + tail
+    assert parts["final_stage"] == "runtime" and whole[-len(tail):] == tail
 
 
 def dockerignore_patterns():
@@ -60,11 +91,14 @@ def dockerignore_patterns():
 
 
 def ignored(path, patterns):
+    """Docker's rule: a pattern matches from the context's root (the path or a folder above it: data/ is the
+    top-level data folder, not bert_tf/data); one that starts with **/ matches at any depth."""
     parts = path.strip("/").split("/")
     for pattern in patterns:
-        pattern = pattern[3:] if pattern.startswith("**/") else pattern
+        anywhere = pattern.startswith("**/")
+        pattern = pattern[3:] if anywhere else pattern.lstrip("/")
         for i in range(len(parts)):
-            if fnmatch.fnmatch("/".join(parts[: i + 1]), pattern) or fnmatch.fnmatch(parts[i], pattern):
+            if fnmatch.fnmatch("/".join(parts[: i + 1]), pattern) or (anywhere and fnmatch.fnmatch(parts[i], pattern)):
                 return True
     return False
 
@@ -131,21 +165,58 @@ PREFIX = f"bert-tf-test-{os.getpid()}"
 SHORT = ["--total_steps=30", "--warmup_steps=3", "--log_interval=10"]
 
 
+def describe(built, start):
+    deps = (f" on {built.deps} ({'built in %.0f s' % built.deps_seconds if built.deps_seconds else 'cached'})"
+            if built.deps else "")
+    return (f"image {built.name}: {'built in %.0f s' % built.seconds if built.seconds else 'cached'}{deps}; size "
+            f"{int(services.docker('image', 'inspect', '-f', '{{.Size}}', built.name).stdout) / 1e9:.2f} GB "
+            f"(ready after {time.time() - start:.0f} s)")
+
+
 @pytest.fixture(scope="module")
-def image():
+def built_image():
+    """services.ensure_image(): bert_tf:cpu, its key and its dependency image."""
     with services.dockerd():
         start = time.time()
-        name, built = services.ensure_image()
-        print(f"image {name}: {'built in %.0f s' % built if built else 'cached'}; size "
-              f"{int(services.docker('image', 'inspect', '-f', '{{.Size}}', name).stdout) / 1e9:.2f} GB "
-              f"(ready after {time.time() - start:.0f} s)")
+        built = services.ensure_image()
+        print(describe(built, start))
         try:
-            yield name
+            yield built
         finally:
             ids = services.docker("ps", "-aq", "--filter", f"name={PREFIX}").stdout.split()
             if ids:
                 services.docker("rm", "-f", *ids, check=False)
             services.docker("network", "rm", f"{PREFIX}-net", check=False)
+
+
+@pytest.fixture(scope="module")
+def image(built_image):
+    return built_image.name
+
+
+def image_stamp(request, built, kind, name=None):
+    """The stamp of a check of `built` (tests/stamps.py): keyed by the image's content key (every file it is
+    built from, the wheels and CA bundle fed to it, the base image), the Docker daemon, this machine and
+    this module's code; it records the id of the image checked."""
+    if built.key is None:
+        return stamps.NoStamp()
+    return stamps.for_test(request, f"docker-{kind}", {"image content key": built.key, "docker daemon": services.docker_daemon(),
+                                                       "machine": stamps.machine()}, name=name)
+
+
+def skip_if_verified(request, built, kind):
+    """When this check passed earlier for this very image: the cheap check (the image tagged with the key
+    is its deps image, tagged with the deps key, and one layer more; it is the very image that was
+    checked, else the whole check runs), then a skip that says so."""
+    __tracebackhide__ = True
+    stamp = image_stamp(request, built, kind)
+
+    def same_image(record):
+        deps, layers = services.image_layers(built.deps), services.image_layers(built.name)
+        assert layers[:-1] == deps, f"{built.name} is not {built.deps} and one layer"
+        return services.image_id(built.name) == built.id == record.get("image_id")
+    stamp.skip_if_verified(same_image)
+    return stamp
 
 
 @pytest.fixture(scope="module")
@@ -182,14 +253,10 @@ def keys(image, tmp_path_factory):
 
 
 @pytest.mark.cluster
-def test_the_image_runs_as_non_root_and_holds_no_build_input(image):
+def test_the_image_runs_as_non_root_and_holds_no_build_input(image, built_image, request):
+    stamp = skip_if_verified(request, built_image, "cpu")
     ca = services.pip_cert()
-    size = os.path.getsize(ca) if ca else 0
-    script = ("id -u; ls /tmp/build-inputs /opt/bert_tf/cache/downloads 2>&1 | head -2; "
-              f"find / -xdev -type f -size {size}c -exec sha256sum {{}} + 2>/dev/null | cut -d' ' -f1; "
-              "dpkg -s python3.11-venv python3.11-dev | grep -c '^Status: install ok installed'; "
-              "python -m venv /tmp/v && echo venv-ok")
-    out = services.docker("run", "--rm", "--network", "none", image, "run", "bash", "-c", script).stdout.splitlines()
+    out = request.getfixturevalue("looked_at_inside")["non_root"]
     print("\n".join(out))
     assert out[0] == "1000"
     assert "No such file or directory" in out[1] and "No such file or directory" in out[2]
@@ -204,20 +271,103 @@ def test_the_image_runs_as_non_root_and_holds_no_build_input(image):
         assert digest not in out
     # the minimal-Debian replay: setup.sh installed venv and headers on the minbase base
     assert out[-2] == "2" and out[-1] == "venv-ok"
+    stamp.record(image=built_image.name, image_id=built_image.id)
 
 
 @pytest.mark.cluster
-def test_demo_in_the_image(image, demo_data):
-    """docker run bert_tf:cpu run bash scripts/demo.sh --total_steps=30 (+ a warmup that fits in 30)."""
-    start = time.time()
-    proc = services.docker("run", "--rm", "--network", "none", "-v", f"{demo_data}:/opt/bert_tf/src/data/demo",
+def test_the_image_is_its_dependency_image_and_one_layer_of_source(built_image):
+    """A source-only change rebuilds one layer: the image is its deps image's layers and one more (cheap)."""
+    if built_image.key is None:
+        pytest.skip(f"{built_image.name} (BERT_TF_TEST_IMAGE) was not built here")
+    deps, layers = services.image_layers(built_image.deps), services.image_layers(built_image.name)
+    assert layers[:len(deps)] == deps and len(layers) == len(deps) + 1, (deps, layers)
+
+
+@pytest.fixture(scope="module")
+def looked_at_inside(image):
+    """One container for the checks that only look inside the image (on vfs every container is a full copy
+    of it): the user, the build inputs and the minimal-Debian replay, then the project source as Python
+    started in / sees it. Requested by those tests after their stamps (tests/stamps.py) said to check."""
+    ca = services.pip_cert()
+    size = os.path.getsize(ca) if ca else 0
+    script = ("id -u; ls /tmp/build-inputs /opt/bert_tf/cache/downloads 2>&1 | head -2; "
+              f"find / -xdev -type f -size {size}c -exec sha256sum {{}} + 2>/dev/null | cut -d' ' -f1; "
+              "dpkg -s python3.11-venv python3.11-dev | grep -c '^Status: install ok installed'; "
+              "python -m venv /tmp/v && echo venv-ok")
+    script += f"; echo {SOURCE_MARK}; cd / && python -c {shlex.quote(SOURCE_FILES)} {' '.join(PROJECT_SOURCE)}"
+    out = services.docker("run", "--rm", "--network", "none", image, "run", "bash", "-c", script).stdout
+    non_root, _, source = out.partition(f"{SOURCE_MARK}\n")
+    return {"non_root": non_root.splitlines(), "source": source.strip().splitlines()}
+
+
+SOURCE_MARK = "=== the project source"
+SOURCE_FILES = r"""
+import hashlib, json, os, sys
+import bert_tf
+files = {"bert_tf imported from": bert_tf.__file__}
+for top in sys.argv[1:]:
+    for root, dirs, names in os.walk(os.path.join("/opt/bert_tf/src", top)):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        for name in names:
+            path = os.path.join(root, name)
+            files[os.path.relpath(path, "/opt/bert_tf/src")] = hashlib.sha256(open(path, "rb").read()).hexdigest()
+print(json.dumps(files))
+"""
+
+
+@pytest.mark.cluster
+def test_the_image_runs_the_checked_out_source(image, built_image, request):
+    """The builder installs a placeholder bert_tf (editable: /opt/bert_tf/src on the venv's path); the last
+    layer copies the project source over it: Python started anywhere imports /opt/bert_tf/src/bert_tf, and
+    bert_tf/, run/, configs/ and hostfiles/ there are the checkout's, file for file (what the demo runs)."""
+    stamp = skip_if_verified(request, built_image, "cpu")
+    import hashlib
+    here = {"bert_tf imported from": "/opt/bert_tf/src/bert_tf/__init__.py"}
+    for top in PROJECT_SOURCE:
+        for root, dirs, names in os.walk(REPO / top):
+            dirs[:] = [d for d in dirs if d != "__pycache__"]
+            for name in names:
+                if not name.endswith(".pyc"):
+                    path = os.path.join(root, name)
+                    here[os.path.relpath(path, REPO)] = hashlib.sha256(open(path, "rb").read()).hexdigest()
+    there = json.loads(request.getfixturevalue("looked_at_inside")["source"][-1])
+    assert there["bert_tf imported from"] == here["bert_tf imported from"]
+    assert sorted(set(here) ^ set(there)) == [] and [f for f in here if here[f] != there[f]] == []
+    stamp.record(image=built_image.name, image_id=built_image.id)
+
+
+def run_demo(image, demo_data):
+    return services.docker("run", "--rm", "--network", "none", "-v", f"{demo_data}:/opt/bert_tf/src/data/demo",
                            image, "run", "bash", "scripts/demo.sh", *SHORT, check=False, timeout=1800)
+
+
+@pytest.mark.cluster
+def test_demo_in_the_image(image, built_image, demo_data, request):
+    """docker run bert_tf:cpu run bash scripts/demo.sh --total_steps=30 (+ a warmup that fits in 30)."""
+    stamp = skip_if_verified(request, built_image, "cpu")
+    start = time.time()
+    proc = run_demo(image, demo_data)
     out = proc.stdout + proc.stderr
     print(out[-1500:])
     assert proc.returncode == 0, out[-5000:]
     assert "held-out MLM accuracy" in out and "demo finished in" in out
     assert (demo_data / "vocab.txt").exists() and (demo_data / "seq128" / "summary.json").exists()
     print(f"demo in the image: {time.time() - start:.0f} s")
+    stamp.record(image=built_image.name, image_id=built_image.id)
+
+
+def demo_data_ready(request, built, demo_data):
+    """The data test_demo_in_the_image writes into the shared folder; when that test was verified earlier for
+    this very image (its stamp) and did not run, the demo runs here to make it."""
+    if (demo_data / "seq128" / "summary.json").exists():
+        return True
+    record = image_stamp(request, built, "cpu", name="test_demo_in_the_image").recorded()
+    if record is None or record.get("image_id") != built.id:
+        return False
+    print("running the demo for its data: test_demo_in_the_image was verified earlier for this image and did not run")
+    proc = run_demo(built.name, demo_data)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-5000:]
+    return (demo_data / "seq128" / "summary.json").exists()
 
 
 def start_worker(image, net, keys, demo_data, ckpt, name):
@@ -241,9 +391,10 @@ def two_node_hostfile(tmp_path, launcher, worker):
 
 
 @pytest.mark.cluster
-def test_two_containers_pretrain_with_horovodrun(image, net, keys, demo_data, tmp_path):
+def test_two_containers_pretrain_with_horovodrun(image, built_image, net, keys, demo_data, tmp_path, request):
     """worker (sshd, key mounted) + launch hostfile: horovodrun across both containers, 30 updates."""
-    if not (demo_data / "seq128" / "summary.json").exists():
+    stamp = skip_if_verified(request, built_image, "cpu")
+    if not demo_data_ready(request, built_image, demo_data):
         pytest.fail("needs the data test_demo_in_the_image writes into the shared folder (run the module)")
     ckpt = shared_dir(tmp_path / "ckpt")
     worker, launcher = f"{PREFIX}-worker", f"{PREFIX}-launcher"
@@ -261,11 +412,14 @@ def test_two_containers_pretrain_with_horovodrun(image, net, keys, demo_data, tm
     import tensorflow as tf
     assert (tf.train.latest_checkpoint(str(ckpt / "run")) or "").endswith("-30"), os.listdir(ckpt / "run")
     services.docker("rm", "-f", worker, launcher)
+    stamp.record(image=built_image.name, image_id=built_image.id)
 
 
 @pytest.mark.cluster
-def test_killing_the_worker_mid_run_ends_the_launcher_naming_the_host(image, net, keys, demo_data, tmp_path):
-    if not (demo_data / "seq128" / "summary.json").exists():
+def test_killing_the_worker_mid_run_ends_the_launcher_naming_the_host(image, built_image, net, keys, demo_data,
+                                                                      tmp_path, request):
+    stamp = skip_if_verified(request, built_image, "cpu")
+    if not demo_data_ready(request, built_image, demo_data):
         pytest.fail("needs the data test_demo_in_the_image writes into the shared folder (run the module)")
     ckpt = shared_dir(tmp_path / "ckpt")
     worker, launcher = f"{PREFIX}-kworker", f"{PREFIX}-klauncher"
@@ -294,6 +448,7 @@ def test_killing_the_worker_mid_run_ends_the_launcher_naming_the_host(image, net
     assert rc not in (None, 0) and took < 60, out[-4000:]
     assert worker in out.split("step 3", 1)[1], out[-4000:]            # the error names the lost host
     services.docker("rm", "-f", worker, launcher, check=False)
+    stamp.record(image=built_image.name, image_id=built_image.id)
 
 
 BAD_INPUT_SCRIPT = r"""
@@ -310,10 +465,11 @@ check novolume launch /hosts-self --flagfile=configs/demo.flags --checkpoint_dir
 
 
 @pytest.mark.cluster
-def test_bad_input_in_the_image_gets_a_message_within_seconds(image, net, keys, tmp_path):
+def test_bad_input_in_the_image_gets_a_message_within_seconds(image, built_image, net, keys, tmp_path, request):
     """In one container (on vfs storage every container is a full copy of the image): a worker without a key,
     a hostfile naming a host that does not answer ssh (an unused address of the test network: a
     dead node), and no volume for --checkpoint_dir. Each must end with exit 2 and its message."""
+    stamp = skip_if_verified(request, built_image, "cpu")
     me = f"{PREFIX}-bad"
     (tmp_path / "hosts-ghost").write_text(f"{me} slots=1\nghost slots=1\n")
     (tmp_path / "hosts-self").write_text(f"{me} slots=1\n")
@@ -331,24 +487,33 @@ def test_bad_input_in_the_image_gets_a_message_within_seconds(image, net, keys, 
     assert "nossh: bert-tf-entrypoint: host 'ghost' in /hosts-ghost does not answer ssh on port 12345: ssh: connect to host ghost port 12345: " in out
     assert ("novolume: bert-tf-entrypoint: --checkpoint_dir=/ckpt/run cannot be created or written in this "
             "container: mount a volume there, e.g. -v /shared/ckpt:/ckpt") in out
+    stamp.record(image=built_image.name, image_id=built_image.id)
 
 
 # ------------------------------------------------------------------------------- the GPU image
 
 @pytest.fixture(scope="module")
-def gpu_image():
-    """bert_tf:gpu from the same Debian base (--build-arg GPU=build), cached by its inputs like the CPU image."""
+def built_gpu_image():
+    """bert_tf:gpu from the same Debian base (--build-arg GPU=build), cached by its inputs like the CPU image.
+    The GPU install comes first (as tests/test_gpu.py makes it; cached): its Horovod wheel with NCCL is the
+    build input, so the image does not compile Horovod again, and its key stays put from one run to the next."""
     with services.dockerd():
         start = time.time()
-        name, built = services.ensure_image(gpu=True)
-        print(f"GPU image {name}: {'built in %.0f s' % built if built else 'cached'}; size "
-              f"{int(services.docker('image', 'inspect', '-f', '{{.Size}}', name).stdout) / 1e9:.2f} GB "
-              f"(ready after {time.time() - start:.0f} s)")
-        yield name
+        services.gpu_install()
+        built = services.ensure_image(gpu=True)
+        print("GPU " + describe(built, start))
+        yield built
+
+
+@pytest.fixture(scope="module")
+def gpu_image(built_gpu_image):
+    return built_gpu_image.name
 
 
 @pytest.mark.cluster
-def test_gpu_image_loads_tensorflow_with_cuda_and_horovod_with_nccl_and_holds_no_compiler(gpu_image):
+def test_gpu_image_loads_tensorflow_with_cuda_and_horovod_with_nccl_and_holds_no_compiler(gpu_image, built_gpu_image,
+                                                                                          request):
+    stamp = skip_if_verified(request, built_gpu_image, "gpu")
     script = ("import json, os, shutil, horovod.tensorflow as hvd, tensorflow as tf; "
               "info = tf.sysconfig.get_build_info(); print(json.dumps({'cuda': hvd.cuda_built(), "
               "'nccl': bool(hvd.nccl_built()), 'tf_cuda': info['is_cuda_build'], 'cuda_version': info['cuda_version'], "
@@ -365,3 +530,4 @@ def test_gpu_image_loads_tensorflow_with_cuda_and_horovod_with_nccl_and_holds_no
                           "BERT_TF_GPU": "build"}
     check = services.docker("run", "--rm", "--network", "none", gpu_image, "run", "horovodrun", "--check-build").stdout
     assert "[X] NCCL" in check and "[X] MPI" in check and "[X] Gloo" in check, check
+    stamp.record(image=built_gpu_image.name, image_id=built_gpu_image.id)

@@ -4,6 +4,9 @@ The GPU install (BERT_TF_GPU=build: TensorFlow with its CUDA wheels, Horovod bui
 scripts/horovod_patches/) builds, loads with every symbol resolved, reports CUDA and NCCL, and trains
 on the CPU under mpirun, so one install serves mixed clusters. Setup refuses a GPU node it cannot
 serve before installing anything; start-up names an install that does not fit its node.
+The expensive checks of the install record a stamp when they pass (tests/stamps.py), keyed by every
+input of the install (and, for the training, the source it trains with): for the same inputs they are
+not repeated (a cheap check and a skip that says so).
 """
 import json
 import os
@@ -13,6 +16,7 @@ import subprocess
 
 import pytest
 
+import stamps
 from conftest import REPO, mpirun
 
 SETUP = str(REPO / "scripts" / "setup.sh")
@@ -131,8 +135,37 @@ def gpu_install():
     return proc.stdout
 
 
+def install_stamp(request, trains=False):
+    """The stamp of a check of the GPU install, keyed by what the install is made from (as setup.sh keys
+    the Horovod wheel, and more): requirements, setup.py, scripts/ (setup.sh, what it sources, the Horovod
+    patches and compatibility headers, the corpus sums), the settings it reads, the state it made (the
+    venv's stamps: requirement set, Horovod wheel and its check), this machine and this module's code;
+    a check that trains adds bert_tf/, run/ and tests/conftest.py. When the stamp exists: the cheap check
+    (the fixture ran setup.sh, which verifies the wheel and the stamps; the venv answers), then a skip."""
+    __tracebackhide__ = True
+    inputs = {"requirements": [REPO / "requirements.txt", REPO / "requirements-dev.txt", REPO / "requirements-cuda.txt"],
+              "setup.py": REPO / "setup.py", "scripts/": REPO / "scripts",
+              "settings": " ".join(f"{k}={os.environ.get(k, '')}" for k in
+                                   ("BERT_TF_CUDA_CC_LIST", "BERT_TF_HOROVOD_GLOO", "BERT_TF_PYTHON", "CUDA_TOOLKIT_MIRROR")),
+              "install": [CUDA_VENV / ".bert_tf-requirements.sha256", CUDA_VENV / ".bert_tf-horovod",
+                          CUDA_VENV / ".bert_tf-horovod-checked"],
+              "machine": stamps.machine()}
+    if trains:
+        inputs.update({"bert_tf/": REPO / "bert_tf", "run/": REPO / "run", "tests/conftest.py": REPO / "tests" / "conftest.py"})
+    stamp = stamps.for_test(request, "gpu-install", inputs)
+
+    def venv_answers(record):
+        proc = subprocess.run([CUDA_PY, "-c", "import importlib.metadata as m; print(m.version('horovod'), "
+                               "m.version('tensorflow'), m.version('nvidia-nccl-cu12'))"], capture_output=True, text=True,
+                              timeout=60)
+        assert proc.returncode == 0 and len(proc.stdout.split()) == 3, proc.stderr[-2000:]
+    stamp.skip_if_verified(venv_answers)
+    return stamp
+
+
 @pytest.mark.cluster
-def test_gpu_horovod_loads_every_symbol_and_reports_cuda_and_nccl(gpu_install):
+def test_gpu_horovod_loads_every_symbol_and_reports_cuda_and_nccl(gpu_install, request):
+    stamp = install_stamp(request)
     script = ("import json, horovod.tensorflow as hvd, tensorflow as tf, importlib.metadata as m; "
               "info = tf.sysconfig.get_build_info(); print(json.dumps({'cuda': hvd.cuda_built(), "
               "'nccl': hvd.nccl_built(), 'mpi': hvd.mpi_built(), 'gloo': hvd.gloo_built(), "
@@ -148,6 +181,7 @@ def test_gpu_horovod_loads_every_symbol_and_reports_cuda_and_nccl(gpu_install):
     assert got["nccl"] == major * 10000 + minor * 100 + patch          # Horovod loaded the wheel's NCCL
     assert got["tf_cuda"] is True and got["cuda_version"].startswith("12.5")
     assert got["gpus"] == 0
+    stamp.record()
 
 
 @pytest.mark.cluster
@@ -169,16 +203,19 @@ def test_the_gpu_wheel_finds_nccl_beside_tensorflow_and_holds_kernels_for_volta_
 
 
 @pytest.mark.cluster
-def test_horovodrun_check_build_lists_nccl(gpu_install):
+def test_horovodrun_check_build_lists_nccl(gpu_install, request):
+    stamp = install_stamp(request)
     proc = subprocess.run([str(CUDA_VENV / "bin" / "horovodrun"), "--check-build"], capture_output=True, text=True,
                           timeout=300, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
     assert proc.returncode == 0, proc.stderr[-2000:]
     for line in ("[X] TensorFlow", "[X] MPI", "[X] Gloo", "[X] NCCL"):
         assert line in proc.stdout, proc.stdout
+    stamp.record()
 
 
 @pytest.mark.cluster
-def test_two_rank_pretraining_on_the_cpu_with_the_gpu_install(gpu_install, tiny_data, tmp_path):
+def test_two_rank_pretraining_on_the_cpu_with_the_gpu_install(gpu_install, tiny_data, tmp_path, request):
+    stamp = install_stamp(request, trains=True)
     ckpt = tmp_path / "ckpt"
     proc = mpirun(2, [REPO / "run" / "pretrain.py", *tiny_data["flags"], "--total_steps=6", "--save_interval=6",
                       f"--checkpoint_dir={ckpt}", "--xla=false"], python=CUDA_PY, timeout=900)
@@ -186,6 +223,7 @@ def test_two_rank_pretraining_on_the_cpu_with_the_gpu_install(gpu_install, tiny_
                      proc.stdout), proc.stdout[-3000:]
     assert "step 6/6" in proc.stdout
     assert (ckpt / "ckpt-6.index").exists()
+    stamp.record()
 
 
 def test_the_gpu_node_check_says_what_is_missing_on_a_machine_without_a_gpu(tmp_path):
