@@ -112,6 +112,20 @@ def dockerd():
         log.close()
 
 
+def remove_leftovers(prefix):
+    """Containers and networks named `<prefix><pid>-...` whose test session (that pid) no longer runs."""
+    def stale(name):
+        m = re.match(re.escape(prefix) + r"(\d+)-", name)
+        return m and not os.path.exists(f"/proc/{m.group(1)}")
+    containers = [n for n in docker("ps", "-a", "--format", "{{.Names}}").stdout.split() if stale(n)]
+    networks = [n for n in docker("network", "ls", "--format", "{{.Name}}").stdout.split() if stale(n)]
+    if containers:
+        docker("rm", "-f", *containers, check=False)
+    for net in networks:
+        say(f"removing network {net}, left by a test session that no longer runs")
+        docker("network", "rm", net, check=False)
+
+
 def image_exists(name):
     return docker("image", "inspect", name, check=False).returncode == 0
 

@@ -221,7 +221,9 @@ def skip_if_verified(request, built, kind):
 
 @pytest.fixture(scope="module")
 def net(image):
-    """A user-defined network without outside access, in 198.18.0.0/15 like everything Docker makes here."""
+    """A user-defined network without outside access, in 198.18.0.0/15 like everything Docker makes here.
+    Docker keeps networks across daemon restarts: one left by a session that was killed would hold the subnet."""
+    services.remove_leftovers("bert-tf-test-")
     services.docker("network", "create", "--internal", "--subnet", "198.19.250.0/24", f"{PREFIX}-net")
     return f"{PREFIX}-net"
 
