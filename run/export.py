@@ -2,13 +2,14 @@
 
     python run/export.py --checkpoint=runs/demo --vocab_file=data/demo/vocab.txt --output_dir=runs/demo_export
 
-writes into <output_dir> (--format, all three by default):
+writes into <output_dir> (--format; by default all three for BERT, huggingface and saved_model for a modern
+model, which has no google layout):
     google        bert_model.ckpt.*, bert_config.json, vocab.txt: google-research/bert's names (run_classifier.py,
                   NVIDIA's scripts, Hugging Face's google-checkpoint converter, run/finetune.py --init_checkpoint)
     huggingface   config.json, model.safetensors, vocab.txt, tokenizer.json, tokenizer_config.json,
                   special_tokens_map.json and a README.md model card: transformers'
-                  BertForPreTraining.from_pretrained(<output_dir>), AutoTokenizer.from_pretrained(...) (fast),
-                  pipeline("fill-mask", model=<output_dir>)
+                  BertForPreTraining.from_pretrained(<output_dir>) (a modern model: ModernBertForMaskedLM),
+                  AutoTokenizer.from_pretrained(...) (fast), pipeline("fill-mask", model=<output_dir>)
     saved_model   saved_model/: serve(input_ids, input_mask, segment_ids) -> sequence_output, pooled_output
 
 --checkpoint takes any format run/pretrain.py --init_checkpoint takes (this project's checkpoints, google's,
@@ -28,10 +29,11 @@ flags.DEFINE_string("checkpoint", None, "Checkpoint: a pre-training run's folder
 flags.DEFINE_string("bert_config_file", "", "Default: the checkpoint's own (bert_config.json / config.json).")
 flags.DEFINE_string("vocab_file", None, "The vocab.txt the model was pre-trained with.")
 flags.DEFINE_bool("do_lower_case", True, "Written to tokenizer_config.json (Hugging Face).")
-flags.DEFINE_list("format", list(FORMATS), f"Formats to write: any of {', '.join(FORMATS)}.")
+flags.DEFINE_list("format", [], f"Formats to write: any of {', '.join(FORMATS)} (default: every format the "
+                  f"model has).")
 flags.DEFINE_string("output_dir", None, "Export folder.")
 flags.mark_flags_as_required(["checkpoint", "vocab_file", "output_dir"])
-flags.register_validator("format", lambda v: bool(v) and set(v) <= set(FORMATS),
+flags.register_validator("format", lambda v: set(v) <= set(FORMATS),
                          f"--format takes a comma-separated subset of {', '.join(FORMATS)}")
 FLAGS = flags.FLAGS
 
@@ -53,19 +55,23 @@ def main(_):
     model = modeling.BertPretrainer(config, use_nsp="nsp/kernel" in ckpt.weights)
     checkpoint_formats.assign(model, ckpt)
     weights = checkpoint_formats.to_numpy(model)
-    if "google" in FLAGS.format and config.hidden_act not in ("gelu", "relu", "tanh"):
+    formats = FLAGS.format or [f for f in FORMATS if not (config.modern and f == "google")]
+    if "google" in formats and config.modern:
+        raise ConfigError(f"--format=google: {ckpt.path} is a modern (ModernBERT) model, which google-research/bert's "
+                          f"layout cannot hold: use --format=huggingface,saved_model")
+    if "google" in formats and config.hidden_act not in ("gelu", "relu", "tanh"):
         raise ConfigError(f"hidden_act {config.hidden_act!r} has no google-research/bert name: "
                           f"use --format=huggingface,saved_model")
     written = []
-    if "google" in FLAGS.format:
+    if "google" in formats:
         written += checkpoint_formats.write_google(weights, config, FLAGS.vocab_file, FLAGS.output_dir)
-    if "huggingface" in FLAGS.format:
+    if "huggingface" in formats:
         written += checkpoint_formats.write_huggingface(weights, config, FLAGS.vocab_file, FLAGS.output_dir,
                                                         FLAGS.do_lower_case)
         heads = "masked-LM and next-sentence heads" if "nsp/kernel" in weights else "a masked-LM head"
         written.append(model_card.write(FLAGS.output_dir, config, sum(v.size for v in weights.values()), ckpt.path,
                                         ckpt.format, "python " + shlex.join(sys.argv), heads))
-    if "saved_model" in FLAGS.format:
+    if "saved_model" in formats:
         tf.saved_model.save(classification.ServingEncoder(model.encoder), os.path.join(FLAGS.output_dir, "saved_model"))
         written.append("saved_model/")
     print(f"exported {ckpt.path} ({ckpt.format}) -> {FLAGS.output_dir}: {', '.join(sorted(set(written)))}")

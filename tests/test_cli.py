@@ -32,7 +32,7 @@ def test_shared_flags_take_their_choices_and_defaults_from_the_library():
     cli.define_input_format(flag_values=values)
     cli.define_comm(CommConfig(fp16_allreduce=True), flag_values=values)
     values(["prog", "--fusion_threshold_mb=0", "--allreduce_every_micro_batch"])
-    assert values["model_preset"].parser.enum_values == list(modeling.PRESETS)
+    assert values["model_preset"].parser.enum_values == list(modeling.PRESET_NAMES)
     assert values["input_format"].parser.enum_values == ["auto", *corpus.FORMATS]
     assert cli.comm_config(values) == CommConfig(fp16_allreduce=True, allreduce_every_micro_batch=True,
                                                  fusion_threshold_mb=0.0)

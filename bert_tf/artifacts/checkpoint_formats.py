@@ -11,11 +11,10 @@ them into a `BertPretrainer` or `BertEncoder`; `write_google` / `write_huggingfa
     mlm_output_bias                cls/predictions/output_bias                 cls.predictions.bias
     nsp/kernel [H, 2]              cls/seq_relationship/output_weights [2, H]  cls.seq_relationship.weight [2, H]
 
-Hugging Face stores every linear weight as [out, in] (torch.nn.Linear), so all kernels are
-transposed; its MLM decoder is tied to the word embeddings and is not stored separately.
-Activation names differ: google's (and our) "gelu" is the tanh approximation, which Hugging Face
-calls "gelu_new" / "gelu_pytorch_tanh"; Hugging Face's "gelu" is the exact erf form (our "gelu_exact").
-"""
+Hugging Face stores linear weights as [out, in] (torch.nn.Linear): kernels are transposed; its MLM
+decoder is tied to the word embeddings, not stored. Our (and google's) "gelu" is the tanh form, Hugging
+Face's "gelu_new"; its "gelu" is the exact erf form (our "gelu_exact"). A modern model (architecture
+"modern") reads and writes ModernBERT's layout instead: artifacts/modernbert_format.py."""
 from __future__ import annotations
 
 import dataclasses
@@ -25,7 +24,7 @@ import os
 import numpy as np
 
 from bert_tf import ConfigError
-from bert_tf.artifacts import checkpointing
+from bert_tf.artifacts import checkpointing, modernbert_format
 from bert_tf.model import modeling
 
 OURS, GOOGLE, HUGGINGFACE = "bert_tf", "google", "huggingface"
@@ -36,7 +35,8 @@ GOOGLE_CONFIG, GOOGLE_CKPT = "bert_config.json", "bert_model.ckpt"
 _ACT_TO_HF = {"gelu": "gelu_new", "gelu_exact": "gelu", "relu": "relu", "tanh": "tanh"}
 _ACT_FROM_HF = {"gelu_new": "gelu", "gelu_pytorch_tanh": "gelu", "gelu": "gelu_exact", "relu": "relu",
                 "tanh": "tanh"}
-HEADS = {"MLM head": ("mlm_",), "NSP head": ("nsp/",)}
+# Parts a checkpoint may lack (initialised at random): ModernBERT's masked-LM export has no pooler.
+HEADS = {"MLM head": ("mlm_",), "NSP head": ("nsp/",), "pooler": ("encoder/pooler",)}
 
 
 # ------------------------------------------------------------------------------------------ names
@@ -83,15 +83,14 @@ def _table(num_layers):
 
 def _count_layers(names, pattern):
     """Layers present in `names`, where pattern.format(i) is a name layer i has."""
-    n = 0
-    while pattern.format(n) in names:
-        n += 1
-    return n
+    return next(n for n in range(len(names) + 1) if pattern.format(n) not in names)
 
 
 def _layers(weights):
-    """Encoder layers in a dict keyed by our names (a Checkpoint's weights)."""
-    return _count_layers(weights, "encoder/layers/{}/attention/query/kernel")
+    """Encoder layers in a dict keyed by our names (a Checkpoint's weights), of either architecture."""
+    return max(_count_layers(weights, "encoder/layers/{}/attention/query/kernel"),
+               _count_layers(weights, "encoder/layers/{}/attention/qkv/kernel"))
+
 
 
 def _first_mismatch(expected: dict, weights: dict):
@@ -106,9 +105,11 @@ def _first_mismatch(expected: dict, weights: dict):
 def config_from_huggingface(values: dict, path: str) -> modeling.BertConfig:
     """Hugging Face config.json (already parsed) -> BertConfig; `path` names the file in errors."""
     model_type = values.get("model_type")
+    if model_type == "modernbert":
+        return modernbert_format.config_from_huggingface(values, path)
     if model_type != "bert":
-        raise ConfigError(f"{path}: model_type is {model_type!r}, expected 'bert' (only BERT checkpoints "
-                         f"can be read; RoBERTa, ALBERT and others have other weights and tokenizers)")
+        raise ConfigError(f"{path}: model_type is {model_type!r}, expected 'bert' or 'modernbert' (RoBERTa, "
+                         f"ALBERT and others have other weights and tokenizers)")
     act = values.get("hidden_act", "gelu")
     if act not in _ACT_FROM_HF:
         raise ConfigError(f"{path}: hidden_act {act!r} is not supported; expected one of {sorted(_ACT_FROM_HF)}")
@@ -259,6 +260,9 @@ def _read_huggingface(directory):
         tensors = load_file(weights_file)
     except (SafetensorError, OSError, ValueError, KeyError) as e:
         raise ConfigError(f"{weights_file} is not a readable safetensors file (a truncated download?): {e}") from None
+    if config.modern:
+        return Checkpoint(HUGGINGFACE, directory, weights_file, config, config_file,
+                          modernbert_format.from_huggingface(tensors, config, weights_file))
     # A bare BertModel is saved without the "bert." prefix; old checkpoints say gamma/beta for LayerNorm.
     if not any(k.startswith("bert.") for k in tensors):
         tensors = {("bert." + k if not k.startswith("cls.") else k): v for k, v in tensors.items()}
@@ -282,6 +286,8 @@ def _read_huggingface(directory):
 
 def expected_shapes(config: modeling.BertConfig, use_nsp=True) -> dict:
     """{our name: shape} of a BertPretrainer with `config` (the table above, without building a model)."""
+    if config.modern:
+        return modernbert_format.expected_shapes(config, use_nsp)
     c = config
     h, i, v = c.hidden_size, c.intermediate_size, c.vocab_size
     shapes = {"encoder/embeddings/word_embeddings": [v, h],
@@ -307,6 +313,7 @@ def _check_consistent(ckpt: Checkpoint):
     if ckpt.config is None:
         return
     where = f"{ckpt.config_file} disagrees with the tensors in {ckpt.weights_file}"
+    modernbert_format.check_architecture(ckpt.config, ckpt.weights, where)
     layers = _layers(ckpt.weights)
     if layers != ckpt.config.num_hidden_layers:
         raise ConfigError(f"{where}: num_hidden_layers is {ckpt.config.num_hidden_layers} but the checkpoint "
@@ -332,6 +339,7 @@ def check_fits(ckpt: Checkpoint, config: modeling.BertConfig, vocab_size: int | 
                          f"with the checkpoint")
     if word.shape[1] != config.hidden_size:
         raise ConfigError(f"{src}: hidden size {word.shape[1]} but the model's hidden_size is {config.hidden_size}")
+    modernbert_format.check_architecture(config, w, src)
     layers = _layers(w)
     if layers != config.num_hidden_layers:
         raise ConfigError(f"{src}: {layers} layers but the model has num_hidden_layers={config.num_hidden_layers}")
@@ -362,7 +370,7 @@ def assign(model, ckpt: Checkpoint, log=print) -> list:
     mismatches, missing, _ = checkpointing.shape_differences(
         {name: var.shape for name, var in variables.items()},
         {name: value.shape for name, value in ckpt.weights.items()})
-    encoder_missing = [n for n in missing if n.startswith("encoder/")]
+    encoder_missing = [n for n in missing if n.startswith("encoder/") and not n.startswith("encoder/pooler")]
     if encoder_missing:
         raise ConfigError(f"{ckpt.weights_file}: {len(encoder_missing)} encoder weights missing, "
                          f"e.g. {encoder_missing[0]}")
@@ -392,6 +400,9 @@ def write_google(weights: dict, config: modeling.BertConfig, vocab_file: str, ou
     import tensorflow as tf
 
     from bert_tf.data import tokenization
+    if config.modern:
+        raise ConfigError("a modern model has no google-research/bert layout: export it with "
+                          "--format=huggingface (transformers' ModernBertForMaskedLM) or saved_model")
     if config.hidden_act not in ("gelu", "relu", "tanh"):
         raise ConfigError(f"hidden_act {config.hidden_act!r} has no google-research/bert name (its 'gelu' is "
                          f"the tanh form): export this model with --format=huggingface,saved_model")
@@ -417,11 +428,13 @@ def write_huggingface(weights: dict, config: modeling.BertConfig, vocab_file: st
     from safetensors.numpy import save_file
 
     from bert_tf.data import tokenization
-    tensors = {}
-    for ours, _, hf, kind in _tables(weights):
-        if ours in weights:
-            value = weights[ours]
-            tensors[hf] = np.ascontiguousarray(value.T if kind in ("kernel", "nsp") else value, dtype=np.float32)
+    modernbert_format.check_architecture(config, weights, "the model")
+    if config.modern:    # ModernBertForMaskedLM's names and config
+        tensors = modernbert_format.to_huggingface(weights, config)
+        hf_config = hf_config or modernbert_format.config_to_huggingface(config, tokenization.load_vocab(vocab_file).index)
+    else:
+        tensors = {hf: np.ascontiguousarray(weights[ours].T if kind in ("kernel", "nsp") else weights[ours], np.float32)
+                   for ours, _, hf, kind in _tables(weights) if ours in weights}
     os.makedirs(out_dir, exist_ok=True)
     tmp = os.path.join(out_dir, HF_WEIGHTS + ".tmp")
     save_file(tensors, tmp, metadata={"format": "pt"})  # transformers refuses files without this metadata
@@ -429,6 +442,7 @@ def write_huggingface(weights: dict, config: modeling.BertConfig, vocab_file: st
     with open(os.path.join(out_dir, HF_CONFIG), "w") as f:
         json.dump(hf_config or config_to_huggingface(config), f, indent=2, sort_keys=True)
         f.write("\n")
-    return [HF_CONFIG, HF_WEIGHTS] + tokenization.write_tokenizer_files(vocab_file, out_dir, do_lower_case,
-                                                                        config.max_position_embeddings)
+    return [HF_CONFIG, HF_WEIGHTS] + tokenization.write_tokenizer_files(
+        vocab_file, out_dir, do_lower_case, config.max_position_embeddings,
+        model_input_names=["input_ids", "attention_mask"] if config.modern else None)
 

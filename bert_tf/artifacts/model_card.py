@@ -38,16 +38,21 @@ def render(config: modeling.BertConfig, parameters: int, source: str, source_for
            export_command: str, heads: str) -> str:
     """The model card's markdown (Hugging Face's YAML header first)."""
     from bert_tf.artifacts import checkpoint_formats
-    activation = checkpoint_formats.config_to_huggingface(config)["hidden_act"]   # the name config.json has
-    lines = ["---", "library_name: transformers", "pipeline_tag: fill-mask", "tags:", "- bert", "- bert_tf",
-             "- fill-mask", "---", "", f"# BERT ({config.num_hidden_layers} layers, hidden {config.hidden_size})", "",
-             f"A BERT encoder with {heads}, exported by bert_tf from `{source}` ({source_format} format).", "",
-             "## Architecture", "",
+    from bert_tf.artifacts import modernbert_format
+    # the names config.json has
+    activation = (modernbert_format.ACT_TO_HF if config.modern else checkpoint_formats._ACT_TO_HF)[config.hidden_act]
+    family = "ModernBERT" if config.modern else "BERT"
+    lines = ["---", "library_name: transformers", "pipeline_tag: fill-mask", "tags:", f"- {family.lower()}",
+             "- bert_tf", "- fill-mask", "---", "",
+             f"# {family} ({config.num_hidden_layers} layers, hidden {config.hidden_size})", "",
+             f"A {family} encoder with {heads}, exported by bert_tf from `{source}` ({source_format} format).", "",
+             "## Architecture", "", *([modernbert_format.describe(config) + ".", ""] if config.modern else []),
              "| layers | hidden | attention heads | intermediate | activation | vocabulary | positions | parameters |",
              "|---|---|---|---|---|---|---|---|",
              f"| {config.num_hidden_layers} | {config.hidden_size} | {config.num_attention_heads} | "
              f"{config.intermediate_size} | {activation} | {config.vocab_size} | "
-             f"{config.max_position_embeddings} | {parameters:,} |", "", "## Training", ""]
+             f"{'RoPE' if config.modern else config.max_position_embeddings} | {parameters:,} |", "",
+             "## Training", ""]
     if "checkpoint" not in info:
         lines.append("Not recorded here: this export was converted from a checkpoint bert_tf did not train.")
     else:
@@ -77,10 +82,13 @@ def render(config: modeling.BertConfig, parameters: int, source: str, source_for
     lines += ["", "## Use", "", "```python", "from transformers import pipeline",
               "fill = pipeline(\"fill-mask\", model=\"path/to/this/folder\")",
               "fill(\"The capital of France is [MASK].\")", "```", "",
-              "tokenizer.json is the fast (Rust) tokenizer; it gives google-research/bert's ids. bert_tf's tests "
-              "run this pipeline with transformers' TensorFlow classes.", "",
-              "The folder also holds google-research/bert's files when exported with them "
-              "(bert_model.ckpt.*, bert_config.json).", "", "## Export", "", f"`{export_command}`", ""]
+              "tokenizer.json is the fast (Rust) tokenizer; it gives google-research/bert's ids.", "",
+              *(["transformers' ModernBertForMaskedLM (PyTorch) reads this folder; bert_tf's tests check its "
+                 "config.json with transformers' ModernBertConfig and its logits with a NumPy forward pass "
+                 "written from transformers' modeling_modernbert.py."] if config.modern else
+                ["bert_tf's tests run this pipeline with transformers' TensorFlow classes. The folder also holds "
+                 "google-research/bert's files when exported with them (bert_model.ckpt.*, bert_config.json)."]),
+              "", "## Export", "", f"`{export_command}`", ""]
     return "\n".join(lines)
 
 

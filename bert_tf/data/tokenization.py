@@ -223,15 +223,19 @@ SPECIAL_TOKENS_MAP = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "
                       "mask_token": "[MASK]"}
 
 
-def write_tokenizer_files(vocab_file, out_dir, do_lower_case=True, model_max_length=512) -> list:
+def write_tokenizer_files(vocab_file, out_dir, do_lower_case=True, model_max_length=512,
+                          model_input_names=None) -> list:
     """vocab.txt, tokenizer.json (the fast tokenizer: huggingface_tokenizer), tokenizer_config.json and
-    special_tokens_map.json: what AutoTokenizer, text-embeddings-inference and transformers.js look for."""
+    special_tokens_map.json: what AutoTokenizer, text-embeddings-inference and transformers.js look for.
+    model_input_names: what the tokenizer returns (ModernBERT takes no token_type_ids)."""
     os.makedirs(out_dir, exist_ok=True)
     vocab = load_vocab(vocab_file)
     huggingface_tokenizer(vocab, do_lower_case).save(os.path.join(out_dir, "tokenizer.json"))
     # strip_accents None: follow do_lower_case, as google's tokenizer does.
     config = {"tokenizer_class": "BertTokenizer", "do_lower_case": do_lower_case, "strip_accents": None,
               "tokenize_chinese_chars": True, "model_max_length": model_max_length, **SPECIAL_TOKENS_MAP}
+    if model_input_names:
+        config["model_input_names"] = model_input_names
     for name, content in (("tokenizer_config.json", config), ("special_tokens_map.json", SPECIAL_TOKENS_MAP)):
         with open(os.path.join(out_dir, name), "w") as f:
             json.dump(content, f, indent=2)

@@ -18,96 +18,13 @@ leaves the rank out, so an update draws the same masks at any rank count).
 """
 from __future__ import annotations
 
-import dataclasses
-import json
 import math
 
 import tensorflow as tf
 
 from bert_tf import ConfigError
-
-# (layers, hidden) of the standard sizes: google-research/bert and Turc et al. 2019.
-# heads = hidden / 64, intermediate = 4 * hidden.
-PRESETS = {
-    "tiny": (2, 128),
-    "mini": (4, 256),
-    "small": (4, 512),
-    "medium": (8, 512),
-    "base": (12, 768),
-    "large": (24, 1024),
-}
-
-
-@dataclasses.dataclass
-class BertConfig:
-    """Hyper-parameters of a BERT model; reads and writes google's `bert_config.json`."""
-
-    vocab_size: int = 30522
-    hidden_size: int = 768
-    num_hidden_layers: int = 12
-    num_attention_heads: int = 12
-    intermediate_size: int = 3072
-    hidden_act: str = "gelu"
-    hidden_dropout_prob: float = 0.1
-    attention_probs_dropout_prob: float = 0.1
-    max_position_embeddings: int = 512
-    type_vocab_size: int = 2
-    initializer_range: float = 0.02
-
-    def __post_init__(self):
-        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                     "intermediate_size", "max_position_embeddings", "type_vocab_size"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ConfigError(f"BertConfig.{name} must be a positive integer, got {value!r}")
-        if self.hidden_size % self.num_attention_heads:
-            raise ConfigError(
-                f"BertConfig.hidden_size ({self.hidden_size}) is not divisible by "
-                f"num_attention_heads ({self.num_attention_heads})")
-        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise ConfigError(f"BertConfig.{name} must be in [0, 1), got {getattr(self, name)!r}")
-        if self.hidden_act not in ACTIVATIONS:
-            raise ConfigError(f"BertConfig.hidden_act {self.hidden_act!r} is not one of {sorted(ACTIVATIONS)}")
-        if self.initializer_range <= 0:
-            raise ConfigError(f"BertConfig.initializer_range must be positive, got {self.initializer_range!r}")
-
-    @classmethod
-    def preset(cls, name: str, **overrides) -> "BertConfig":
-        if name not in PRESETS:
-            raise ConfigError(f"unknown model preset {name!r}; valid presets: {', '.join(PRESETS)}")
-        layers, hidden = PRESETS[name]
-        values = dict(num_hidden_layers=layers, hidden_size=hidden,
-                      num_attention_heads=hidden // 64, intermediate_size=4 * hidden)
-        values.update(overrides)
-        return cls(**values)
-
-    @classmethod
-    def from_dict(cls, values: dict) -> "BertConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ConfigError(f"unknown BertConfig fields {unknown}; known: {sorted(known)}")
-        return cls(**values)
-
-    @classmethod
-    def from_json_file(cls, path: str) -> "BertConfig":
-        try:
-            with tf.io.gfile.GFile(path) as f:
-                values = json.load(f)
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"{path} is not valid JSON: {e}") from None
-        try:
-            return cls.from_dict(values)
-        except (TypeError, ValueError) as e:
-            raise ConfigError(f"{path}: {e}") from None
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    def to_json_file(self, path: str) -> None:
-        with tf.io.gfile.GFile(path, "w") as f:
-            f.write(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
+from bert_tf.model.config import (  # noqa: F401  (modeling.BertConfig: the names users know)
+    ACTIVATION_NAMES, ARCHITECTURES, MODERN_PRESETS, PRESET_NAMES, PRESETS, BertConfig)
 
 
 def _float32(activation):
@@ -124,6 +41,7 @@ ACTIVATIONS = {
     "relu": tf.nn.relu,
     "tanh": tf.tanh,
 }
+assert tuple(ACTIVATIONS) == ACTIVATION_NAMES
 
 
 def _init(shape, stddev):
@@ -149,35 +67,43 @@ def dropout(x, rate, seed, training):
 
 
 class Dense(tf.Module):
-    """y = x @ kernel + bias over the last axis; kernel [in, out]."""
+    """y = x @ kernel + bias over the last axis; kernel [in, out]; bias=False: no bias (modern)."""
 
-    def __init__(self, in_dim, out_dim, stddev, name=None):
+    def __init__(self, in_dim, out_dim, stddev, name=None, bias=True):
         super().__init__(name=name)
         self.kernel = tf.Variable(_init([in_dim, out_dim], stddev), name="kernel")
-        self.bias = tf.Variable(tf.zeros([out_dim]), name="bias")
+        if bias:
+            self.bias = tf.Variable(tf.zeros([out_dim]), name="bias")
+
+    def _add_bias(self, y):
+        return y + tf.cast(self.bias, y.dtype) if hasattr(self, "bias") else y
 
     def __call__(self, x):
         # A 2-D matmul on [B*S, in]: einsum's gradient with "..." took 100x longer on CPU.
         kernel = tf.cast(self.kernel, x.dtype)
         if x.shape.rank == 2:
-            return tf.matmul(x, kernel) + tf.cast(self.bias, x.dtype)
+            return self._add_bias(tf.matmul(x, kernel))
         lead = tf.shape(x)[:-1]
-        y = tf.matmul(tf.reshape(x, [-1, kernel.shape[0]]), kernel) + tf.cast(self.bias, x.dtype)
+        y = self._add_bias(tf.matmul(tf.reshape(x, [-1, kernel.shape[0]]), kernel))
         return tf.reshape(y, tf.concat([lead, [kernel.shape[1]]], 0))
 
 
 class LayerNorm(tf.Module):
-    """LayerNorm over the last axis, computed in float32, returned in the input dtype."""
+    """LayerNorm over the last axis, computed in float32, returned in the input dtype; bias=False: no beta."""
 
-    def __init__(self, dim, name=None):
+    def __init__(self, dim, name=None, eps=1e-12, bias=True):
         super().__init__(name=name)
+        self.eps = eps
         self.gamma = tf.Variable(tf.ones([dim]), name="gamma")
-        self.beta = tf.Variable(tf.zeros([dim]), name="beta")
+        if bias:
+            self.beta = tf.Variable(tf.zeros([dim]), name="beta")
 
     def __call__(self, x):
         x32 = tf.cast(x, tf.float32)
         mean, var = tf.nn.moments(x32, axes=[-1], keepdims=True)
-        y = (x32 - mean) * tf.math.rsqrt(var + 1e-12) * self.gamma + self.beta
+        y = (x32 - mean) * tf.math.rsqrt(var + self.eps) * self.gamma
+        if hasattr(self, "beta"):
+            y = y + self.beta
         return tf.cast(y, x.dtype)
 
 
@@ -193,7 +119,7 @@ class Embeddings(tf.Module):
             _init([c.max_position_embeddings, c.hidden_size], c.initializer_range), name="position_embeddings")
         self.token_type_embeddings = tf.Variable(
             _init([c.type_vocab_size, c.hidden_size], c.initializer_range), name="token_type_embeddings")
-        self.layer_norm = LayerNorm(c.hidden_size)
+        self.layer_norm = LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
         self.dropout_rate = c.hidden_dropout_prob
 
     def __call__(self, input_ids, segment_ids, dtype, seed, training, position_ids=None):
@@ -232,12 +158,28 @@ class SelfAttention(tf.Module):
             return tf.reshape(t, [batch, seq, self.num_heads, self.head_size])
 
         q, k, v = heads(self.query(x)), heads(self.key(x)), heads(self.value(x))
-        scores = tf.einsum("bsnd,btnd->bnst", q, k)                            # [B, N, S, S]
-        scores = tf.cast(scores, tf.float32) * (1.0 / math.sqrt(self.head_size)) + mask_bias
-        probs = tf.cast(tf.nn.softmax(scores, axis=-1), x.dtype)
-        probs = dropout(probs, self.dropout_rate, seed, training)
-        context = tf.einsum("bnst,btnd->bsnd", probs, v)                       # [B, S, N, D]
+        context = attend(q, k, v, mask_bias, self.dropout_rate, seed, training)
         return self.output(tf.reshape(context, [batch, seq, self.num_heads * self.head_size]))
+
+
+def attend(q, k, v, mask_bias, dropout_rate, seed, training):
+    """Scaled dot-product attention: q, k, v [B, S, N, D], mask_bias [B, 1, S or 1, S] -> [B, S, N, D];
+    scores and softmax in float32."""
+    scores = tf.einsum("bsnd,btnd->bnst", q, k)                                # [B, N, S, S]
+    scores = tf.cast(scores, tf.float32) * (1.0 / math.sqrt(q.shape[-1])) + mask_bias
+    probs = tf.cast(tf.nn.softmax(scores, axis=-1), q.dtype)
+    probs = dropout(probs, dropout_rate, seed, training)
+    return tf.einsum("bnst,btnd->bsnd", probs, v)
+
+
+def mask_bias_for(input_mask, instance_ids=None):
+    """0 where a query may attend to a key, -10000 where not: [B, 1, 1, S] from the padding mask, or
+    [B, 1, S, S] for packed rows (instance_ids [B, S]: 1, 2, ... per instance, 0 for padding; each
+    instance attends to itself only; padding attends to padding, whose outputs nothing reads)."""
+    if instance_ids is None:
+        return (1.0 - tf.cast(input_mask, tf.float32))[:, tf.newaxis, tf.newaxis, :] * -10000.0
+    same = tf.equal(instance_ids[:, :, tf.newaxis], instance_ids[:, tf.newaxis, :])
+    return (1.0 - tf.cast(same, tf.float32))[:, tf.newaxis] * -10000.0
 
 
 class TransformerLayer(tf.Module):
@@ -247,10 +189,10 @@ class TransformerLayer(tf.Module):
         super().__init__(name=name)
         c = config
         self.attention = SelfAttention(c)
-        self.attention_layer_norm = LayerNorm(c.hidden_size)
+        self.attention_layer_norm = LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
         self.intermediate = Dense(c.hidden_size, c.intermediate_size, c.initializer_range)
         self.output = Dense(c.intermediate_size, c.hidden_size, c.initializer_range)
-        self.output_layer_norm = LayerNorm(c.hidden_size)
+        self.output_layer_norm = LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
         self.activation = ACTIVATIONS[c.hidden_act]
         self.dropout_rate = c.hidden_dropout_prob
 
@@ -295,17 +237,9 @@ class BertEncoder(tf.Module):
             seed = tf.zeros([2], tf.int32)
         seeds = tf.random.experimental.stateless_split(seed, len(self.layers) + 1)
         x = self.embeddings(input_ids, segment_ids, dtype, seeds[0], training, position_ids)
-        if instance_ids is None:
-            mask_bias = (1.0 - tf.cast(input_mask, tf.float32))[:, tf.newaxis, tf.newaxis, :] * -10000.0
-        else:
-            # [B, S, S]; padding (id 0) attends to padding, whose outputs nothing reads
-            same = tf.equal(instance_ids[:, :, tf.newaxis], instance_ids[:, tf.newaxis, :])
-            mask_bias = (1.0 - tf.cast(same, tf.float32))[:, tf.newaxis] * -10000.0
-        for i, layer in enumerate(self.layers):
-            if self.recompute == "layer" and training:
-                x = tf.recompute_grad(lambda h, layer=layer, s=seeds[i + 1]: layer(h, mask_bias, s, training))(x)
-            else:
-                x = layer(x, mask_bias, seeds[i + 1], training)
+        mask_bias = mask_bias_for(input_mask, instance_ids)
+        x = run_layers(self.layers, x, seeds[1:], self.recompute == "layer" and training,
+                       lambda layer, h, s: layer(h, mask_bias, s, training))
         return x, self.pool(x)
 
     def pool(self, sequence_output, positions=None):
@@ -316,12 +250,31 @@ class BertEncoder(tf.Module):
         return tf.tanh(self.pooler(tf.gather(sequence_output, positions, batch_dims=1)))
 
 
+def run_layers(layers, x, seeds, recompute, call):
+    """x through `layers` (call(layer, x, seed)); recompute: each layer again in the backward pass."""
+    for i, layer in enumerate(layers):
+        if recompute:
+            x = tf.recompute_grad(lambda h, layer=layer, s=seeds[i]: call(layer, h, s))(x)
+        else:
+            x = call(layer, x, seeds[i])
+    return x
+
+
+def encoder(config: BertConfig, recompute="none"):
+    """The encoder of config.architecture: BertEncoder or modern.ModernEncoder (the same call and pool)."""
+    if config.modern:
+        from bert_tf.model import modern
+        return modern.ModernEncoder(config, recompute=recompute)
+    return BertEncoder(config, recompute=recompute)
+
+
 class BertPretrainer(tf.Module):
     """The encoder plus the masked-LM and next-sentence heads, and their losses.
 
     The masked-LM head runs only at the P masked positions: the sequence output is
     gathered to [B, P, H] before the dense transform and the [H, V] output projection,
-    which is tied to the word embeddings.
+    which is tied to the word embeddings. The modern head is the same without the biases of its
+    dense and norm (ModernBertPredictionHead; the decoder keeps its bias).
     """
 
     def __init__(self, config: BertConfig, use_nsp: bool = True, name=None, recompute="none"):
@@ -329,9 +282,11 @@ class BertPretrainer(tf.Module):
         c = config
         self.config = config
         self.use_nsp = use_nsp
-        self.encoder = BertEncoder(config, recompute=recompute)
-        self.mlm_transform = Dense(c.hidden_size, c.hidden_size, c.initializer_range)
-        self.mlm_layer_norm = LayerNorm(c.hidden_size)
+        self.encoder = encoder(config, recompute=recompute)
+        # ModernBERT draws the head's dense with its output-projection std
+        std = c.initializer_range / math.sqrt(2.0 * c.num_hidden_layers) if c.modern else c.initializer_range
+        self.mlm_transform = Dense(c.hidden_size, c.hidden_size, std, bias=not c.modern)
+        self.mlm_layer_norm = LayerNorm(c.hidden_size, eps=c.layer_norm_eps, bias=not c.modern)
         self.mlm_output_bias = tf.Variable(tf.zeros([c.vocab_size]), name="mlm_output_bias")
         self.activation = ACTIVATIONS[c.hidden_act]
         if use_nsp:
@@ -389,6 +344,13 @@ def check_features_fit(config: BertConfig, max_seq_length: int, vocab_size: int 
         raise ConfigError(
             f"--max_seq_length={max_seq_length} exceeds the model's max_position_embeddings "
             f"({config.max_position_embeddings})")
+    if config.modern and config.global_attn_every_n_layers > 1 and config.num_hidden_layers > 1 \
+            and config.local_attention // 2 >= max_seq_length - 1:
+        raise ConfigError(
+            f"the model's sliding window (local_attention={config.local_attention}: keys within "
+            f"{config.local_attention // 2} tokens) spans the whole --max_seq_length={max_seq_length}: its local "
+            f"layers would attend globally; use local_attention < {2 * (max_seq_length - 1)} or "
+            f"global_attn_every_n_layers=1")
     if vocab_size is not None and vocab_size > config.vocab_size:
         raise ConfigError(
             f"the vocabulary has {vocab_size} tokens but the model's vocab_size is {config.vocab_size}: "

@@ -102,7 +102,7 @@ class BertClassifier(tf.Module):
         if regression and num_labels != 1:
             raise ValueError(f"a regression head has 1 output, not {num_labels}")
         self.config, self.regression = config, regression
-        self.encoder = modeling.BertEncoder(config)
+        self.encoder = modeling.encoder(config)
         self.classifier = modeling.Dense(config.hidden_size, num_labels, config.initializer_range)
         self.dropout_rate = config.hidden_dropout_prob
 

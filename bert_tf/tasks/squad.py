@@ -216,7 +216,7 @@ class BertSpanExtractor(tf.Module):
     def __init__(self, config: modeling.BertConfig, name=None):
         super().__init__(name=name)
         self.config = config
-        self.encoder = modeling.BertEncoder(config)
+        self.encoder = modeling.encoder(config)
         self.span = modeling.Dense(config.hidden_size, 2, config.initializer_range)
 
     def logits(self, features, dtype=tf.float32, seed=None, training=False):

@@ -26,7 +26,7 @@ class PretrainConfig(training.TrainConfig):
     seed: int = knob(12345, "Seed for initialisation, data order and dropout.")
     # model and data
     model_preset: str = knob("base", "Standard model size (google-research/bert and Turc et al. 2019).",
-                             choices=modeling.PRESETS)
+                             choices=modeling.PRESET_NAMES)
     bert_config_file: str = knob("", "google-format bert_config.json (instead of a preset).")
     vocab_file: str = knob("", "WordPiece vocab.txt; its size sets the model's vocab_size for presets.")
     do_lower_case: bool = knob(True, "Tokeniser lower-cases (must match the data).")

@@ -1,0 +1,204 @@
+"""The modern architecture (ModernBERT's: model/modern.py) and its Hugging Face layout
+(artifacts/modernbert_format.py), checked against an independent NumPy ModernBertForMaskedLM
+(tests/modernbert_reference.py, itself checked once against transformers' PyTorch model: docs/results.md)
+and against transformers' own ModernBertConfig."""
+import json
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from safetensors.numpy import load_file, save_file
+
+import bert_reference
+import modernbert_reference as ref
+from bert_tf import ConfigError
+from bert_tf.artifacts import checkpoint_formats as cf
+from bert_tf.artifacts import checkpointing, modernbert_format
+from bert_tf.model import modeling
+
+# Four layers, global in 0 and 3 (every third), a window of +-4 tokens: at 20 tokens it matters.
+CONFIG = modeling.BertConfig.preset("modern-tiny", vocab_size=120, hidden_size=64, num_attention_heads=4,
+                                    num_hidden_layers=4, intermediate_size=96, local_attention=8)
+
+
+def perturbed_model(config=CONFIG, seed=0, use_nsp=False):
+    """A modern BertPretrainer with every variable random (norm scales near 1, not 1): a weight read into
+    the wrong place, or ignored, changes the outputs."""
+    model = modeling.BertPretrainer(config, use_nsp=use_nsp)
+    r = np.random.RandomState(seed)
+    for name, var in sorted(checkpointing.module_variables(model).items()):
+        scale = 1.0 if "word_embeddings" in name else 0.5 / np.sqrt(var.shape[0]) if len(var.shape) == 2 else 0.1
+        var.assign(((1.0 if name.endswith("gamma") else 0.0) + scale * r.randn(*var.shape)).astype(np.float32))
+    return model
+
+
+def batch(seq=20, vocab=120, seed=1):
+    """ids [3, seq] and a padding mask (row 1 padded from 13, row 2 from 6)."""
+    r = np.random.RandomState(seed)
+    ids = r.randint(5, vocab, (3, seq)).astype(np.int32)
+    mask = np.ones_like(ids)
+    mask[1, 13:] = 0
+    mask[2, 6:] = 0
+    return ids, mask
+
+
+def our_logits(model, ids, mask, position_ids=None):
+    """Masked-LM logits at every position [B, S, V] and the sequence output [B, S, H]."""
+    seq, _ = model.encoder(tf.constant(ids), tf.constant(mask), tf.zeros_like(ids),
+                           position_ids=None if position_ids is None else tf.constant(position_ids))
+    every = tf.broadcast_to(tf.range(ids.shape[1])[None], ids.shape)
+    return model.mlm_logits(seq, every).numpy(), seq.numpy()
+
+
+@pytest.fixture(scope="module")
+def vocab_file(tmp_path_factory):
+    return bert_reference.write_vocab(str(tmp_path_factory.mktemp("vocab") / "vocab.txt"), size=CONFIG.vocab_size)
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory, vocab_file):
+    model = perturbed_model()
+    out = tmp_path_factory.mktemp("modern_hf")
+    written = cf.write_huggingface(cf.to_numpy(model), CONFIG, vocab_file, str(out))
+    return model, out, written
+
+
+def max_diff(a, b, mask):
+    real = mask.astype(bool)
+    return float(np.abs(np.asarray(a, np.float64) - b)[real].max())
+
+
+def test_the_export_gives_the_numpy_modernbert_s_logits(exported):
+    model, out, _ = exported
+    tensors, config = load_file(str(out / "model.safetensors")), json.load(open(out / "config.json"))
+    ids, mask = batch()
+    ours, sequence = our_logits(model, ids, mask)
+    theirs = ref.mlm_logits(tensors, config, ids, mask)
+    diff, hidden = max_diff(ours, theirs, mask), max_diff(sequence, ref.last_hidden_state(tensors, config, ids, mask), mask)
+    print(f"modern export vs the NumPy ModernBertForMaskedLM: max abs diff logits {diff:.2e} (logits up to "
+          f"{np.abs(theirs).max():.1f}), last hidden state {hidden:.2e}")
+    assert diff <= 1e-4 and hidden <= 1e-4
+    # the window is in effect: the same weights with every layer global give other logits
+    wide = ref.mlm_logits(tensors, {**config, "global_attn_every_n_layers": 1}, ids, mask)
+    assert max_diff(wide, theirs, mask) > 1e-2
+
+
+def test_a_modernbert_checkpoint_imports_with_the_numpy_modernbert_s_logits(tmp_path, vocab_file, exported):
+    """The other direction, from tensors made by the reference (not by our export)."""
+    config = json.load(open(exported[1] / "config.json"))
+    tensors = ref.random_weights(config, seed=5)
+    save_file(tensors, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    json.dump(config, open(tmp_path / "config.json", "w"))
+    ckpt = cf.read(str(tmp_path))
+    assert ckpt.format == cf.HUGGINGFACE and ckpt.config.to_dict() == CONFIG.to_dict()
+    model = modeling.BertPretrainer(ckpt.config, use_nsp=False)
+    assert cf.assign(model, ckpt, log=lambda *_: None) == ["pooler"]      # the MLM export has no classifier head
+    ids, mask = batch(seed=2)
+    diff = max_diff(our_logits(model, ids, mask)[0], ref.mlm_logits(tensors, config, ids, mask), mask)
+    print(f"imported ModernBERT tensors vs the NumPy ModernBertForMaskedLM: max abs diff {diff:.2e}")
+    assert diff <= 1e-4
+
+
+def test_the_export_has_modernbert_s_names_shapes_and_config(exported):
+    import transformers  # the oracle (requirements-dev.txt): missing, the test fails, not skips
+    _, out, written = exported
+    tensors = load_file(str(out / "model.safetensors"))
+    config = json.load(open(out / "config.json"))
+    expected = ref.random_weights(config)       # the names and shapes the reference read from modeling_modernbert.py
+    assert {k: v.shape for k, v in tensors.items()} == {k: v.shape for k, v in expected.items()}
+    hf = transformers.AutoConfig.from_pretrained(str(out))
+    assert type(hf) is transformers.ModernBertConfig
+    known = set(transformers.ModernBertConfig().to_dict()) | {"architectures"}
+    assert set(config) <= known, set(config) - known
+    for key, value in config.items():
+        assert getattr(hf, key) == value, key
+    assert not any(getattr(hf, f) for f in ("norm_bias", "attention_bias", "mlp_bias", "classifier_bias"))
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(out))
+    assert tokenizer("w1 w2")["input_ids"] == [101, 105, 106, 102]
+    assert set(tokenizer("w1 w2")) == {"input_ids", "attention_mask"}    # ModernBERT takes no token types
+    assert set(written) >= {"config.json", "model.safetensors", "tokenizer.json", "vocab.txt"}
+
+
+def test_export_then_import_gives_identical_weights_and_outputs(exported):
+    model, out, _ = exported
+    ckpt = cf.read(str(out))
+    back = modeling.BertPretrainer(ckpt.config, use_nsp=False)
+    cf.assign(back, ckpt, log=lambda *_: None)
+    before, after = cf.to_numpy(model), cf.to_numpy(back)
+    assert all(np.array_equal(before[k], after[k]) for k in before if not k.startswith("encoder/pooler"))
+    ids, mask = batch(seed=3)
+    assert np.array_equal(our_logits(model, ids, mask)[0], our_logits(back, ids, mask)[0])
+
+
+def test_packed_rows_give_each_instance_what_it_has_alone():
+    """Two instances in one row (per-instance positions into RoPE, the block-diagonal mask and the window)."""
+    model = perturbed_model(modeling.BertConfig.preset("modern-tiny", vocab_size=120, hidden_size=64,
+                                                       num_attention_heads=4, num_hidden_layers=3, local_attention=4))
+    r = np.random.RandomState(4)
+    a, b = r.randint(5, 120, 7), r.randint(5, 120, 9)
+    row = np.zeros((1, 20), np.int32)
+    row[0, :16] = np.concatenate([a, b])
+    positions = np.zeros_like(row)
+    positions[0, :16] = np.concatenate([np.arange(7), np.arange(9)])
+    instance = np.zeros_like(row)
+    instance[0, :16] = [1] * 7 + [2] * 9
+    packed, _ = model.encoder(tf.constant(row), tf.constant((instance > 0).astype(np.int32)), tf.zeros_like(row),
+                              position_ids=tf.constant(positions), instance_ids=tf.constant(instance))
+    for start, tokens in ((0, a), (7, b)):
+        alone = np.zeros((1, 20), np.int32)
+        alone[0, :len(tokens)] = tokens
+        mask = (alone > 0).astype(np.int32)
+        single, _ = model.encoder(tf.constant(alone), tf.constant(mask), tf.zeros_like(alone))
+        diff = np.abs(packed.numpy()[0, start:start + len(tokens)] - single.numpy()[0, :len(tokens)]).max()
+        assert diff < 1e-5, (start, diff)
+
+
+def test_expected_shapes_are_the_models_variables_and_the_classic_json_is_google_s():
+    for config in (CONFIG, modeling.BertConfig.preset("tiny", vocab_size=120)):
+        for nsp in (True, False):
+            variables = checkpointing.module_variables(modeling.BertPretrainer(config, use_nsp=nsp))
+            assert {k: list(v.shape) for k, v in variables.items()} == cf.expected_shapes(config, nsp)
+    google = {"vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+              "hidden_act", "hidden_dropout_prob", "attention_probs_dropout_prob", "max_position_embeddings",
+              "type_vocab_size", "initializer_range"}
+    assert set(modeling.BertConfig.preset("base").to_dict()) == google
+    assert modeling.BertConfig.from_dict(CONFIG.to_dict()) == CONFIG
+
+
+def test_the_modern_encoder_fine_tunes_from_the_export(exported):
+    from bert_tf.tasks import classification
+    _, out, _ = exported
+    classifier = classification.BertClassifier(CONFIG, 3)
+    said = []
+    ckpt = cf.read(str(out))
+    cf.check_fits(ckpt, CONFIG, CONFIG.vocab_size)
+    cf.assign(classifier.encoder, ckpt, log=said.append)
+    assert said == [f"pooler not in {out / 'model.safetensors'}: initialised at random"]
+    ids, mask = batch(seed=6)
+    features = {"input_ids": tf.constant(ids), "input_mask": tf.constant(mask), "segment_ids": tf.zeros_like(ids),
+                "label": tf.constant([0, 1, 2])}
+    with tf.GradientTape() as tape:
+        loss = classifier(features, training=True)["loss"]
+    grads = tape.gradient(loss, classifier.trainable_variables)
+    assert all(g is not None and np.abs(tf.convert_to_tensor(g).numpy()).max() > 0 for g in grads)
+
+
+def test_bad_modern_input_is_named(tmp_path, exported, vocab_file):
+    with pytest.raises(ConfigError, match="even head size"):
+        modeling.BertConfig.preset("modern-tiny", hidden_size=66, num_attention_heads=6)
+    with pytest.raises(ConfigError, match="local_attention=128.*--max_seq_length=64"):
+        modeling.check_features_fit(modeling.BertConfig.preset("modern-tiny"), 64)
+    modeling.check_features_fit(modeling.BertConfig.preset("modern-tiny", global_attn_every_n_layers=1), 64)
+    classic = cf.to_numpy(modeling.BertPretrainer(modeling.BertConfig.preset("tiny", vocab_size=120)))
+    with pytest.raises(ConfigError, match="'bert' model's but the config says architecture='modern'"):
+        cf.write_huggingface(classic, CONFIG, vocab_file, str(tmp_path / "x"))
+    with pytest.raises(ConfigError, match="no google-research/bert layout"):
+        cf.write_google(cf.to_numpy(exported[0]), CONFIG, vocab_file, str(tmp_path / "y"))
+    config = json.load(open(exported[1] / "config.json"))
+    bad = tmp_path / "biased"
+    bad.mkdir()
+    (bad / "model.safetensors").write_bytes((exported[1] / "model.safetensors").read_bytes())
+    json.dump({**config, "mlp_bias": True}, open(bad / "config.json", "w"))
+    with pytest.raises(ConfigError, match=f"{bad / 'config.json'}: mlp_bias"):
+        cf.read(str(bad))
+    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
