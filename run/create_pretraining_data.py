@@ -78,8 +78,10 @@ def main(_):
         with open(path + ".tmp", "w") as f:
             json.dump({"total": total, "per_rank": summaries}, f, indent=1)
         os.replace(path + ".tmp", path)
+        skipped = sum(s["skipped_pages"] for s in summaries)    # redirects, other namespaces, empty <doc>s
         print(f"documents {total['documents']}  sentences {total['sentences']}  tokens {total['tokens']}  "
-              f"UNK rate {total['unk_rate']:.4%}  lines with bad bytes {total['bad_bytes_lines']}")
+              f"UNK rate {total['unk_rate']:.4%}  lines with bad bytes {total['bad_bytes_lines']}"
+              + (f"  pages skipped {skipped} (redirects, other namespaces, docs without text)" if skipped else ""))
         if FLAGS.dedup_documents or FLAGS.dedup_lines:
             lines = (f"{total['repeated_lines_removed']} lines removed ({total['distinct_repeated_lines']} distinct "
                      f"lines seen >= {FLAGS.dedup_lines} times), {total['documents_emptied']} documents left empty"

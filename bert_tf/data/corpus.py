@@ -8,10 +8,14 @@ Formats (`FORMATS`):
   parquet    Parquet (Hugging Face datasets' shards, e.g. wikimedia/wikipedia): a row per document, its
              text in column `text_field`, optionally a title in `title_field` (the document's first sentence)
   arrow      a `datasets.save_to_disk` folder (state.json and its Arrow stream files), columns as parquet
+  wikiextractor  WikiExtractor's output: <doc id=... title=...> title, paragraphs </doc> (AA/wiki_00, ...);
+             the title line dropped (`title_field`: a <doc> attribute as the first sentence), a
+             paragraph per line (rules in `wikiextractor`); its --json output is jsonl
 
 `auto` picks parquet for *.parquet files, arrow for a folder with state.json, mediawiki for files that
-start with a <mediawiki> element, jsonl for files that start with "{" or are named *.jsonl / *.json
-(before .gz/.bz2/.zst), else sentences.
+start with a <mediawiki> element, wikiextractor for files that start with a <doc ...> line, jsonl for
+files that start with "{" or are named *.jsonl / *.json (before .gz/.bz2/.zst), else sentences.
+`expand_inputs` turns a folder without state.json into the WikiExtractor files under it.
 
 Text files may be plain, .gz, .bz2 or .zst (Zstandard, streamed across frames). Bytes that are not
 UTF-8 are replaced by U+FFFD and counted in `ReadStats.bad_bytes_lines`, never fatal. Nothing loads
@@ -19,15 +23,15 @@ a whole file: Parquet is read a row group at a time, Arrow a record batch at a t
 
 Ranks split the corpus by bytes (`plan_shares`): a rank reads only the documents that begin
 in its byte ranges (after a blank line for google format, at a line start for one document
-per line, at `<page>` for MediaWiki XML), reading at most compressed.READ_BUFFER bytes beyond its last
-document; a compressed file is read whole by one rank, except a Wikipedia multistream dump
-with its index beside it (`compressed.multistream_index`), whose bz2 streams are shared out; Parquet row groups
-and Arrow record batches are shared out the same way, whole, to the rank their first byte falls to. A document is
-named by its file and byte offset (in a compressed file read whole, by its number in the file;
-`read_share`), whatever the rank count.
+per line, at `<page>` for MediaWiki XML, at a `<doc` line for WikiExtractor), reading at most
+compressed.READ_BUFFER bytes beyond its last document; a compressed file is read whole by one rank,
+except a Wikipedia multistream dump with its index beside it (`compressed.multistream_index`), whose
+bz2 streams are shared out; Parquet row groups and Arrow record batches are shared out the same way,
+whole, to the rank their first byte falls to. A document is named by its file and byte offset (in a
+compressed file read whole, by its number in the file; `read_share`), whatever the rank count.
 
-Compressed files are read by `compressed`, Parquet and Arrow by `tables`, and text is cut into sentences
-by `sentences`.
+Compressed files are read by `compressed`, Parquet and Arrow by `tables`, WikiExtractor's <doc>s by
+`wikiextractor`, and text is cut into sentences by `sentences`.
 """
 from __future__ import annotations
 
@@ -36,10 +40,10 @@ import os
 import xml.etree.ElementTree as ET
 
 from bert_tf import ConfigError
-from bert_tf.data import compressed, tables
+from bert_tf.data import compressed, tables, wikiextractor
 from bert_tf.data.sentences import split_sentences, wiki_to_sentences
 
-FORMATS = ("sentences", "documents", "mediawiki", "jsonl", "parquet", "arrow")
+FORMATS = ("sentences", "documents", "mediawiki", "jsonl", "parquet", "arrow", "wikiextractor")
 TABLES = ("parquet", "arrow")           # columnar formats: a row per document, shared by row group / batch
 
 
@@ -49,10 +53,11 @@ class ReadStats:
     documents: int = 0
     sentences: int = 0
     bad_bytes_lines: int = 0    # lines with bytes that were not UTF-8 (replaced)
-    skipped_pages: int = 0      # MediaWiki: redirects and non-article namespaces
+    skipped_pages: int = 0      # MediaWiki: redirects and non-article namespaces; WikiExtractor: <doc>s without text
     bytes_read: int = 0         # bytes read from the files (compressed size for compressed files)
-    truncated_pages: int = 0    # MediaWiki: a <page> the file ends inside
-    bad_pages: int = 0          # MediaWiki: a <page> that is not valid XML
+    truncated_pages: int = 0    # MediaWiki: a <page> the file ends inside; WikiExtractor: a <doc> likewise
+    bad_pages: int = 0          # MediaWiki: a <page> that is not valid XML; WikiExtractor: a <doc> not closed
+    stray_text: int = 0         # WikiExtractor: runs of lines outside <doc> ... </doc> (ignored)
     bad_json_lines: int = 0     # JSON lines: not JSON, or without a string in the text field
     bad_rows: int = 0           # Parquet/Arrow: a row whose text is not a string (null)
     truncated_files: int = 0    # compressed files that end before their end-of-stream marker
@@ -61,7 +66,7 @@ class ReadStats:
 
 def detect_format(path):
     """parquet (*.parquet), arrow (a save_to_disk folder), mediawiki when the file starts with a <mediawiki>
-    element, jsonl for JSON lines, else sentences."""
+    element, wikiextractor when it starts with a <doc ...> line, jsonl for JSON lines, else sentences."""
     if os.path.isdir(path):
         return "arrow"
     if path.endswith(".parquet"):
@@ -73,12 +78,16 @@ def detect_format(path):
             head = b""
     if head.startswith(b"<mediawiki") or b"<mediawiki " in head[:200]:
         return "mediawiki"
+    if wikiextractor.is_doc_line(head):
+        return "wikiextractor"
     stem = next((path[:-len(c)] for c in compressed.COMPRESSED if path.endswith(c)), path)
     return "jsonl" if head.startswith(b"{") or stem.endswith((".jsonl", ".json")) else "sentences"
 
 
 def expand_inputs(patterns):
-    """Globs (each may end in @FORMAT) -> sorted file list; a pattern matching nothing is an error."""
+    """Globs (each may end in @FORMAT) -> sorted file list; a pattern matching nothing is an error. A folder
+    stays a folder when it holds a state.json (datasets.save_to_disk), else it becomes the WikiExtractor files
+    under it (AA/wiki_00, ...; wikiextractor.folder_files)."""
     import glob
     files = set()
     for pattern in patterns:
@@ -86,8 +95,16 @@ def expand_inputs(patterns):
         matches = glob.glob(path)
         if not matches:
             raise ConfigError(f"input file not found: {path}")
-        files.update(m + ("@" + fmt if fmt else "") for m in matches)
+        files.update(f for m in matches for f in _folder_inputs(m + ("@" + fmt if fmt else "")))
     return sorted(files)
+
+
+def _folder_inputs(spec):
+    """[spec], or for a folder without state.json (and not given @arrow) the WikiExtractor files under it."""
+    path, _, fmt = spec.partition("@")
+    if not os.path.isdir(path) or fmt == "arrow" or os.path.isfile(os.path.join(path, "state.json")):
+        return [spec]
+    return [f + ("@" + fmt if fmt else "") for f in wikiextractor.folder_files(path)]
 
 
 def read_documents(paths, fmt="auto", stats: ReadStats | None = None, text_field="text", title_field=""):
@@ -114,7 +131,8 @@ class Share:
     text_field: str = "text"       # jsonl, parquet, arrow: the field holding a document's text
     streams: tuple = ()            # multistream .bz2: offsets of the bz2 streams in [start, end), from the index;
                                    # parquet / arrow: the numbers of the row groups / record batches
-    title_field: str = ""          # parquet, arrow: a column whose value becomes the first sentence
+    title_field: str = ""          # parquet, arrow: a column whose value becomes the first sentence;
+                                   # wikiextractor: an attribute of the <doc> tag, likewise
 
 
 TEXT_SAMPLE = 1 << 16      # bytes of a text file looked at before reading it: is it text at all?
@@ -154,7 +172,7 @@ def plan_shares(specs, size, fmt="auto", text_field="text", title_field=""):
     their first byte falls to.
     """
     files = []
-    for spec in specs:
+    for spec in (expanded for given in specs for expanded in _folder_inputs(given)):
         path, _, own_fmt = spec.partition("@")
         if not os.path.exists(path):
             raise ConfigError(f"input file not found: {path}")
@@ -190,12 +208,13 @@ def plan_shares(specs, size, fmt="auto", text_field="text", title_field=""):
                                            tuple(names[j] for j in mine), title_field))
         elif compressed.is_compressed(path) or n == 0:
             owner = max(r for r in range(size) if bounds[r] <= offset) if n else 0
-            shares[owner].append(Share(i, path, kind, text_field=text_field))
+            shares[owner].append(Share(i, path, kind, text_field=text_field, title_field=title_field))
         else:
             for r in range(size):
                 lo, hi = max(bounds[r], offset) - offset, min(bounds[r + 1], offset + n) - offset
                 if lo < hi:
-                    shares[r].append(Share(i, path, kind, lo, hi if hi < n else None, text_field))
+                    shares[r].append(Share(i, path, kind, lo, hi if hi < n else None, text_field,
+                                           title_field=title_field))
         offset += n
     return shares
 
@@ -208,7 +227,8 @@ def read_share(shares, stats: ReadStats | None = None):
     for share in shares:
         stats.files += 1
         reader = {"sentences": _sentences_in_range, "documents": _lines_in_range, "mediawiki": _pages_in_range,
-                  "jsonl": _json_in_range, "parquet": tables.table_rows, "arrow": tables.table_rows}[share.fmt]
+                  "jsonl": _json_in_range, "parquet": tables.table_rows, "arrow": tables.table_rows,
+                  "wikiextractor": _docs_in_range}[share.fmt]
         for number, (offset, doc) in enumerate(reader(share, stats)):
             doc = [s for s in (s.strip() for s in doc) if s]
             if doc:
@@ -279,6 +299,11 @@ def _json_in_range(share, stats):
             stats.problems.append(f"{share.path}: {where}: no string field {share.text_field!r}")
             continue
         yield offset, split_sentences(text)
+
+
+def _docs_in_range(share, stats):
+    """WikiExtractor: the <doc>s whose `<doc` line starts in the range (rules in bert_tf/data/wikiextractor.py)."""
+    return wikiextractor.documents_in_range(share, _lines_from(share, stats), stats, lambda raw: _decode(raw, stats))
 
 
 def _previous_line_is_blank(path, line_start):
