@@ -123,6 +123,13 @@ def check_file(path, max_seq_length, max_predictions_per_seq, dynamic_masking=Fa
     return count
 
 
+def records_masked(path) -> bool:
+    """Whether the first record of `path` holds masked-LM positions (masked when it was written)."""
+    for raw in tf.data.TFRecordDataset(path).take(1):
+        return "masked_lm_positions" in tf.train.Example.FromString(raw.numpy()).features.feature
+    return False
+
+
 def full_sentence_folders(files):
     """The folders of `files` whose summary.json says they hold FULL-SENTENCES instances (no sentence pairs:
     run/create_pretraining_data.py --full_sentences)."""

@@ -20,7 +20,7 @@ def make_evaluator(trainer, cfg, eval_files, vocab_size, masker, pack=0):
 
     def evaluate(step):
         dataset = input_pipeline.make_dataset(eval_files, cfg.micro_batch_size, cfg.max_seq_length,
-                                              cfg.max_predictions_per_seq, distributed.rank(), distributed.size(),
+                                              cfg.eval_predictions(), distributed.rank(), distributed.size(),
                                               training=False, masker=masker, pack=pack)
         if cfg.eval_batches:
             dataset = dataset.take(cfg.eval_batches)

@@ -17,18 +17,27 @@ import re
 import tensorflow as tf
 
 OPTIMIZERS = ("lamb", "adamw")
+# polynomial: decay from the end of warmup (google-research/bert's). wsd: warmup-stable-decay, the
+# peak held until the last `decay_fraction` of the run, then the decay (the trapezoid of Xing et al.
+# 2018 and Hägele et al. 2024, ModernBERT's): a run whose length is only known late (a time budget)
+# decays at its end, and the stable phase learns at the peak rate meanwhile.
+SCHEDULES = ("polynomial", "wsd")
 # Variable names (not module paths) carry the role: LayerNorm has gamma/beta, every Dense a bias.
 NO_DECAY = re.compile(r"(gamma|beta|bias)")
 
 
-def learning_rate(step, peak, warmup_steps, total_steps, power=1.0, end=0.0):
+def learning_rate(step, peak, warmup_steps, total_steps, power=1.0, end=0.0, decay_fraction=None):
     """Linear warmup to `peak`, then polynomial decay to `end` at `total_steps` (numbers, or tensors
-    that change while training: a time budget's predicted step count)."""
+    that change while training: a time budget's predicted step count). decay_fraction (wsd): the
+    decay starts that share of total_steps before the end (not before warmup ends); until then, `peak`."""
     step = tf.cast(step, tf.float32)
     warmup_steps = tf.cast(warmup_steps, tf.float32)
+    total_steps = tf.cast(total_steps, tf.float32)
     warmup = tf.maximum(warmup_steps, 1.0)
-    decay_steps = tf.maximum(tf.cast(total_steps, tf.float32) - warmup_steps, 1.0)
-    progress = tf.clip_by_value((step - warmup_steps) / decay_steps, 0.0, 1.0)
+    decay_start = warmup_steps if decay_fraction is None else \
+        tf.maximum(warmup_steps, total_steps * (1.0 - decay_fraction))
+    decay_steps = tf.maximum(total_steps - decay_start, 1.0)
+    progress = tf.clip_by_value((step - decay_start) / decay_steps, 0.0, 1.0)
     decayed = (peak - end) * (1.0 - progress) ** power + end
     return tf.where(step < warmup_steps, peak * step / warmup, decayed)
 

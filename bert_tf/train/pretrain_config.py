@@ -37,6 +37,13 @@ class PretrainConfig(training.TrainConfig):
     dynamic_masking: bool = knob(False, "Records are unmasked; mask in tf.data each epoch.")
     masked_lm_prob: float = knob(0.15, "Masking rate for --dynamic_masking.")
     mlm_only: bool = knob(False, "Train the masked-LM objective only (no next-sentence head).")
+    eval_max_predictions_per_seq: int = knob(0, "Masked positions per sequence of --eval_files (0: "
+                                             "--max_predictions_per_seq). Masked evaluation records keep their masks "
+                                             "under --dynamic_masking: a recipe training at 30% is evaluated on the "
+                                             "same 15% masks as one at 15%.")
+    batch_warmup_sequences: int = knob(0, "Grow the global batch from one micro-batch per rank to --accumulation_steps "
+                                       "over the first N sequences, the learning rate x sqrt(batch / full batch) "
+                                       "(train/batch_warmup.py). Static runs.")
     # batches: a micro-batch is one rank's forward/backward; the global batch is one update over all ranks
     micro_batch_size: int = knob(32, "Sequences per rank per forward/backward pass (one micro-batch). The global "
                                  "batch is --micro_batch_size x --accumulation_steps x ranks.")
@@ -155,7 +162,24 @@ class PretrainConfig(training.TrainConfig):
             raise ConfigError("--global_batch_size is for --elastic; otherwise the global batch is --micro_batch_size x "
                               "--accumulation_steps x ranks")
         distributed.cpu_threads(1, self.intra_op_threads, self.inter_op_threads, cores=1)   # its value checks
+        self._check_recipe()
 
+
+    def eval_predictions(self) -> int:
+        return self.eval_max_predictions_per_seq or self.max_predictions_per_seq
+
+    def _check_recipe(self):
+        """The budget recipe's knobs (configs/budget_*.flags)."""
+        if self.batch_warmup_sequences < 0 or self.eval_max_predictions_per_seq < 0:
+            raise ConfigError("--batch_warmup_sequences and --eval_max_predictions_per_seq must be >= 0")
+        if self.batch_warmup_sequences and self.elastic:
+            raise ConfigError("--batch_warmup_sequences with --elastic: not supported (an elastic update's batch is "
+                              "--global_batch_size, whatever the rank count)")
+        if self.batch_warmup_sequences and self.accumulation_steps < 2 and not self.fit_micro_batch:
+            raise ConfigError(f"--batch_warmup_sequences={self.batch_warmup_sequences} needs --accumulation_steps > 1: "
+                              f"the batch grows by micro-batches, from one per rank to --accumulation_steps")
+        if self.dynamic_masking and not 0 < self.masked_lm_prob < 1:
+            raise ConfigError(f"--masked_lm_prob must be in (0, 1), got {self.masked_lm_prob}")
 
     def resolved(self) -> "PretrainConfig":
         """A new config with --fit_micro_batch applied (this one, what was asked, is unchanged): the

@@ -133,12 +133,13 @@ class IntervalMetrics:
         total = distributed.sum_across_ranks(self.sums)
         seconds = time.time() - self.start
         n = self.updates
+        trained = float(total.get("sequences", n * self.global_batch_size))   # a batch warmup's updates are smaller
         record = {"kind": "train", "step": step,
                   **{key: value / (n * size) for key, value in total.items() if training.is_mean(key)},
                   **metrics.accuracies(total),
                   "learning_rate": float(out["learning_rate"]), "grad_norm": float(out["grad_norm"]),
-                  "sequences_per_second": n * self.global_batch_size / seconds,
-                  "tokens_per_second": n * self.global_batch_size * self.seq_length / seconds,
+                  "sequences_per_second": trained / seconds,
+                  "tokens_per_second": trained * self.seq_length / seconds,
                   **({"sequences": int(total["sequences"])} if "sequences" in total else {}),  # trained, all ranks
                   # non-padding tokens (and with packed rows, instances) over all ranks
                   **{f"{key}_per_second": float(total[key]) / seconds for key in ("useful_tokens", "instances")
@@ -223,9 +224,10 @@ def train(cfg: PretrainConfig, job: Job, mode: Mode) -> dict:
         # Host synchronisation only at log, save and stop-check steps and elastic commits (GPU kernels run ahead).
         logging = (step + 1) % cfg.log_interval == 0 or step + 1 == cfg.total_steps
         saving = (step + 1) % cfg.save_interval == 0
+        batch = _update_batch(job, step)
         out = trainer.train_step(job.input.next_update(), timed=logging)
         step += 1
-        samples_seen += job.global_batch
+        samples_seen += batch
         interval.add(out, trainer.timing)
         stopping = mode.stop_requested(step, logging or saving)
         if plan is not None and (logging or saving or step % cfg.stop_check_interval == 0) \
@@ -262,6 +264,20 @@ def train(cfg: PretrainConfig, job: Job, mode: Mode) -> dict:
             mode.commit(step, samples_seen)
     return _finish(cfg, job, mode, step, last, stopped_early=step < cfg.total_steps and not why if plan is None
                    else not spent, evaluate=step == cfg.total_steps or spent)
+
+
+def _update_batch(job: Job, step) -> int:
+    """The global batch of update `step` (0-based); with a batch warmup (static runs), its micro-batches
+    set on the trainer and the input first (train/batch_warmup.py)."""
+    warmup, trainer = job.warmup, job.trainer
+    if warmup is None:
+        return job.global_batch
+    k = warmup.micro_batches(step)
+    if k != trainer.rank_micro_batches:
+        trainer.set_share(range(k), k, trainer.allreduce_fn, trainer.seed_offset)
+        job.input.rank_micro_batches = k
+        trainer.batch_lr_scale.assign(warmup.lr_scale(step))
+    return k * warmup.per_micro_batch
 
 
 def _begin(job: Job, mode: Mode, step):

@@ -17,7 +17,7 @@ from bert_tf.artifacts import checkpoint_formats, checkpointing, metrics
 from bert_tf.data import input_pipeline, tokenization
 from bert_tf.dist import device, distributed
 from bert_tf.model import modeling
-from bert_tf.train import budget, divergence, elastic, training
+from bert_tf.train import batch_warmup, budget, divergence, elastic, training
 from bert_tf.train.evaluation import make_evaluator
 from bert_tf.train.pretrain_config import PretrainConfig
 
@@ -47,6 +47,7 @@ class Inputs:
     eval_files: list
     pack: int = 0                        # instances per row of the training records (0: google's layout)
     eval_pack: int = 0                   # the same for the evaluation records
+    eval_masked: bool = False            # masked evaluation records under --dynamic_masking: read as they are
 
 
 def check_inputs(cfg: PretrainConfig, rank: int, size: int) -> Inputs:
@@ -77,10 +78,13 @@ def check_inputs(cfg: PretrainConfig, rank: int, size: int) -> Inputs:
                           f"full_sentences), which have no sentence pairs to train next-sentence prediction on: "
                           f"pre-train them with --mlm_only")
     eval_files = input_pipeline.list_files(cfg.eval_files) if cfg.eval_files else []
-    eval_pack = input_pipeline.check_files(eval_files, cfg.max_seq_length, cfg.max_predictions_per_seq,
-                                           cfg.dynamic_masking) if eval_files else 0
+    # masked held-out records keep their masks under --dynamic_masking: recipes that mask at other rates
+    # are compared on the same masked tokens (the budget recipe trains at 30%, evaluates at 15%)
+    eval_masked = bool(eval_files) and cfg.dynamic_masking and input_pipeline.records_masked(eval_files[0])
+    eval_pack = input_pipeline.check_files(eval_files, cfg.max_seq_length, cfg.eval_predictions(),
+                                           cfg.dynamic_masking and not eval_masked) if eval_files else 0
     return Inputs(tokenizer=tokenizer, init=init, model_config=model_config, train_files=train_files,
-                  eval_files=eval_files, pack=pack, eval_pack=eval_pack)
+                  eval_files=eval_files, pack=pack, eval_pack=eval_pack, eval_masked=eval_masked)
 
 
 def dry_run(cfg: PretrainConfig, log=print):
@@ -125,6 +129,26 @@ class Job:
     run_record: dict         # metrics.jsonl's first record: what was asked and what it resolved to
     guard: divergence.Guard  # spikes and runs of skipped updates -> rollbacks
     clock: budget.RunClock   # training seconds over restarts (a checkpoint item)
+    warmup: batch_warmup.BatchWarmup | None = None   # --batch_warmup_sequences (static runs)
+
+
+def make_batch_warmup(cfg: PretrainConfig, size: int, say) -> batch_warmup.BatchWarmup | None:
+    """--batch_warmup_sequences on `size` ranks, checked against the run's length."""
+    if not cfg.batch_warmup_sequences:
+        return None
+    warmup = batch_warmup.BatchWarmup(cfg.batch_warmup_sequences, cfg.accumulation_steps, cfg.micro_batch_size, size)
+    if len(warmup.steps) >= cfg.total_steps:
+        raise ConfigError(f"--batch_warmup_sequences={cfg.batch_warmup_sequences} takes {len(warmup.steps)} updates on "
+                          f"{size} rank(s), not fewer than --total_steps={cfg.total_steps}: a batch warmup longer than "
+                          f"the run")
+    rate = cfg.ladder_sequences_per_second * size      # the ladder's seq/s: how long the warmup's sequences take
+    if cfg.time_budget_hours and rate and cfg.batch_warmup_sequences / rate >= cfg.time_budget_hours * 3600:
+        raise ConfigError(f"--time_budget_hours={cfg.time_budget_hours:g} is too short for "
+                          f"--batch_warmup_sequences={cfg.batch_warmup_sequences}: at the ladder's "
+                          f"{cfg.ladder_sequences_per_second:g} seq/s per rank on {size} rank(s) the warmup alone takes "
+                          f"{cfg.batch_warmup_sequences / rate / 3600:.2f} h")
+    say(warmup.describe())
+    return warmup
 
 
 def describe(cfg: PretrainConfig, size: int, global_batch: int) -> str:
@@ -158,6 +182,7 @@ def build(cfg: PretrainConfig, say, asked: PretrainConfig | None = None) -> Job:
     # --init_checkpoint and the records are read and checked before anything is written to --checkpoint_dir.
     inputs = check_inputs(cfg, rank, size)
     tokenizer, init, model_config = inputs.tokenizer, inputs.init, inputs.model_config
+    warmup = make_batch_warmup(cfg, size, say)
     global_batch = cfg.global_batch_size if cfg.elastic else cfg.micro_batch_size * cfg.accumulation_steps * size
     say(describe(cfg, size, global_batch))
     warning = device.precision_warning(cfg.precision, device.device_description(), cfg.ladder_sequences_per_second)
@@ -169,7 +194,7 @@ def build(cfg: PretrainConfig, say, asked: PretrainConfig | None = None) -> Job:
     trainer = training.Trainer(model, cfg, allreduce=distributed.make_gradient_allreduce(cfg.comm.fp16_allreduce),
                                seed_offset=rank)
     parameters = sum(int(tf.size(v)) for v in trainer.variables)
-    say(f"model: {model_config.num_hidden_layers} layers, hidden {model_config.hidden_size}, "
+    say(f"model: {model_config.architecture}, {model_config.num_hidden_layers} layers, hidden {model_config.hidden_size}, "
         f"vocab {model_config.vocab_size}, {parameters / 1e6:.2f}M parameters")
 
     position = input_pipeline.InputPosition()
@@ -197,12 +222,14 @@ def build(cfg: PretrainConfig, say, asked: PretrainConfig | None = None) -> Job:
                   "command": "python " + shlex.join(sys.argv)}  # for the export's model card
     return Job(trainer=trainer, input=train_input, position=position, ckpts=ckpts,
                writer=metrics.MetricsWriter(cfg.checkpoint_dir, rank == 0, cfg.wandb_project, cfg.wandb_mode),
-               evaluate=make_evaluator(trainer, cfg, inputs.eval_files, len(tokenizer), masker, inputs.eval_pack),
+               evaluate=make_evaluator(trainer, cfg, inputs.eval_files, len(tokenizer),
+                                       None if inputs.eval_masked else masker, inputs.eval_pack),
                samples_seen=samples_seen, global_batch=global_batch, parameters=parameters,
                eval_files=inputs.eval_files, started_from_init=init is not None,
                checkpoint_extra={"global_batch": global_batch, "model_config": model_config.to_dict(),
                                  "vocab_size": len(tokenizer)},
-               run_record=run_record, guard=divergence.Guard(cfg.guard_config()), clock=clock)
+               run_record=run_record, guard=divergence.Guard(cfg.guard_config()), clock=clock,
+               warmup=warmup)
 
 
 def resume_input(cfg: PretrainConfig, inputs: Inputs, masker, position, samples_seen, step, say):

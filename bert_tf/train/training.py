@@ -94,6 +94,14 @@ class TrainConfig:
     warmup_steps: int = knob(0, "Linear warmup updates.")
     total_steps: int = knob(1000, "Optimizer updates in all.")
     decay_power: float = knob(1.0, "Polynomial decay power after warmup (1 = linear).")
+    schedule: str = knob("polynomial", "Learning rate after warmup: polynomial (decay from the end of warmup to "
+                         "--total_steps, google-research/bert's) or wsd (warmup-stable-decay: the peak held, then the "
+                         "decay over the last --decay_fraction of the run; with --time_budget_hours, of the predicted "
+                         "run).", choices=optimization.SCHEDULES)
+    decay_fraction: float = knob(0.2, "--schedule=wsd: the share of the run's updates spent decaying (0.2: "
+                                 "Hägele et al. 2024's cooldown).")
+    adam_beta2: float = knob(0.999, "Second-moment decay of AdamW and LAMB (0.98 in the budget recipes: RoBERTa, "
+                             "Liu et al. 2019, for stability at large batches; MosaicBERT, ModernBERT).")
     weight_decay: float = knob(0.01, "Decoupled weight decay (not on LayerNorm or biases).")
     clip_norm: float = knob(1.0, "Global-norm gradient clipping.")
     seed: int = knob(0, "Seed for initialisation, data order and dropout.")
@@ -117,6 +125,12 @@ class TrainConfig:
             raise ConfigError(f"warmup_steps ({self.warmup_steps}) must be in [0, total_steps={self.total_steps}]")
         if self.learning_rate <= 0:
             raise ConfigError(f"--learning_rate must be positive, got {self.learning_rate}")
+        if self.schedule not in optimization.SCHEDULES:
+            raise ConfigError(f"--schedule={self.schedule}: valid are {', '.join(optimization.SCHEDULES)}")
+        if not 0 < self.decay_fraction <= 1:
+            raise ConfigError(f"--decay_fraction must be in (0, 1], got {self.decay_fraction}")
+        if not 0 < self.adam_beta2 < 1:
+            raise ConfigError(f"--adam_beta2 must be in (0, 1), got {self.adam_beta2}")
 
 
 # XLA auto-clustering restricted to the ops TensorFlow calls fusible (element-wise, reductions, softmax,
@@ -150,13 +164,16 @@ class Trainer:
         # Process-wide in TensorFlow; set per trainer so each benchmark rung gets its own. No effect on CPUs.
         tf.config.experimental.enable_tensor_float_32_execution(config.tf32)
         self.variables = list(model.trainable_variables)
-        self.optimizer = optimization.Optimizer(self.variables, config.optimizer, config.weight_decay)
+        self.optimizer = optimization.Optimizer(self.variables, config.optimizer, config.weight_decay,
+                                                beta_2=config.adam_beta2)
         self.loss_scale = LossScale() if config.precision == "mixed_float16" else None
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         self.skipped_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="skipped_steps")
         # the divergence guard's view (not checkpointed): skips in a row, and its learning-rate scale
         self.consecutive_skips = tf.Variable(0, dtype=tf.int64, trainable=False, name="consecutive_skips")
         self.lr_scale = tf.Variable(1.0, dtype=tf.float32, trainable=False, name="lr_scale")
+        # a batch warmup's learning-rate factor for the update's smaller batch (train/batch_warmup.py)
+        self.batch_lr_scale = tf.Variable(1.0, dtype=tf.float32, trainable=False, name="batch_lr_scale")
         # the schedule's warmup and length in updates: the recipe's, or a time budget's prediction
         self.schedule = tf.Variable([float(config.warmup_steps), float(config.total_steps)], trainable=False,
                                     name="schedule")
@@ -206,6 +223,7 @@ class Trainer:
         for acc in self.accumulators:
             acc.assign(tf.zeros_like(acc))
         self._allreduce = tf.function(allreduce, jit_compile=False)   # Horovod's ops: never compiled
+        self.allreduce_fn = allreduce
         barrier = getattr(allreduce, "wait_for_ranks", None)
         self._wait_for_ranks = tf.function(barrier, jit_compile=False) if barrier else None
         self.indices, self.per_update, self.seed_offset = indices, per_update, seed_offset
@@ -279,8 +297,9 @@ class Trainer:
             grads = [g / self.loss_scale.scale for g in grads]
         grad_norm = optimization.global_norm(grads)
         finite = tf.math.is_finite(grad_norm)
-        lr = optimization.learning_rate(self.step, c.learning_rate, self.schedule[0], self.schedule[1],
-                                        c.decay_power) * self.lr_scale
+        lr = optimization.learning_rate(self.step, c.learning_rate, self.schedule[0], self.schedule[1], c.decay_power,
+                                        decay_fraction=c.decay_fraction if c.schedule == "wsd" else None)
+        lr = lr * self.lr_scale * self.batch_lr_scale
 
         def update():
             clipped, _ = tf.clip_by_global_norm(grads, c.clip_norm, use_norm=grad_norm)

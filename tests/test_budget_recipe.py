@@ -1,0 +1,140 @@
+"""The budget recipe's pieces (configs/budget_*.flags): the warmup-stable-decay schedule, the batch
+warmup, AdamW's beta2, dynamic masking at 30% evaluated on masked 15% records, on the modern model."""
+import json
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from bert_tf import ConfigError
+from bert_tf.train import batch_warmup, optimization, pretrain_config, pretraining
+
+
+def test_wsd_holds_the_peak_then_decays_over_the_last_fraction():
+    lr = lambda step, **kw: float(optimization.learning_rate(step, 1.0, 10, 100, **kw))
+    assert [lr(s, decay_fraction=0.2) for s in (0, 5, 10, 50, 80)] == [0.0, 0.5, 1.0, 1.0, 1.0]
+    assert lr(90, decay_fraction=0.2) == pytest.approx(0.5) and lr(100, decay_fraction=0.2) == 0.0
+    assert lr(50) == pytest.approx(50 / 90)               # polynomial: decaying from the end of warmup, as before
+    # a decay longer than the run after warmup starts where warmup ends
+    assert lr(10, decay_fraction=0.95) == 1.0 and lr(55, decay_fraction=0.95) == pytest.approx(0.5)
+
+
+def test_the_batch_warmup_grows_linearly_in_sequences_and_follows_from_the_step():
+    w = batch_warmup.BatchWarmup(sequences=40, accumulation_steps=4, micro_batch_size=2, ranks=2)
+    assert w.steps == [1, 1, 1, 2, 2, 3]                  # k = ceil(4 x seen / 40) at seen 0, 4, 8, 12, 20, 28
+    assert [w.micro_batches(s) for s in (0, 5, 6, 100)] == [1, 3, 4, 4]
+    assert [w.sequences_before(s) for s in (0, 3, 6, 7, 8)] == [0, 12, 40, 56, 72]
+    assert w.lr_scale(0) == pytest.approx(0.5) and w.lr_scale(6) == 1.0
+    assert "4 -> 16 sequences per update over the first 40 sequences (6 updates)" in w.describe()
+    assert batch_warmup.BatchWarmup(0, 1, 8, 1).steps == []
+
+
+def test_recipe_flags_are_checked_at_start():
+    base = dict(checkpoint_dir="x", vocab_file="v")
+    for overrides, message in [
+            (dict(batch_warmup_sequences=100, elastic=True, global_batch_size=64), "--batch_warmup_sequences with --elastic"),
+            (dict(batch_warmup_sequences=100), "needs --accumulation_steps > 1"),
+            (dict(dynamic_masking=True, masked_lm_prob=1.5), "--masked_lm_prob must be in"),
+            (dict(schedule="cosine"), "--schedule=cosine: valid are polynomial, wsd"),
+            (dict(decay_fraction=0.0), "--decay_fraction must be in"),
+            (dict(adam_beta2=1.0), "--adam_beta2 must be in")]:
+        with pytest.raises(ConfigError, match=message):
+            pretrain_config.PretrainConfig(**base, **overrides)
+
+
+def modern_config_file(folder, vocab_file):
+    """modern-tiny with a 32-token window (its 128 would span the tests' 64-token rows)."""
+    from bert_tf.model import modeling
+    path = folder / "modern_tiny.json"
+    size = sum(1 for _ in open(vocab_file))
+    modeling.BertConfig.preset("modern-tiny", vocab_size=size, local_attention=32).to_json_file(str(path))
+    return str(path)
+
+
+def _modern(tiny_data, folder, **overrides):
+    folder.mkdir(parents=True, exist_ok=True)
+    settings = dict(model_preset="", bert_config_file=modern_config_file(folder.parent, tiny_data["vocab_file"]),
+                    vocab_file=tiny_data["vocab_file"], train_files=tiny_data["train"],
+                    max_seq_length=64, max_predictions_per_seq=10, micro_batch_size=4, accumulation_steps=4,
+                    mlm_only=True, optimizer="adamw", adam_beta2=0.98, schedule="wsd", decay_fraction=0.3,
+                    learning_rate=2e-3, warmup_steps=2, total_steps=10, batch_warmup_sequences=40, log_interval=1,
+                    save_interval=100, checkpoint_dir=str(folder))
+    settings.update(overrides)
+    return pretrain_config.PretrainConfig(**settings)
+
+
+def _weights(folder):
+    from bert_tf.artifacts import checkpointing
+    reader = tf.train.load_checkpoint(checkpointing.latest_intact(str(folder)))
+    return {k: reader.get_tensor(k) for k in reader.get_variable_to_shape_map() if k.startswith("model/")}
+
+
+@pytest.mark.slow
+def test_a_modern_run_with_a_batch_warmup_resumed_mid_warmup_matches_an_uninterrupted_one(tiny_data, tmp_path,
+                                                                                        monkeypatch):
+    logs = []
+    _, last = pretraining.run(_modern(tiny_data, tmp_path / "whole"), log=logs.append)
+    train = [r for r in map(json.loads, open(tmp_path / "whole" / "metrics.jsonl")) if r["kind"] == "train"]
+    warmup = batch_warmup.BatchWarmup(40, 4, 4, 1)
+    assert [r["samples_seen"] for r in train] == [warmup.sequences_before(s) for s in range(1, 11)]
+    assert [r["sequences"] for r in train] == [4 * warmup.micro_batches(s) for s in range(10)]
+    assert any("model: modern, 2 layers" in line for line in logs)
+    assert any("batch warmup: 4 -> 16 sequences per update over the first 40 sequences" in line for line in logs)
+    # the learning rate: warmup over 2 updates, then the peak x sqrt(k / 4) while the batch grows, the peak
+    # held to update 7 (wsd, 30% decay), then the decay
+    scale = [np.sqrt(warmup.micro_batches(s) / 4) for s in range(10)]
+    expected = [float(optimization.learning_rate(s, 2e-3, 2, 10, decay_fraction=0.3)) * scale[s] for s in range(10)]
+    assert [r["learning_rate"] for r in train] == pytest.approx(expected, rel=1e-5)
+    assert train[-1]["mlm_loss"] < train[0]["mlm_loss"]
+
+    # stopped at update 4 (mid-warmup: the batch is 2 micro-batches there), then resumed: the same weights
+    monkeypatch.setattr(pretraining.Static, "stop_requested", lambda self, step, boundary: step == 4)
+    pretraining.run(_modern(tiny_data, tmp_path / "parts"), log=lambda *a: None)
+    monkeypatch.undo()
+    assert tf.train.latest_checkpoint(str(tmp_path / "parts")).endswith("ckpt-4")
+    pretraining.run(_modern(tiny_data, tmp_path / "parts"), log=lambda *a: None)
+    whole, parts = _weights(tmp_path / "whole"), _weights(tmp_path / "parts")
+    assert whole.keys() == parts.keys() and all(np.array_equal(whole[k], parts[k]) for k in whole)
+
+
+@pytest.fixture(scope="module")
+def unmasked_data(tmp_path_factory, corpus_dir):
+    """Unmasked, packed training rows (the budget recipe's) beside tiny_data-style masked eval records."""
+    from bert_tf.data import corpus, instances as ins, pretraining_data as pd, tokenization
+    root = tmp_path_factory.mktemp("unmasked")
+    inputs = [str(corpus_dir / "lee_background.cor") + "@documents"]
+    docs = list(corpus.read_documents(inputs))
+    vocab = tokenization.learn_vocab([s for d in docs for s in d], vocab_size=2000)
+    tokenization.write_vocab(vocab, str(root / "vocab.txt"))
+    tok = tokenization.Tokenizer(vocab)
+    pd.create_pretraining_data(inputs, "auto", tok, str(root / "train"),
+                               ins.InstanceConfig(max_seq_length=64, mask=False, pack=2, dupe_factor=1), num_shards=1)
+    pd.create_pretraining_data(inputs, "auto", tok, str(root / "eval"),
+                               ins.InstanceConfig(max_seq_length=64, max_predictions_per_seq=10, dupe_factor=1,
+                                                  random_seed=9), num_shards=1)
+    return root
+
+
+@pytest.mark.slow
+def test_dynamic_masking_at_30_percent_is_evaluated_on_the_masked_15_percent_records(unmasked_data, tmp_path):
+    logs = []
+    cfg = pretrain_config.PretrainConfig(
+        model_preset="", bert_config_file=modern_config_file(tmp_path, str(unmasked_data / "vocab.txt")),
+        vocab_file=str(unmasked_data / "vocab.txt"),
+        train_files=str(unmasked_data / "train" / "train-*"), eval_files=str(unmasked_data / "eval" / "train-*"),
+        max_seq_length=64, max_predictions_per_seq=24, eval_max_predictions_per_seq=10, dynamic_masking=True,
+        masked_lm_prob=0.3, mlm_only=True, micro_batch_size=4, total_steps=3, log_interval=1, eval_batches=3,
+        checkpoint_dir=str(tmp_path))
+    trainer, last = pretraining.run(cfg, log=logs.append)
+    evals = [r for r in map(json.loads, open(tmp_path / "metrics.jsonl")) if r["kind"] == "eval"]
+    assert evals[-1]["eval_sequences"] == 12 and any("model: modern" in line for line in logs)
+    # the evaluation read the records' own (15%) masks: the same accuracy, recomputed from them here
+    from bert_tf.data import input_pipeline
+    sums = {"mlm_correct": 0.0, "mlm_weight": 0.0}
+    files = [str(p) for p in sorted((unmasked_data / "eval").glob("train-*"))]
+    for features in input_pipeline.make_dataset(files, 4, 64, 10, 0, 1, training=False).take(3):
+        out = trainer.model(features)
+        for key in sums:
+            sums[key] += float(out[key])
+    assert sums["mlm_weight"] < 0.2 * 12 * 64          # 15% of the real tokens at most, not 30%
+    assert evals[-1]["eval_mlm_accuracy"] == pytest.approx(sums["mlm_correct"] / sums["mlm_weight"], abs=1e-6)
