@@ -7,9 +7,10 @@ and the server's submission files for the test sets.
     mpirun -np 2 python run/glue.py ...                          # data-parallel, like pre-training
 
 --data_dir is the folder the standard GLUE download writes (CoLA/, SST-2/, MRPC/, STS-B/, QQP/, MNLI/,
-QNLI/, RTE/, WNLI/). Writes glue.json and glue.md (per task and setting: dev metrics as mean ± std and
-median over the seeds; which setting is selected, on dev), and submission/<Task>.tsv from the selected
-run of each task.
+QNLI/, RTE/, WNLI/); train and dev files are required, test files optional (copies of GLUE often lack
+them). Writes glue.json and glue.md (per task and setting: dev metrics as mean ± std and median over the
+seeds; which setting is selected, on dev; which tasks had no test file), and submission/<Task>.tsv from
+the selected run of each task that has its test file.
 """
 import dataclasses
 import json
@@ -58,15 +59,15 @@ def main(argv):
     seeds = numbers("seeds", int)
     recipe = finetuning.Recipe(max_seq_length=FLAGS.max_seq_length, warmup_fraction=FLAGS.warmup_fraction,
                                weight_decay=FLAGS.weight_decay, precision=FLAGS.precision, xla=FLAGS.xla)
-    for task in tasks:          # every task's files read and checked before any training
-        for split in ("train", *glue.TASKS[task].dev_splits, *glue.TASKS[task].test_splits):
-            glue.read_split(glue.TASKS[task], FLAGS.data_dir, split)
+    no_test = glue.check_files(tasks, FLAGS.data_dir)   # every file read before any training; tests may be missing
     tokenizer, init, config = cli.finetune_start(FLAGS.max_seq_length)
     hvd = distributed.init()
     for s in settings:
         finetuning.Recipe(batch_size=s.batch_size).per_rank_batch(hvd.size())   # divisible: checked up front
     rank = hvd.rank()
     log = print if rank == 0 else (lambda *a, **k: None)
+    for name, paths in no_test.items():
+        log(f"{name}: no test file ({', '.join(paths)}): scored on dev, no submission file")
     dist = (rank, hvd.size(), distributed.make_gradient_allreduce(False, name="glue"), distributed.broadcast_variables)
     results = {}
     for name in tasks:
@@ -78,15 +79,12 @@ def main(argv):
             finetuning.export(model, FLAGS.vocab_file, os.path.join(FLAGS.output_dir, "models", name),
                               labels=list(task.labels) or None, do_lower_case=FLAGS.do_lower_case)
         if rank == 0:
-            for split in task.test_splits:
-                examples = glue.read_split(task, FLAGS.data_dir, split).examples
-                glue.write_submission(task, split, examples, results[name]["test_predictions"][split],
-                                      os.path.join(FLAGS.output_dir, "submission"))
+            glue.write_submissions(task, FLAGS.data_dir, results[name], os.path.join(FLAGS.output_dir, "submission"))
     if rank == 0:
         os.makedirs(FLAGS.output_dir, exist_ok=True)
         with open(os.path.join(FLAGS.output_dir, "glue.json"), "w") as f:
             json.dump({"init": init.path if init is not None else "random",
-                       "recipe": dataclasses.asdict(recipe) | {"seeds": seeds},
+                       "recipe": dataclasses.asdict(recipe) | {"seeds": seeds}, "no_test_file": no_test,
                        "results": {k: {kk: vv for kk, vv in v.items() if kk != "test_predictions"}
                                    for k, v in results.items()}}, f, indent=1)
         table = glue.markdown(results, recipe, seeds)

@@ -1,5 +1,6 @@
 """GLUE: every task's files in the layout the standard download writes, the metrics by hand, the GLUE
 score, the submission files, and the errors for files that do not have their task's layout."""
+import os
 import sys
 
 import pytest
@@ -182,6 +183,37 @@ def test_submission_files_carry_the_index_and_the_label_names(tmp_path):
         glue.write_submission(mnli, "test_matched", examples, [1, 2], tmp_path / "out")
 
 
+def test_a_copy_without_test_files_is_checked_scored_on_dev_and_says_so(tmp_path):
+    """Test files are optional (many copies of GLUE have none): the others are read and checked, the
+    missing ones listed, submissions written for the splits predicted, and glue.md names the tasks
+    without; a missing train or dev file still stops, naming it."""
+    import types
+    layout = {folder: dict(splits) for folder, splits in LAYOUT.items()}
+    del layout["RTE"]["test"], layout["MNLI"]["test_mismatched"]
+    root = write_glue(tmp_path / "glue", layout)
+    rte, mnli = glue.TASKS["rte"], glue.TASKS["mnli"]
+    assert glue.missing_tests(rte, str(root)) == ["test"] and glue.missing_tests(mnli, str(root)) == ["test_mismatched"]
+    assert glue.check_files(list(glue.TASKS), str(root)) == {"mnli": [str(root / "MNLI" / "test_mismatched.tsv")],
+                                                            "rte": [str(root / "RTE" / "test.tsv")]}
+    paths = glue.write_submissions(mnli, str(root), {"test_predictions": {"test_matched": [2]}}, tmp_path / "out")
+    assert paths == [str(tmp_path / "out" / "MNLI-m.tsv")] and os.listdir(tmp_path / "out") == ["MNLI-m.tsv"]
+    summary = {"setting": {"learning_rate": 2e-5, "batch_size": 32, "epochs": 3.0},
+               "metrics": {"dev/accuracy": {"mean": 0.6, "std": 0.0, "median": 0.6}}}
+    results = {"rte": {"settings": [summary], "selected": {"setting": summary["setting"]},
+                       "missing_test_files": [str(root / "RTE" / "test.tsv")]},
+               "wnli": {"settings": [summary], "selected": {"setting": summary["setting"]}, "missing_test_files": []}}
+    recipe = types.SimpleNamespace(max_seq_length=128, warmup_fraction=0.1, weight_decay=0.01, precision="float32")
+    table = glue.markdown(results, recipe, [0])
+    assert table.endswith(f"No test file, so no submission file: rte ({root / 'RTE' / 'test.tsv'})\n"), table
+    assert "No test file" not in glue.markdown({"wnli": results["wnli"]}, recipe, [0])
+    (root / "RTE" / "dev.tsv").unlink()
+    with pytest.raises(ConfigError, match=r"rte: .*RTE/dev.tsv not found"):
+        glue.check_files(["cola", "rte"], str(root))
+    (root / "CoLA" / "train.tsv").unlink()
+    with pytest.raises(ConfigError, match=r"cola: .*CoLA/train.tsv not found"):
+        glue.check_files(["cola", "rte"], str(root))
+
+
 def grown_layout(n):
     """LAYOUT with n rows in every train and dev split: the template rows repeated, their labels cycling
     through the task's (STS-B: scores 0-5) and a word added to their texts, so each task has something to fit."""
@@ -210,30 +242,41 @@ def grown_layout(n):
 @pytest.mark.cluster
 def test_every_task_trains_predicts_scores_and_writes_its_submission_under_mpirun(tiny_data, tmp_path):
     """run/glue.py on all nine tasks, 2 ranks, a tiny random-init BERT: dev tables, the GLUE score and
-    the server's files (one per test split, every test row, the task's label names)."""
+    the server's files (one per test split, every test row, the task's label names); RTE's test file and
+    MNLI's mismatched one are missing: scored on dev all the same, no file for them, and said so."""
     import json
     import subprocess
     from conftest import REPO, mpirun
     from bert_tf.data import tokenization
     from bert_tf.model import modeling
     data = write_glue(tmp_path / "glue", grown_layout(16))
+    no_test = {"mnli": [str(data / "MNLI" / "test_mismatched.tsv")], "rte": [str(data / "RTE" / "test.tsv")]}
+    for paths in no_test.values():
+        os.remove(paths[0])
     config = tmp_path / "bert_config.json"
     vocab = len(tokenization.Tokenizer.from_file(tiny_data["vocab_file"]))
     modeling.BertConfig.preset("tiny", vocab_size=vocab).to_json_file(str(config))
     out = tmp_path / "out"
-    mpirun(2, [REPO / "run" / "glue.py", "--tasks=all", f"--data_dir={data}", "--random_init",
+    run = mpirun(2, [REPO / "run" / "glue.py", "--tasks=all", f"--data_dir={data}", "--random_init",
                f"--bert_config_file={config}", f"--vocab_file={tiny_data['vocab_file']}", "--max_seq_length=32",
                "--global_batch_sizes=8", "--epochs=1", "--learning_rates=1e-3", "--seeds=1", "--export_models",
                f"--output_dir={out}"],
            timeout=900)
-    result = json.loads((out / "glue.json").read_text())["results"]
-    assert list(result) == list(glue.TASKS)
+    written = json.loads((out / "glue.json").read_text())
+    result = written["results"]
+    assert list(result) == list(glue.TASKS) and written["no_test_file"] == no_test
+    assert {name: r["missing_test_files"] for name, r in result.items() if r["missing_test_files"]} == no_test
+    assert all(f"{name}: no test file ({paths[0]}): scored on dev, no submission file" in run.stdout
+               for name, paths in no_test.items()), run.stdout[-3000:]
     for name, r in result.items():
         task = glue.TASKS[name]
         assert len(r["runs"]) == 1 and r["selected"]["setting"]["learning_rate"] == 1e-3
         assert all(set(run["dev"]) == set(task.dev_splits) for run in r["runs"])
         assert all(set(run["dev"][s]) == set(task.metrics) for run in r["runs"] for s in task.dev_splits)
         for split, submission in zip(task.test_splits, task.submission):
+            if glue.split_path(task, str(data), split) in no_test.get(name, []):
+                assert not (out / "submission" / f"{submission}.tsv").exists()
+                continue
             lines = (out / "submission" / f"{submission}.tsv").read_text().splitlines()
             assert lines[0] == "index\tprediction" and len(lines) == 1 + len(LAYOUT[task.folder][split][1])
             value = lines[1].split("\t")[1]
@@ -245,6 +288,7 @@ def test_every_task_trains_predicts_scores_and_writes_its_submission_under_mpiru
     assert json.loads((out / "models" / "stsb" / "config.json").read_text())["problem_type"] == "regression"
     table = (out / "glue.md").read_text()
     assert "GLUE score over these 9 task(s)" in table and "without WNLI" in table and "Selection on dev" in table
+    assert f"No test file, so no submission file: mnli ({no_test['mnli'][0]}); rte ({no_test['rte'][0]})" in table
     # a folder without a task's files stops before any training, naming the file
     bad = subprocess.run(
         [sys.executable, str(REPO / "run" / "glue.py"), "--tasks=rte", f"--data_dir={tmp_path / 'none'}",

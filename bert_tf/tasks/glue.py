@@ -3,9 +3,11 @@ the server's submission files.
 
 The layout is the folder the standard GLUE download writes (one folder per task: CoLA, SST-2, MRPC,
 STS-B, QQP, MNLI, QNLI, RTE, WNLI, each with train.tsv, dev.tsv, test.tsv; MNLI with dev_matched,
-dev_mismatched, test_matched, test_mismatched). Files are tab-separated without quoting; CoLA's
-train and dev files have no header row, every other file has one. Test files have no labels and
-start with an `index` column, which the submission files repeat.
+dev_mismatched, test_matched, test_mismatched). Train and dev files are required; a test file may be
+missing (many copies of GLUE have none): the task is scored on dev as always, and no submission file is
+written for that split (`missing_tests`; said in the log, glue.json and glue.md). Files are
+tab-separated without quoting; CoLA's train and dev files have no header row, every other file has
+one. Test files have no labels and start with an `index` column, which the submission files repeat.
 
 Metrics as GLUE defines them (Wang et al. 2019): Matthews correlation for CoLA, Pearson and
 Spearman correlation for STS-B, F1 of the positive class and accuracy for MRPC and QQP, accuracy for
@@ -87,6 +89,26 @@ class Split:
 
 def split_path(task: Task, data_dir: str, split: str) -> str:
     return os.path.join(data_dir, task.folder, f"{split}.tsv")
+
+
+def missing_tests(task: Task, data_dir: str) -> list:
+    """The task's test splits whose file is not in `data_dir` (no submission for them; dev is scored)."""
+    return [split for split in task.test_splits if not os.path.exists(split_path(task, data_dir, split))]
+
+
+def check_files(names, data_dir) -> dict:
+    """Reads every file of the tasks `names` (before any training): a missing or malformed train or dev
+    file stops (ConfigError naming it), a test file may be missing. -> {task: [paths of missing test files]}
+    for the tasks with any."""
+    missing = {}
+    for name in names:
+        task = TASKS[name]
+        absent = missing_tests(task, data_dir)
+        for split in ("train", *task.dev_splits, *(s for s in task.test_splits if s not in absent)):
+            read_split(task, data_dir, split)
+        if absent:
+            missing[name] = [split_path(task, data_dir, split) for split in absent]
+    return missing
 
 
 def read_split(task: Task, data_dir: str, split: str) -> Split:
@@ -209,6 +231,12 @@ def glue_score(results: dict, without=()) -> float:
     return sum(task_score(TASKS[n], results[n]) for n in names) / len(names)
 
 
+def write_submissions(task: Task, data_dir, result: dict, out_dir) -> list:
+    """The server's files for the test splits `result` (run_task's) has predictions for: their paths."""
+    return [write_submission(task, split, read_split(task, data_dir, split).examples, predictions, out_dir)
+            for split, predictions in result["test_predictions"].items()]
+
+
 def write_submission(task: Task, split: str, examples, predictions, out_dir) -> str:
     """The GLUE server's file for one test split: `index` and `prediction`, label names as in the
     task's files (STS-B: the score, clipped to [0, 5])."""
@@ -275,7 +303,8 @@ def _summaries(task: Task, runs):
 def run_task(task: Task, data_dir, tokenizer, model_config, init, settings, seeds, recipe, distributed=None,
              log=print, keep_model=False) -> dict:
     """Fine-tunes `task` once per setting and seed, scores every dev split, and keeps the test
-    predictions of the selected run: the setting with the best median dev score over the seeds, and
+    predictions of the selected run (for the test splits whose file exists; the others are listed in
+    "missing_test_files"): the setting with the best median dev score over the seeds, and
     within it the seed with the best dev score (selection on dev, as papers report dev results).
     init: a read checkpoint (checkpoint_formats.read) or None for random initialisation. recipe: the
     other fine-tuning settings (finetuning.Recipe). distributed: (rank, size, allreduce, broadcast).
@@ -283,11 +312,13 @@ def run_task(task: Task, data_dir, tokenizer, model_config, init, settings, seed
     from bert_tf.tasks import classification, finetuning
     import tensorflow as tf
     rank, size, allreduce, broadcast = distributed or (0, 1, None, None)
-    splits = {name: read_split(task, data_dir, name) for name in ("train", *task.dev_splits, *task.test_splits)}
+    missing = missing_tests(task, data_dir)
+    tests = [name for name in task.test_splits if name not in missing]
+    splits = {name: read_split(task, data_dir, name) for name in ("train", *task.dev_splits, *tests)}
     if splits["train"].skipped:
         log(f"{task.name}: {splits['train'].skipped} rows of {split_path(task, data_dir, 'train')} have missing "
             f"fields: skipped")
-    for name in task.dev_splits + task.test_splits:
+    for name in (*task.dev_splits, *tests):
         if splits[name].skipped:
             raise ConfigError(f"{split_path(task, data_dir, name)}: {splits[name].skipped} rows have missing fields "
                               f"(a score on the rest would not be the task's)")
@@ -309,7 +340,7 @@ def run_task(task: Task, data_dir, tokenizer, model_config, init, settings, seed
                 features = encoded[name][0]
                 predictions = finetuning.predict(model.predict, {k: v for k, v in features.items() if k != "label"})
                 dev[name] = score(task, features["label"].tolist(), predictions.tolist())
-            test = {name: finetuning.predict(model.predict, encoded[name][0]).tolist() for name in task.test_splits}
+            test = {name: finetuning.predict(model.predict, encoded[name][0]).tolist() for name in tests}
             runs.append({"setting": dataclasses.asdict(setting), "seed": seed, "dev": dev,
                          "score": task_score(task, dev), **trained, "test_predictions": test})
             if keep_model and (setting not in kept or runs[-1]["score"] > kept[setting][0]):
@@ -322,6 +353,7 @@ def run_task(task: Task, data_dir, tokenizer, model_config, init, settings, seed
     out = {"model": kept[Setting(**best["setting"])][1]} if keep_model else {}
     return {**out, "task": task.name, "examples": {name: len(s.examples) for name, s in splits.items()},
             "truncated": truncated, "train_rows_skipped": splits["train"].skipped, "settings": summaries,
+            "missing_test_files": [split_path(task, data_dir, name) for name in missing],
             "selected": {"setting": best["setting"], "seed": chosen["seed"], "by": "best median dev score over "
                          "the seeds; test predictions from its best seed on dev"},
             "runs": [{k: v for k, v in run.items() if k != "test_predictions"} for run in runs],
@@ -349,4 +381,8 @@ def markdown(results: dict, recipe, seeds) -> str:
               f"{100 * glue_score(selected):.2f}"]
     if "wnli" in selected and len(selected) > 1:
         lines.append(f"without WNLI (as BERT reports its average): {100 * glue_score(selected, without=('wnli',)):.2f}")
+    missing = {name: r["missing_test_files"] for name, r in results.items() if r.get("missing_test_files")}
+    if missing:
+        lines += ["", "No test file, so no submission file: " + "; ".join(
+            f"{name} ({', '.join(paths)})" for name, paths in missing.items())]
     return "\n".join(lines) + "\n"
