@@ -35,16 +35,19 @@ def define_model_preset(default, flag_values=FLAGS):
 def define_input_format(flag_values=FLAGS):
     flags.DEFINE_enum("input_format", "auto", ["auto", *corpus.FORMATS],
                       "sentences: one per line, blank line between documents (google); documents: one per "
-                      "line; mediawiki: XML dump; jsonl: JSON lines, the text in --text_field; parquet: a row "
+                      "line; mediawiki: XML dump; wikiextractor: WikiExtractor's <doc> files (a folder of AA/wiki_00 ...); "
+                      "jsonl: JSON lines, the text in --text_field; parquet: a row "
                       "per document (Hugging Face datasets' shards); arrow: a datasets.save_to_disk folder; "
                       "auto: parquet for *.parquet, arrow for a folder with state.json, mediawiki if the file "
-                      "starts with <mediawiki>, jsonl if it starts with { or is named *.jsonl/*.json, else "
-                      "sentences. PATH@FORMAT in --input_files gives one file its own format.",
+                      "starts with <mediawiki>, wikiextractor if it starts with <doc id=, jsonl if it starts with { "
+                      "or is named *.jsonl/*.json, else sentences. PATH@FORMAT in --input_files gives one file its "
+                      "own format.",
                       flag_values=flag_values)
     flags.DEFINE_string("text_field", "text", "JSON lines, Parquet, Arrow: the field that holds a document's text.",
                         flag_values=flag_values)
     flags.DEFINE_string("title_field", "", "Parquet, Arrow: a column whose value becomes each document's first "
-                        "sentence (e.g. title for wikimedia/wikipedia); empty: none.", flag_values=flag_values)
+                        "sentence (e.g. title for wikimedia/wikipedia); wikiextractor: a <doc> attribute (title, id, "
+                        "url); empty: none.", flag_values=flag_values)
 
 
 def define_corpus_input(flag_values=FLAGS):

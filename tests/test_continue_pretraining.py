@@ -63,3 +63,35 @@ def test_pretrain_export_huggingface_continue_from_it(tiny_data, tmp_path):
     assert abs(start["eval_mlm_loss"] - trained["eval_mlm_loss"]) < 1e-5
     assert abs(start["eval_nsp_accuracy"] - trained["eval_nsp_accuracy"]) < 1e-9
     assert records(second, "train")[-1]["step"] == 2
+
+
+@pytest.mark.slow
+def test_a_modern_model_pretrains_exports_as_modernbert_and_continues_from_the_export(tiny_data, tmp_path):
+    """The modern architecture end to end: pre-train (MLM only), export (default formats: no google layout
+    for it), continue pre-training from the ModernBERT directory at the exported model's held-out figures."""
+    from bert_tf.model import modeling
+    vocab_size = sum(1 for _ in open(tiny_data["vocab_file"]))
+    config_file = tmp_path / "modern.json"     # a 32-token window: modern-tiny's 128 would span these 64-token rows
+    modeling.BertConfig.preset("modern-tiny", vocab_size=vocab_size, local_attention=32).to_json_file(str(config_file))
+    first, export, second = tmp_path / "first", tmp_path / "hf", tmp_path / "second"
+    flags = [f for f in tiny_data["flags"] if not f.startswith("--model_preset")]
+    run([REPO / "run" / "pretrain.py", *flags, f"--bert_config_file={config_file}", "--model_preset=", "--mlm_only",
+         "--total_steps=40", "--warmup_steps=4", "--learning_rate=5e-3", f"--checkpoint_dir={first}",
+         "--log_interval=10"])
+    trained = records(first, "eval")[-1]
+    assert trained["eval_mlm_loss"] < records(first, "train")[0]["mlm_loss"] - 0.5
+    run([REPO / "run" / "export.py", f"--checkpoint={first}", f"--vocab_file={tiny_data['vocab_file']}",
+         f"--output_dir={export}"])
+    assert sorted(p.name for p in export.iterdir()) == ["README.md", "config.json", "model.safetensors",
+                                                        "saved_model", "special_tokens_map.json", "tokenizer.json",
+                                                        "tokenizer_config.json", "vocab.txt"]
+    assert json.load(open(export / "config.json"))["architectures"] == ["ModernBertForMaskedLM"]
+    card = (export / "README.md").read_text()
+    assert "# ModernBERT (2 layers, hidden 128)" in card and "masked LM only" in card
+    proc = run([REPO / "run" / "pretrain.py", *flags, "--mlm_only", "--total_steps=2", f"--init_checkpoint={export}",
+                f"--checkpoint_dir={second}"])
+    log = proc.stdout + proc.stderr
+    assert f"initialised encoder and heads from {export} (huggingface format)" in log and "model: modern" in log
+    start = records(second, "eval")[0]
+    assert start["step"] == 0 and start["eval_mlm_accuracy"] == trained["eval_mlm_accuracy"]
+    assert abs(start["eval_mlm_loss"] - trained["eval_mlm_loss"]) < 1e-5

@@ -263,7 +263,8 @@ def restore(cfg: PretrainConfig, trainer, ckpts, global_batch, init, say) -> int
         return samples_seen or int(extra.get("samples_seen", step * global_batch))
     if init is not None:
         fresh = checkpoint_formats.assign(trainer.model, init, log=say)  # says which head (if any) starts at random
-        say(f"initialised encoder{'' if fresh else ' and heads'} from {init.path} ({init.format} format)")
+        heads_fresh = [part for part in fresh if part.endswith("head")]   # a modern export's pooler is not a head
+        say(f"initialised encoder{'' if heads_fresh else ' and heads'} from {init.path} ({init.format} format)")
     return 0
 
 

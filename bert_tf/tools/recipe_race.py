@@ -1,0 +1,126 @@
+"""The recipe race: pre-training recipes run one after another on the same machine, same data and
+vocabulary, each scored on the same held-out records; their held-out MLM accuracy against wall-clock
+time, and the time each takes to reach the others' final accuracy (run/recipe_race.py).
+
+Time is wall-clock from the run record (written when the model is built and restored, before the first
+update, so compilation counts) to each evaluation, evaluations included: what a user pays for. A recipe
+"reaches" an accuracy at its first evaluation at or above it (no interpolation between evaluations).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+from bert_tf import ConfigError
+from bert_tf.artifacts import metrics
+
+
+def curve(run_dir: str) -> dict:
+    """A finished run's evaluations: {"seconds", "step", "samples_seen", "accuracy"} lists, its
+    sequences per second (the mean of its logged intervals) and the CPU it ran on."""
+    path = os.path.join(run_dir, "metrics.jsonl")
+    if not os.path.exists(path):
+        raise ConfigError(f"{path} not found: the recipe {os.path.basename(run_dir)!r} has not run")
+    records = metrics.read_metrics(path)
+    runs = [r for r in records if r.get("kind") == "run"]
+    if not runs:
+        raise ConfigError(f"{path} holds no run record")
+    t0 = runs[0]["time"]
+    seen, out = {0: 0}, {"seconds": [], "step": [], "samples_seen": [], "accuracy": []}
+    train = [r for r in records if r.get("kind") == "train"]
+    for r in train:
+        seen[r["step"]] = r.get("samples_seen", 0)
+    for r in records:
+        if r.get("kind") == "eval" and "eval_mlm_accuracy" in r:
+            out["seconds"].append(r["time"] - t0)
+            out["step"].append(r["step"])
+            out["samples_seen"].append(seen.get(r["step"], max(v for k, v in seen.items() if k <= r["step"])))
+            out["accuracy"].append(r["eval_mlm_accuracy"])
+    if not out["accuracy"]:
+        raise ConfigError(f"{path} holds no held-out evaluation: run the recipe with --eval_files and --eval_interval")
+    rates = [r["sequences_per_second"] for r in train if "sequences_per_second" in r]
+    out["sequences_per_second"] = sum(rates[1:]) / max(len(rates) - 1, 1) if len(rates) > 1 else (rates or [0])[0]
+    return out
+
+
+def time_to_reach(run: dict, accuracy: float):
+    """Seconds to the first evaluation at or above `accuracy`, or None."""
+    return next((s for s, a in zip(run["seconds"], run["accuracy"]) if a >= accuracy), None)
+
+
+def summarize(runs: dict) -> dict:
+    """{name: curve} -> each recipe's final figures and the time it takes to reach every other's final accuracy."""
+    summary = {}
+    for name, run in runs.items():
+        row = {"final_accuracy": run["accuracy"][-1], "seconds": run["seconds"][-1], "steps": run["step"][-1],
+               "sequences": run["samples_seen"][-1], "sequences_per_second": run["sequences_per_second"],
+               "reaches": {}}
+        for other, theirs in runs.items():
+            if other != name:
+                reached = time_to_reach(run, theirs["accuracy"][-1])
+                row["reaches"][other] = {"accuracy": theirs["accuracy"][-1], "seconds": reached,
+                                         "fraction_of_their_time": reached / theirs["seconds"][-1] if reached else None}
+        summary[name] = row
+    return summary
+
+
+def plot(runs: dict, path: str, title: str):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, run in runs.items():
+        ax.plot([s / 60 for s in run["seconds"]], run["accuracy"], marker="o", markersize=3, label=name)
+    ax.set_xlabel("wall-clock minutes (start-up, compilation and evaluations included)")
+    ax.set_ylabel("held-out MLM accuracy (the same 15% masks)")
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def launch(flagfile: str, run_dir: str, ranks: int, extra=(), log=print) -> float:
+    """One recipe: `ranks` processes on this machine (mpirun), run/pretrain.py --flagfile; returns seconds."""
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    command = ["mpirun", "-np", str(ranks), "--oversubscribe", "--bind-to", "none", "-x", "PATH",
+               "-x", "TF_CPP_MIN_LOG_LEVEL", sys.executable, os.path.join(repo, "run", "pretrain.py"),
+               f"--flagfile={flagfile}", f"--checkpoint_dir={run_dir}", *extra]
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    if os.geteuid() == 0:
+        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    os.makedirs(run_dir, exist_ok=True)
+    log(f"racing {os.path.basename(run_dir)}: {' '.join(command)}")
+    start = time.time()
+    with open(os.path.join(run_dir, "race.log"), "a") as out:
+        proc = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=repo)
+    if proc.returncode:
+        raise RuntimeError(f"{flagfile} exited {proc.returncode}: see {run_dir}/race.log")
+    return time.time() - start
+
+
+def write_report(runs: dict, out_dir: str, title: str) -> dict:
+    """race.json (curves and summary) and race.png in out_dir; returns the summary."""
+    summary = summarize(runs)
+    with open(os.path.join(out_dir, "race.json"), "w") as f:
+        json.dump({"title": title, "summary": summary, "curves": runs}, f, indent=1)
+    plot(runs, os.path.join(out_dir, "race.png"), title)
+    return summary
+
+
+def describe(summary: dict) -> list:
+    """Lines for the console and docs/results.md."""
+    lines = []
+    for name, row in summary.items():
+        lines.append(f"{name}: final held-out MLM accuracy {row['final_accuracy']:.4f} after {row['seconds'] / 60:.1f} "
+                     f"min ({row['steps']} updates, {row['sequences']:,} sequences, "
+                     f"{row['sequences_per_second']:.1f} seq/s)")
+        for other, r in row["reaches"].items():
+            when = (f"in {r['seconds'] / 60:.1f} min ({r['fraction_of_their_time']:.2f} of {other}'s time)"
+                    if r["seconds"] else "never")
+            lines.append(f"  reaches {other}'s final {r['accuracy']:.4f} {when}")
+    return lines
