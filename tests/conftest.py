@@ -75,20 +75,27 @@ def corpus_dir():
     return CORPUS
 
 
-@pytest.fixture(scope="session")
-def tiny_data(tmp_path_factory, corpus_dir):
-    """A small vocab and seq-64 TFRecords (2 train shards, 1 eval) from the bundled news corpus."""
-    from bert_tf.data import corpus, instances as ins, pretraining_data as pd, tokenization
-
-    root = tmp_path_factory.mktemp("tiny_data")
+def news_vocab(root, corpus_dir):
+    """The bundled news corpus as an input, a 2,000-word vocabulary learnt from it (root/vocab.txt) and its
+    tokenizer: (inputs, tokenizer, vocab_file)."""
+    from bert_tf.data import corpus, tokenization
     inputs = [str(corpus_dir / "lee_background.cor") + "@documents"]
     docs = list(corpus.read_documents(inputs))
     vocab = tokenization.learn_vocab([s for d in docs for s in d], vocab_size=2000)
     vocab_file = str(root / "vocab.txt")
     tokenization.write_vocab(vocab, vocab_file)
+    return inputs, tokenization.Tokenizer(vocab), vocab_file
+
+
+@pytest.fixture(scope="session")
+def tiny_data(tmp_path_factory, corpus_dir):
+    """A small vocab and seq-64 TFRecords (2 train shards, 1 eval) from the bundled news corpus."""
+    from bert_tf.data import instances as ins, pretraining_data as pd
+
+    root = tmp_path_factory.mktemp("tiny_data")
+    inputs, tokenizer, vocab_file = news_vocab(root, corpus_dir)
     config = ins.InstanceConfig(max_seq_length=64, max_predictions_per_seq=10, dupe_factor=2, random_seed=3)
-    pd.create_pretraining_data(inputs, "auto", tokenization.Tokenizer(vocab), str(root), config,
-                               num_shards=2, heldout_fraction=0.1)
+    pd.create_pretraining_data(inputs, "auto", tokenizer, str(root), config, num_shards=2, heldout_fraction=0.1)
     return {"vocab_file": vocab_file, "train": str(root / "train-*"), "eval": str(root / "eval-*"),
             "flags": [f"--vocab_file={vocab_file}", f"--train_files={root / 'train-*'}",
                       f"--eval_files={root / 'eval-*'}", "--model_preset=tiny", "--max_seq_length=64",

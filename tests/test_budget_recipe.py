@@ -8,6 +8,7 @@ import tensorflow as tf
 
 from bert_tf import ConfigError
 from bert_tf.train import batch_warmup, optimization, pretrain_config, pretraining
+from conftest import news_vocab
 
 
 def test_wsd_holds_the_peak_then_decays_over_the_last_fraction():
@@ -100,13 +101,9 @@ def test_a_modern_run_with_a_batch_warmup_resumed_mid_warmup_matches_an_uninterr
 @pytest.fixture(scope="module")
 def unmasked_data(tmp_path_factory, corpus_dir):
     """Unmasked, packed training rows (the budget recipe's) beside tiny_data-style masked eval records."""
-    from bert_tf.data import corpus, instances as ins, pretraining_data as pd, tokenization
+    from bert_tf.data import instances as ins, pretraining_data as pd
     root = tmp_path_factory.mktemp("unmasked")
-    inputs = [str(corpus_dir / "lee_background.cor") + "@documents"]
-    docs = list(corpus.read_documents(inputs))
-    vocab = tokenization.learn_vocab([s for d in docs for s in d], vocab_size=2000)
-    tokenization.write_vocab(vocab, str(root / "vocab.txt"))
-    tok = tokenization.Tokenizer(vocab)
+    inputs, tok, _ = news_vocab(root, corpus_dir)
     pd.create_pretraining_data(inputs, "auto", tok, str(root / "train"),
                                ins.InstanceConfig(max_seq_length=64, mask=False, pack=2, dupe_factor=1), num_shards=1)
     pd.create_pretraining_data(inputs, "auto", tok, str(root / "eval"),

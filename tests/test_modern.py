@@ -13,7 +13,7 @@ import bert_reference
 import modernbert_reference as ref
 from bert_tf import ConfigError
 from bert_tf.artifacts import checkpoint_formats as cf
-from bert_tf.artifacts import checkpointing, modernbert_format
+from bert_tf.artifacts import checkpointing
 from bert_tf.model import modeling
 
 # Four layers, global in 0 and 3 (every third), a window of +-4 tokens: at 20 tokens it matters.

@@ -125,6 +125,15 @@ def test_recipes_give_their_stated_global_batch():
             assert set(flags) <= known
             assert int(flags["micro_batch_size"]) * int(flags["accumulation_steps"]) * 16 == batch
     assert read("demo.flags")["model_preset"] == "tiny"
+    # the budget recipe at 4,096 sequences on 16 ranks; the race's two recipes at 128 on 2, scored alike
+    for name, batch, ranks in (("budget_phase1.flags", 4096, 16), ("race_classic.flags", 128, 2),
+                               ("race_budget.flags", 128, 2)):
+        flags = read(name)
+        assert set(flags) <= known, set(flags) - known
+        assert int(flags["micro_batch_size"]) * int(flags["accumulation_steps"]) * ranks == batch
+    assert set(read("budget_phase2.flags")) <= known
+    assert all(read("race_classic.flags")[k] == read("race_budget.flags")[k]
+               for k in ("eval_files", "eval_batches", "eval_interval", "vocab_file", "time_budget_hours", "precision"))
 
 
 def test_fit_micro_batch_re_splits_the_per_rank_batch_or_names_why_it_cannot(tiny_data, tmp_path):
