@@ -70,7 +70,7 @@ def test_a_race_of_two_tiny_recipes_runs_both_and_reports(tiny_data, tmp_path):
     common += ["--total_steps=6", "--eval_interval=3", "--log_interval=3", "--save_interval=100"]
     (tmp_path / "classic.flags").write_text("\n".join(common + ["--model_preset=tiny"]) + "\n")
     (tmp_path / "budget.flags").write_text("\n".join(common + [
-        f"--bert_config_file={config}", "--model_preset=", "--mlm_only", "--optimizer=adamw", "--adam_beta2=0.98",
+        f"--bert_config_file={config}", "--mlm_only", "--optimizer=adamw", "--adam_beta2=0.98",
         "--schedule=wsd", "--accumulation_steps=2", "--batch_warmup_sequences=16"]) + "\n")
     out = tmp_path / "race"
     proc = subprocess.run([sys.executable, str(REPO / "run" / "recipe_race.py"), f"--output_dir={out}",

@@ -90,7 +90,12 @@ def launch(flagfile: str, run_dir: str, ranks: int, extra=(), log=print) -> floa
     command = ["mpirun", "-np", str(ranks), "--oversubscribe", "--bind-to", "none", "-x", "PATH",
                "-x", "TF_CPP_MIN_LOG_LEVEL", sys.executable, os.path.join(repo, "run", "pretrain.py"),
                f"--flagfile={flagfile}", f"--checkpoint_dir={run_dir}", *extra]
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    # a process that initialised MPI as a singleton (a test, a notebook that imported Horovod) leaves its
+    # PMIx and launch variables to its children: an mpirun started with them fails without a word
+    singleton = ("OMPI_MCA_ess", "OMPI_MCA_orte_launch", "OMPI_MCA_orte_precondition_transports", "OMPI_MCA_pmix",
+                 "OMPI_MCA_orte_ess_num_procs", "OMPI_APP_CTX_NUM_PROCS", "ORTE_SCHIZO_DETECTION")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PMIX_") and k not in singleton}
+    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
     if os.geteuid() == 0:
         env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     os.makedirs(run_dir, exist_ok=True)
