@@ -766,7 +766,8 @@ def test_bad_parquet_arrow_and_zst_inputs_are_named(tmp_path, corpus_dir):
                                                       f"skipped"]
     folder = tmp_path / "not_saved"
     folder.mkdir()
-    with pytest.raises(ConfigError, match=r"not_saved: no state.json: not a datasets.save_to_disk folder"):
+    with pytest.raises(ConfigError, match=r"not_saved is a folder with neither WikiExtractor output \(AA/wiki_00, .*nor a "
+                                          r"datasets.save_to_disk state.json"):
         list(corpus.read_documents([str(folder)]))
     (folder / "dataset_dict.json").write_text('{"splits": ["train"]}')
     with pytest.raises(ConfigError, match=r"a DatasetDict: give one split's folder"):

@@ -102,8 +102,9 @@ def expand_inputs(patterns):
 def _folder_inputs(spec):
     """[spec], or for a folder without state.json (and not given @arrow) the WikiExtractor files under it."""
     path, _, fmt = spec.partition("@")
-    if not os.path.isdir(path) or fmt == "arrow" or os.path.isfile(os.path.join(path, "state.json")):
-        return [spec]
+    if not os.path.isdir(path) or fmt == "arrow" or any(os.path.isfile(os.path.join(path, marker))
+                                                        for marker in ("state.json", "dataset_dict.json")):
+        return [spec]      # an Arrow folder (a DatasetDict's top folder gets its own message there)
     return [f + ("@" + fmt if fmt else "") for f in wikiextractor.folder_files(path)]
 
 
