@@ -127,11 +127,31 @@ def test_dynamic_masking_at_30_percent_is_evaluated_on_the_masked_15_percent_rec
     assert evals[-1]["eval_sequences"] == 12 and any("model: modern" in line for line in logs)
     # the evaluation read the records' own (15%) masks: the same accuracy, recomputed from them here
     from bert_tf.data import input_pipeline
-    sums = {"mlm_correct": 0.0, "mlm_weight": 0.0}
+    sums = {"mlm_correct": 0.0, "mlm_weight": 0.0, "mlm_loss": 0.0}
     files = [str(p) for p in sorted((unmasked_data / "eval").glob("train-*"))]
     for features in input_pipeline.make_dataset(files, 4, 64, 10, 0, 1, training=False).take(3):
         out = trainer.model(features)
-        for key in sums:
-            sums[key] += float(out[key])
+        for key in sums:    # the loss is a batch mean: weighted by the batch, as the evaluator does
+            sums[key] += float(out[key]) * (4 if key == "mlm_loss" else 1)
     assert sums["mlm_weight"] < 0.2 * 12 * 64          # 15% of the real tokens at most, not 30%
     assert evals[-1]["eval_mlm_accuracy"] == pytest.approx(sums["mlm_correct"] / sums["mlm_weight"], abs=1e-6)
+    # (after 3 updates the accuracy may be 0 whatever the masks: the loss tells them apart)
+    assert evals[-1]["eval_mlm_loss"] == pytest.approx(sums["mlm_loss"] / 12, abs=1e-4)
+
+
+def test_a_batch_warmup_longer_than_the_run_or_the_budget_stops_at_start():
+    from bert_tf.train import startup
+    base = dict(checkpoint_dir="x", vocab_file="v", micro_batch_size=4, accumulation_steps=4)
+    said = []
+    cfg = pretrain_config.PretrainConfig(**base, batch_warmup_sequences=40, total_steps=7)
+    assert startup.make_batch_warmup(cfg, 1, said.append).steps == [1, 1, 1, 2, 2, 3]   # 6 updates < 7: fine
+    with pytest.raises(ConfigError, match=r"--batch_warmup_sequences=40 takes 6 updates on 1 rank\(s\), not fewer than "
+                                          r"--total_steps=6: a batch warmup longer than the run"):
+        startup.make_batch_warmup(pretrain_config.PretrainConfig(**base, batch_warmup_sequences=40, total_steps=6), 1,
+                                  said.append)
+    # 3,600 sequences at 1 seq/s on 1 rank: an hour, more than the 0.5 h budget; 1,000 fit it
+    budget = dict(base, total_steps=100000, time_budget_hours=0.5, ladder_sequences_per_second=1.0)
+    with pytest.raises(ConfigError, match=r"--time_budget_hours=0.5 is too short for --batch_warmup_sequences=3600: at "
+                                          r"the ladder's 1 seq/s per rank on 1 rank\(s\) the warmup alone takes 1.00 h"):
+        startup.make_batch_warmup(pretrain_config.PretrainConfig(**budget, batch_warmup_sequences=3600), 1, said.append)
+    startup.make_batch_warmup(pretrain_config.PretrainConfig(**budget, batch_warmup_sequences=1000), 1, said.append)

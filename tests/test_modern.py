@@ -113,6 +113,8 @@ def test_the_export_has_modernbert_s_names_shapes_and_config(exported):
     for key, value in config.items():
         assert getattr(hf, key) == value, key
     assert not any(getattr(hf, f) for f in ("norm_bias", "attention_bias", "mlp_bias", "classifier_bias"))
+    # the vocabulary's [PAD], [CLS], [SEP] (bert_reference.write_vocab: 0, 101, 102) as ModernBERT's special ids
+    assert (hf.pad_token_id, hf.cls_token_id, hf.bos_token_id, hf.sep_token_id, hf.eos_token_id) == (0, 101, 101, 102, 102)
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(out))
     assert tokenizer("w1 w2")["input_ids"] == [101, 105, 106, 102]
     assert set(tokenizer("w1 w2")) == {"input_ids", "attention_mask"}    # ModernBERT takes no token types
@@ -192,6 +194,11 @@ def test_bad_modern_input_is_named(tmp_path, exported, vocab_file):
     classic = cf.to_numpy(modeling.BertPretrainer(modeling.BertConfig.preset("tiny", vocab_size=120)))
     with pytest.raises(ConfigError, match="'bert' model's but the config says architecture='modern'"):
         cf.write_huggingface(classic, CONFIG, vocab_file, str(tmp_path / "x"))
+    with pytest.raises(ConfigError, match="'bert' model's but the config says architecture='modern'"):
+        cf.check_fits(cf.Checkpoint(cf.OURS, "c", "c.index", None, None, classic), CONFIG, CONFIG.vocab_size)
+    with pytest.raises(ConfigError, match="'modern' model's but the config says architecture='bert'"):
+        cf.check_fits(cf.Checkpoint(cf.OURS, "m", "m.index", None, None, cf.to_numpy(exported[0])),
+                      modeling.BertConfig.preset("tiny", vocab_size=120), 120)
     with pytest.raises(ConfigError, match="no google-research/bert layout"):
         cf.write_google(cf.to_numpy(exported[0]), CONFIG, vocab_file, str(tmp_path / "y"))
     config = json.load(open(exported[1] / "config.json"))

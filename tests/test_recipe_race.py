@@ -25,7 +25,7 @@ def write_run(folder, t0, evals, rate=50.0, batch=100):
 @pytest.fixture
 def race(tmp_path):
     write_run(tmp_path / "classic", 1000.0, [(600, 0.10), (1200, 0.20), (1800, 0.30)])
-    write_run(tmp_path / "budget", 5000.0, [(300, 0.15), (600, 0.31), (900, 0.36), (1800, 0.45)], rate=80.0)
+    write_run(tmp_path / "budget", 5000.0, [(300, 0.15), (600, 0.30), (900, 0.36), (1800, 0.45)], rate=80.0)
     return tmp_path
 
 

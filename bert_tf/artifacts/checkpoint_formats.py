@@ -333,13 +333,13 @@ def check_fits(ckpt: Checkpoint, config: modeling.BertConfig, vocab_size: int | 
     word = w.get("encoder/embeddings/word_embeddings")
     if word is None:
         raise ConfigError(f"{src}: no word embeddings ({ckpt.format} checkpoint without an encoder?)")
+    modernbert_format.check_architecture(config, w, src)      # first: the clearest of the mismatches it causes
     if vocab_size is not None and word.shape[0] != vocab_size:
         raise ConfigError(f"{src}: its vocabulary has {word.shape[0]} tokens but the vocab file "
                          f"{vocab_file + ' ' if vocab_file else ''}has {vocab_size}: use the vocab.txt that came "
                          f"with the checkpoint")
     if word.shape[1] != config.hidden_size:
         raise ConfigError(f"{src}: hidden size {word.shape[1]} but the model's hidden_size is {config.hidden_size}")
-    modernbert_format.check_architecture(config, w, src)
     layers = _layers(w)
     if layers != config.num_hidden_layers:
         raise ConfigError(f"{src}: {layers} layers but the model has num_hidden_layers={config.num_hidden_layers}")
