@@ -20,6 +20,8 @@ flags.DEFINE_list("recipes", None, "name=flagfile pairs, comma-separated, raced 
 flags.DEFINE_string("output_dir", None, "A folder per recipe, race.json and race.png.")
 flags.DEFINE_integer("ranks", 2, "Processes per recipe on this machine.")
 flags.DEFINE_bool("report_only", False, "Only the report, from runs already in --output_dir.")
+flags.DEFINE_float("time_budget_hours", 0, "Override every recipe's --time_budget_hours (0: each flagfile's own).",
+                   lower_bound=0)
 flags.DEFINE_string("title", "", "The plot's title (default: the recipes and this machine's CPU).")
 flags.mark_flags_as_required(["recipes", "output_dir"])
 FLAGS = flags.FLAGS
@@ -37,17 +39,13 @@ def parse_recipes(pairs):
     return recipes
 
 
-def eval_settings(path):
-    """The --eval_files and --eval_batches lines of a flagfile: what the recipes must share."""
-    lines = [line.strip() for line in open(path)]
-    return tuple(next((line for line in lines if line.startswith(flag)), "") for flag in ("--eval_files=", "--eval_batches="))
-
-
 def main(_):
     from bert_tf.dist import device
     from bert_tf.tools import recipe_race
     recipes = parse_recipes(FLAGS.recipes)
-    shared = {name: eval_settings(path) for name, path in recipes.items()}
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    settings = {name: recipe_race.read_flagfile(path, repo) for name, path in recipes.items()}
+    shared = {name: (s.get("eval_files"), s.get("eval_batches")) for name, s in settings.items()}
     if len(set(shared.values())) > 1 or not all(all(v) for v in shared.values()):
         raise ConfigError(f"--recipes must evaluate on the same held-out records (--eval_files, --eval_batches): {shared}")
     os.makedirs(FLAGS.output_dir, exist_ok=True)
@@ -55,7 +53,8 @@ def main(_):
     for name, path in recipes.items():
         run_dir = os.path.join(FLAGS.output_dir, name)
         if not FLAGS.report_only:
-            recipe_race.launch(os.path.abspath(path), os.path.abspath(run_dir), FLAGS.ranks)
+            extra = [f"--time_budget_hours={FLAGS.time_budget_hours}"] if FLAGS.time_budget_hours else []
+            recipe_race.launch(os.path.abspath(path), os.path.abspath(run_dir), FLAGS.ranks, extra)
         runs[name] = recipe_race.curve(run_dir)
     cpu = device.device_description()
     title = FLAGS.title or (f"{' vs '.join(recipes)}: {FLAGS.ranks} ranks on {cpu.get('cpu', 'a GPU node')} "

@@ -9,6 +9,7 @@ import pytest
 
 from bert_tf import ConfigError
 from bert_tf.dist import comm
+from bert_tf.tools import recipe_race
 from bert_tf.train import pretraining
 from bert_tf.train import startup
 from bert_tf.train import pretrain_config
@@ -39,6 +40,14 @@ BAD_CONFIGURATIONS = [
     (dict(accumulation_steps=0), "--accumulation_steps must be >= 1, got 0"),
     (dict(comm=dict(cycle_time_ms=-1)), "--cycle_time_ms must be >= 0, got -1"),
     (dict(inter_op_threads=-2), "--inter_op_threads must be >= 0 \\(0: the default\\), got -2"),
+    (dict(comm=dict(gradient_compression="powersgd", fp16_allreduce=True)),
+     "--fp16_allreduce with --gradient_compression=powersgd: they disagree"),
+    (dict(comm=dict(local_updates=4), save_interval=6),
+     "--save_interval=6 and --eval_interval=0 must be multiples of --local_updates=4"),
+    (dict(comm=dict(local_updates=2, gradient_compression="onebit")), "--local_updates=2 exchanges no gradients"),
+    (dict(comm=dict(local_updates=2), elastic=True, global_batch_size=64, micro_batch_size=4),
+     "--local_updates with --elastic"),
+    (dict(comm=dict(collective_timeout_minutes=-1)), "--collective_timeout_minutes must be >= 0"),
 ]
 
 
@@ -134,6 +143,19 @@ def test_recipes_give_their_stated_global_batch():
     assert set(read("budget_phase2.flags")) <= known
     assert all(read("race_classic.flags")[k] == read("race_budget.flags")[k]
                for k in ("eval_files", "eval_batches", "eval_interval", "vocab_file", "time_budget_hours", "precision"))
+
+
+def test_each_one_change_race_differs_from_the_classic_recipe_in_that_change_only():
+    classic = recipe_race.read_flagfile(str(REPO / "configs" / "race_classic.flags"), str(REPO))
+    changes = {"masking": {"train_files", "max_predictions_per_seq", "eval_max_predictions_per_seq"},
+               "no_nsp": {"mlm_only"}, "modern": {"model_preset"}, "wsd": {"schedule", "decay_fraction"},
+               "batch_warmup": {"batch_warmup_sequences"}}
+    assert {p.name for p in (REPO / "configs").glob("race_only_*.flags")} == {f"race_only_{c}.flags" for c in changes}
+    for change, keys in changes.items():
+        flags = recipe_race.read_flagfile(str(REPO / "configs" / f"race_only_{change}.flags"), str(REPO))
+        assert {k for k in flags.keys() | classic.keys() if flags.get(k) != classic.get(k)} == keys, change
+    assert recipe_race.read_flagfile(str(REPO / "configs" / "race_only_masking.flags"), str(REPO))["train_files"] \
+        == "data/race/mask30/train-*"
 
 
 def test_fit_micro_batch_re_splits_the_per_rank_batch_or_names_why_it_cannot(tiny_data, tmp_path):

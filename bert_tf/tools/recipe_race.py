@@ -18,6 +18,25 @@ from bert_tf import ConfigError
 from bert_tf.artifacts import metrics
 
 
+def read_flagfile(path: str, root: str = ".") -> dict:
+    """A flagfile's --name=value lines as {name: value}, following nested --flagfile= lines (relative to
+    `root`, where the race runs) in order, so a later line overrides an earlier one as absl does."""
+    values = {}
+    try:
+        lines = open(path).read().splitlines()
+    except OSError as e:
+        raise ConfigError(f"flagfile {path}: {e.strerror}") from e
+    for line in map(str.strip, lines):
+        if not line.startswith("--"):
+            continue
+        name, _, value = line[2:].partition("=")
+        if name == "flagfile":
+            values.update(read_flagfile(os.path.join(root, value), root))
+        else:
+            values[name] = value
+    return values
+
+
 def curve(run_dir: str) -> dict:
     """A finished run's evaluations: {"seconds", "step", "samples_seen", "accuracy"} lists, its
     sequences per second (the mean of its logged intervals) and the CPU it ran on."""
