@@ -11,6 +11,7 @@ climb the ladder
     fp16/accum      + fp16 gradient compression (Horovod's default fusion 128 MB, cycle 1 ms)
     fusion=X MB     + fusion threshold sweep (--fusion_threshold_mb)
     cycle=Y ms      + cycle time sweep (--cycle_time_ms)
+    powersgd/onebit the compressed exchanges with error feedback, when asked (--compressed)
 and records per update (first --warmup_updates dropped: XLA compilation): compute, allreduce and
 update seconds (rank 0's clock), bytes rank 0's node sent on its link (kernel counter of eth0),
 and sequences/s. Beside each measurement, the planner's prediction (bert_tf/tools/planner.py) from the
@@ -48,18 +49,26 @@ flags.DEFINE_list("rates", ["1", "10", "25"], "Link rates, Gbit/s.")
 flags.DEFINE_list("fusion_threshold_mb", ["0", "1", "16", "64"], "Fusion thresholds to sweep on fp16/accum "
                   "(128 = Horovod's default is the fp16/accum rung itself).")
 flags.DEFINE_list("cycle_time_ms", ["5", "10"], "Cycle times to sweep on fp16/accum (1 ms is Horovod's default).")
+flags.DEFINE_list("compressed", [], "Compressed exchanges to add to the ladder (--gradient_compression): "
+                  "powersgd, onebit.")
+flags.register_validator("compressed", lambda v: set(v) <= {"powersgd", "onebit"},
+                         "--compressed takes powersgd and/or onebit")
 flags.DEFINE_list("rungs", [], "Run only these rungs (labels as printed, e.g. fp32/every-mb,fp16/accum); "
                   "default: all.")
 flags.DEFINE_bool("xla", True, "Compile forward/backward and the update with XLA.")
 flags.DEFINE_float("device_seq_s", 0.0, "Without an emulated cluster: per-rank sequences/s for the planner.")
 flags.DEFINE_integer("job_timeout", 1800, "Seconds before a job is killed (and recorded as failed).")
 flags.DEFINE_string("output_dir", "runs/comm_study", "Where study.json, study.png and job folders go.")
+flags.DEFINE_bool("compression_cost", False, "Only measure what each --compressed exchange (default: both) adds "
+                  "to an update of --model_preset on this machine, in one process, and print it (the planner's "
+                  "overhead).")
 flags.DEFINE_bool("probe", False, "Internal: run the link probe as one rank of an emulated job.")
 FLAGS = flags.FLAGS
 
 
 def all_rungs():
-    return comm_study.rungs([float(x) for x in FLAGS.fusion_threshold_mb], [float(x) for x in FLAGS.cycle_time_ms])
+    return comm_study.rungs([float(x) for x in FLAGS.fusion_threshold_mb], [float(x) for x in FLAGS.cycle_time_ms],
+                            FLAGS.compressed)
 
 
 def ladder():
@@ -105,6 +114,17 @@ def check_flags():
     return nodes, rates
 
 
+def print_compression_cost():
+    """--compression_cost: what each compressed exchange computes per update of --model_preset, here."""
+    from bert_tf.model import modeling
+    from bert_tf.tools import planner
+    shapes = planner.gradient_tensor_shapes(modeling.BertConfig.preset(FLAGS.model_preset, vocab_size=30522))
+    for method in FLAGS.compressed or ["powersgd", "onebit"]:
+        seconds = comm_study.compression_seconds(shapes, method)
+        print(f"{method}: {seconds:.4f} s per update for BERT-{FLAGS.model_preset} (vocabulary 30,522) on this "
+              f"machine, in one process", flush=True)
+
+
 def main(argv):
     if FLAGS.probe:
         link = comm_study.probe_link()
@@ -115,6 +135,8 @@ def main(argv):
     from bert_tf.data import tokenization
     from bert_tf.model import modeling
     from bert_tf.tools import planner
+    if FLAGS.compression_cost:
+        return print_compression_cost()
     nodes_list, rates = check_flags()
     problem = ec.preflight()
     if problem is None:
@@ -123,10 +145,10 @@ def main(argv):
                 raise ConfigError(f"--{name}={FLAGS[name].value} matches nothing (scripts/demo.sh makes the demo data)")
     vocab_size = len(tokenization.load_vocab(FLAGS.vocab_file)) if os.path.exists(FLAGS.vocab_file) else 30522
     config = modeling.BertConfig.preset(FLAGS.model_preset, vocab_size=vocab_size)
-    sizes = planner.gradient_tensor_sizes(config)
+    sizes = planner.gradient_tensor_shapes(config)      # shapes: the compressed exchanges' plans need them
     os.makedirs(FLAGS.output_dir, exist_ok=True)
     result = {"command": " ".join(sys.argv), "model_preset": FLAGS.model_preset, "vocab_size": vocab_size,
-              "parameters": sum(sizes), "gradient_tensors": len(sizes), "batch_size": FLAGS.micro_batch_size,
+              "parameters": sum(planner.gradient_tensor_sizes(config)), "gradient_tensors": len(sizes), "batch_size": FLAGS.micro_batch_size,
               "accumulation_steps": FLAGS.accumulation_steps, "updates": FLAGS.updates, "rows": [],
               "settings": settings()}
     if problem is not None:

@@ -93,8 +93,8 @@ def main(_):
         print(f"measured figures from {FLAGS.device_figures} ({figures.get('device', 'device not named')}): "
               + ", ".join(f"{k}={v:g}" for k, v in used.items()))
     config = modeling.BertConfig.preset(FLAGS.model_preset, vocab_size=FLAGS.vocab_size)
-    sizes = planner.gradient_tensor_sizes(config)
-    params = sum(sizes)
+    shapes = planner.gradient_tensor_shapes(config)
+    params = sum(planner.gradient_tensor_sizes(config))
     cluster = planner.Cluster(FLAGS.nodes, FLAGS.devices_per_node, FLAGS.inter_gbps, FLAGS.inter_latency_us,
                               FLAGS.intra_gbps, price_per_device_hour=FLAGS.price_per_device_hour,
                               message_overhead_us=FLAGS.message_overhead_us)
@@ -104,12 +104,12 @@ def main(_):
                             FLAGS.phase2_device_seq_s)]
     settings = cli.comm_config()
     accumulation = [FLAGS.phase1_accumulation, FLAGS.phase2_accumulation]
-    result = planner.plan(sizes, phases, cluster, settings, accumulation)
-    base, knobs = planner.best_knob(sizes, phases, cluster, settings, accumulation)
+    result = planner.plan(shapes, phases, cluster, settings, accumulation)
+    base, knobs = planner.best_knob(shapes, phases, cluster, settings, accumulation)
     print(f"BERT-{FLAGS.model_preset}: {params / 1e6:.1f}M parameters; {cluster.nodes} nodes x "
           f"{cluster.devices_per_node} devices, {cluster.inter_gbps:g} Gbit/s between nodes")
     for r in result["phases"]:
-        print(f"{r['phase']}: update {r['update_seconds']:.3f} s = compute {r['compute_seconds']:.3f} + allreduce "
+        print(f"{r['phase']}: update {r['update_seconds']:.3f} s = compute {r['compute_seconds']:.3f} + gradients "
               f"{r['allreduce_seconds']:.3f}; {r['sequences_per_second']:.0f} seq/s, scaling efficiency "
               f"{r['scaling_efficiency']:.1%}; {r['days']:.2f} days, cost {r['cost']:.0f}")
     print(f"total: {result['days']:.2f} days, cost {result['cost']:.0f}")

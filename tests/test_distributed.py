@@ -3,6 +3,7 @@ disjoint input, SIGTERM + resume, shape errors, and a killed rank."""
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -70,6 +71,109 @@ def test_every_gradient_allreduce_carries_float16_when_compressed(checks):
     assert len(fp16) >= n_vars and len(fp32) >= n_vars, sorted(dtypes)[:5]
     assert all(v == ["float16"] for v in fp16.values())
     assert all(v == ["float32"] for v in fp32.values())
+
+
+TINY_SHAPES = [tuple(v.shape) for v in
+               modeling.BertPretrainer(modeling.BertConfig.preset("tiny", vocab_size=100)).trainable_variables]
+
+
+def split(flat, shapes):
+    out, start = [], 0
+    for shape in shapes:
+        n = int(np.prod(shape))
+        out.append(flat[start:start + n].reshape(shape))
+        start += n
+    return out
+
+
+def powersgd_reference(inputs, errors, qs, chosen):
+    """NumPy PowerSGD (Vogels et al. 2019, one power iteration) of the ranks' gradient lists: the averaged
+    update, each rank's new error and the next Q. The update P P^T M does not depend on QR's sign
+    choices, nor does the next update on the signs of the Q it starts from (only its span counts)."""
+    out = [np.mean([g[i] for g in inputs], 0) for i in range(len(inputs[0]))]
+    new_errors, new_qs = [[None] * len(chosen) for _ in inputs], []
+    for k, i in enumerate(chosen):
+        ms = [g[i] + e[k] for g, e in zip(inputs, errors)]
+        p = np.linalg.qr(np.mean([m @ qs[k] for m in ms], 0))[0]
+        new_qs.append(np.mean([m.T @ p for m in ms], 0))
+        out[i] = p @ new_qs[-1].T
+        for r, m in enumerate(ms):
+            new_errors[r][k] = m - out[i]
+    return out, new_errors, new_qs
+
+
+def onebit_reference(inputs, size):
+    """NumPy 1-bit exchange, first update (errors zero): signs and mean-|x| scales per rank's chunk, averaged
+    by the chunk's owner, compressed again."""
+    elements = inputs[0].size
+    chunk = 8 * -(-elements // (8 * size))
+    blocks = [np.pad(x, (0, size * chunk - elements)).reshape(size, chunk) for x in inputs]
+    dequant = [np.where(b >= 0, 1.0, -1.0) * np.abs(b).mean(1, keepdims=True) for b in blocks]
+    mine = np.mean(dequant, 0)
+    total = np.where(mine >= 0, 1.0, -1.0) * np.abs(mine).mean(1, keepdims=True)
+    return total.reshape(-1)[:elements], [x - d.reshape(-1)[:elements] for x, d in zip(inputs, dequant)]
+
+
+def test_compressed_exchanges_give_every_rank_the_reference_update(checks):
+    """powersgd and onebit on gradients that differ per rank: both ranks get the same update, the one a NumPy
+    reference computes from both ranks' gradients (PowerSGD also on the second update, from its error
+    buffers and warm Q); a non-finite gradient on one rank gives a non-finite update everywhere and leaves
+    the buffers as they were; the buffers gathered for a checkpoint come back to each rank."""
+    results, arrays, _ = checks
+    chosen = [i for i, s in enumerate(TINY_SHAPES) if len(s) == 2 and min(s) >= 16]
+    for method in ("powersgd", "onebit"):
+        for call in (0, 1):
+            np.testing.assert_array_equal(arrays[0][f"{method}_out{call}"], arrays[1][f"{method}_out{call}"])
+        assert not results[0][f"{method}_nonfinite_out"] and not results[1][f"{method}_nonfinite_out"]
+        assert results[0][f"{method}_nonfinite_kept_state"] and results[1][f"{method}_nonfinite_kept_state"]
+        assert results[0][f"{method}_restored_equal"] and results[1][f"{method}_restored_equal"]
+        assert results[0][f"{method}_restore_message"] == "gradient compression: error buffers of all 2 ranks restored"
+        np.testing.assert_array_equal(arrays[0][f"{method}_saved"],
+                                      np.concatenate([a[f"{method}_state1"] for a in arrays]))
+    # PowerSGD, two updates: the reference carries each rank's error and the averaged Q forward
+    qs = split(arrays[0]["powersgd_q0"], [(TINY_SHAPES[i][1], 2) for i in chosen])
+    errors = [[np.zeros(TINY_SHAPES[i]) for i in chosen] for _ in range(2)]
+    for call in (0, 1):
+        inputs = [split(a[f"powersgd_in{call}"], TINY_SHAPES) for a in arrays]
+        expected, errors, qs = powersgd_reference(inputs, errors, qs, chosen)
+        got = split(arrays[0][f"powersgd_out{call}"], TINY_SHAPES)
+        for i, (g, e) in enumerate(zip(got, expected)):
+            np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-4 * np.abs(e).max(), err_msg=f"update {call}, {i}")
+        for r in range(2):
+            np.testing.assert_allclose(arrays[r][f"powersgd_state{call}"],
+                                       np.concatenate([e.ravel() for e in errors[r]]), atol=1e-4)
+    # the low-rank update differs from the plain mean: the compression is in effect
+    mean = np.mean([a["powersgd_in0"] for a in arrays], 0)
+    assert np.abs(arrays[0]["powersgd_out0"] - mean).max() > 0.1
+    # 1-bit, first update
+    total, worker_errors = onebit_reference([a["onebit_in0"] for a in arrays], 2)
+    np.testing.assert_allclose(arrays[0]["onebit_out0"], total, rtol=1e-5, atol=1e-6)
+    for r in range(2):
+        np.testing.assert_allclose(arrays[r]["onebit_state0"][:total.size], worker_errors[r], atol=1e-5)
+    assert len(np.unique(np.abs(arrays[0]["onebit_out0"]))) <= 2      # one magnitude per rank's chunk
+
+
+def test_compressed_training_keeps_ranks_equal(checks):
+    results, _, _ = checks
+    for method in ("powersgd", "onebit"):
+        assert results[0][f"{method}_digest_after_4_steps"] == results[1][f"{method}_digest_after_4_steps"]
+        assert results[0][f"{method}_moved"] and results[0][f"{method}_exchanges"] == 4
+
+
+def test_diloco_s_outer_step_is_the_reference_and_the_same_on_every_rank(checks):
+    """Two local updates part the ranks' weights; the outer step (the float16 average of anchor - weights,
+    Nesterov momentum 0.9, learning rate 0.7) gives both the same weights, the reference's."""
+    results, arrays, _ = checks
+    assert not np.array_equal(arrays[0]["diloco_before"], arrays[1]["diloco_before"])
+    np.testing.assert_array_equal(arrays[0]["diloco_after"], arrays[1]["diloco_after"])
+    anchor = arrays[0]["diloco_anchor"]
+    np.testing.assert_array_equal(anchor, arrays[1]["diloco_anchor"])
+    deltas = [(anchor - a["diloco_before"]).astype(np.float16) for a in arrays]
+    mean = ((deltas[0] + deltas[1]) * np.float16(0.5)).astype(np.float32)     # Horovod's float16 average
+    np.testing.assert_allclose(arrays[0]["diloco_velocity"], mean, rtol=1e-6, atol=0)
+    expected = anchor - np.float32(0.7) * (mean + np.float32(0.9) * mean)
+    np.testing.assert_allclose(arrays[0]["diloco_after"], expected, rtol=1e-6, atol=1e-7)
+    assert results[0]["diloco_rounds"] == 1
 
 
 def file_record_hashes(pattern):
@@ -234,3 +338,78 @@ def test_a_killed_rank_ends_the_job_and_keeps_the_checkpoint(tmp_path, tiny_data
     assert job.returncode != 0 and time.time() - start < 60
     latest = tf.train.latest_checkpoint(str(ckpt))
     assert latest and len(_weights(latest)) == TINY_VARIABLES
+
+
+def test_a_stopped_rank_ends_the_job_within_the_collective_timeout(tmp_path, tiny_data):
+    """A rank that stops taking part (SIGSTOP: alive, silent, its sockets open) is a hang Horovod does not end:
+    the other rank's watchdog ends the job after --collective_timeout_minutes, naming itself and the
+    collective it waited in; the last checkpoint stays readable."""
+    ckpt = tmp_path / "stopped"
+    job = _launch_background(tiny_data["flags"] + ["--total_steps=100000", "--save_interval=2",
+                                                   "--collective_timeout_minutes=0.25"], ckpt)
+    _wait_for_step(ckpt / "metrics.jsonl", 3, job)
+    stopped = max(_ranks_of(str(ckpt)))
+    os.kill(stopped, signal.SIGSTOP)
+    start = time.time()
+    try:
+        output = job.communicate(timeout=90)[0]
+    except subprocess.TimeoutExpired:
+        job.kill()
+        raise AssertionError("job still running 90 s after a rank was stopped")
+    finally:
+        if psutil.pid_exists(stopped):
+            os.kill(stopped, signal.SIGKILL)
+    assert job.returncode != 0 and 15 + 5 <= time.time() - start < 60, output[-3000:]   # timeout + grace
+    assert re.search(r"error: rank [01] has waited 0\.\d min in the [a-z' -]+ \(update \d+\), longer than "
+                     r"--collective_timeout_minutes=0\.25", output), output[-3000:]
+    # the stopped rank printed nothing: the line names the one that waited, and only it
+    stuck = 1 - int(re.search(r"error: rank (\d) has waited", output).group(1))
+    assert f"error: rank {stuck} has waited" not in output
+    latest = tf.train.latest_checkpoint(str(ckpt))
+    assert latest and len(_weights(latest)) == TINY_VARIABLES
+
+
+def test_a_compressed_run_resumes_bit_exactly(tmp_path, tiny_data):
+    """--gradient_compression=onebit: each rank's error buffers are checkpoint state (gathered on rank 0):
+    6 updates straight, and 3 + 3 resumed from the step-3 checkpoint, give the same weights to the bit."""
+    flags = tiny_data["flags"] + ["--gradient_compression=onebit", "--compression_warmup_steps=1", "--total_steps=6",
+                                  "--save_interval=3", "--optimizer=adamw", "--cycle_time_ms=10"]
+    straight = tmp_path / "straight"
+    first = mpirun(2, [PRETRAIN, *flags, f"--checkpoint_dir={straight}"])
+    assert "gradients 1-bit after 1 uncompressed updates" in first.stdout, first.stdout[-2000:]
+    reader = tf.train.load_checkpoint(str(straight / "ckpt-3"))
+    saved = reader.get_tensor("gradient_exchange/saved/.ATTRIBUTES/VARIABLE_VALUE")
+    assert saved.size > 2 * sum(int(np.prod(s)) for s in TINY_SHAPES) and np.abs(saved).max() > 0
+    resumed = tmp_path / "resumed"
+    resumed.mkdir()
+    for path in straight.iterdir():
+        if path.name.startswith("ckpt-3.") or path.name == "bert_config.json":
+            shutil.copy(path, resumed / path.name)
+    (resumed / "checkpoint").write_text('model_checkpoint_path: "ckpt-3"\nall_model_checkpoint_paths: "ckpt-3"\n')
+    again = mpirun(2, [PRETRAIN, *flags, f"--checkpoint_dir={resumed}"])
+    log = again.stdout + again.stderr
+    assert "resumed from" in log and "gradient compression: error buffers of all 2 ranks restored" in log, log[-3000:]
+    a, b = _weights(str(straight / "ckpt-6")), _weights(str(resumed / "ckpt-6"))
+    assert a.keys() == b.keys() and len(a) == TINY_VARIABLES
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+
+
+def test_diloco_run_synchronises_every_h_updates_saves_in_step_and_resumes(tmp_path, tiny_data):
+    """--local_updates=2 on 2 ranks for 5 updates: outer steps after updates 2 and 4, and one more before the
+    last save (5 is between two); evaluations and saves on synchronised weights; resumed to 6, the outer
+    state (rounds, anchor, velocity) comes back from the checkpoint and the next round goes on."""
+    flags = tiny_data["flags"] + ["--local_updates=2", "--save_interval=2", "--eval_interval=2", "--optimizer=adamw",
+                                  "--cycle_time_ms=10"]
+    ckpt = tmp_path / "diloco"
+    first = mpirun(2, [PRETRAIN, *flags, "--total_steps=5", f"--checkpoint_dir={ckpt}"])
+    assert "gradients DiLoCo: the weights' change in float16 every 2 updates" in first.stdout, first.stdout[-2000:]
+    rounds = {s: tf.train.load_checkpoint(str(ckpt / f"ckpt-{s}")).get_tensor(
+        "outer_step/rounds/.ATTRIBUTES/VARIABLE_VALUE") for s in (2, 4, 5)}
+    assert rounds == {2: 1, 4: 2, 5: 3}
+    evaluations = [json.loads(line) for line in open(ckpt / "metrics.jsonl") if '"eval"' in line]
+    assert [e["step"] for e in evaluations][:2] == [2, 4]
+    again = mpirun(2, [PRETRAIN, *flags, "--total_steps=6", f"--checkpoint_dir={ckpt}"])
+    assert re.search(r"resumed from \S*ckpt-5 at step 5\b", again.stdout + again.stderr), again.stdout[-2000:]
+    reader = tf.train.load_checkpoint(str(ckpt / "ckpt-6"))
+    assert reader.get_tensor("outer_step/rounds/.ATTRIBUTES/VARIABLE_VALUE") == 4

@@ -19,7 +19,37 @@ def test_gradient_tensors_match_the_model():
         model = modeling.BertPretrainer(config)
         sizes = [int(v.shape.num_elements()) for v in model.trainable_variables]
         assert sorted(planner.gradient_tensor_sizes(config)) == sorted(sizes)
+        assert sorted(planner.gradient_tensor_shapes(config)) == sorted(tuple(v.shape) for v in model.trainable_variables)
         assert planner.parameter_count(config) == sum(sizes)
+
+
+def test_compressed_exchanges_by_hand():
+    """The plan of --gradient_compression=powersgd|onebit: the bytes comm.wire_bytes counts, sent at the link's
+    rate; 1-bit's alltoall puts every rank of a node on its link, PowerSGD's allreduces do not."""
+    shapes = planner.gradient_tensor_shapes(modeling.BertConfig.preset("base", vocab_size=30522))
+    elements = sum(planner.gradient_tensor_sizes(modeling.BertConfig.preset("base", vocab_size=30522)))
+    phase = planner.Phase("p", 128, 1e6, 4096, 1000.0)
+    flat = planner.Cluster(4, 1, 10.0, inter_latency_us=0)
+    comms = {m: CommConfig(gradient_compression=m, cycle_time_ms=0) for m in ("fp16", "powersgd", "onebit")}
+    rows = {m: planner.plan_phase(shapes, phase, flat, c, 1) for m, c in comms.items()}
+    bw = 10e9 / 8
+    assert rows["fp16"]["allreduce_seconds"] == pytest.approx(1.5 * 2 * elements / bw, rel=1e-3)
+    from bert_tf.dist import comm as comm_module
+    for m in ("powersgd", "onebit"):       # a flat ring: what each rank sends, at the link's rate
+        assert rows[m]["allreduce_seconds"] == pytest.approx(comm_module.wire_bytes(m, shapes, 4) / bw, rel=1e-3)
+        assert rows["fp16"]["allreduce_seconds"] / rows[m]["allreduce_seconds"] > 8
+    # 4 nodes of 4 devices: fp16 goes hierarchically (each node's link carries one shard's worth), 1-bit not
+    nodes = planner.Cluster(4, 4, 10.0, inter_latency_us=0, intra_gbps=1e6)
+    fp16 = planner.plan_phase(shapes, phase, nodes, comms["fp16"], 1)["allreduce_seconds"]
+    onebit = planner.plan_phase(shapes, phase, nodes, comms["onebit"], 1)["allreduce_seconds"]
+    assert fp16 / onebit == pytest.approx(16 / 4, rel=0.01)
+    # its own computation and the extra updates it needs, when measured, count
+    slow = planner.plan_phase(shapes, phase, flat, comms["onebit"], 1, overhead_seconds=0.5, update_factor=1.2)
+    assert slow["update_seconds"] == pytest.approx(rows["onebit"]["update_seconds"] + 0.5)
+    assert slow["days"] == pytest.approx(rows["onebit"]["days"] * 1.2 * slow["update_seconds"]
+                                         / rows["onebit"]["update_seconds"])
+    with pytest.raises(ConfigError, match="needs the gradient tensors' shapes"):
+        planner.plan_phase(1e8, phase, flat, comms["onebit"], 1)
 
 
 def test_fusion_packs_tensors_in_order_into_buffers():

@@ -39,7 +39,7 @@ from bert_tf import ConfigError, sha256
 
 
 # Items a checkpoint may lack because older versions did not write them.
-OPTIONAL_ITEMS = ("input_position", "clock")
+OPTIONAL_ITEMS = ("input_position", "clock", "gradient_exchange", "outer_step")
 
 # What tf.train.Checkpoint appends to a variable's object path to make the key of its value.
 VARIABLE_VALUE = "/.ATTRIBUTES/VARIABLE_VALUE"

@@ -9,17 +9,22 @@ defines them: `cli.define_comm`).
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from bert_tf import ConfigError, knob
 
 # Horovod 0.28's own values, in force when a field is None and the environment sets nothing.
 HOROVOD_FUSION_THRESHOLD_MB = 128.0
 HOROVOD_CYCLE_TIME_MS = 1.0
+# --gradient_compression: none and fp16 are Horovod allreduces; powersgd and onebit are
+# bert_tf/dist/compression.py's exchanges with error feedback
+COMPRESSIONS = ("none", "fp16", "powersgd", "onebit")
 
 
 @dataclasses.dataclass(frozen=True)
 class CommConfig:
-    fp16_allreduce: bool = knob(False, "Send gradients as float16 (Horovod compression).")
+    fp16_allreduce: bool = knob(False, "Send gradients as float16 (Horovod compression): the same as "
+                                "--gradient_compression=fp16.")
     allreduce_every_micro_batch: bool = knob(
         False, "The naive baseline: allreduce each micro-batch's gradients (accumulation_steps allreduces per "
         "update instead of one, after accumulation).")
@@ -30,12 +35,63 @@ class CommConfig:
     cycle_time_ms: float | None = knob(
         None, f"Horovod cycle time, ms (HOROVOD_CYCLE_TIME). Unset: Horovod's {HOROVOD_CYCLE_TIME_MS:g} ms; the "
         "environment wins over the flag.")
+    gradient_compression: str = knob(
+        "none", "How gradients cross ranks, once per update: none (float32 allreduce), fp16 (float16 allreduce), "
+        "powersgd (each weight matrix as rank --powersgd_rank factors, error feedback; Vogels et al. 2019) or "
+        "onebit (signs and one scale per chunk, error feedback on both sides, alltoall + allgather; 1/32 of "
+        "float32's bytes). bert_tf/dist/compression.py.", choices=COMPRESSIONS)
+    powersgd_rank: int = knob(4, "--gradient_compression=powersgd: the rank of each matrix's factors.")
+    compression_warmup_steps: int = knob(
+        0, "Updates exchanged uncompressed (float32) before powersgd or onebit starts (1-bit Adam's warmup).")
+    local_updates: int = knob(
+        0, "DiLoCo (bert_tf/dist/local_sgd.py): each rank takes this many optimizer updates on its own data, "
+        "then the ranks average the weights' change in float16 and take an outer Nesterov step; 0: every update "
+        "allreduces the gradients. --save_interval and --eval_interval must be multiples of it.")
+    outer_learning_rate: float = knob(0.7, "--local_updates: the outer step's learning rate (DiLoCo's 0.7).")
+    outer_momentum: float = knob(0.9, "--local_updates: the outer step's Nesterov momentum (DiLoCo's 0.9).")
+    collective_timeout_minutes: float = knob(
+        30.0, "A rank waiting this long in a collective (another rank frozen, unreachable or stopped) ends the "
+        "job with an error naming the rank and the collective (bert_tf/dist/watchdog.py); 0: wait for ever. "
+        "Static runs (elastic mode handles lost ranks itself).")
 
     def __post_init__(self):
+        if self.gradient_compression not in COMPRESSIONS:
+            raise ConfigError(f"--gradient_compression={self.gradient_compression}: valid are "
+                              f"{', '.join(COMPRESSIONS)}")
+        if self.fp16_allreduce and self.gradient_compression not in ("none", "fp16"):
+            raise ConfigError(f"--fp16_allreduce with --gradient_compression={self.gradient_compression}: they "
+                              "disagree (--fp16_allreduce is --gradient_compression=fp16); give one")
+        if self.compressed and self.allreduce_every_micro_batch:
+            raise ConfigError(f"--gradient_compression={self.gradient_compression} with "
+                              "--allreduce_every_micro_batch: error feedback works on one exchange per update")
+        if self.local_updates < 0 or self.outer_learning_rate <= 0 or not 0 <= self.outer_momentum < 1:
+            raise ConfigError(f"--local_updates must be >= 0, --outer_learning_rate > 0 and --outer_momentum in "
+                              f"[0, 1), got {self.local_updates}, {self.outer_learning_rate:g}, "
+                              f"{self.outer_momentum:g}")
+        if self.local_updates and (self.method != "none" or self.allreduce_every_micro_batch):
+            raise ConfigError(f"--local_updates={self.local_updates} exchanges no gradients (the outer step sends the "
+                              "weights' change in float16): drop --gradient_compression, --fp16_allreduce and "
+                              "--allreduce_every_micro_batch")
+        if self.collective_timeout_minutes < 0:
+            raise ConfigError(f"--collective_timeout_minutes must be >= 0 (0: no timeout), got "
+                              f"{self.collective_timeout_minutes:g}")
+        if self.powersgd_rank < 1 or self.compression_warmup_steps < 0:
+            raise ConfigError(f"--powersgd_rank must be >= 1 and --compression_warmup_steps >= 0, got "
+                              f"{self.powersgd_rank} and {self.compression_warmup_steps}")
         for name in ("fusion_threshold_mb", "cycle_time_ms"):
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise ConfigError(f"--{name} must be >= 0, got {value:g}")
+
+    @property
+    def method(self) -> str:
+        """The gradient exchange in force: --gradient_compression, with --fp16_allreduce read as fp16."""
+        return "fp16" if self.fp16_allreduce else self.gradient_compression
+
+    @property
+    def compressed(self) -> bool:
+        """An exchange with error feedback (state to checkpoint), not a Horovod allreduce."""
+        return self.gradient_compression in ("powersgd", "onebit")
 
     def resolved(self) -> "CommConfig":
         """None replaced by Horovod's default (what a run gets when the environment sets nothing)."""
@@ -52,6 +108,50 @@ class CommConfig:
             value = getattr(self, f.name)
             if isinstance(value, bool):
                 out.append(f"--{f.name}" if value else f"--no{f.name}")
-            elif value is not None:
+            elif isinstance(value, float):
                 out.append(f"--{f.name}={value:g}")
+            elif value is not None:
+                out.append(f"--{f.name}={value}")
         return out
+
+
+# -- what each method sends (plain Python: the planner uses it without TensorFlow) --------------------------
+METHODS = ("powersgd", "onebit")
+MIN_SIDE = 16          # thinner matrices (token types, classifiers) and vectors go uncompressed
+
+
+def powersgd_plan(shapes, rank: int) -> list:
+    """Indices of the tensors PowerSGD compresses (2-D, both sides >= MIN_SIDE); ConfigError when
+    --powersgd_rank exceeds one's smaller side."""
+    if rank < 1:
+        raise ConfigError(f"--powersgd_rank must be >= 1, got {rank}")
+    chosen = [i for i, s in enumerate(shapes) if len(s) == 2 and min(s) >= MIN_SIDE]
+    for i in chosen:
+        if rank > min(shapes[i]):
+            raise ConfigError(f"--powersgd_rank={rank} is larger than the smaller side of a {shapes[i][0]} x "
+                              f"{shapes[i][1]} weight matrix: give at most {min(shapes[i])}")
+    return chosen
+
+
+def wire_bytes(method: str, shapes, size: int, rank: int = 4) -> float:
+    """Bytes each rank sends per update with ring collectives (allreduce: 2(N-1)/N of the payload;
+    alltoall and allgather: (N-1)/N of the full vector each), for none|fp16|powersgd|onebit."""
+    if size < 2:
+        return 0.0
+    elements = sum(math.prod(s) for s in shapes)
+    ring = 2 * (size - 1) / size
+    if method in ("none", "fp16"):
+        return ring * elements * (4 if method == "none" else 2)
+    if method == "powersgd":
+        chosen = set(powersgd_plan(shapes, rank))
+        floats = sum(rank * sum(s) if i in chosen else math.prod(s) for i, s in enumerate(shapes))
+        return ring * 4 * floats
+    if method == "onebit":
+        chunk = onebit_chunk(elements, size)
+        return 2 * (size - 1) * (chunk / 8 + 4)
+    raise ConfigError(f"unknown gradient compression {method!r}")
+
+
+def onebit_chunk(elements: int, size: int) -> int:
+    """Elements per rank's chunk: the vector split evenly, rounded up to whole bytes of signs."""
+    return 8 * math.ceil(elements / (8 * size))

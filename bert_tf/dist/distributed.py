@@ -11,6 +11,7 @@ import queue
 import tensorflow as tf
 
 from bert_tf import ConfigError
+from bert_tf.dist import watchdog
 from bert_tf.dist.comm import CommConfig
 
 # CommConfig field (and flag) -> Horovod environment variable. Values set by horovodrun (or the user's
@@ -33,6 +34,8 @@ def configure(comm: CommConfig, timeline=None, autotune=False):
             effective[var] = (os.environ[var], f"--{flag}")
         else:
             effective[var] = ("horovod default", "default")
+    for var, value in watchdog.horovod_settings(comm.collective_timeout_minutes).items():
+        os.environ.setdefault(var, value)     # Horovod's stall report names the missing ranks in time
     if timeline:
         os.environ.setdefault("HOROVOD_TIMELINE", timeline)
     if autotune:
@@ -151,7 +154,8 @@ def broadcast_variables(variables, root_rank=0):
     """Make every rank's variables equal root_rank's (call once all variables exist)."""
     import horovod.tensorflow as hvd
     if hvd.size() > 1:
-        hvd.broadcast_variables(variables, root_rank=root_rank)
+        with watchdog.watching("the broadcast of the variables"):
+            hvd.broadcast_variables(variables, root_rank=root_rank)
 
 
 def make_gradient_allreduce(fp16_compression=False, name="grad", weight=1.0):
@@ -183,13 +187,31 @@ def make_gradient_allreduce(fp16_compression=False, name="grad", weight=1.0):
     return allreduce
 
 
+def make_gradient_exchange(comm: CommConfig, variables, seed=0, name="grad"):
+    """The update's gradient exchange for --gradient_compression (comm.method): a Horovod allreduce
+    (none, fp16: make_gradient_allreduce) or a compressed exchange with error feedback (powersgd, onebit:
+    compression.CompressedExchange, a tf.Module the trainer checkpoints). variables: the trainer's, in its
+    order."""
+    if not comm.compressed:
+        return make_gradient_allreduce(comm.method == "fp16", name=name)
+    from bert_tf.dist import compression
+    if comm.gradient_compression == "onebit":
+        import horovod.tensorflow as hvd
+        if hvd.size() > 1 and not (hvd.mpi_enabled() or hvd.gloo_enabled()):
+            raise ConfigError("--gradient_compression=onebit needs Horovod's alltoall over MPI or Gloo, and this "
+                              "job runs neither")
+    return compression.CompressedExchange(comm.gradient_compression, variables, comm.powersgd_rank,
+                                          comm.compression_warmup_steps, seed, size(), name)
+
+
 def sum_across_ranks(values: dict) -> dict:
     """Sums a dict of float scalars over ranks (exact counts for accuracies; callers divide)."""
     import horovod.tensorflow as hvd
     keys = sorted(values)
     stacked = tf.stack([tf.cast(values[k], tf.float64) for k in keys])
     if hvd.size() > 1:
-        stacked = hvd.allreduce(stacked, op=hvd.Sum, name="metrics_sum")
+        with watchdog.watching("the metrics' allreduce"):
+            stacked = hvd.allreduce(stacked, op=hvd.Sum, name="metrics_sum")
     return dict(zip(keys, stacked.numpy().tolist()))
 
 
@@ -212,7 +234,8 @@ def gather_bytes(data: bytes) -> list:
     import horovod.tensorflow as hvd
     if hvd.size() == 1:
         return [data]
-    return hvd.allgather_object(data, name="gather_bytes")
+    with watchdog.watching("the allgather of the input positions"):
+        return hvd.allgather_object(data, name="gather_bytes")
 
 
 def any_rank(flag: bool) -> bool:
@@ -220,7 +243,8 @@ def any_rank(flag: bool) -> bool:
     import horovod.tensorflow as hvd
     if hvd.size() == 1:
         return flag
-    return bool(hvd.allreduce(tf.constant(int(flag)), op=hvd.Max, name="stop_flag").numpy())
+    with watchdog.watching("the stop-flag allreduce"):
+        return bool(hvd.allreduce(tf.constant(int(flag)), op=hvd.Max, name="stop_flag").numpy())
 
 
 class ElasticWorld:

@@ -27,15 +27,17 @@ BASELINE = "fp32/every-mb"
 FP32_ACCUM = "fp32/accum"
 
 
-def rungs(fusion_thresholds_mb=(), cycle_times_ms=()):
+def rungs(fusion_thresholds_mb=(), cycle_times_ms=(), compressed=()):
     """[(label, CommConfig)] in the order of the paper's optimisations, Horovod's defaults
-    spelled out (128 MB fusion, 1 ms cycle) so that each job states what it ran with."""
+    spelled out (128 MB fusion, 1 ms cycle) so that each job states what it ran with; then the
+    compressed exchanges asked for (`compressed`: powersgd, onebit)."""
     out = [(BASELINE, CommConfig(allreduce_every_micro_batch=True)),
            (FP32_ACCUM, CommConfig()),
            ("fp16/accum", CommConfig(fp16_allreduce=True))]
     out += [(f"fp16 fusion={mb:g}MB", CommConfig(fp16_allreduce=True, fusion_threshold_mb=mb))
             for mb in fusion_thresholds_mb]
     out += [(f"fp16 cycle={ms:g}ms", CommConfig(fp16_allreduce=True, cycle_time_ms=ms)) for ms in cycle_times_ms]
+    out += [(method, CommConfig(gradient_compression=method)) for method in compressed]
     return [(label, comm.resolved()) for label, comm in out]
 
 
@@ -163,6 +165,31 @@ def previous_results(path, settings):
     rows = {(r["nodes"], r["rate_gbit"], r["config"]): r for r in old["rows"] if "error" not in r}
     links = {(link["nodes"], link["rate_gbit"]): link for link in old.get("links", [])}
     return rows, links
+
+
+def compression_seconds(shapes, method, powersgd_rank=4, repeats=5) -> float:
+    """The computation a compressed exchange adds to an update on this machine, in one process (no link):
+    seconds per exchange of random gradients of `shapes`, compiled as the trainer runs it (tf.function),
+    the first call (tracing) dropped, the median of `repeats`. The planner's overhead_seconds."""
+    import statistics
+    import time
+
+    import tensorflow as tf
+
+    from bert_tf.dist import compression, distributed
+    distributed.init()
+    variables = [tf.Variable(tf.random.stateless_normal(s, seed=[0, i])) for i, s in enumerate(shapes)]
+    exchange = compression.CompressedExchange(method, variables, powersgd_rank, seed=0, name=f"cost_{method}")
+    run = tf.function(exchange, jit_compile=False)
+    grads = [tf.convert_to_tensor(v) for v in variables]
+    run(grads)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        out = run(grads)
+        float(tf.reduce_sum(out[0]))           # wait for the result
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
 
 
 # -- predicting -------------------------------------------------------------------------------

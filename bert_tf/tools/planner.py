@@ -55,27 +55,33 @@ Not modelled: stragglers, input stalls, and fixed per-update costs beyond those 
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from bert_tf import ConfigError
-from bert_tf.dist.comm import CommConfig
+from bert_tf.dist.comm import CommConfig, onebit_chunk, powersgd_plan
 from bert_tf.model.modeling import BertConfig
 
 
-def gradient_tensor_sizes(config: BertConfig, nsp: bool = True) -> list:
-    """Element count of every trainable variable of modeling.BertPretrainer (one gradient tensor
-    each, so one Horovod allreduce each), listed in google's layout order (embeddings, layers,
-    pooler, heads). The same sizes as the model's (tested), not in its order (tf.Module sorts
-    attributes by name); the order only moves where fusion_messages cuts the buffers, and Horovod
-    itself fuses the tensors in the order they are ready."""
+def gradient_tensor_shapes(config: BertConfig, nsp: bool = True) -> list:
+    """The shape of every trainable variable of modeling.BertPretrainer (one gradient tensor each, so one
+    Horovod allreduce each), listed in google's layout order (embeddings, layers, pooler, heads). The same
+    shapes as the model's (tested), not in its order (tf.Module sorts attributes by name); the order only
+    moves where fusion_messages cuts the buffers, and Horovod itself fuses the tensors in the order they
+    are ready."""
     H, I, V = config.hidden_size, config.intermediate_size, config.vocab_size
-    sizes = [V * H, config.max_position_embeddings * H, config.type_vocab_size * H, H, H]
-    layer = [H * H, H] * 4 + [H, H] + [H * I, I, I * H, H] + [H, H]
-    sizes += layer * config.num_hidden_layers
-    sizes += [H * H, H]                                       # pooler
-    sizes += [H * H, H, H, H, V]                              # MLM transform, LayerNorm, output bias
+    shapes = [(V, H), (config.max_position_embeddings, H), (config.type_vocab_size, H), (H,), (H,)]
+    layer = [(H, H), (H,)] * 4 + [(H,), (H,)] + [(H, I), (I,), (I, H), (H,)] + [(H,), (H,)]
+    shapes += layer * config.num_hidden_layers
+    shapes += [(H, H), (H,)]                                  # pooler
+    shapes += [(H, H), (H,), (H,), (H,), (V,)]                # MLM transform, LayerNorm, output bias
     if nsp:
-        sizes += [H * 2, 2]
-    return sizes
+        shapes += [(H, 2), (2,)]
+    return shapes
+
+
+def gradient_tensor_sizes(config: BertConfig, nsp: bool = True) -> list:
+    """Element count of each of gradient_tensor_shapes."""
+    return [math.prod(s) for s in gradient_tensor_shapes(config, nsp)]
 
 
 def parameter_count(config: BertConfig, nsp: bool = True) -> int:
@@ -176,10 +182,16 @@ def allreduce_seconds(gradient_bytes, cluster: Cluster, messages=1, cycle_time_m
     return intra + inter + (2 * (d - 1) * lat_intra + 2 * (n - 1) * lat_inter) * messages + wait
 
 
-def plan_phase(tensor_sizes, phase: Phase, cluster: Cluster, comm: CommConfig, accumulation: int):
-    """tensor_sizes: gradient_tensor_sizes(config), or one number (all parameters in one tensor)."""
+def plan_phase(tensor_sizes, phase: Phase, cluster: Cluster, comm: CommConfig, accumulation: int,
+               overhead_seconds=0.0, update_factor=1.0):
+    """tensor_sizes: gradient_tensor_sizes(config), or one number (all parameters in one tensor), or
+    gradient_tensor_shapes(config) (which --gradient_compression=powersgd|onebit need).
+    overhead_seconds: a compressed exchange's own computation per update; update_factor: the updates it
+    needs for the quality the uncompressed run reaches in 1 (both measured: docs/results.md)."""
     if isinstance(tensor_sizes, (int, float)):
         tensor_sizes = [tensor_sizes]
+    shapes = [s for s in tensor_sizes if isinstance(s, tuple)]
+    tensor_sizes = [math.prod(s) if isinstance(s, tuple) else s for s in tensor_sizes]
     N = cluster.devices
     if phase.global_batch % N:
         raise ConfigError(f"{phase.name}: global batch {phase.global_batch} is not divisible by {N} devices "
@@ -188,20 +200,49 @@ def plan_phase(tensor_sizes, phase: Phase, cluster: Cluster, comm: CommConfig, a
         raise ConfigError(f"{phase.name}: per-device batch {phase.global_batch // N} is not divisible by "
                           f"--{phase.name}_accumulation={accumulation}")
     comm = comm.resolved()
-    width = 2 if comm.fp16_allreduce else 4
-    tensor_bytes = [size * width for size in tensor_sizes]
-    gradient_bytes = sum(tensor_bytes)
-    messages = fusion_messages(tensor_bytes, comm.fusion_threshold_mb)
     compute = phase.global_batch / (N * phase.device_sequences_per_second)
-    allreduces = accumulation if comm.allreduce_every_micro_batch else 1
-    comm_time = allreduces * allreduce_seconds(gradient_bytes, cluster, messages, comm.cycle_time_ms)
+    if comm.compressed:
+        if len(shapes) != len(tensor_sizes):
+            raise ConfigError(f"--gradient_compression={comm.gradient_compression}: the plan needs the gradient "
+                              "tensors' shapes (planner.gradient_tensor_shapes)")
+        comm_time, gradient_bytes, messages = compressed_exchange_seconds(shapes, cluster, comm)
+        comm_time += overhead_seconds
+    else:
+        width = 2 if comm.method == "fp16" else 4
+        tensor_bytes = [size * width for size in tensor_sizes]
+        gradient_bytes = sum(tensor_bytes)
+        messages = fusion_messages(tensor_bytes, comm.fusion_threshold_mb)
+        allreduces = accumulation if comm.allreduce_every_micro_batch else 1
+        comm_time = allreduces * allreduce_seconds(gradient_bytes, cluster, messages, comm.cycle_time_ms)
     step = compute + comm_time
     throughput = phase.global_batch / step
-    seconds = phase.total_sequences / throughput
+    seconds = phase.total_sequences * update_factor / throughput
     return {"phase": phase.name, "compute_seconds": compute, "allreduce_seconds": comm_time, "update_seconds": step,
-            "gradient_bytes": gradient_bytes, "messages": messages, "sequences_per_second": throughput, "scaling_efficiency": compute / step,
-            "updates": phase.total_sequences / phase.global_batch, "days": seconds / 86400,
-            "cost": seconds / 3600 * N * cluster.price_per_device_hour}
+            "gradient_bytes": gradient_bytes, "messages": messages, "sequences_per_second": throughput,
+            "scaling_efficiency": compute / step, "updates": phase.total_sequences * update_factor / phase.global_batch,
+            "days": seconds / 86400, "cost": seconds / 3600 * N * cluster.price_per_device_hour}
+
+
+def compressed_exchange_seconds(shapes, cluster: Cluster, comm: CommConfig):
+    """(seconds, payload bytes, messages) of one powersgd or onebit exchange, computation aside.
+    powersgd: two grouped allreduces (the P factors; the Q factors with the uncompressed tensors) of its
+    payload, as allreduce_seconds models any allreduce. onebit: an alltoall and an allgather of the signs
+    (and of one scale per rank) over all N ranks, no hierarchy: each node's link carries its d ranks'
+    (N - d)/N of both, and every rank exchanges with N - 1 others twice for each of the two tensors."""
+    N, n, d = cluster.devices, cluster.nodes, cluster.devices_per_node
+    if comm.gradient_compression == "powersgd":
+        chosen = set(powersgd_plan(shapes, comm.powersgd_rank))
+        payload = 4 * sum(comm.powersgd_rank * sum(s) if i in chosen else math.prod(s) for i, s in enumerate(shapes))
+        return allreduce_seconds(payload, cluster, 2, comm.cycle_time_ms), payload, 2
+    payload = onebit_chunk(sum(math.prod(s) for s in shapes), N) * N / 8 + 4 * N
+    if N == 1:
+        return 0.0, payload, 4
+    inter_bw, intra_bw = cluster.inter_gbps * 1e9 / 8, cluster.intra_gbps * 1e9 / 8
+    inter = d * 2 * (N - d) / N * payload / inter_bw if n > 1 else 0.0
+    intra = 2 * (d - 1) / N * payload / intra_bw
+    lat = cluster.inter_latency_us * 1e-6 if n > 1 else cluster.intra_latency_us * 1e-6
+    wait = comm.cycle_time_ms * 1e-3 / 2 + 4 * cluster.message_overhead_us * 1e-6
+    return inter + intra + 4 * (N - 1) * lat + wait, payload, 4
 
 
 def plan(tensor_sizes, phases, cluster, comm, accumulation):
@@ -217,6 +258,11 @@ def best_knob(tensor_sizes, phases, cluster, comm, accumulation):
         "allreduce after accumulation": dataclasses.replace(comm, allreduce_every_micro_batch=False),
         "fusion buffer 512 MB": dataclasses.replace(comm, fusion_threshold_mb=512),
     }
+    if all(isinstance(t, tuple) for t in tensor_sizes):       # shapes: the compressed exchanges too
+        for method in ("powersgd", "onebit"):
+            label = f"PowerSGD rank {comm.powersgd_rank}" if method == "powersgd" else "1-bit"
+            options[f"{label} (its computation and extra updates not counted)"] = dataclasses.replace(
+                comm, fp16_allreduce=False, gradient_compression=method)
     results = {name: plan(tensor_sizes, phases, cluster, c, accumulation)["days"] for name, c in options.items()}
     faster = dataclasses.replace(cluster, inter_gbps=cluster.inter_gbps * 2.5)
     results[f"network {cluster.inter_gbps:g} -> {cluster.inter_gbps * 2.5:g} Gbit/s"] = \

@@ -68,7 +68,7 @@ def planned_hours(cfg, size, local_size, global_batch, model_config):
     if not cfg.ladder_sequences_per_second:
         return None
     from bert_tf.tools import planner   # the cost model; only a budgeted run with a ladder figure needs it
-    parameters_sizes = planner.gradient_tensor_sizes(model_config, nsp=not cfg.mlm_only)
+    parameters_sizes = planner.gradient_tensor_shapes(model_config, nsp=not cfg.mlm_only)
     nodes = max(size // max(local_size, 1), 1)
     cluster = planner.Cluster(nodes=nodes, devices_per_node=max(size // nodes, 1), inter_gbps=10.0)
     phase = planner.Phase("run", cfg.max_seq_length, cfg.total_steps * global_batch, global_batch,

@@ -247,8 +247,13 @@ class Elastic:
         self.rank, self.size = self.world.rank(), self.world.size()
         self.say = self.log if self.rank == 0 else metrics.silent
         _, self.loss_weight = rank_share(micro, self.rank, self.size)
-        job.trainer.set_share(rank_indices(micro, self.rank, self.size), micro,
-                              self.world.gradient_allreduce(self.cfg.comm.fp16_allreduce, self.loss_weight))
+        exchange = job.trainer.exchange
+        if exchange is not None:     # a compressed exchange: every (re)start resets its buffers on every rank
+            exchange.reset(self.size)
+            exchange.weight = self.loss_weight
+        allreduce = exchange if exchange is not None else \
+            self.world.gradient_allreduce(self.cfg.comm.method == "fp16", self.loss_weight)
+        job.trainer.set_share(rank_indices(micro, self.rank, self.size), micro, allreduce)
         job.input.set_share(self.rank, self.size, micro)
         job.writer.set_active(self.rank == 0)
         job.ckpts.set_writer(self.rank == 0)

@@ -178,6 +178,14 @@ class PretrainConfig(training.TrainConfig):
         if self.batch_warmup_sequences and self.accumulation_steps < 2 and not self.fit_micro_batch:
             raise ConfigError(f"--batch_warmup_sequences={self.batch_warmup_sequences} needs --accumulation_steps > 1: "
                               f"the batch grows by micro-batches, from one per rank to --accumulation_steps")
+        every = self.comm.local_updates
+        if every and self.elastic:
+            raise ConfigError("--local_updates with --elastic: not supported (a re-formed job would need every "
+                              "rank's weights since the last synchronisation)")
+        if every and (self.save_interval % every or self.eval_interval % every):
+            raise ConfigError(f"--save_interval={self.save_interval} and --eval_interval={self.eval_interval} must be "
+                              f"multiples of --local_updates={every}: the ranks' weights agree only right after a "
+                              f"synchronisation")
         if self.dynamic_masking and not 0 < self.masked_lm_prob < 1:
             raise ConfigError(f"--masked_lm_prob must be in (0, 1), got {self.masked_lm_prob}")
 

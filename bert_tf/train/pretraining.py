@@ -25,7 +25,7 @@ from typing import Callable, Protocol, runtime_checkable
 import tensorflow as tf
 
 from bert_tf.artifacts import metrics
-from bert_tf.dist import distributed
+from bert_tf.dist import distributed, watchdog
 from bert_tf.train import budget, divergence, elastic, training
 from bert_tf.train.pretrain_config import PretrainConfig
 from bert_tf.train.startup import Job, build
@@ -85,6 +85,8 @@ def run(cfg: PretrainConfig, log=print):
     hvd = distributed.init(cfg.intra_op_threads, cfg.inter_op_threads)
     say = log if distributed.rank() == 0 else metrics.silent
     say(distributed.describe(hvd))
+    if not cfg.elastic and distributed.size() > 1:    # elastic mode: Horovod re-forms without the lost rank
+        watchdog.install(cfg.comm.collective_timeout_minutes, distributed.rank())
     job = build(cfg, say, asked)
     say("horovod: " + ", ".join(f"{k}={v} ({src})" for k, (v, src) in knobs.items()))
     try:
@@ -181,7 +183,9 @@ class Static:
         return self.stop.received or "a signal to another rank"
 
     def after_update(self, step):
-        pass
+        outer = self.job.outer
+        if outer is not None and outer.due(step):        # DiLoCo: the ranks' weights agree again
+            outer.sync(self.job.trainer.variables)
 
     def commit(self, step, samples_seen):
         pass
@@ -202,7 +206,10 @@ class Static:
                                       "(--save_interval) and keep more (--keep_last)")
         if rank0:
             job.ckpts.restore(path)
-        distributed.broadcast_variables(job.trainer.state_variables(), root_rank=0)
+        outer = list(job.outer.variables) if job.outer is not None else []
+        distributed.broadcast_variables(job.trainer.state_variables() + outer, root_rank=0)
+        if job.trainer.exchange is not None:    # rank 0 alone read it: the error buffers restart alike
+            job.trainer.exchange.reset(distributed.size())
         return os.path.basename(path) if rank0 else "rank 0's checkpoint"
 
 
@@ -225,6 +232,7 @@ def train(cfg: PretrainConfig, job: Job, mode: Mode) -> dict:
         logging = (step + 1) % cfg.log_interval == 0 or step + 1 == cfg.total_steps
         saving = (step + 1) % cfg.save_interval == 0
         batch = _update_batch(job, step)
+        watchdog.at(f"update {step + 1}")
         out = trainer.train_step(job.input.next_update(), timed=logging)
         step += 1
         samples_seen += batch
@@ -251,12 +259,7 @@ def train(cfg: PretrainConfig, job: Job, mode: Mode) -> dict:
                 stopping, why = True, "the target MLM accuracy"
         # while the guard suspects a spike, periodic saves and commits wait: the newest stays a good one
         if step % cfg.save_interval == 0 and not job.guard.suspect or step == cfg.total_steps or stopping:
-            job.input.capture(job.position, samples_seen)  # static: a collective
-            job.clock.stamp()
-            path = job.ckpts.save(step, {"step": step, "samples_seen": samples_seen, "ranks": mode.size,
-                                         **job.checkpoint_extra})
-            if path:
-                say(f"saved {path}")
+            _save(cfg, job, mode, step, samples_seen)
         if stopping:
             say(f"stopping at step {step} on {why or mode.stop_reason()}")
             break
@@ -264,6 +267,20 @@ def train(cfg: PretrainConfig, job: Job, mode: Mode) -> dict:
             mode.commit(step, samples_seen)
     return _finish(cfg, job, mode, step, last, stopped_early=step < cfg.total_steps and not why if plan is None
                    else not spent, evaluate=step == cfg.total_steps or spent)
+
+
+def _save(cfg: PretrainConfig, job: Job, mode: Mode, step, samples_seen):
+    """A checkpoint (rank 0 writes it; the collectives before it run on every rank)."""
+    if job.outer is not None and not job.outer.due(step):   # a stop between synchronisations: one more
+        job.outer.sync(job.trainer.variables)
+    job.input.capture(job.position, samples_seen)  # static: a collective
+    if job.trainer.exchange is not None and not cfg.elastic:  # each rank's error buffers to rank 0
+        job.trainer.exchange.capture(distributed.rank(), mode.size)
+    job.clock.stamp()
+    path = job.ckpts.save(step, {"step": step, "samples_seen": samples_seen, "ranks": mode.size,
+                                 **job.checkpoint_extra})
+    if path:
+        mode.say(f"saved {path}")
 
 
 def _update_batch(job: Job, step) -> int:

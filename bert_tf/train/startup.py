@@ -15,7 +15,7 @@ import tensorflow as tf
 from bert_tf import ConfigError
 from bert_tf.artifacts import checkpoint_formats, checkpointing, metrics
 from bert_tf.data import input_pipeline, tokenization
-from bert_tf.dist import device, distributed
+from bert_tf.dist import device, distributed, local_sgd
 from bert_tf.model import modeling
 from bert_tf.train import batch_warmup, budget, divergence, elastic, training
 from bert_tf.train.evaluation import make_evaluator
@@ -130,6 +130,7 @@ class Job:
     guard: divergence.Guard  # spikes and runs of skipped updates -> rollbacks
     clock: budget.RunClock   # training seconds over restarts (a checkpoint item)
     warmup: batch_warmup.BatchWarmup | None = None   # --batch_warmup_sequences (static runs)
+    outer: local_sgd.OuterStep | None = None         # --local_updates (DiLoCo)
 
 
 def make_batch_warmup(cfg: PretrainConfig, size: int, say) -> batch_warmup.BatchWarmup | None:
@@ -157,10 +158,21 @@ def describe(cfg: PretrainConfig, size: int, global_batch: int) -> str:
             + f"micro-batch {cfg.micro_batch_size}/rank  "
             + ("" if cfg.elastic else f"accumulation {cfg.accumulation_steps}  ")
             + f"global batch {global_batch} sequences  seq {cfg.max_seq_length}  precision {cfg.precision}  "
-            f"xla {cfg.xla}{'  fuse' if cfg.fuse else ''}  fp16 allreduce {cfg.comm.fp16_allreduce}"
+            f"xla {cfg.xla}{'  fuse' if cfg.fuse else ''}  gradients {describe_exchange(cfg.comm)}"
             + ("  allreduce every micro-batch" if cfg.comm.allreduce_every_micro_batch else "")
             + (f"  (ladder: {cfg.ladder_sequences_per_second:.2f} seq/s per rank)"
                if cfg.ladder_sequences_per_second else ""))
+
+
+def describe_exchange(comm) -> str:
+    """--gradient_compression (or --local_updates) in a few words, for the run's first log line."""
+    if comm.local_updates:
+        return (f"DiLoCo: the weights' change in float16 every {comm.local_updates} updates (outer learning rate "
+                f"{comm.outer_learning_rate:g}, Nesterov momentum {comm.outer_momentum:g})")
+    return {"none": "float32 allreduce", "fp16": "float16 allreduce",
+            "powersgd": f"PowerSGD rank {comm.powersgd_rank}", "onebit": "1-bit"}[comm.method] + (
+        f" after {comm.compression_warmup_steps} uncompressed updates"
+        if comm.compressed and comm.compression_warmup_steps else "")
 
 
 def make_input(cfg: PretrainConfig, files, masker, rank, size, seed, pack=0):
@@ -191,22 +203,22 @@ def build(cfg: PretrainConfig, say, asked: PretrainConfig | None = None) -> Job:
 
     tf.random.set_seed(cfg.seed)
     model = modeling.BertPretrainer(model_config, use_nsp=not cfg.mlm_only, recompute=cfg.recompute)
-    trainer = training.Trainer(model, cfg, allreduce=distributed.make_gradient_allreduce(cfg.comm.fp16_allreduce),
-                               seed_offset=rank)
+    trainer, outer = make_trainer(cfg, model, rank)
     parameters = sum(int(tf.size(v)) for v in trainer.variables)
     say(f"model: {model_config.architecture}, {model_config.num_hidden_layers} layers, hidden {model_config.hidden_size}, "
         f"vocab {model_config.vocab_size}, {parameters / 1e6:.2f}M parameters")
 
     position = input_pipeline.InputPosition()
     clock = budget.RunClock()
-    ckpts = checkpointing.Checkpoints(cfg.checkpoint_dir, {**trainer.checkpoint_items(), "input_position": position,
-                                                           "clock": clock}, cfg.keep_last, is_writer=rank == 0)
+    items = {**trainer.checkpoint_items(), "input_position": position, "clock": clock}
+    ckpts = checkpointing.Checkpoints(cfg.checkpoint_dir, {**items, **({"outer_step": outer} if outer else {})},
+                                      cfg.keep_last, is_writer=rank == 0)
     # elastic: rank 0 alone reads the checkpoint; the others (and later newcomers) get the state by broadcast
     samples_seen = restore(cfg, trainer, ckpts, global_batch, init, say) if rank == 0 or not cfg.elastic else 0
     if rank == 0:
         model_config.to_json_file(os.path.join(cfg.checkpoint_dir, "bert_config.json"))
     if not cfg.elastic:
-        distributed.broadcast_variables(trainer.state_variables(), root_rank=0)
+        settle(trainer, outer, samples_seen, say)
     if cfg.time_budget_hours:
         say(budget.budget_plan(cfg, size, distributed.local_size(), global_batch, model_config,
                                float(clock.seconds.numpy())))
@@ -229,7 +241,29 @@ def build(cfg: PretrainConfig, say, asked: PretrainConfig | None = None) -> Job:
                checkpoint_extra={"global_batch": global_batch, "model_config": model_config.to_dict(),
                                  "vocab_size": len(tokenizer)},
                run_record=run_record, guard=divergence.Guard(cfg.guard_config()), clock=clock,
-               warmup=warmup)
+               warmup=warmup, outer=outer)
+
+
+def make_trainer(cfg: PretrainConfig, model, rank):
+    """The trainer with its gradient exchange (--gradient_compression), and DiLoCo's outer step when
+    --local_updates (the inner updates then exchange nothing)."""
+    if cfg.comm.local_updates:
+        outer = local_sgd.OuterStep(model.trainable_variables, cfg.comm.outer_learning_rate, cfg.comm.outer_momentum,
+                                    cfg.comm.local_updates)
+        return training.Trainer(model, cfg, seed_offset=rank), outer
+    exchange = distributed.make_gradient_exchange(cfg.comm, model.trainable_variables, seed=cfg.seed)
+    return training.Trainer(model, cfg, allreduce=exchange, seed_offset=rank), None
+
+
+def settle(trainer, outer, samples_seen, say):
+    """A static run after restore (or init): every rank takes rank 0's state, then its own error buffers
+    from the checkpoint (--gradient_compression); DiLoCo's first round starts from the shared weights."""
+    distributed.broadcast_variables(trainer.state_variables() + (list(outer.variables) if outer else []), root_rank=0)
+    rank, size = distributed.rank(), distributed.size()
+    if trainer.exchange is not None and samples_seen:
+        say(trainer.exchange.after_restore(rank, size))
+    if outer is not None and not bool(outer.anchored.numpy()):
+        outer.anchor_to(trainer.variables)
 
 
 def resume_input(cfg: PretrainConfig, inputs: Inputs, masker, position, samples_seen, step, say):

@@ -43,6 +43,7 @@ import tensorflow as tf
 
 from bert_tf import ConfigError, knob
 from bert_tf.train import optimization
+from bert_tf.dist import watchdog
 from bert_tf.dist.comm import CommConfig
 
 POLICIES = {"float32": tf.float32, "mixed_bfloat16": tf.bfloat16, "mixed_float16": tf.float16}
@@ -178,6 +179,8 @@ class Trainer:
         self.schedule = tf.Variable([float(config.warmup_steps), float(config.total_steps)], trainable=False,
                                     name="schedule")
         self.accumulators = []
+        # a compressed exchange (--gradient_compression=powersgd|onebit) has state: error buffers, Q
+        self.exchange = allreduce if isinstance(allreduce, tf.Module) else None
         self.rank_micro_batches = 0          # this rank's micro-batches per update: set_share
         if config.fuse and not fusion_enabled():
             raise ConfigError(f"--fuse needs {FUSION_ENV} in the environment when the process starts (TensorFlow "
@@ -237,12 +240,17 @@ class Trainer:
                  "skipped_steps": self.skipped_steps}
         if self.loss_scale is not None:
             items["loss_scale"] = self.loss_scale
+        if self.exchange is not None:
+            items["gradient_exchange"] = self.exchange
         return items
 
     def state_variables(self) -> list:
-        """Every variable of checkpoint_items(), for the broadcast from rank 0."""
+        """Every variable of checkpoint_items(), for the broadcast from rank 0, but the gradient exchange's:
+        its error buffers are each rank's own (every rank restores them from the checkpoint)."""
         out = []
-        for item in self.checkpoint_items().values():
+        for name, item in self.checkpoint_items().items():
+            if name == "gradient_exchange":
+                continue
             out += [item] if isinstance(item, tf.Variable) else list(item.variables)
         return out
 
@@ -348,7 +356,11 @@ class Trainer:
         else:
             grads, outs = self.gradients(micro_batches)
             wait, comm_start = self._wait(clock, timed), clock()
-            grads = self._allreduce(grads)  # <- the one allreduce per update, after accumulation
+            with watchdog.watching("the gradient allreduce"):
+                if self.exchange is not None and self.loss_scale is not None:  # its buffers keep unscaled values
+                    grads = self._allreduce(grads, self.loss_scale.scale.read_value())
+                else:
+                    grads = self._allreduce(grads)  # <- the one allreduce per update, after accumulation
             comm = clock() - comm_start
         update_start = clock()
         info = self.apply(grads)
@@ -373,7 +385,8 @@ class Trainer:
         if not timed or self._wait_for_ranks is None:
             return 0.0
         start = clock()
-        self._wait_for_ranks()
+        with watchdog.watching("the barrier before the gradient allreduce"):
+            self._wait_for_ranks()
         return clock() - start
 
     def _allreduce_each(self, micro_batches, clock, timed):
@@ -387,7 +400,8 @@ class Trainer:
             grads, out = self._local(mb, self.micro_batch_seed(i))
             wait += self._wait(clock, timed)
             comm_start = clock()
-            grads = self._allreduce(grads)
+            with watchdog.watching("a micro-batch's gradient allreduce"):
+                grads = self._allreduce(grads)
             comm += clock() - comm_start
             outs.append(out)
             if n > 1:

@@ -121,6 +121,82 @@ ds = input_pipeline.make_dataset(files, 4, 64, 10, rank, size, seed=1, training=
 result["record_hashes"] = [record_hash(b, i) for b in (
     {k: v.numpy() for k, v in batch.items()} for batch in ds) for i in range(len(b["input_ids"]))]
 
+
+
+# --gradient_compression=powersgd|onebit (bert_tf/dist/compression.py): the exchange itself on gradients that
+# differ per rank (its inputs, outputs and buffers kept for a NumPy reference), a non-finite gradient on one
+# rank, the buffers' capture for a checkpoint, and trainer updates keeping the weights equal on both ranks
+from bert_tf.dist import compression  # noqa: E402
+from bert_tf.dist.comm import CommConfig  # noqa: E402
+
+
+def local_state(exchange):
+    return flat(v.numpy() for v in exchange._local())
+
+
+for method in compression.METHODS:
+    tf.random.set_seed(3)
+    model = modeling.BertPretrainer(modeling.BertConfig.preset("tiny", vocab_size=100))
+    exchange = distributed.make_gradient_exchange(CommConfig(gradient_compression=method, powersgd_rank=2),
+                                                  model.trainable_variables, seed=7, name=f"x{method}")
+    if method == "powersgd":
+        arrays[f"{method}_q0"] = flat(q.numpy() for q in exchange.qs)
+    for call in range(2):
+        grads = [tf.random.stateless_normal(v.shape, seed=[rank, 10 * call + i]) for i, v in
+                 enumerate(model.trainable_variables)]
+        arrays[f"{method}_in{call}"] = flat(g.numpy() for g in grads)
+        arrays[f"{method}_out{call}"] = flat(g.numpy() for g in exchange(grads))
+        arrays[f"{method}_state{call}"] = local_state(exchange)
+    before = local_state(exchange)
+    bad = [tf.fill(v.shape, np.inf if rank == 1 and i == 0 else 1.0) for i, v in enumerate(model.trainable_variables)]
+    result[f"{method}_nonfinite_out"] = bool(np.isfinite(flat(g.numpy() for g in exchange(bad))).all())
+    result[f"{method}_nonfinite_kept_state"] = bool(np.array_equal(before, local_state(exchange)))
+    exchange.capture(rank, size)
+    if rank == 0:
+        arrays[f"{method}_saved"] = exchange.saved.numpy()
+    # what a resumed run does: every rank reads rank 0's capture and takes its own buffers back
+    saved = hvd.broadcast(tf.constant(exchange.saved.numpy() if rank == 0 else np.zeros(before.size * size,
+                                                                                          np.float32)),
+                          root_rank=0, name=f"x{method}_saved")
+    fresh = compression.CompressedExchange(method, model.trainable_variables, 2, seed=7, size=size,
+                                           name=f"y{method}")
+    fresh.saved.assign(saved)
+    fresh.saved_ranks.assign(size)
+    result[f"{method}_restore_message"] = fresh.after_restore(rank, size)
+    result[f"{method}_restored_equal"] = bool(np.array_equal(local_state(fresh), before))
+    # training: four updates with dropout (streams differ per rank), then the weights on both ranks
+    model = tiny(1)
+    exchange = distributed.make_gradient_exchange(
+        CommConfig(gradient_compression=method, powersgd_rank=2, compression_warmup_steps=1),
+        model.trainable_variables, seed=7, name=f"t{method}")
+    trainer = training.Trainer(model, training.TrainConfig(learning_rate=1e-3, optimizer="adamw"),
+                               allreduce=exchange, seed_offset=rank)
+    distributed.broadcast_variables(model.trainable_variables)
+    initial = digest(model)
+    for _ in range(4):
+        trainer.train_step([half])
+    result[f"{method}_digest_after_4_steps"] = digest(model)
+    result[f"{method}_moved"] = digest(model) != initial
+    result[f"{method}_exchanges"] = int(exchange.exchanges.numpy())
+
+# --local_updates (DiLoCo, bert_tf/dist/local_sgd.py): two local updates (the ranks' weights part), then the
+# outer step (they agree again, on the reference's value)
+from bert_tf.dist import local_sgd  # noqa: E402
+
+model = tiny(1)
+trainer = training.Trainer(model, training.TrainConfig(learning_rate=1e-3, optimizer="adamw"), seed_offset=rank)
+distributed.broadcast_variables(model.trainable_variables)
+outer = local_sgd.OuterStep(model.trainable_variables, 0.7, 0.9, every=2)
+outer.anchor_to(model.trainable_variables)
+arrays["diloco_anchor"] = flat(v.numpy() for v in model.trainable_variables)
+for _ in range(2):
+    trainer.train_step([half])
+arrays["diloco_before"] = flat(v.numpy() for v in model.trainable_variables)
+outer.sync(model.trainable_variables)
+arrays["diloco_after"] = flat(v.numpy() for v in model.trainable_variables)
+arrays["diloco_velocity"] = flat(v.numpy() for v in outer.velocity)
+result["diloco_rounds"] = int(outer.rounds.numpy())
+
 with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
     json.dump(result, f)
 np.savez(os.path.join(out_dir, f"rank{rank}.npz"), **arrays)

@@ -1,0 +1,108 @@
+"""Compressed gradient exchange (bert_tf/dist/compression.py) in one process: the bytes each method sends,
+sign packing, error feedback's bookkeeping, the flags' start-up errors. Two ranks: tests/test_distributed.py."""
+import math
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from bert_tf import ConfigError
+from bert_tf.dist import compression, distributed
+from bert_tf.dist.comm import CommConfig
+from bert_tf.model import modeling
+
+
+def shapes(preset, vocab=30522):
+    return [tuple(v.shape) for v in
+            modeling.BertPretrainer(modeling.BertConfig.preset(preset, vocab_size=vocab)).trainable_variables]
+
+
+def test_signs_pack_eight_to_a_byte_and_come_back_scaled():
+    x = tf.constant(np.random.default_rng(0).normal(size=(3, 64)), tf.float32)
+    packed = compression.pack_signs(x)
+    assert packed.dtype == tf.uint8 and packed.shape == (3, 8)
+    back = compression.unpack_signs(packed, tf.constant([1.0, 2.0, 0.5]))
+    np.testing.assert_array_equal(back.numpy(), np.where(x.numpy() >= 0, 1.0, -1.0) * [[1.0], [2.0], [0.5]])
+
+
+def test_bytes_on_the_wire_per_method():
+    mini = shapes("mini")
+    elements = sum(math.prod(s) for s in mini)
+    for size in (2, 4, 16):
+        ring = 2 * (size - 1) / size
+        assert compression.wire_bytes("none", mini, size) == ring * 4 * elements
+        fp16 = compression.wire_bytes("fp16", mini, size)
+        onebit = compression.wire_bytes("onebit", mini, size)
+        powersgd = compression.wire_bytes("powersgd", mini, size, rank=4)
+        assert 15 < fp16 / onebit < 16.01            # a bit per element, plus a scale per chunk
+        assert fp16 / powersgd > 8                    # rank 4 of 256-wide and 30,522 x 256 matrices
+    assert compression.wire_bytes("onebit", mini, 1) == 0
+
+
+def test_flags_that_cannot_work_fail_at_start_up_naming_them():
+    with pytest.raises(ConfigError, match="--fp16_allreduce with --gradient_compression=powersgd"):
+        CommConfig(fp16_allreduce=True, gradient_compression="powersgd")
+    assert CommConfig(fp16_allreduce=True, gradient_compression="fp16").method == "fp16"
+    assert CommConfig(fp16_allreduce=True).method == "fp16" and CommConfig().method == "none"
+    with pytest.raises(ConfigError, match="--allreduce_every_micro_batch"):
+        CommConfig(gradient_compression="onebit", allreduce_every_micro_batch=True)
+    with pytest.raises(ConfigError, match="--gradient_compression=zip"):
+        CommConfig(gradient_compression="zip")
+    with pytest.raises(ConfigError, match=r"--powersgd_rank=200 is larger than the smaller side of a \d+ x 128 weight matrix: give at most 128"):
+        compression.powersgd_plan(shapes("tiny", 100), 200)
+    chosen = compression.powersgd_plan(shapes("tiny", 100), 4)
+    tiny = shapes("tiny", 100)
+    assert all(len(tiny[i]) == 2 for i in chosen) and (2, 128) not in [tiny[i] for i in chosen]
+
+
+@pytest.fixture(scope="module")
+def one_rank():
+    distributed.init()
+    tf.random.set_seed(0)
+    return modeling.BertPretrainer(modeling.BertConfig.preset("tiny", vocab_size=100)).trainable_variables
+
+
+@pytest.mark.parametrize("method", compression.METHODS)
+def test_error_feedback_delays_what_it_leaves_out_and_loses_nothing(one_rank, method):
+    """Over any number of updates, what the exchange delivered plus what its buffers still hold is what it
+    was given (in one process the average is the gradient itself): error feedback delays, never drops.
+    A non-finite gradient changes no buffer; a loss scale does not enter the buffers."""
+    exchange = compression.CompressedExchange(method, one_rank, rank=2, seed=1)
+    given = delivered = 0
+    for step in range(5):
+        grads = [tf.random.stateless_normal(v.shape, seed=[step, i]) for i, v in enumerate(one_rank)]
+        scale = tf.constant(2.0 ** (10 + step))      # a changing loss scale, carried by the gradients
+        out = exchange([g * scale for g in grads], scale)
+        given = given + np.concatenate([g.numpy().ravel() for g in grads])
+        delivered = delivered + np.concatenate([o.numpy().ravel() for o in out]) / scale.numpy()
+    held = np.concatenate([e.numpy().ravel() for e in exchange._local()])
+    if method == "onebit":     # the sending side's buffer, then the owner's (its chunk, padding dropped)
+        held = held[:given.size] + held[given.size:given.size + given.size]
+    else:                      # PowerSGD's buffers cover the compressed matrices; the rest goes whole
+        full = np.zeros_like(given)
+        offsets = np.cumsum([0] + [math.prod(v.shape) for v in one_rank])
+        start = 0
+        for i in exchange.compressed:
+            n = offsets[i + 1] - offsets[i]
+            full[offsets[i]:offsets[i + 1]] = held[start:start + n]
+            start += n
+        held = full
+    np.testing.assert_allclose(delivered + held, given, atol=2e-4)
+    assert np.abs(held).max() > 0.1               # something was left out each time
+    before = [v.numpy().copy() for v in exchange._local()]
+    bad = [tf.fill(v.shape, np.nan if i == 3 else 1.0) for i, v in enumerate(one_rank)]
+    assert not np.isfinite(np.concatenate([o.numpy().ravel() for o in exchange(bad)])).all()
+    for b, v in zip(before, exchange._local()):
+        np.testing.assert_array_equal(b, v.numpy())
+    assert int(exchange.exchanges.numpy()) == 6
+
+
+def test_warmup_updates_go_uncompressed(one_rank):
+    exchange = compression.CompressedExchange("onebit", one_rank, warmup_steps=2)
+    grads = [tf.random.stateless_normal(v.shape, seed=[9, i]) for i, v in enumerate(one_rank)]
+    for _ in range(2):
+        for g, o in zip(grads, exchange(grads)):
+            np.testing.assert_array_equal(g.numpy(), o.numpy())
+    assert not any(np.any(v.numpy()) for v in exchange._local())       # no error to carry yet
+    assert not np.allclose(exchange(grads)[0].numpy(), grads[0].numpy())
+    assert all(np.any(v.numpy()) for v in exchange._local())
