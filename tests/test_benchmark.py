@@ -134,7 +134,7 @@ def test_the_self_tuned_flagfile_is_taken_by_pretrain_after_the_recipe(tiny_data
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     precision = lines[0].split("=")[1]
-    assert f"precision {precision}  xla {lines[1] == '--xla'}{'  fuse' if best['fuse'] else ''}  fp16" \
+    assert f"precision {precision}  xla {lines[1] == '--xla'}{'  fuse' if best['fuse'] else ''}  gradients" \
         in run.stdout                                                                  # the node's flags won
     assert f"micro-batch {micro}/rank  accumulation {4 // micro}" in run.stdout      # the recipe's 4 per rank, re-split
     assert f"(ladder: {ladder:.2f} seq/s per rank)" in run.stdout
