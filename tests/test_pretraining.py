@@ -141,7 +141,11 @@ def test_a_short_run_logs_saves_and_restores_the_signal_handlers(tiny_data, tmp_
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [(r["kind"], r["step"]) for r in records] == [("run", 0), ("train", 2), ("train", 3), ("eval", 3)]
     assert records[0]["config"]["comm"] == {"fp16_allreduce": False, "allreduce_every_micro_batch": False,
-                                            "fusion_threshold_mb": None, "cycle_time_ms": None}
+                                            "fusion_threshold_mb": None, "cycle_time_ms": None,
+                                            "gradient_compression": "none", "powersgd_rank": 4,
+                                            "compression_warmup_steps": 0, "local_updates": 0,
+                                            "outer_learning_rate": 0.7, "outer_momentum": 0.9,
+                                            "collective_timeout_minutes": 30.0}
     # the run record keeps what was asked and what it resolved to (the per-rank batch of 8 re-split)
     asked, resolved = records[0]["config"], records[0]["resolved"]
     assert (asked["micro_batch_size"], asked["accumulation_steps"], asked["fit_micro_batch"]) == (4, 2, 2)
