@@ -106,3 +106,15 @@ def test_warmup_updates_go_uncompressed(one_rank):
     assert not any(np.any(v.numpy()) for v in exchange._local())       # no error to carry yet
     assert not np.allclose(exchange(grads)[0].numpy(), grads[0].numpy())
     assert all(np.any(v.numpy()) for v in exchange._local())
+
+
+def test_onebit_without_an_alltoall_transport_fails_at_start_up(one_rank, monkeypatch):
+    """1-bit needs Horovod's alltoall, which its MPI and Gloo controllers carry: a job running neither
+    (a build without them) is told so before the first update, naming the flag."""
+    import horovod.tensorflow as hvd
+    monkeypatch.setattr(hvd, "size", lambda: 2)
+    monkeypatch.setattr(hvd, "mpi_enabled", lambda: False)
+    monkeypatch.setattr(hvd, "gloo_enabled", lambda: False)
+    with pytest.raises(ConfigError, match="--gradient_compression=onebit needs Horovod's alltoall over MPI or Gloo"):
+        distributed.make_gradient_exchange(CommConfig(gradient_compression="onebit"), one_rank)
+    assert distributed.make_gradient_exchange(CommConfig(gradient_compression="powersgd"), one_rank) is not None

@@ -133,23 +133,26 @@ def powersgd_plan(shapes, rank: int) -> list:
     return chosen
 
 
-def wire_bytes(method: str, shapes, size: int, rank: int = 4) -> float:
-    """Bytes each rank sends per update with ring collectives (allreduce: 2(N-1)/N of the payload;
-    alltoall and allgather: (N-1)/N of the full vector each), for none|fp16|powersgd|onebit."""
-    if size < 2:
-        return 0.0
+def payload_bytes(method: str, shapes, size: int, rank: int = 4) -> float:
+    """What one exchange carries, the whole vector a ring collective moves (none|fp16|powersgd: the
+    allreduced tensors; onebit: every rank's chunk of signs plus one float32 scale per rank)."""
     elements = sum(math.prod(s) for s in shapes)
-    ring = 2 * (size - 1) / size
     if method in ("none", "fp16"):
-        return ring * elements * (4 if method == "none" else 2)
+        return elements * (4 if method == "none" else 2)
     if method == "powersgd":
         chosen = set(powersgd_plan(shapes, rank))
-        floats = sum(rank * sum(s) if i in chosen else math.prod(s) for i, s in enumerate(shapes))
-        return ring * 4 * floats
+        return 4 * sum(rank * sum(s) if i in chosen else math.prod(s) for i, s in enumerate(shapes))
     if method == "onebit":
-        chunk = onebit_chunk(elements, size)
-        return 2 * (size - 1) * (chunk / 8 + 4)
+        return size * (onebit_chunk(elements, size) / 8 + 4)
     raise ConfigError(f"unknown gradient compression {method!r}")
+
+
+def wire_bytes(method: str, shapes, size: int, rank: int = 4) -> float:
+    """Bytes each rank sends per update with ring collectives: 2(N-1)/N of the payload (an allreduce, or an
+    alltoall and an allgather of (N-1)/N each)."""
+    if size < 2:
+        return 0.0
+    return 2 * (size - 1) / size * payload_bytes(method, shapes, size, rank)
 
 
 def onebit_chunk(elements: int, size: int) -> int:

@@ -58,7 +58,7 @@ import dataclasses
 import math
 
 from bert_tf import ConfigError
-from bert_tf.dist.comm import CommConfig, onebit_chunk, powersgd_plan
+from bert_tf.dist.comm import CommConfig, payload_bytes
 from bert_tf.model.modeling import BertConfig
 
 
@@ -230,11 +230,9 @@ def compressed_exchange_seconds(shapes, cluster: Cluster, comm: CommConfig):
     (and of one scale per rank) over all N ranks, no hierarchy: each node's link carries its d ranks'
     (N - d)/N of both, and every rank exchanges with N - 1 others twice for each of the two tensors."""
     N, n, d = cluster.devices, cluster.nodes, cluster.devices_per_node
+    payload = payload_bytes(comm.gradient_compression, shapes, N, comm.powersgd_rank)
     if comm.gradient_compression == "powersgd":
-        chosen = set(powersgd_plan(shapes, comm.powersgd_rank))
-        payload = 4 * sum(comm.powersgd_rank * sum(s) if i in chosen else math.prod(s) for i, s in enumerate(shapes))
         return allreduce_seconds(payload, cluster, 2, comm.cycle_time_ms), payload, 2
-    payload = onebit_chunk(sum(math.prod(s) for s in shapes), N) * N / 8 + 4 * N
     if N == 1:
         return 0.0, payload, 4
     inter_bw, intra_bw = cluster.inter_gbps * 1e9 / 8, cluster.intra_gbps * 1e9 / 8
