@@ -35,7 +35,7 @@ def configure(comm: CommConfig, timeline=None, autotune=False):
         else:
             effective[var] = ("horovod default", "default")
     for var, value in watchdog.horovod_settings(comm.collective_timeout_minutes).items():
-        os.environ.setdefault(var, value)     # Horovod's stall report names the missing ranks in time
+        os.environ.setdefault(var, value)     # Horovod's stall warning within half --collective_timeout_minutes
     if timeline:
         os.environ.setdefault("HOROVOD_TIMELINE", timeline)
     if autotune:

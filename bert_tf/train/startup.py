@@ -211,8 +211,9 @@ def build(cfg: PretrainConfig, say, asked: PretrainConfig | None = None) -> Job:
     position = input_pipeline.InputPosition()
     clock = budget.RunClock()
     items = {**trainer.checkpoint_items(), "input_position": position, "clock": clock}
-    ckpts = checkpointing.Checkpoints(cfg.checkpoint_dir, {**items, **({"outer_step": outer} if outer else {})},
-                                      cfg.keep_last, is_writer=rank == 0)
+    if outer is not None:
+        items["outer_step"] = outer
+    ckpts = checkpointing.Checkpoints(cfg.checkpoint_dir, items, cfg.keep_last, is_writer=rank == 0)
     # elastic: rank 0 alone reads the checkpoint; the others (and later newcomers) get the state by broadcast
     samples_seen = restore(cfg, trainer, ckpts, global_batch, init, say) if rank == 0 or not cfg.elastic else 0
     if rank == 0:
