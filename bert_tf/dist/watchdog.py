@@ -34,20 +34,24 @@ def horovod_settings(minutes: float) -> dict:
 
 
 class Watchdog:
-    """Watches one collective at a time on this rank; `exit`, `clock` and `sleep` are for tests."""
+    """Watches one collective at a time on this rank; `exit`, `clock` and `sleep` are for tests, and so is
+    `thread=False` (the test calls `tick` itself)."""
 
     def __init__(self, minutes: float, rank: int, exit=os._exit, clock=time.monotonic, poll_seconds=None,
-                 sleep=time.sleep):
+                 sleep=time.sleep, thread=True):
         self.limit, self.rank, self._exit, self._clock, self._sleep = minutes * 60, rank, exit, clock, sleep
         self.place = ""                       # where the loop is (e.g. "update 13"), for the message
         self._current = None                  # (what, since) while in a collective
         self._lock = threading.Lock()
         self.fired = None
         self.grace = min(60.0, max(5.0, self.limit / 10))   # for the other waiting ranks to say so too
-        if self.limit:
-            poll = poll_seconds or min(10.0, self.limit / 10)
-            thread = threading.Thread(target=self._run, args=(poll,), name="collective-watchdog", daemon=True)
-            thread.start()
+        self.poll = poll_seconds or min(10.0, self.limit / 10)
+        # A poll that comes this late means this process itself was frozen (SIGSTOP, a paused VM), not kept
+        # waiting: measured, a stopped rank woken by mpirun's SIGCONT would otherwise blame the others.
+        self.frozen_after = max(5.0, 3 * self.poll)
+        self._last_tick = clock()
+        if self.limit and thread:
+            threading.Thread(target=self._run, name="collective-watchdog", daemon=True).start()
 
     @contextlib.contextmanager
     def watching(self, what: str):
@@ -76,15 +80,27 @@ class Watchdog:
                 f"{self.grace:g} s are the ones. Ending the job (exit code {EXIT_CODE}); restart it to resume from the "
                 f"last checkpoint")
 
-    def _run(self, poll):
+    def tick(self):
+        """One poll: discount time this process spent frozen, then fire if the collective waited too long."""
+        now = self._clock()
+        late = now - self._last_tick - self.poll
+        self._last_tick = now
+        if late > self.frozen_after:
+            with self._lock:
+                if self._current is not None:
+                    what, since = self._current
+                    self._current = (what, since + late)
+        message = self.check()
+        if message and self.fired is None:
+            self.fired = message
+            print(message, file=sys.stderr, flush=True)
+            self._sleep(self.grace)
+            self._exit(EXIT_CODE)
+
+    def _run(self):
         while self.fired is None:
-            time.sleep(poll)
-            message = self.check()
-            if message:
-                self.fired = message
-                print(message, file=sys.stderr, flush=True)
-                self._sleep(self.grace)
-                self._exit(EXIT_CODE)
+            time.sleep(self.poll)
+            self.tick()
 
 
 _ACTIVE = Watchdog(0, 0)
