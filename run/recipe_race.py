@@ -9,7 +9,17 @@ the other, then writes <output_dir>/race.json and race.png and prints each recip
 time it takes to reach every other's. --report_only redraws from finished runs. The recipes must evaluate
 on the same held-out records (--eval_files, --eval_batches) for the comparison to mean anything; the race
 checks that they name the same files.
+
+On an emulated cluster (--nodes, one rank per node, links shaped to --link_gbit; root), the same race
+compares ways of exchanging gradients (issue 40; configs/comm_race_*.flags):
+
+    python run/recipe_race.py --nodes=2 --link_gbit=0.1 --target_accuracy=0.085 --output_dir=runs/comm_race2 \
+        --recipes=fp16=configs/comm_race_fp16.flags,powersgd=configs/comm_race_powersgd.flags,onebit=configs/comm_race_onebit.flags,diloco=configs/comm_race_diloco.flags
+
+and adds per recipe the bytes rank 0's node sent per update and the planner's prediction of its speed (fed
+the run's own compute speed) against the speed measured between evaluations.
 """
+import contextlib
 import os
 
 from absl import flags
@@ -23,6 +33,13 @@ flags.DEFINE_bool("report_only", False, "Only the report, from runs already in -
 flags.DEFINE_float("time_budget_hours", 0, "Override every recipe's --time_budget_hours (0: each flagfile's own).",
                    lower_bound=0)
 flags.DEFINE_string("title", "", "The plot's title (default: the recipes and this machine's CPU).")
+flags.DEFINE_multi_string("pretrain_flag", [], "A flag for every recipe's run/pretrain.py, e.g. --pretrain_flag=--seed=2 "
+                          "(repeat it for more).")
+flags.DEFINE_integer("nodes", 0, "Race on this many emulated nodes, one rank each, joined by shaped links "
+                     "(bert_tf/tools/emulated_cluster.py; root); 0: --ranks processes on this machine.", lower_bound=0)
+flags.DEFINE_float("link_gbit", 1.0, "--nodes: each node's link rate, Gbit/s.", lower_bound=0.001)
+flags.DEFINE_float("target_accuracy", 0.0, "Also report when each recipe first reaches this held-out MLM accuracy.",
+                   lower_bound=0)
 flags.mark_flags_as_required(["recipes", "output_dir"])
 FLAGS = flags.FLAGS
 
@@ -41,7 +58,7 @@ def parse_recipes(pairs):
 
 def main(_):
     from bert_tf.dist import device
-    from bert_tf.tools import recipe_race
+    from bert_tf.tools import emulated_cluster, recipe_race
     recipes = parse_recipes(FLAGS.recipes)
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     settings = {name: recipe_race.read_flagfile(path, repo) for name, path in recipes.items()}
@@ -49,17 +66,25 @@ def main(_):
     if len(set(shared.values())) > 1 or not all(all(v) for v in shared.values()):
         raise ConfigError(f"--recipes must evaluate on the same held-out records (--eval_files, --eval_batches): {shared}")
     os.makedirs(FLAGS.output_dir, exist_ok=True)
+    extra = [f"--time_budget_hours={FLAGS.time_budget_hours}"] if FLAGS.time_budget_hours else []
+    extra += FLAGS.pretrain_flag + (["--network_interface=eth0"] if FLAGS.nodes else [])
+    with (emulated_cluster.EmulatedCluster(FLAGS.nodes, FLAGS.link_gbit) if FLAGS.nodes and not FLAGS.report_only
+          else contextlib.nullcontext()) as cluster:
+        for name, path in recipes.items():
+            if not FLAGS.report_only:
+                recipe_race.launch(os.path.abspath(path), os.path.abspath(os.path.join(FLAGS.output_dir, name)),
+                                   FLAGS.nodes or FLAGS.ranks, extra, mpirun=cluster and cluster.mpirun_prefix(FLAGS.nodes))
     runs = {}
-    for name, path in recipes.items():
-        run_dir = os.path.join(FLAGS.output_dir, name)
-        if not FLAGS.report_only:
-            extra = [f"--time_budget_hours={FLAGS.time_budget_hours}"] if FLAGS.time_budget_hours else []
-            recipe_race.launch(os.path.abspath(path), os.path.abspath(run_dir), FLAGS.ranks, extra)
-        runs[name] = recipe_race.curve(run_dir)
+    for name in recipes:
+        runs[name] = recipe_race.curve(os.path.join(FLAGS.output_dir, name))
+        if FLAGS.nodes:
+            runs[name]["planner"] = recipe_race.planned_vs_measured(os.path.join(FLAGS.output_dir, name), FLAGS.nodes,
+                                                                    FLAGS.link_gbit)
     cpu = device.device_description()
-    title = FLAGS.title or (f"{' vs '.join(recipes)}: {FLAGS.ranks} ranks on {cpu.get('cpu', 'a GPU node')} "
+    where = (f"{FLAGS.nodes} emulated nodes at {FLAGS.link_gbit:g} Gbit/s" if FLAGS.nodes else f"{FLAGS.ranks} ranks")
+    title = FLAGS.title or (f"{' vs '.join(recipes)}: {where} on {cpu.get('cpu', 'a GPU node')} "
                             f"({cpu.get('cpu_count', '?')} cores; {', '.join(cpu.get('cpu_features', []))})")
-    summary = recipe_race.write_report(runs, FLAGS.output_dir, title)
+    summary = recipe_race.write_report(runs, FLAGS.output_dir, title, FLAGS.target_accuracy)
     print("\n".join(recipe_race.describe(summary)))
     print(f"wrote {os.path.join(FLAGS.output_dir, 'race.json')} and race.png")
 

@@ -14,13 +14,24 @@ from conftest import REPO, mpi_env
 
 
 def test_gradient_tensors_match_the_model():
-    for preset in ("tiny", "base"):
-        config = modeling.BertConfig.preset(preset, vocab_size=1000 if preset == "tiny" else 30522)
+    for preset in ("tiny", "base", "modern-tiny", "modern-mini"):
+        config = modeling.BertConfig.preset(preset, vocab_size=1000 if "tiny" in preset else 30522)
         model = modeling.BertPretrainer(config)
         sizes = [int(v.shape.num_elements()) for v in model.trainable_variables]
         assert sorted(planner.gradient_tensor_sizes(config)) == sorted(sizes)
         assert sorted(planner.gradient_tensor_shapes(config)) == sorted(tuple(v.shape) for v in model.trainable_variables)
         assert planner.parameter_count(config) == sum(sizes)
+
+
+def test_diloco_sends_the_float16_weights_change_once_every_h_updates():
+    shapes = planner.gradient_tensor_shapes(modeling.BertConfig.preset("mini", vocab_size=30522))
+    phase = planner.Phase("p", 128, 1e6, 512, 100.0)
+    cluster = planner.Cluster(4, 1, 1.0, inter_latency_us=0)
+    fp16 = planner.plan_phase(shapes, phase, cluster, CommConfig(gradient_compression="fp16", cycle_time_ms=0), 1)
+    diloco = planner.plan_phase(shapes, phase, cluster, CommConfig(local_updates=8, cycle_time_ms=0), 1)
+    assert diloco["allreduce_seconds"] == pytest.approx(fp16["allreduce_seconds"] / 8)
+    assert diloco["gradient_bytes"] == pytest.approx(fp16["gradient_bytes"] / 8)
+    assert diloco["compute_seconds"] == fp16["compute_seconds"]
 
 
 def test_compressed_exchanges_by_hand():

@@ -1,13 +1,15 @@
 """The recipe race's report (bert_tf/tools/recipe_race.py, run/recipe_race.py --report_only) on runs
 written here: the curves, the time each recipe takes to reach the other's final accuracy, the plot."""
+import dataclasses
 import json
+import math
 import subprocess
 import sys
 
 import pytest
 
 from bert_tf import ConfigError
-from bert_tf.tools import recipe_race
+from bert_tf.tools import emulated_cluster as ec, recipe_race
 from conftest import REPO
 
 
@@ -81,3 +83,75 @@ def test_a_race_of_two_tiny_recipes_runs_both_and_reports(tiny_data, tmp_path):
     assert [len(race["curves"][name]["accuracy"]) for name in ("classic", "budget")] == [2, 2]   # steps 3 and 6
     assert race["summary"]["budget"]["steps"] == 6 and (out / "race.png").exists()
     assert "classic: final held-out MLM accuracy" in proc.stdout and "reaches budget's final" in proc.stdout
+
+
+def write_timed_run(folder, comm, records, config_preset="modern-tiny"):
+    """A finished run as the emulated race reads it: the run record (its config's comm settings and batch),
+    bert_config.json and `records` after it."""
+    from bert_tf.model import modeling
+    folder.mkdir(parents=True)
+    cfg = {"comm": comm, "micro_batch_size": 8, "accumulation_steps": 2, "mlm_only": True, "max_seq_length": 128,
+           "log_interval": 10}
+    lines = [{"kind": "run", "step": 0, "time": 0.0, "config": cfg}] + records
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    modeling.BertConfig.preset(config_preset, vocab_size=1000).to_json_file(str(folder / "bert_config.json"))
+
+
+def train(step, rate, compute=0.5, **more):
+    return {"kind": "train", "step": step, "time": float(step), "sequences_per_second": rate,
+            "compute_seconds": compute, "wait_seconds": 0.0, "update_seconds": 0.0, "samples_seen": step * 32, **more}
+
+
+def test_the_emulated_race_measures_between_evaluations_and_asks_the_planner(tmp_path):
+    """Training speed comes from the intervals with no evaluation inside, after the first (compilation) and
+    after a compressed exchange's float32 warmup; the planner gets the run's own compute speed and link."""
+    from bert_tf.dist.comm import CommConfig
+    from bert_tf.model import modeling
+    from bert_tf.tools import planner
+    comm = dataclasses.asdict(CommConfig(gradient_compression="fp16", cycle_time_ms=0))
+    records = [train(10, 1.0), train(20, 20.0, tx_bytes_per_update=4e5), {"kind": "eval", "step": 20, "time": 21.0,
+               "eval_mlm_accuracy": 0.1}, train(30, 2.0, tx_bytes_per_update=4e5), train(40, 30.0, tx_bytes_per_update=4e5)]
+    write_timed_run(tmp_path / "fp16", comm, records)
+    assert [r["step"] for r in recipe_race.training_intervals(records)] == [20, 40]
+    got = recipe_race.planned_vs_measured(str(tmp_path / "fp16"), nodes=2, rate_gbit=0.1)
+    assert got["measured"] == pytest.approx(2 / (1 / 20 + 1 / 30))          # not the first, not after the eval
+    assert got["device_seq_s"] == pytest.approx(16 / 0.5)
+    shapes = planner.gradient_tensor_shapes(modeling.BertConfig.preset("modern-tiny", vocab_size=1000), nsp=False)
+    fp16_bytes = 2 * sum(map(math.prod, shapes))
+    exchange = fp16_bytes / (0.1e9 / 8)                      # 2 nodes: a ring sends the whole buffer once
+    assert got["predicted_exchange_seconds"] == pytest.approx(exchange, rel=1e-6)
+    assert got["predicted_sequences_per_second"] == pytest.approx(32 / (0.5 + exchange), rel=1e-6)
+    curve = recipe_race.curve(str(tmp_path / "fp16"))
+    assert curve["bytes_per_update"] == 4e5
+    summary = recipe_race.summarize({"fp16": {**curve, "planner": got}}, target=0.1)
+    assert summary["fp16"]["target"] == {"accuracy": 0.1, "seconds": 21.0}
+    lines = recipe_race.describe(summary)
+    assert "  0.40 MB sent per update by rank 0's node" in lines and "  reaches 0.1000 in 0.3 min" in lines
+    # a compressed run: the intervals of its float32 warmup are not its speed
+    comm = dataclasses.asdict(CommConfig(gradient_compression="powersgd", compression_warmup_steps=15))
+    write_timed_run(tmp_path / "powersgd", comm, [train(10, 1.0), train(20, 5.0), train(30, 40.0)])
+    got = recipe_race.planned_vs_measured(str(tmp_path / "powersgd"), nodes=2, rate_gbit=0.1)
+    assert got["measured"] == 40.0 and got["compression_seconds"] > 0
+
+
+@pytest.mark.cluster
+@pytest.mark.skipif(ec.preflight() is not None, reason=f"emulated cluster unavailable: {ec.preflight()}")
+def test_a_race_on_emulated_nodes_counts_the_bytes_each_exchange_sends(tiny_data, tmp_path):
+    """run/recipe_race.py --nodes=2: float16 allreduce against DiLoCo every 2 updates on two emulated nodes; the
+    bytes rank 0's node sent per update (its link's counter) and the planner's prediction beside each."""
+    common = [f for f in tiny_data["flags"] if not f.startswith("--log_interval")]
+    common += ["--total_steps=8", "--eval_interval=4", "--log_interval=2", "--save_interval=100"]
+    (tmp_path / "fp16.flags").write_text("\n".join(common + ["--gradient_compression=fp16"]) + "\n")
+    (tmp_path / "diloco.flags").write_text("\n".join(common + ["--local_updates=2"]) + "\n")
+    out = tmp_path / "race"
+    proc = subprocess.run([sys.executable, str(REPO / "run" / "recipe_race.py"), f"--output_dir={out}", "--nodes=2",
+                           "--link_gbit=1", "--target_accuracy=0.01",
+                           f"--recipes=fp16={tmp_path / 'fp16.flags'},diloco={tmp_path / 'diloco.flags'}"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    summary = json.load(open(out / "race.json"))["summary"]
+    fp16, diloco = summary["fp16"], summary["diloco"]
+    assert fp16["bytes_per_update"] > 1.5 * diloco["bytes_per_update"] > 0     # one float16 exchange per 2 updates
+    assert fp16["planner"]["predicted_bytes"] == pytest.approx(2 * diloco["planner"]["predicted_bytes"])
+    assert "2 emulated nodes at 1 Gbit/s" in json.load(open(out / "race.json"))["title"]
+    assert "MB sent per update by rank 0's node" in proc.stdout and "planner:" in proc.stdout

@@ -194,10 +194,10 @@ def compression_seconds(shapes, method, powersgd_rank=4, repeats=5) -> float:
 
 # -- predicting -------------------------------------------------------------------------------
 def predict(tensor_sizes, nodes, rate_gbit, comm, device_seq_s, batch_size, accumulation_steps, seq_length,
-            link=None):
+            link=None, overhead_seconds=0.0):
     """The planner's figures for one rung on `nodes` emulated nodes (one rank each). `link` (from
     the probe) calibrates the emulated link: its measured bandwidth and per-message cost replace
-    the nominal rate and zero latency."""
+    the nominal rate and zero latency. overhead_seconds: a compressed exchange's own computation."""
     if link:
         cluster = planner.Cluster(nodes, 1, min(rate_gbit, link["effective_gbit"]), inter_latency_us=0,
                                   message_overhead_us=link["message_seconds"] * 1e6)
@@ -205,7 +205,7 @@ def predict(tensor_sizes, nodes, rate_gbit, comm, device_seq_s, batch_size, accu
         cluster = planner.Cluster(nodes, 1, rate_gbit, inter_latency_us=0)
     batch = batch_size * accumulation_steps * nodes
     phase = planner.Phase("study", seq_length, batch, batch, device_seq_s)
-    return planner.plan_phase(tensor_sizes, phase, cluster, comm, accumulation_steps)
+    return planner.plan_phase(tensor_sizes, phase, cluster, comm, accumulation_steps, overhead_seconds)
 
 
 def device_seq_s(rows, sequences_per_rank_update):

@@ -69,6 +69,13 @@ def gradient_tensor_shapes(config: BertConfig, nsp: bool = True) -> list:
     moves where fusion_messages cuts the buffers, and Horovod itself fuses the tensors in the order they
     are ready."""
     H, I, V = config.hidden_size, config.intermediate_size, config.vocab_size
+    if config.architecture == "modern":       # bert_tf/model/modern.py: no biases, no positions, GeGLU
+        shapes = [(V, H), (H,)]
+        for i in range(config.num_hidden_layers):
+            shapes += [(H,)] * (i > 0) + [(H, 3 * H), (H, H), (H,), (H, 2 * I), (I, H)]
+        shapes += [(H,), (H, H), (H,)]                         # final norm, pooler
+        shapes += [(H, H), (H,), (V,)]                         # MLM transform, norm, output bias
+        return shapes + ([(H, 2), (2,)] if nsp else [])
     shapes = [(V, H), (config.max_position_embeddings, H), (config.type_vocab_size, H), (H,), (H,)]
     layer = [(H, H), (H,)] * 4 + [(H,), (H,)] + [(H, I), (I,), (I, H), (H,)] + [(H,), (H,)]
     shapes += layer * config.num_hidden_layers
@@ -208,12 +215,14 @@ def plan_phase(tensor_sizes, phase: Phase, cluster: Cluster, comm: CommConfig, a
         comm_time, gradient_bytes, messages = compressed_exchange_seconds(shapes, cluster, comm)
         comm_time += overhead_seconds
     else:
-        width = 2 if comm.method == "fp16" else 4
+        # DiLoCo (--local_updates=H): the weights' change in float16 once every H updates, nothing between
+        width = 2 if comm.method == "fp16" or comm.local_updates else 4
         tensor_bytes = [size * width for size in tensor_sizes]
         gradient_bytes = sum(tensor_bytes)
         messages = fusion_messages(tensor_bytes, comm.fusion_threshold_mb)
-        allreduces = accumulation if comm.allreduce_every_micro_batch else 1
+        allreduces = accumulation if comm.allreduce_every_micro_batch else 1 / max(comm.local_updates, 1)
         comm_time = allreduces * allreduce_seconds(gradient_bytes, cluster, messages, comm.cycle_time_ms)
+        gradient_bytes *= allreduces if comm.local_updates else 1
     step = compute + comm_time
     throughput = phase.global_batch / step
     seconds = phase.total_sequences * update_factor / throughput

@@ -62,7 +62,55 @@ def curve(run_dir: str) -> dict:
         raise ConfigError(f"{path} holds no held-out evaluation: run the recipe with --eval_files and --eval_interval")
     rates = [r["sequences_per_second"] for r in train if "sequences_per_second" in r]
     out["sequences_per_second"] = sum(rates[1:]) / max(len(rates) - 1, 1) if len(rates) > 1 else (rates or [0])[0]
+    sent = [r["tx_bytes_per_update"] for r in train[1:] if "tx_bytes_per_update" in r]
+    if sent:                           # --network_interface: what rank 0's node sent, evaluations included
+        out["bytes_per_update"] = sum(sent) / len(sent)
     return out
+
+
+def training_intervals(records: list) -> list:
+    """The "train" records of intervals with no evaluation inside (an evaluation follows the record of
+    its step, so it lands in the next interval) and after the first (compilation): training speed alone."""
+    out, after_eval = [], True
+    for r in records:
+        if r.get("kind") == "eval":
+            after_eval = True
+        elif r.get("kind") == "train":
+            if not after_eval:
+                out.append(r)
+            after_eval = False
+    return out
+
+
+def planned_vs_measured(run_dir: str, nodes: int, rate_gbit: float) -> dict:
+    """The planner's sequences/s for a finished run on `nodes` emulated nodes (one rank each) linked at
+    `rate_gbit`, fed the run's own per-rank speed without communication (compute, wait and optimizer
+    update of its timing split), against the speed it measured between evaluations."""
+    from bert_tf.model.config import BertConfig
+    from bert_tf.tools import comm_study, planner
+    from bert_tf.dist.comm import CommConfig
+    records = metrics.read_metrics(os.path.join(run_dir, "metrics.jsonl"))
+    cfg = next(r for r in records if r.get("kind") == "run")["config"]
+    warmup = cfg["comm"].get("compression_warmup_steps", 0) if cfg["comm"]["gradient_compression"] in (
+        "powersgd", "onebit") else 0
+    train = [r for r in training_intervals(records) if r["step"] - cfg["log_interval"] >= warmup]  # compressed
+    if not train:
+        raise ConfigError(f"{run_dir}: no training interval without an evaluation to measure")
+    shapes = planner.gradient_tensor_shapes(BertConfig.from_json_file(os.path.join(run_dir, "bert_config.json")),
+                                            nsp=not cfg["mlm_only"])
+    micro, accumulation = cfg["micro_batch_size"], cfg["accumulation_steps"]
+    seconds = sum(r["compute_seconds"] + r.get("wait_seconds", 0.0) + r["update_seconds"] for r in train) / len(train)
+    speed = micro * accumulation / seconds
+    comm = CommConfig(**cfg["comm"])
+    # the compressed exchange's own computation, measured here in one process (comm_study.compression_seconds)
+    overhead = comm_study.compression_seconds(shapes, comm.method, comm.powersgd_rank) if comm.compressed else 0.0
+    plan = comm_study.predict(shapes, nodes, rate_gbit, comm, speed, micro, accumulation, cfg["max_seq_length"],
+                              overhead_seconds=overhead)
+    measured = len(train) / sum(1.0 / r["sequences_per_second"] for r in train)
+    return {"predicted_sequences_per_second": plan["sequences_per_second"], "measured": measured,
+            "error": plan["sequences_per_second"] / measured - 1, "device_seq_s": speed,
+            "predicted_exchange_seconds": plan["allreduce_seconds"], "predicted_bytes": plan["gradient_bytes"],
+            "compression_seconds": overhead}
 
 
 def time_to_reach(run: dict, accuracy: float):
@@ -70,13 +118,17 @@ def time_to_reach(run: dict, accuracy: float):
     return next((s for s, a in zip(run["seconds"], run["accuracy"]) if a >= accuracy), None)
 
 
-def summarize(runs: dict) -> dict:
-    """{name: curve} -> each recipe's final figures and the time it takes to reach every other's final accuracy."""
+def summarize(runs: dict, target: float = 0.0) -> dict:
+    """{name: curve} -> each recipe's final figures, the time it takes to reach every other's final accuracy
+    and (`target`) the time to that accuracy."""
     summary = {}
     for name, run in runs.items():
         row = {"final_accuracy": run["accuracy"][-1], "seconds": run["seconds"][-1], "steps": run["step"][-1],
                "sequences": run["samples_seen"][-1], "sequences_per_second": run["sequences_per_second"],
                "reaches": {}}
+        row.update({key: run[key] for key in ("bytes_per_update", "planner") if key in run})
+        if target:
+            row["target"] = {"accuracy": target, "seconds": time_to_reach(run, target)}
         for other, theirs in runs.items():
             if other != name:
                 reached = time_to_reach(run, theirs["accuracy"][-1])
@@ -103,11 +155,13 @@ def plot(runs: dict, path: str, title: str):
     plt.close(fig)
 
 
-def launch(flagfile: str, run_dir: str, ranks: int, extra=(), log=print) -> float:
-    """One recipe: `ranks` processes on this machine (mpirun), run/pretrain.py --flagfile; returns seconds."""
+def launch(flagfile: str, run_dir: str, ranks: int, extra=(), log=print, mpirun=None) -> float:
+    """One recipe: `ranks` processes on this machine (mpirun), run/pretrain.py --flagfile; returns seconds.
+    `mpirun`: another launch prefix for the ranks (an emulated cluster's)."""
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    command = ["mpirun", "-np", str(ranks), "--oversubscribe", "--bind-to", "none", "-x", "PATH",
-               "-x", "TF_CPP_MIN_LOG_LEVEL", sys.executable, os.path.join(repo, "run", "pretrain.py"),
+    mpirun = mpirun or ["mpirun", "-np", str(ranks), "--oversubscribe", "--bind-to", "none", "-x", "PATH",
+                        "-x", "TF_CPP_MIN_LOG_LEVEL"]
+    command = [*mpirun, sys.executable, os.path.join(repo, "run", "pretrain.py"),
                f"--flagfile={flagfile}", f"--checkpoint_dir={run_dir}", *extra]
     # a process that initialised MPI as a singleton (a test, a notebook that imported Horovod) leaves its
     # PMIx and launch variables to its children: an mpirun started with them fails without a word
@@ -127,9 +181,9 @@ def launch(flagfile: str, run_dir: str, ranks: int, extra=(), log=print) -> floa
     return time.time() - start
 
 
-def write_report(runs: dict, out_dir: str, title: str) -> dict:
+def write_report(runs: dict, out_dir: str, title: str, target: float = 0.0) -> dict:
     """race.json (curves and summary) and race.png in out_dir; returns the summary."""
-    summary = summarize(runs)
+    summary = summarize(runs, target)
     with open(os.path.join(out_dir, "race.json"), "w") as f:
         json.dump({"title": title, "summary": summary, "curves": runs}, f, indent=1)
     plot(runs, os.path.join(out_dir, "race.png"), title)
@@ -143,6 +197,17 @@ def describe(summary: dict) -> list:
         lines.append(f"{name}: final held-out MLM accuracy {row['final_accuracy']:.4f} after {row['seconds'] / 60:.1f} "
                      f"min ({row['steps']} updates, {row['sequences']:,} sequences, "
                      f"{row['sequences_per_second']:.1f} seq/s)")
+        if "bytes_per_update" in row:
+            lines.append(f"  {row['bytes_per_update'] / 1e6:.2f} MB sent per update by rank 0's node")
+        if "planner" in row:
+            p = row["planner"]
+            lines.append(f"  planner: {p['predicted_sequences_per_second']:.1f} seq/s against {p['measured']:.1f} "
+                         f"measured between evaluations ({p['error']:+.0%}; compute {p['device_seq_s']:.1f} seq/s "
+                         f"per rank, measured)")
+        if "target" in row:
+            seconds = row["target"]["seconds"]
+            lines.append(f"  reaches {row['target']['accuracy']:.4f} "
+                         f"{f'in {seconds / 60:.1f} min' if seconds else 'never'}")
         for other, r in row["reaches"].items():
             when = (f"in {r['seconds'] / 60:.1f} min ({r['fraction_of_their_time']:.2f} of {other}'s time)"
                     if r["seconds"] else "never")
