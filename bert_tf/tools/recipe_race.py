@@ -174,8 +174,15 @@ def launch(flagfile: str, run_dir: str, ranks: int, extra=(), log=print, mpirun=
     os.makedirs(run_dir, exist_ok=True)
     log(f"racing {os.path.basename(run_dir)}: {' '.join(command)}")
     start = time.time()
-    with open(os.path.join(run_dir, "race.log"), "a") as out:
-        proc = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=repo)
+    for attempt in (1, 2):
+        with open(os.path.join(run_dir, "race.log"), "a") as out:
+            proc = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=repo)
+        # a launch that failed before the run started (seen here: OpenMPI's daemons on 4 emulated nodes, once in
+        # two launches: "ORTE does not know how to route a message") is tried once more
+        if not proc.returncode or os.path.exists(os.path.join(run_dir, "metrics.jsonl")):
+            break
+        log(f"{os.path.basename(run_dir)}: the launch failed (exit {proc.returncode}) before the run began"
+            + ("; trying once more" if attempt == 1 else ""))
     if proc.returncode:
         raise RuntimeError(f"{flagfile} exited {proc.returncode}: see {run_dir}/race.log")
     return time.time() - start
