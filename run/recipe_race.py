@@ -20,7 +20,9 @@ and adds per recipe the bytes rank 0's node sent per update and the planner's pr
 the run's own compute speed) against the speed measured between evaluations.
 """
 import contextlib
+import json
 import os
+import sys
 
 from absl import flags
 
@@ -33,8 +35,8 @@ flags.DEFINE_bool("report_only", False, "Only the report, from runs already in -
 flags.DEFINE_float("time_budget_hours", 0, "Override every recipe's --time_budget_hours (0: each flagfile's own).",
                    lower_bound=0)
 flags.DEFINE_string("title", "", "The plot's title (default: the recipes and this machine's CPU).")
-flags.DEFINE_multi_string("pretrain_flag", [], "A flag for every recipe's run/pretrain.py, e.g. --pretrain_flag=--seed=2 "
-                          "(repeat it for more).")
+flags.DEFINE_multi_string("pretrain_flag", [], "A flag for every recipe's run/pretrain.py, e.g. "
+                          "--pretrain_flag=--seed=2 (repeat it for more).")
 flags.DEFINE_integer("nodes", 0, "Race on this many emulated nodes, one rank each, joined by shaped links "
                      "(bert_tf/tools/emulated_cluster.py; root); 0: --ranks processes on this machine.", lower_bound=0)
 flags.DEFINE_float("link_gbit", 1.0, "--nodes: each node's link rate, Gbit/s.", lower_bound=0.001)
@@ -42,6 +44,7 @@ flags.DEFINE_float("target_accuracy", 0.0, "Also report when each recipe first r
                    lower_bound=0)
 flags.mark_flags_as_required(["recipes", "output_dir"])
 FLAGS = flags.FLAGS
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def parse_recipes(pairs):
@@ -56,30 +59,52 @@ def parse_recipes(pairs):
     return recipes
 
 
+def race_on(recipes, emulated_cluster, recipe_race):
+    """Runs the recipes (unless --report_only); with --nodes on an emulated cluster, then probes its link once
+    (the planner's measured bandwidth and per-message cost, as the communication study does) into
+    link.json, which it returns."""
+    from bert_tf.tools import comm_study
+    extra = [f"--time_budget_hours={FLAGS.time_budget_hours}"] if FLAGS.time_budget_hours else []
+    extra += FLAGS.pretrain_flag + (["--network_interface=eth0"] if FLAGS.nodes else [])
+    link_path = os.path.join(FLAGS.output_dir, "link.json")
+    if not FLAGS.nodes:
+        cluster = contextlib.nullcontext()
+    elif FLAGS.report_only and os.path.exists(link_path):
+        return json.load(open(link_path))
+    else:
+        cluster = emulated_cluster.EmulatedCluster(FLAGS.nodes, FLAGS.link_gbit)
+    with cluster:
+        mpirun = cluster.mpirun_prefix(FLAGS.nodes) if FLAGS.nodes else None
+        for name, path in recipes.items() if not FLAGS.report_only else ():
+            recipe_race.launch(os.path.abspath(path), os.path.abspath(os.path.join(FLAGS.output_dir, name)),
+                               FLAGS.nodes or FLAGS.ranks, extra, mpirun=mpirun)
+        if not FLAGS.nodes:
+            return None
+        probe = [sys.executable, os.path.join(REPO, "run", "comm_study.py"), "--probe"]
+        link = comm_study.run_probe(cluster, FLAGS.nodes, probe, os.path.join(FLAGS.output_dir, "probe.txt"), 1200)
+    with open(link_path, "w") as f:
+        json.dump(link, f)
+    print(f"link probe, {FLAGS.nodes} nodes at {FLAGS.link_gbit:g} Gbit/s: {json.dumps(link)}", flush=True)
+    return link
+
+
 def main(_):
     from bert_tf.dist import device
     from bert_tf.tools import emulated_cluster, recipe_race
     recipes = parse_recipes(FLAGS.recipes)
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    settings = {name: recipe_race.read_flagfile(path, repo) for name, path in recipes.items()}
+    settings = {name: recipe_race.read_flagfile(path, REPO) for name, path in recipes.items()}
     shared = {name: (s.get("eval_files"), s.get("eval_batches")) for name, s in settings.items()}
     if len(set(shared.values())) > 1 or not all(all(v) for v in shared.values()):
-        raise ConfigError(f"--recipes must evaluate on the same held-out records (--eval_files, --eval_batches): {shared}")
+        raise ConfigError(f"--recipes must evaluate on the same held-out records (--eval_files, --eval_batches): "
+                          f"{shared}")
     os.makedirs(FLAGS.output_dir, exist_ok=True)
-    extra = [f"--time_budget_hours={FLAGS.time_budget_hours}"] if FLAGS.time_budget_hours else []
-    extra += FLAGS.pretrain_flag + (["--network_interface=eth0"] if FLAGS.nodes else [])
-    with (emulated_cluster.EmulatedCluster(FLAGS.nodes, FLAGS.link_gbit) if FLAGS.nodes and not FLAGS.report_only
-          else contextlib.nullcontext()) as cluster:
-        for name, path in recipes.items():
-            if not FLAGS.report_only:
-                recipe_race.launch(os.path.abspath(path), os.path.abspath(os.path.join(FLAGS.output_dir, name)),
-                                   FLAGS.nodes or FLAGS.ranks, extra, mpirun=cluster and cluster.mpirun_prefix(FLAGS.nodes))
+    link = race_on(recipes, emulated_cluster, recipe_race)
     runs = {}
     for name in recipes:
         runs[name] = recipe_race.curve(os.path.join(FLAGS.output_dir, name))
         if FLAGS.nodes:
             runs[name]["planner"] = recipe_race.planned_vs_measured(os.path.join(FLAGS.output_dir, name), FLAGS.nodes,
-                                                                    FLAGS.link_gbit)
+                                                                    FLAGS.link_gbit, link)
     cpu = device.device_description()
     where = (f"{FLAGS.nodes} emulated nodes at {FLAGS.link_gbit:g} Gbit/s" if FLAGS.nodes else f"{FLAGS.ranks} ranks")
     title = FLAGS.title or (f"{' vs '.join(recipes)}: {where} on {cpu.get('cpu', 'a GPU node')} "

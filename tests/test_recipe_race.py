@@ -109,8 +109,9 @@ def test_the_emulated_race_measures_between_evaluations_and_asks_the_planner(tmp
     from bert_tf.model import modeling
     from bert_tf.tools import planner
     comm = dataclasses.asdict(CommConfig(gradient_compression="fp16", cycle_time_ms=0))
-    records = [train(10, 1.0), train(20, 20.0, tx_bytes_per_update=4e5), {"kind": "eval", "step": 20, "time": 21.0,
-               "eval_mlm_accuracy": 0.1}, train(30, 2.0, tx_bytes_per_update=4e5), train(40, 30.0, tx_bytes_per_update=4e5)]
+    sent = {"tx_bytes_per_update": 4e5}
+    records = [train(10, 1.0), train(20, 20.0, **sent), {"kind": "eval", "step": 20, "time": 21.0,
+               "eval_mlm_accuracy": 0.1}, train(30, 2.0, **sent), train(40, 30.0, **sent)]
     write_timed_run(tmp_path / "fp16", comm, records)
     assert [r["step"] for r in recipe_race.training_intervals(records)] == [20, 40]
     got = recipe_race.planned_vs_measured(str(tmp_path / "fp16"), nodes=2, rate_gbit=0.1)
@@ -121,6 +122,9 @@ def test_the_emulated_race_measures_between_evaluations_and_asks_the_planner(tmp
     exchange = fp16_bytes / (0.1e9 / 8)                      # 2 nodes: a ring sends the whole buffer once
     assert got["predicted_exchange_seconds"] == pytest.approx(exchange, rel=1e-6)
     assert got["predicted_sequences_per_second"] == pytest.approx(32 / (0.5 + exchange), rel=1e-6)
+    probed = recipe_race.planned_vs_measured(str(tmp_path / "fp16"), 2, 0.1, {"effective_gbit": 0.05,
+                                                                              "message_seconds": 0.001})
+    assert probed["predicted_exchange_seconds"] == pytest.approx(fp16_bytes / (0.05e9 / 8) + 0.001, rel=1e-6)
     curve = recipe_race.curve(str(tmp_path / "fp16"))
     assert curve["bytes_per_update"] == 4e5
     summary = recipe_race.summarize({"fp16": {**curve, "planner": got}}, target=0.1)
@@ -155,3 +159,5 @@ def test_a_race_on_emulated_nodes_counts_the_bytes_each_exchange_sends(tiny_data
     assert fp16["planner"]["predicted_bytes"] == pytest.approx(2 * diloco["planner"]["predicted_bytes"])
     assert "2 emulated nodes at 1 Gbit/s" in json.load(open(out / "race.json"))["title"]
     assert "MB sent per update by rank 0's node" in proc.stdout and "planner:" in proc.stdout
+    link = json.load(open(out / "link.json"))              # the link as probed after the recipes: the planner's
+    assert 0.2 < link["effective_gbit"] <= 1.05 and fp16["planner"]["predicted_exchange_seconds"] > 0

@@ -82,10 +82,11 @@ def training_intervals(records: list) -> list:
     return out
 
 
-def planned_vs_measured(run_dir: str, nodes: int, rate_gbit: float) -> dict:
+def planned_vs_measured(run_dir: str, nodes: int, rate_gbit: float, link: dict | None = None) -> dict:
     """The planner's sequences/s for a finished run on `nodes` emulated nodes (one rank each) linked at
-    `rate_gbit`, fed the run's own per-rank speed without communication (compute, wait and optimizer
-    update of its timing split), against the speed it measured between evaluations."""
+    `rate_gbit` (`link`: as comm_study.probe_link measured it), fed the run's own per-rank speed without
+    communication (compute, wait and optimizer update of its timing split), against the speed it measured
+    between evaluations."""
     from bert_tf.model.config import BertConfig
     from bert_tf.tools import comm_study, planner
     from bert_tf.dist.comm import CommConfig
@@ -105,7 +106,7 @@ def planned_vs_measured(run_dir: str, nodes: int, rate_gbit: float) -> dict:
     # the compressed exchange's own computation, measured here in one process (comm_study.compression_seconds)
     overhead = comm_study.compression_seconds(shapes, comm.method, comm.powersgd_rank) if comm.compressed else 0.0
     plan = comm_study.predict(shapes, nodes, rate_gbit, comm, speed, micro, accumulation, cfg["max_seq_length"],
-                              overhead_seconds=overhead)
+                              link, overhead)
     measured = len(train) / sum(1.0 / r["sequences_per_second"] for r in train)
     return {"predicted_sequences_per_second": plan["sequences_per_second"], "measured": measured,
             "error": plan["sequences_per_second"] / measured - 1, "device_seq_s": speed,
