@@ -81,7 +81,10 @@ def race_on(recipes, emulated_cluster, recipe_race):
         if not FLAGS.nodes:
             return None
         probe = [sys.executable, os.path.join(REPO, "run", "comm_study.py"), "--probe"]
-        link = comm_study.run_probe(cluster, FLAGS.nodes, probe, os.path.join(FLAGS.output_dir, "probe.txt"), 1200)
+        try:       # a launch can fail before it starts (OpenMPI's daemons on emulated nodes): once more
+            link = comm_study.run_probe(cluster, FLAGS.nodes, probe, os.path.join(FLAGS.output_dir, "probe.txt"), 1200)
+        except comm_study.ProbeError:
+            link = comm_study.run_probe(cluster, FLAGS.nodes, probe, os.path.join(FLAGS.output_dir, "probe.txt"), 1200)
     with open(link_path, "w") as f:
         json.dump(link, f)
     print(f"link probe, {FLAGS.nodes} nodes at {FLAGS.link_gbit:g} Gbit/s: {json.dumps(link)}", flush=True)
