@@ -59,11 +59,11 @@ def parse_recipes(pairs):
     return recipes
 
 
-def race_on(recipes, emulated_cluster, recipe_race):
+def race_on(recipes):
     """Runs the recipes (unless --report_only); with --nodes on an emulated cluster, then probes its link once
     (the planner's measured bandwidth and per-message cost, as the communication study does) into
     link.json, which it returns."""
-    from bert_tf.tools import comm_study
+    from bert_tf.tools import comm_study, emulated_cluster, recipe_race
     extra = [f"--time_budget_hours={FLAGS.time_budget_hours}"] if FLAGS.time_budget_hours else []
     extra += FLAGS.pretrain_flag + (["--network_interface=eth0"] if FLAGS.nodes else [])
     link_path = os.path.join(FLAGS.output_dir, "link.json")
@@ -81,10 +81,7 @@ def race_on(recipes, emulated_cluster, recipe_race):
         if not FLAGS.nodes:
             return None
         probe = [sys.executable, os.path.join(REPO, "run", "comm_study.py"), "--probe"]
-        try:       # a launch can fail before it starts (OpenMPI's daemons on emulated nodes): once more
-            link = comm_study.run_probe(cluster, FLAGS.nodes, probe, os.path.join(FLAGS.output_dir, "probe.txt"), 1200)
-        except comm_study.ProbeError:
-            link = comm_study.run_probe(cluster, FLAGS.nodes, probe, os.path.join(FLAGS.output_dir, "probe.txt"), 1200)
+        link = comm_study.run_probe(cluster, FLAGS.nodes, probe, os.path.join(FLAGS.output_dir, "probe.txt"), 1200)
     with open(link_path, "w") as f:
         json.dump(link, f)
     print(f"link probe, {FLAGS.nodes} nodes at {FLAGS.link_gbit:g} Gbit/s: {json.dumps(link)}", flush=True)
@@ -93,7 +90,7 @@ def race_on(recipes, emulated_cluster, recipe_race):
 
 def main(_):
     from bert_tf.dist import device
-    from bert_tf.tools import emulated_cluster, recipe_race
+    from bert_tf.tools import recipe_race
     recipes = parse_recipes(FLAGS.recipes)
     settings = {name: recipe_race.read_flagfile(path, REPO) for name, path in recipes.items()}
     shared = {name: (s.get("eval_files"), s.get("eval_batches")) for name, s in settings.items()}
@@ -101,7 +98,7 @@ def main(_):
         raise ConfigError(f"--recipes must evaluate on the same held-out records (--eval_files, --eval_batches): "
                           f"{shared}")
     os.makedirs(FLAGS.output_dir, exist_ok=True)
-    link = race_on(recipes, emulated_cluster, recipe_race)
+    link = race_on(recipes)
     runs = {}
     for name in recipes:
         runs[name] = recipe_race.curve(os.path.join(FLAGS.output_dir, name))

@@ -187,3 +187,19 @@ def test_bad_study_flags_are_named(tmp_path):
                           env=mpi_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0 and "--rungs: unknown ['fp64/everything']; valid: fp32/every-mb" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_the_link_probe_is_tried_once_more_when_its_launch_fails(tmp_path):
+    """A launch on emulated nodes can die before it starts (CI: exit 1): the probe runs again, once; a second
+    failure is an error naming the log."""
+    class Local:
+        def mpirun_prefix(self, ranks, extra_env=()):
+            return []
+    marker = tmp_path / "tried"
+    code = (f"import os, sys; p = {str(marker)!r}\n"
+            "if not os.path.exists(p): open(p, 'w').close(); sys.exit(1)\n"
+            f"print({comm_study.PROBE_PREFIX!r} + '{{\"effective_gbit\": 0.5}}')")
+    log = tmp_path / "probe.txt"
+    assert comm_study.run_probe(Local(), 2, [sys.executable, "-c", code], str(log), 60) == {"effective_gbit": 0.5}
+    with pytest.raises(comm_study.ProbeError, match="failed twice .*probe.txt"):
+        comm_study.run_probe(Local(), 2, [sys.executable, "-c", "import sys; sys.exit(3)"], str(log), 60)

@@ -85,15 +85,17 @@ class ProbeError(RuntimeError):
 
 def run_probe(cluster, ranks, command, log_path, timeout, env=None):
     """Runs `command` (a program that prints PROBE_PREFIX + json of probe_link() on rank 0) on
-    the emulated cluster; returns that measurement. ProbeError naming the log when it fails."""
-    proc = subprocess.run(cluster.mpirun_prefix(ranks, extra_env=_forwarded(env)) + command, capture_output=True,
-                          text=True, timeout=timeout, env=env)
-    with open(log_path, "w") as f:
-        f.write(proc.stdout + proc.stderr)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith(PROBE_PREFIX)]
-    if proc.returncode != 0 or not lines:
-        raise ProbeError(f"link probe failed (exit {proc.returncode}); log: {log_path}")
-    return json.loads(lines[-1][len(PROBE_PREFIX):])
+    the emulated cluster; returns that measurement. ProbeError naming the log when it fails twice (a launch on
+    emulated nodes can fail before it starts, as run_job's can: seen in CI, exit 1)."""
+    for attempt in (1, 2):
+        proc = subprocess.run(cluster.mpirun_prefix(ranks, extra_env=_forwarded(env)) + command, capture_output=True,
+                              text=True, timeout=timeout, env=env)
+        with open(log_path, "a") as f:
+            f.write(proc.stdout + proc.stderr)
+        lines = [line for line in proc.stdout.splitlines() if line.startswith(PROBE_PREFIX)]
+        if proc.returncode == 0 and lines:
+            return json.loads(lines[-1][len(PROBE_PREFIX):])
+    raise ProbeError(f"link probe failed twice (exit {proc.returncode}); log: {log_path}")
 
 
 def run_job(cluster, ranks, command, folder, timeout, warmup_updates, sequences_per_rank_update, env=None):

@@ -222,7 +222,8 @@ def plan_phase(tensor_sizes, phase: Phase, cluster: Cluster, comm: CommConfig, a
         messages = fusion_messages(tensor_bytes, comm.fusion_threshold_mb)
         allreduces = accumulation if comm.allreduce_every_micro_batch else 1 / max(comm.local_updates, 1)
         comm_time = allreduces * allreduce_seconds(gradient_bytes, cluster, messages, comm.cycle_time_ms)
-        gradient_bytes *= allreduces if comm.local_updates else 1
+        if comm.local_updates:
+            gradient_bytes /= comm.local_updates          # per update, on average
     step = compute + comm_time
     throughput = phase.global_batch / step
     seconds = phase.total_sequences * update_factor / throughput

@@ -92,9 +92,9 @@ def planned_vs_measured(run_dir: str, nodes: int, rate_gbit: float, link: dict |
     from bert_tf.dist.comm import CommConfig
     records = metrics.read_metrics(os.path.join(run_dir, "metrics.jsonl"))
     cfg = next(r for r in records if r.get("kind") == "run")["config"]
-    warmup = cfg["comm"].get("compression_warmup_steps", 0) if cfg["comm"]["gradient_compression"] in (
-        "powersgd", "onebit") else 0
-    train = [r for r in training_intervals(records) if r["step"] - cfg["log_interval"] >= warmup]  # compressed
+    comm = CommConfig(**cfg["comm"])
+    warmup = comm.compression_warmup_steps if comm.compressed else 0      # its float32 updates are not its speed
+    train = [r for r in training_intervals(records) if r["step"] - cfg["log_interval"] >= warmup]
     if not train:
         raise ConfigError(f"{run_dir}: no training interval without an evaluation to measure")
     shapes = planner.gradient_tensor_shapes(BertConfig.from_json_file(os.path.join(run_dir, "bert_config.json")),
@@ -102,7 +102,6 @@ def planned_vs_measured(run_dir: str, nodes: int, rate_gbit: float, link: dict |
     micro, accumulation = cfg["micro_batch_size"], cfg["accumulation_steps"]
     seconds = sum(r["compute_seconds"] + r.get("wait_seconds", 0.0) + r["update_seconds"] for r in train) / len(train)
     speed = micro * accumulation / seconds
-    comm = CommConfig(**cfg["comm"])
     # the compressed exchange's own computation, measured here in one process (comm_study.compression_seconds)
     overhead = comm_study.compression_seconds(shapes, comm.method, comm.powersgd_rank) if comm.compressed else 0.0
     plan = comm_study.predict(shapes, nodes, rate_gbit, comm, speed, micro, accumulation, cfg["max_seq_length"],
