@@ -161,3 +161,19 @@ def test_a_race_on_emulated_nodes_counts_the_bytes_each_exchange_sends(tiny_data
     assert "MB sent per update by rank 0's node" in proc.stdout and "planner:" in proc.stdout
     link = json.load(open(out / "link.json"))              # the link as probed after the recipes: the planner's
     assert 0.2 < link["effective_gbit"] <= 1.05 and fp16["planner"]["predicted_exchange_seconds"] > 0
+
+
+def test_a_launch_that_dies_before_the_run_begins_is_tried_once_more(tmp_path):
+    """OpenMPI's daemons on emulated nodes sometimes fail before any rank starts: the race launches again,
+    once; a run that failed after it began (metrics.jsonl written) is not repeated."""
+    marker, run_dir = tmp_path / "tried", tmp_path / "run"
+    fake = tmp_path / "fake_mpirun.py"         # stands in for mpirun: fails the first time, then succeeds
+    fake.write_text(f"import os, sys\np = {str(marker)!r}\n"
+                    "if not os.path.exists(p): open(p, 'w').close(); sys.exit(213)\n")
+    recipe_race.launch("x.flags", str(run_dir), 2, log=lambda *a: None, mpirun=[sys.executable, str(fake)])
+    assert marker.exists()
+    failing = tmp_path / "fail_after_start.py"
+    failing.write_text(f"import sys\nopen({str(run_dir / 'metrics.jsonl')!r}, 'a').write('x')\nsys.exit(1)\n")
+    with pytest.raises(RuntimeError, match="exited 1"):
+        recipe_race.launch("x.flags", str(run_dir), 2, log=lambda *a: None, mpirun=[sys.executable, str(failing)])
+    assert open(run_dir / "metrics.jsonl").read() == "x"          # launched once only
