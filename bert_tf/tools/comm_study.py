@@ -20,7 +20,7 @@ import statistics
 import subprocess
 
 from bert_tf.artifacts import metrics
-from bert_tf.tools import planner
+from bert_tf.tools import emulated_cluster, planner
 from bert_tf.dist.comm import CommConfig
 
 BASELINE = "fp32/every-mb"
@@ -89,7 +89,7 @@ def run_probe(cluster, ranks, command, log_path, timeout, env=None):
     emulated nodes can fail before it starts, as run_job's can: seen in CI, exit 1)."""
     for attempt in (1, 2):
         proc = subprocess.run(cluster.mpirun_prefix(ranks, extra_env=_forwarded(env)) + command, capture_output=True,
-                              text=True, timeout=timeout, env=env)
+                              text=True, timeout=timeout, env=emulated_cluster.mpirun_env(env))
         with open(log_path, "a") as f:
             f.write(proc.stdout + proc.stderr)
         lines = [line for line in proc.stdout.splitlines() if line.startswith(PROBE_PREFIX)]
@@ -115,7 +115,8 @@ def _run_job_once(cluster, ranks, command, folder, timeout, warmup_updates, sequ
     os.makedirs(folder)
     with open(os.path.join(folder, "log.txt"), "w") as log:
         proc = subprocess.Popen(cluster.mpirun_prefix(ranks, extra_env=_forwarded(env)) + command, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True, env=env)
+                                stderr=subprocess.STDOUT, start_new_session=True,
+                                env=emulated_cluster.mpirun_env(env))
         try:
             code = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:

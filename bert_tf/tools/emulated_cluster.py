@@ -38,6 +38,21 @@ SUBNET = "198.18.0"
 LAUNCHER_ADDRESS = f"{SUBNET}.254"
 NETNS_ETC = "/etc/netns"      # `ip netns exec NS` bind-mounts /etc/netns/NS/hosts over /etc/hosts
 
+# What a process that initialised MPI as a singleton (a test, a notebook that imported Horovod) leaves to its
+# children: an mpirun started with these fails at once, without a word (exit 1, no output).
+_SINGLETON_VARS = ("OMPI_MCA_ess", "OMPI_MCA_orte_launch", "OMPI_MCA_orte_precondition_transports", "OMPI_MCA_pmix",
+                   "OMPI_MCA_orte_ess_num_procs", "OMPI_APP_CTX_NUM_PROCS", "ORTE_SCHIZO_DETECTION")
+
+
+def mpirun_env(env=None):
+    """`env` (default: this process's environment) fit to start mpirun with: an MPI singleton's variables
+    removed, root allowed when running as root."""
+    env = {k: v for k, v in (os.environ if env is None else env).items()
+           if not k.startswith("PMIX_") and k not in _SINGLETON_VARS}
+    if os.geteuid() == 0:
+        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    return env
+
 
 class ClusterError(RuntimeError):
     pass

@@ -16,6 +16,7 @@ import time
 
 from bert_tf import ConfigError
 from bert_tf.artifacts import metrics
+from bert_tf.tools import emulated_cluster
 
 
 def read_flagfile(path: str, root: str = ".") -> dict:
@@ -163,14 +164,8 @@ def launch(flagfile: str, run_dir: str, ranks: int, extra=(), log=print, mpirun=
                         "-x", "TF_CPP_MIN_LOG_LEVEL"]
     command = [*mpirun, sys.executable, os.path.join(repo, "run", "pretrain.py"),
                f"--flagfile={flagfile}", f"--checkpoint_dir={run_dir}", *extra]
-    # a process that initialised MPI as a singleton (a test, a notebook that imported Horovod) leaves its
-    # PMIx and launch variables to its children: an mpirun started with them fails without a word
-    singleton = ("OMPI_MCA_ess", "OMPI_MCA_orte_launch", "OMPI_MCA_orte_precondition_transports", "OMPI_MCA_pmix",
-                 "OMPI_MCA_orte_ess_num_procs", "OMPI_APP_CTX_NUM_PROCS", "ORTE_SCHIZO_DETECTION")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PMIX_") and k not in singleton}
+    env = emulated_cluster.mpirun_env()
     env["TF_CPP_MIN_LOG_LEVEL"] = "2"
-    if os.geteuid() == 0:
-        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     os.makedirs(run_dir, exist_ok=True)
     log(f"racing {os.path.basename(run_dir)}: {' '.join(command)}")
     start = time.time()
