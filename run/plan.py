@@ -21,7 +21,7 @@ import json
 from absl import flags
 
 from bert_tf import cli
-from bert_tf.dist import comm
+from bert_tf.dist import auto_exchange, comm
 from bert_tf.model import modeling
 from bert_tf.tools import planner
 
@@ -45,7 +45,7 @@ cli.define_renamed("phase1_global_batch", "phase1_global_batch_size")
 cli.define_renamed("phase2_global_batch", "phase2_global_batch_size")
 flags.DEFINE_integer("phase1_accumulation", 64, "Phase-1 accumulation steps.")
 flags.DEFINE_integer("phase2_accumulation", 192, "Phase-2 accumulation steps.")
-cli.define_comm(comm.CommConfig(fp16_allreduce=True))
+cli.define_comm(comm.CommConfig(gradient_compression="fp16"))
 flags.DEFINE_float("spot_price_per_device_hour", 0.0, "Spot (preemptible) price of one device-hour; > 0 adds the "
                    "on-demand / spot + checkpoint restart / spot + elastic comparison.")
 flags.DEFINE_float("mtbp_hours", 24.0, "Mean time between preemptions of one node, hours (default: GCP preemptible "
@@ -66,6 +66,10 @@ flags.DEFINE_integer("save_interval", 200, "Updates between checkpoints (configs
 flags.DEFINE_integer("elastic_commit_interval", 10, "Updates between elastic commits (run/pretrain.py's default).")
 flags.DEFINE_float("host_copy_gbytes_per_s", 10.0, "Device-to-host copy bandwidth of a commit, GB/s "
                    "(PCIe 3.0 x16: 15.75 GB/s theoretical).")
+flags.DEFINE_float("powersgd_seconds", 0.0, "Computation one PowerSGD exchange adds per update on this device, s "
+                   "(run/comm_study.py --compression_cost measures it); 0: not counted.")
+flags.DEFINE_float("onebit_seconds", 0.0, "Computation one 1-bit exchange adds per update on this device, s "
+                   "(run/comm_study.py --compression_cost); 0: not counted.")
 flags.DEFINE_string("output_json", "", "Write the plan here.")
 flags.DEFINE_string("device_figures", "", "JSON of this device's measured figures (run/benchmark.py --device_figures, "
                     "scripts/gpu_check.sh): its phase1/phase2_device_seq_s and intra_gbps replace the defaults; "
@@ -104,7 +108,14 @@ def main(_):
                             FLAGS.phase2_device_seq_s)]
     settings = cli.comm_config()
     accumulation = [FLAGS.phase1_accumulation, FLAGS.phase2_accumulation]
-    result = planner.plan(shapes, phases, cluster, settings, accumulation)
+    overheads = {"powersgd": FLAGS.powersgd_seconds, "onebit": FLAGS.onebit_seconds}
+    ranking = planner.exchange_ranking(shapes, phases, cluster, settings, accumulation, overheads)
+    asked = settings.gradient_compression
+    if asked == "auto":
+        settings = auto_exchange.exchange_choices(settings)[ranking[0]["method"]]
+    factor, note = auto_exchange.update_factor(settings)
+    result = planner.plan(shapes, phases, cluster, settings, accumulation, overheads.get(settings.method, 0.0),
+                          1.0 if factor is None else factor)
     base, knobs = planner.best_knob(shapes, phases, cluster, settings, accumulation)
     print(f"BERT-{FLAGS.model_preset}: {params / 1e6:.1f}M parameters; {cluster.nodes} nodes x "
           f"{cluster.devices_per_node} devices, {cluster.inter_gbps:g} Gbit/s between nodes")
@@ -112,7 +123,13 @@ def main(_):
         print(f"{r['phase']}: update {r['update_seconds']:.3f} s = compute {r['compute_seconds']:.3f} + gradients "
               f"{r['allreduce_seconds']:.3f}; {r['sequences_per_second']:.0f} seq/s, scaling efficiency "
               f"{r['scaling_efficiency']:.1%}; {r['days']:.2f} days, cost {r['cost']:.0f}")
-    print(f"total: {result['days']:.2f} days, cost {result['cost']:.0f}")
+    print(f"total: {result['days']:.2f} days, cost {result['cost']:.0f}"
+          + (f", {settings.method} taking x{factor:.2f} the updates{note} for the same held-out accuracy"
+             if factor not in (None, 1.0) else "")
+          + (f"; {settings.method} never reached float16's held-out accuracy in the race" if factor is None else ""))
+    print(f"gradient exchange for this link, fastest to the same held-out accuracy first: "
+          f"{auto_exchange.describe_ranking(ranking)}" + (f"; --gradient_compression=auto: {ranking[0]['method']}"
+                                                          if asked == "auto" else ""))
     for phase, micro in ((phases[0], FLAGS.phase1_micro_batch_size), (phases[1], FLAGS.phase2_micro_batch_size)):
         for recompute in ("none", "layer"):
             m = planner.memory_bytes(config, phase.seq_length, micro, FLAGS.precision, recompute,
@@ -122,25 +139,30 @@ def main(_):
                   f"{m['total'] / 2**30:.1f} GiB = state {m['state'] / 2**30:.1f} + activations "
                   f"{m['activations'] / 2**30:.1f}")
     print("single changes, best first: " + "; ".join(f"{name}: {days:.2f} days" for days, name in knobs))
-    spot = None
-    if FLAGS.spot_price_per_device_hour > 0:
-        pre = planner.Preemption(FLAGS.price_per_device_hour, FLAGS.spot_price_per_device_hour, FLAGS.mtbp_hours,
-                                 FLAGS.restart_minutes, FLAGS.elastic_minutes, FLAGS.join_minutes,
-                                 FLAGS.replacement_minutes, FLAGS.save_interval, FLAGS.elastic_commit_interval,
-                                 FLAGS.host_copy_gbytes_per_s)
-        spot = planner.preemptible(result["phases"], cluster, pre, params)
-        print(f"preemptible capacity: a node preempted every {FLAGS.mtbp_hours:g} h on average "
-              f"({cluster.nodes / FLAGS.mtbp_hours:.3g} preemptions per hour), replaced in "
-              f"{FLAGS.replacement_minutes:g} min; restart {FLAGS.restart_minutes:.2f} min + half of "
-              f"{FLAGS.save_interval} updates, elastic {FLAGS.elastic_minutes:.2f} + join {FLAGS.join_minutes:.2f} "
-              f"min + half of {FLAGS.elastic_commit_interval} updates")
-        for name, r in spot.items():
-            print(f"  {name:26s} {r['days']:8.2f} days  cost {r['cost']:10.0f}")
-        best, close = planner.cheapest(spot)
-        print(f"cheapest: {best}" + (f" ({', '.join(close)} within 1%)" if close else ""))
+    spot = preemptible(result, cluster, params) if FLAGS.spot_price_per_device_hour > 0 else None
     if FLAGS.output_json:
         with open(FLAGS.output_json, "w") as f:
-            json.dump({"plan": result, "knobs": knobs, "parameters": params, "preemptible": spot}, f, indent=1)
+            json.dump({"plan": result, "knobs": knobs, "parameters": params, "preemptible": spot,
+                       "exchanges": ranking}, f, indent=1)
+
+
+def preemptible(result, cluster, params):
+    """On demand against spot capacity with restarts or elastic training: printed, and returned."""
+    pre = planner.Preemption(FLAGS.price_per_device_hour, FLAGS.spot_price_per_device_hour, FLAGS.mtbp_hours,
+                             FLAGS.restart_minutes, FLAGS.elastic_minutes, FLAGS.join_minutes,
+                             FLAGS.replacement_minutes, FLAGS.save_interval, FLAGS.elastic_commit_interval,
+                             FLAGS.host_copy_gbytes_per_s)
+    spot = planner.preemptible(result["phases"], cluster, pre, params)
+    print(f"preemptible capacity: a node preempted every {FLAGS.mtbp_hours:g} h on average "
+          f"({cluster.nodes / FLAGS.mtbp_hours:.3g} preemptions per hour), replaced in "
+          f"{FLAGS.replacement_minutes:g} min; restart {FLAGS.restart_minutes:.2f} min + half of "
+          f"{FLAGS.save_interval} updates, elastic {FLAGS.elastic_minutes:.2f} + join {FLAGS.join_minutes:.2f} "
+          f"min + half of {FLAGS.elastic_commit_interval} updates")
+    for name, r in spot.items():
+        print(f"  {name:26s} {r['days']:8.2f} days  cost {r['cost']:10.0f}")
+    best, close = planner.cheapest(spot)
+    print(f"cheapest: {best}" + (f" ({', '.join(close)} within 1%)" if close else ""))
+    return spot
 
 
 if __name__ == "__main__":

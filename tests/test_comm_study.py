@@ -33,8 +33,8 @@ def test_rungs_climb_the_papers_ladder_with_horovods_defaults_spelled_out():
                                                   "--fusion_threshold_mb=128", "--cycle_time_ms=5",
                                                   "--gradient_compression=none", "--powersgd_rank=4",
                                                   "--compression_warmup_steps=0", "--local_updates=0",
-                                                  "--outer_learning_rate=0.7", "--outer_momentum=0.9",
-                                                  "--collective_timeout_minutes=30"]
+                                                  "--local_group=rank", "--outer_learning_rate=0.7",
+                                                  "--outer_momentum=0.9", "--collective_timeout_minutes=30"]
 
 
 def train_record(compute, allreduce, update, tx, seq_s, wait=None):

@@ -55,6 +55,29 @@ def test_flags_that_cannot_work_fail_at_start_up_naming_them():
     assert all(len(tiny[i]) == 2 for i in chosen) and (2, 128) not in [tiny[i] for i in chosen]
 
 
+def test_auto_is_checked_at_start_up_and_one_rank_sends_nothing(monkeypatch):
+    """--gradient_compression=auto: run/pretrain.py resolves it (two ranks: tests/test_distributed.py); without the
+    per-rank speed it weighs the link against, with --elastic, --fp16_allreduce or elsewhere: an error naming them."""
+    from bert_tf.dist import auto_exchange
+    from bert_tf.train.pretrain_config import PretrainConfig
+    auto = CommConfig(gradient_compression="auto")
+    with pytest.raises(ConfigError, match="--gradient_compression=auto needs --ladder_sequences_per_second"):
+        PretrainConfig(checkpoint_dir="x", vocab_file="v", comm=auto)
+    with pytest.raises(ConfigError, match="--gradient_compression=auto with --elastic: not supported"):
+        PretrainConfig(checkpoint_dir="x", vocab_file="v", comm=auto, ladder_sequences_per_second=10.0, elastic=True,
+                       global_batch_size=8)
+    PretrainConfig(checkpoint_dir="x", vocab_file="v", comm=auto, ladder_sequences_per_second=10.0)
+    with pytest.raises(ConfigError, match="--fp16_allreduce with --gradient_compression=auto"):
+        CommConfig(fp16_allreduce=True, gradient_compression="auto")
+    with pytest.raises(ConfigError, match="--gradient_compression=auto is chosen by run/pretrain.py at start-up"):
+        distributed.make_gradient_exchange(auto, [])
+    said = []
+    monkeypatch.setattr(distributed, "size", lambda: 1)
+    tiny = modeling.BertConfig.preset("tiny", vocab_size=100)
+    assert auto_exchange.resolve(auto, tiny, True, 4, 1, 16, 10.0, said.append).method == "none"
+    assert said == ["gradients: --gradient_compression=auto on one rank: nothing crosses a link, none"]
+
+
 @pytest.fixture(scope="module")
 def one_rank():
     distributed.init()

@@ -154,10 +154,26 @@ def test_compressed_exchanges_give_every_rank_the_reference_update(checks):
 
 
 def test_compressed_training_keeps_ranks_equal(checks):
-    results, _, _ = checks
+    results, arrays, _ = checks
     for method in ("powersgd", "onebit"):
         assert results[0][f"{method}_digest_after_4_steps"] == results[1][f"{method}_digest_after_4_steps"]
         assert results[0][f"{method}_moved"] and results[0][f"{method}_exchanges"] == 4
+        # reset (an elastic re-form): buffers that held something are zero on both ranks, Q the initial one again
+        for r in results:
+            assert r[f"{method}_state_before_reset_nonzero"] and r[f"{method}_reset_zero"]
+    for a in arrays:                # the same seed (7) and shapes as the exchange whose first Q is powersgd_q0
+        np.testing.assert_array_equal(a["powersgd_q_after_reset"], arrays[0]["powersgd_q0"])
+
+
+def test_auto_exchange_measures_the_link_together_and_every_rank_chooses_the_same(checks):
+    """--gradient_compression=auto in a job: rank 0's link figures on both ranks, one choice, said on rank 0."""
+    results, _, _ = checks
+    assert results[0]["auto_link"] == results[1]["auto_link"] and results[0]["auto_link"]["effective_gbit"] > 0
+    chosen = results[0]["auto_chosen"]
+    assert chosen == results[1]["auto_chosen"] and chosen in ("none", "fp16", "powersgd")
+    line = results[0]["auto_said"][-1]
+    assert line.startswith(f"gradients: --gradient_compression=auto chose {chosen}") and "(measured now)" in line
+    assert "powersgd rank 4 computation " in line and "onebit: " in line and "never reached" in line
 
 
 def test_diloco_s_outer_step_is_the_reference_and_the_same_on_every_rank(checks):
@@ -413,3 +429,26 @@ def test_diloco_run_synchronises_every_h_updates_saves_in_step_and_resumes(tmp_p
     assert re.search(r"resumed from \S*ckpt-5 at step 5\b", again.stdout + again.stderr), again.stdout[-2000:]
     reader = tf.train.load_checkpoint(str(ckpt / "ckpt-6"))
     assert reader.get_tensor("outer_step/rounds/.ATTRIBUTES/VARIABLE_VALUE") == 4
+
+
+def test_local_group_node_makes_each_node_one_diloco_worker(tmp_path):
+    """--local_updates=2 --local_group=node on 2 emulated nodes x 2 ranks: between synchronisations the ranks of a
+    node hold the same weights (their gradients averaged inside the node) and the nodes differ; the outer step gives
+    every rank the same weights."""
+    from bert_tf.tools import emulated_cluster as ec
+    if ec.preflight() is not None:
+        pytest.skip(f"emulated cluster unavailable: {ec.preflight()}")
+    with ec.EmulatedCluster(2, rate_gbit=1, slots=2) as cluster:
+        cmd = cluster.mpirun_prefix(4, extra_env=("PYTHONPATH",)) + [sys.executable, str(WORKERS / "node_groups.py"),
+                                                                     str(tmp_path)]
+        proc = subprocess.run(cmd, env=ec.mpirun_env(mpi_env()), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    results = read_rank_results(tmp_path, 4)
+    nodes = {}
+    for r in results:
+        nodes.setdefault(r["node"], []).append(r)
+    assert sorted(len(v) for v in nodes.values()) == [2, 2], results
+    inside = [{r["after_local_updates"] for r in ranks} for ranks in nodes.values()]
+    assert all(len(digests) == 1 for digests in inside) and inside[0] != inside[1]
+    assert len({r["after_outer_step"] for r in results}) == 1
+    assert results[0]["describe"].startswith("DiLoCo (each node one worker): the weights' change in float16 every 2")

@@ -588,3 +588,37 @@ def test_elastic_mode_rolls_a_run_of_skipped_updates_back_to_the_last_commit(tin
     assert rollbacks == [(9, 5, "the last elastic commit")] and restored == [True]
     assert world.commits == [5, 10, 15, 20] and int(job.trainer.step.numpy()) == 20 and not last["stopped_early"]
     assert job.input.calls == 24                       # 9 updates, then steps 6-20 on fresh batches
+
+
+@pytest.mark.cluster
+@needs_namespaces
+def test_a_compressed_elastic_job_restarts_its_error_buffers_alike_when_it_re_forms(tmp_path, tiny_data):
+    """PowerSGD in elastic mode, 2 nodes, --min-np 1: one node killed mid-run; the job re-forms on the survivor,
+    restarts the error buffers (and Q) on every rank alike, keeps the ranks' weights equal and finishes."""
+    ckpt = tmp_path / "run"
+    metrics = ckpt / "metrics.jsonl"
+    flags = tiny_data["flags"] + ["--elastic", "--global_batch_size=8", "--elastic_commit_interval=5",
+                                  "--save_interval=10", "--total_steps=40", f"--checkpoint_dir={ckpt}",
+                                  "--gradient_compression=powersgd", "--powersgd_rank=2"]
+    with ec.EmulatedCluster(2, rate_gbit=1) as cluster:
+        cluster.set_live(cluster.hosts)
+        job = _start(cluster.horovodrun_elastic_prefix(2, 1, 2, ["--elastic-timeout", "60"]), flags, tmp_path)
+        try:
+            _wait(metrics, lambda r: r["kind"] == "train" and r["step"] >= 12, job, "12 updates", timeout=300)
+            cluster.set_live(cluster.hosts[:1])
+            cluster.kill_node(1)
+            job.wait(timeout=300)
+        finally:
+            if job.poll() is None:
+                job.kill()
+                job.wait()
+    out = job.log.read_text()
+    assert job.returncode == 0, out[-6000:]
+    assert out.count("gradient compression: error buffers restarted at zero and Q afresh on all 2 ranks") == 1, out
+    assert "gradient compression: error buffers restarted at zero and Q afresh on all 1 ranks" in out, out[-6000:]
+    records = _records(metrics)
+    agreed = [r for r in records if r["kind"] == "elastic"]
+    assert [r["ranks"] for r in agreed if r["event"] == "start"] == [2, 1], agreed
+    assert all(len(set(r["weights_digests"])) == 1 for r in agreed)
+    trains = [r for r in records if r["kind"] == "train"]
+    assert trains[-1]["step"] == 40 and all(np.isfinite(r["loss"]) for r in trains)

@@ -32,6 +32,53 @@ def test_diloco_sends_the_float16_weights_change_once_every_h_updates():
     assert diloco["allreduce_seconds"] == pytest.approx(fp16["allreduce_seconds"] / 8)
     assert diloco["gradient_bytes"] == pytest.approx(fp16["gradient_bytes"] / 8)
     assert diloco["compute_seconds"] == fp16["compute_seconds"]
+    # --local_group=node on 2 nodes x 2 devices: the node's float32 gradients averaged inside it every update, on top
+    two = planner.Cluster(2, 2, 1.0, inter_latency_us=0, intra_gbps=100.0, intra_latency_us=0)
+    by_rank = planner.plan_phase(shapes, phase, two, CommConfig(local_updates=8, cycle_time_ms=0), 1)
+    by_node = planner.plan_phase(shapes, phase, two, CommConfig(local_updates=8, local_group="node", cycle_time_ms=0), 1)
+    float32 = 4 * sum(planner.gradient_tensor_sizes(modeling.BertConfig.preset("mini", vocab_size=30522)))
+    inside = 2 * (2 - 1) / 2 * float32 / (100e9 / 8)
+    assert by_node["allreduce_seconds"] == pytest.approx(by_rank["allreduce_seconds"] + inside, rel=1e-9)
+    with pytest.raises(ConfigError, match="--local_group=node: valid are rank and node, and node is for --local_updates"):
+        CommConfig(local_group="node")
+
+
+def test_the_exchange_fastest_to_the_same_accuracy_depends_on_the_link():
+    """Each exchange's time x the updates it needs for float16's held-out accuracy (measured in the race): on a slow
+    link PowerSGD, on a fast one float16; 1-bit, which never reached it, listed last and never chosen."""
+    from bert_tf.dist import auto_exchange
+    shapes = planner.gradient_tensor_shapes(modeling.BertConfig.preset("base", vocab_size=30522))
+    phases = [planner.Phase("p", 128, 4096 * 1000, 4096, 1400.0)]
+    comm = CommConfig(gradient_compression="auto", cycle_time_ms=0)
+    factor = auto_exchange.update_factor(CommConfig(gradient_compression="powersgd"))[0]
+    assert factor > 1
+    for gbit, best in ((1.0, "powersgd rank "), (100.0, "fp16")):
+        rows = planner.exchange_ranking(shapes, phases, planner.Cluster(4, 4, gbit), comm, [4])
+        assert rows[0]["method"].startswith(best) and rows[-1]["method"] == "onebit", rows
+        assert rows[-1]["to_quality"] is None
+        by = {r["method"]: r for r in rows}
+        assert by["powersgd rank 4"]["to_quality"] == pytest.approx(by["powersgd rank 4"]["seconds"] * factor)
+        assert by["fp16"]["to_quality"] == by["fp16"]["seconds"] < by["none"]["seconds"]
+    # every measured PowerSGD rank is a candidate, and the user's own rank too
+    assert {"powersgd rank 4", "powersgd rank 8", "powersgd rank 16"} <= set(
+        auto_exchange.exchange_choices(dataclasses.replace(comm, powersgd_rank=16)))
+    # its own computation counts: enough of it and float16 wins on the slow link too
+    slow = planner.exchange_ranking(shapes, phases, planner.Cluster(4, 4, 1.0), comm, [4], {"powersgd": 60.0})
+    assert slow[0]["method"] == "fp16"
+    # a rank not measured takes the nearest measured one's factor, and says so
+    assert auto_exchange.update_factor(CommConfig(gradient_compression="powersgd", powersgd_rank=32)) == \
+        (auto_exchange.MEASURED_UPDATE_FACTORS["powersgd"][8], " (rank 8's)")
+    with pytest.raises(ConfigError, match="resolve it first"):
+        planner.plan(shapes, phases, planner.Cluster(4, 4, 1.0), comm, [4])
+    # in a job: the same ranking over seconds per sequence, at the link it measured
+    link = {"effective_gbit": 0.05, "message_seconds": 1e-3}
+    mini = planner.gradient_tensor_shapes(modeling.BertConfig.preset("mini", vocab_size=30522))
+    cost = {"powersgd rank 4": 0.01, "powersgd rank 8": 0.02}
+    chosen, rows = auto_exchange.choose(comm, mini, 4, link, cost, 50.0, 16, 1, 128)
+    assert chosen.gradient_compression == "powersgd" and rows[0]["method"] == f"powersgd rank {chosen.powersgd_rank}"
+    assert chosen.cycle_time_ms == 0
+    fast = dict(link, effective_gbit=100.0)
+    assert auto_exchange.choose(comm, mini, 4, fast, cost, 50.0, 16, 1, 128)[0].method == "fp16"
 
 
 def test_compressed_exchanges_by_hand():
@@ -253,7 +300,8 @@ def test_measured_device_figures_are_recorded_per_phase_checked_and_taken_by_the
         planner.read_device_figures(str(tmp_path / "none.json"), "base")
     out = tmp_path / "plan.json"
     proc = subprocess.run([sys.executable, str(REPO / "run" / "plan.py"), "--model_preset=base",
-                           f"--device_figures={path}", "--phase2_device_seq_s=50", f"--output_json={out}"],
+                           f"--device_figures={path}", "--phase2_device_seq_s=50", f"--output_json={out}",
+                           "--gradient_compression=auto"],
                           env=mpi_env(), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert f"measured figures from {path} (NVIDIA A100): phase1_device_seq_s=512.5" in proc.stdout
@@ -262,3 +310,10 @@ def test_measured_device_figures_are_recorded_per_phase_checked_and_taken_by_the
     # compute time per update = global batch / (ranks x device speed): the file's 512.5 at 128, the flag's 50 at 512
     assert phases["phase1"]["compute_seconds"] == pytest.approx(61440 / 16 / 512.5)
     assert phases["phase2"]["compute_seconds"] == pytest.approx(30720 / 16 / 50)
+    # --gradient_compression=auto at LAMB's large batches on 10 Gbit/s: float16 allreduce, and the ranking says why
+    exchanges = json.loads(out.read_text())["exchanges"]
+    methods = [r["method"] for r in exchanges]
+    assert methods[0] == "fp16" and methods[-1] == "onebit", methods
+    assert sorted(methods[1:-1]) == ["none", "powersgd rank 4", "powersgd rank 8"], methods
+    assert "fastest to the same held-out accuracy first: fp16: " in proc.stdout
+    assert proc.stdout.rstrip().count("--gradient_compression=auto: fp16") == 1

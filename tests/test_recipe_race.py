@@ -36,11 +36,13 @@ def test_time_to_reach_the_other_recipe_s_final_accuracy(race):
     assert runs["classic"]["seconds"] == [600, 1200, 1800] and runs["budget"]["samples_seen"][-1] == 4000
     summary = recipe_race.summarize(runs)
     reach = summary["budget"]["reaches"]["classic"]
-    assert reach == {"accuracy": 0.30, "seconds": 600, "fraction_of_their_time": 600 / 1800}
+    assert reach == {"accuracy": 0.30, "seconds": 600, "fraction_of_their_time": 600 / 1800, "updates": 20,
+                     "update_factor": 20 / 30}
     assert summary["classic"]["reaches"]["budget"]["seconds"] is None      # never got to 0.45
     assert summary["budget"]["sequences_per_second"] == 80.0
     lines = recipe_race.describe(summary)
-    assert "  reaches classic's final 0.3000 in 10.0 min (0.33 of classic's time)" in lines
+    assert "  reaches classic's final 0.3000 in 10.0 min (0.33 of classic's time), after 20 updates (x0.67 classic's)" \
+        in lines
     assert "  reaches budget's final 0.4500 never" in lines
 
 
@@ -85,14 +87,17 @@ def test_a_race_of_two_tiny_recipes_runs_both_and_reports(tiny_data, tmp_path):
     assert "classic: final held-out MLM accuracy" in proc.stdout and "reaches budget's final" in proc.stdout
 
 
-def write_timed_run(folder, comm, records, config_preset="modern-tiny"):
-    """A finished run as the emulated race reads it: the run record (its config's comm settings and batch),
-    bert_config.json and `records` after it."""
+def write_timed_run(folder, comm, records, config_preset="modern-tiny", resolved=None):
+    """A finished run as the emulated race reads it: the run record (its config's comm settings and batch; the
+    comm as run, `resolved`, when it differs), bert_config.json and `records` after it."""
     from bert_tf.model import modeling
     folder.mkdir(parents=True)
     cfg = {"comm": comm, "micro_batch_size": 8, "accumulation_steps": 2, "mlm_only": True, "max_seq_length": 128,
            "log_interval": 10}
-    lines = [{"kind": "run", "step": 0, "time": 0.0, "config": cfg}] + records
+    run = {"kind": "run", "step": 0, "time": 0.0, "config": cfg}
+    if resolved:
+        run["resolved"] = dict(cfg, comm=resolved)
+    lines = [run] + records
     (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
     modeling.BertConfig.preset(config_preset, vocab_size=1000).to_json_file(str(folder / "bert_config.json"))
 
@@ -136,6 +141,10 @@ def test_the_emulated_race_measures_between_evaluations_and_asks_the_planner(tmp
     write_timed_run(tmp_path / "powersgd", comm, [train(10, 1.0), train(20, 5.0), train(30, 40.0)])
     got = recipe_race.planned_vs_measured(str(tmp_path / "powersgd"), nodes=2, rate_gbit=0.1)
     assert got["measured"] == 40.0 and got["compression_seconds"] > 0
+    # --gradient_compression=auto: the planner takes the exchange the run chose
+    write_timed_run(tmp_path / "auto", dataclasses.asdict(CommConfig(gradient_compression="auto")),
+                    [train(10, 1.0), train(20, 5.0), train(30, 40.0)], resolved=comm)
+    assert recipe_race.planned_vs_measured(str(tmp_path / "auto"), nodes=2, rate_gbit=0.1)["compression_seconds"] > 0
 
 
 @pytest.mark.cluster

@@ -17,8 +17,9 @@ from bert_tf import ConfigError, knob
 HOROVOD_FUSION_THRESHOLD_MB = 128.0
 HOROVOD_CYCLE_TIME_MS = 1.0
 # --gradient_compression: none and fp16 are Horovod allreduces; powersgd and onebit are
-# bert_tf/dist/compression.py's exchanges with error feedback
-COMPRESSIONS = ("none", "fp16", "powersgd", "onebit")
+# bert_tf/dist/compression.py's exchanges with error feedback; auto is resolved to one of them at start-up
+# (bert_tf/dist/auto_exchange.py)
+COMPRESSIONS = ("none", "fp16", "powersgd", "onebit", "auto")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,7 +40,10 @@ class CommConfig:
         "none", "How gradients cross ranks, once per update: none (float32 allreduce), fp16 (float16 allreduce), "
         "powersgd (each weight matrix as rank --powersgd_rank factors, error feedback; Vogels et al. 2019) or "
         "onebit (signs and one scale per chunk, error feedback on both sides, alltoall + allgather; 1/32 of "
-        "float32's bytes). bert_tf/dist/compression.py.", choices=COMPRESSIONS)
+        "float32's bytes). bert_tf/dist/compression.py. auto: the one the planner predicts fastest to the same "
+        "held-out accuracy on this job's link, measured at start-up with the compression's own computation and each "
+        "method's extra updates as measured (bert_tf/dist/auto_exchange.py; needs --ladder_sequences_per_second).",
+        choices=COMPRESSIONS)
     powersgd_rank: int = knob(4, "--gradient_compression=powersgd: the rank of each matrix's factors.")
     compression_warmup_steps: int = knob(
         0, "Updates exchanged uncompressed (float32) before powersgd or onebit starts (1-bit Adam's warmup).")
@@ -47,6 +51,10 @@ class CommConfig:
         0, "DiLoCo (bert_tf/dist/local_sgd.py): each rank takes this many optimizer updates on its own data, "
         "then the ranks average the weights' change in float16 and take an outer Nesterov step; 0: every update "
         "allreduces the gradients. --save_interval and --eval_interval must be multiples of it.")
+    local_group: str = knob(
+        "rank", "--local_updates: who takes the inner updates together: rank (each rank alone) or node (the ranks of "
+        "a node average their gradients every update over the node's own links, as one DiLoCo worker; only the outer "
+        "step crosses between nodes).", choices=("rank", "node"))
     outer_learning_rate: float = knob(0.7, "--local_updates: the outer step's learning rate (DiLoCo's 0.7).")
     outer_momentum: float = knob(0.9, "--local_updates: the outer step's Nesterov momentum (DiLoCo's 0.9).")
     collective_timeout_minutes: float = knob(
@@ -61,7 +69,7 @@ class CommConfig:
         if self.fp16_allreduce and self.gradient_compression not in ("none", "fp16"):
             raise ConfigError(f"--fp16_allreduce with --gradient_compression={self.gradient_compression}: they "
                               "disagree (--fp16_allreduce is --gradient_compression=fp16); give one")
-        if self.compressed and self.allreduce_every_micro_batch:
+        if self.gradient_compression in ("powersgd", "onebit", "auto") and self.allreduce_every_micro_batch:
             raise ConfigError(f"--gradient_compression={self.gradient_compression} with "
                               "--allreduce_every_micro_batch: error feedback works on one exchange per update")
         if self.local_updates < 0 or self.outer_learning_rate <= 0 or not 0 <= self.outer_momentum < 1:
@@ -72,6 +80,9 @@ class CommConfig:
             raise ConfigError(f"--local_updates={self.local_updates} exchanges no gradients (the outer step sends the "
                               "weights' change in float16): drop --gradient_compression, --fp16_allreduce and "
                               "--allreduce_every_micro_batch")
+        if self.local_group not in ("rank", "node") or (self.local_group == "node" and not self.local_updates):
+            raise ConfigError(f"--local_group={self.local_group}: valid are rank and node, and node is for "
+                              "--local_updates (DiLoCo's workers)")
         if self.collective_timeout_minutes < 0:
             raise ConfigError(f"--collective_timeout_minutes must be >= 0 (0: no timeout), got "
                               f"{self.collective_timeout_minutes:g}")

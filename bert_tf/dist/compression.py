@@ -37,9 +37,9 @@ from bert_tf.dist.comm import METHODS, onebit_chunk, powersgd_plan, wire_bytes
 _BITS = tf.constant([1, 2, 4, 8, 16, 32, 64, 128], tf.int32)
 
 
-def _mean(tensors, name):
+def _mean(tensors, name, alone=False):
     import horovod.tensorflow as hvd
-    if hvd.size() == 1:
+    if alone or hvd.size() == 1:
         return list(tensors)
     return hvd.grouped_allreduce(list(tensors), op=hvd.Average, name=name)
 
@@ -68,11 +68,12 @@ class CompressedExchange(tf.Module):
     error buffers keep unscaled values, so a changing scale does not corrupt them). weight: this rank's
     gradients are multiplied by it first (elastic mode's uneven shares)."""
 
-    def __init__(self, method, variables, rank=4, warmup_steps=0, seed=0, size=1, name="grad"):
+    def __init__(self, method, variables, rank=4, warmup_steps=0, seed=0, size=1, name="grad", alone=False):
         super().__init__(name=f"{name}_exchange")
         if method not in METHODS:
             raise ConfigError(f"--gradient_compression={method}: valid compressed methods are {', '.join(METHODS)}")
         self.method, self.rank, self.warmup_steps, self.seed, self.tag = method, rank, warmup_steps, seed, name
+        self.alone = alone          # the computation only, no collective (its cost, measured in one rank of a job)
         self.shapes = [tuple(int(d) for d in v.shape) for v in variables]
         self.weight = 1.0
         self.exchanges = tf.Variable(0, dtype=tf.int64, trainable=False, name="exchanges")
@@ -148,7 +149,7 @@ class CompressedExchange(tf.Module):
         compressed = self._powersgd if self.method == "powersgd" else self._onebit
         if self.warmup_steps:
             out = tf.cond(self.exchanges < self.warmup_steps,
-                          lambda: _mean(grads, f"{self.tag}_warmup"), lambda: compressed(grads, scale))
+                          lambda: _mean(grads, f"{self.tag}_warmup", self.alone), lambda: compressed(grads, scale))
         else:
             out = compressed(grads, scale)
         self.exchanges.assign_add(1)
@@ -156,11 +157,11 @@ class CompressedExchange(tf.Module):
 
     def _powersgd(self, grads, scale):
         ms = [grads[i] / scale + e for i, e in zip(self.compressed, self.errors)]
-        ps = _mean([tf.matmul(m, q) for m, q in zip(ms, self.qs)], f"{self.tag}_psgd_p")
+        ps = _mean([tf.matmul(m, q) for m, q in zip(ms, self.qs)], f"{self.tag}_psgd_p", self.alone)
         ps = [tf.linalg.qr(p)[0] for p in ps]      # orthonormal columns (zero columns stay finite)
         plain = [i for i in range(len(grads)) if i not in self.compressed]
         qs = [tf.matmul(m, p, transpose_a=True) for m, p in zip(ms, ps)]
-        reduced = _mean(qs + [grads[i] / scale for i in plain], f"{self.tag}_psgd_q")
+        reduced = _mean(qs + [grads[i] / scale for i in plain], f"{self.tag}_psgd_q", self.alone)
         qs, rest = reduced[:len(qs)], reduced[len(qs):]
         approx = [tf.matmul(p, q, transpose_b=True) for p, q in zip(ps, qs)]
         out = [None] * len(grads)
@@ -177,7 +178,7 @@ class CompressedExchange(tf.Module):
 
     def _onebit(self, grads, scale):
         import horovod.tensorflow as hvd
-        size = hvd.size()
+        size = 1 if self.alone else hvd.size()
         chunk = onebit_chunk(self.elements, size)
         flat = tf.concat([tf.reshape(g, [-1]) for g in grads], 0) / scale + self.error
         blocks = tf.reshape(tf.pad(flat, [[0, size * chunk - self.elements]]), [size, chunk])

@@ -36,6 +36,8 @@ def configure(comm: CommConfig, timeline=None, autotune=False):
             effective[var] = ("horovod default", "default")
     for var, value in watchdog.horovod_settings(comm.collective_timeout_minutes).items():
         os.environ.setdefault(var, value)     # Horovod's stall warning within half --collective_timeout_minutes
+    if comm.local_group == "node":
+        os.environ.setdefault("HOROVOD_DYNAMIC_PROCESS_SETS", "1")     # node_process_set adds them after init
     if timeline:
         os.environ.setdefault("HOROVOD_TIMELINE", timeline)
     if autotune:
@@ -158,29 +160,50 @@ def broadcast_variables(variables, root_rank=0):
             hvd.broadcast_variables(variables, root_rank=root_rank)
 
 
-def make_gradient_allreduce(fp16_compression=False, name="grad", weight=1.0):
+def node_process_set():
+    """This rank's node as a Horovod process set, None with one rank per node (--local_group=node; every rank
+    calls it once, after init with HOROVOD_DYNAMIC_PROCESS_SETS). A node is what Horovod's local communicator holds: its ranks share a cross rank
+    (the node's index among the nodes, for every local rank alike)."""
+    import horovod.tensorflow as hvd
+    if not hvd.is_homogeneous():
+        raise ConfigError("--local_group=node needs the same number of ranks on every node")
+    node_of = hvd.allgather_object(hvd.cross_rank(), name="node_of_rank")
+    groups = {}
+    for r, node in enumerate(node_of):
+        groups.setdefault(node, []).append(r)
+    if len(groups) == 1:
+        return hvd.global_process_set
+    if len(groups) == hvd.size():
+        return None                            # one rank per node: each rank is its own worker
+    sets = {node: hvd.add_process_set(ranks) for node, ranks in sorted(groups.items())}    # the same order everywhere
+    return sets[node_of[hvd.rank()]]
+
+
+def make_gradient_allreduce(fp16_compression=False, name="grad", weight=1.0, process_set=None):
     """Returns allreduce(grads) -> grads averaged over ranks, sent as float16 when asked.
 
     One allreduce op per tensor: Horovod's background thread fuses those that are ready in
     the same cycle into buffers of HOROVOD_FUSION_THRESHOLD bytes (tensor fusion).
     weight: this rank's gradients are multiplied by it first (elastic mode's uneven shares).
+    process_set: average over these ranks only (node_process_set), not all.
     """
     import horovod.tensorflow as hvd
     compression = hvd.Compression.fp16 if fp16_compression else hvd.Compression.none
+    process_set = process_set or hvd.global_process_set
 
     def allreduce(grads):
         if weight != 1.0:
             grads = [g * weight for g in grads]
-        if hvd.size() == 1:
+        if process_set.size() == 1:
             return list(grads)
-        return [hvd.allreduce(g, op=hvd.Average, compression=compression, name=f"{name}_{i}")
-                for i, g in enumerate(grads)]
+        return [hvd.allreduce(g, op=hvd.Average, compression=compression, name=f"{name}_{i}",
+                              process_set=process_set) for i, g in enumerate(grads)]
 
     def wait_for_ranks():
-        """A one-float allreduce: returns once every rank has reached it (Trainer's timed updates
+        """A one-float allreduce: returns once every rank (of the set) has reached it (Trainer's timed updates
         time it apart from the gradients' allreduce, so a straggler shows as waiting, not as link)."""
-        if hvd.size() > 1:
-            return hvd.allreduce(tf.zeros([1]), op=hvd.Sum, name=f"{name}_wait")
+        if process_set.size() > 1:
+            return hvd.allreduce(tf.zeros([1]), op=hvd.Sum, name=f"{name}_wait", process_set=process_set)
         return None
 
     allreduce.wait_for_ranks = wait_for_ranks
@@ -192,6 +215,9 @@ def make_gradient_exchange(comm: CommConfig, variables, seed=0, name="grad"):
     (none, fp16: make_gradient_allreduce) or a compressed exchange with error feedback (powersgd, onebit:
     compression.CompressedExchange, a tf.Module the trainer checkpoints). variables: the trainer's, in its
     order."""
+    if comm.method == "auto":
+        raise ConfigError("--gradient_compression=auto is chosen by run/pretrain.py at start-up "
+                          "(bert_tf/dist/auto_exchange.py); here, give the method")
     if not comm.compressed:
         return make_gradient_allreduce(comm.method == "fp16", name=name)
     from bert_tf.dist import compression

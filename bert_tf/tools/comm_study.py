@@ -171,28 +171,11 @@ def previous_results(path, settings):
 
 
 def compression_seconds(shapes, method, powersgd_rank=4, repeats=5) -> float:
-    """The computation a compressed exchange adds to an update on this machine, in one process (no link):
-    seconds per exchange of random gradients of `shapes`, compiled as the trainer runs it (tf.function),
-    the first call (tracing) dropped, the median of `repeats`. The planner's overhead_seconds."""
-    import statistics
-    import time
-
-    import tensorflow as tf
-
-    from bert_tf.dist import compression, distributed
+    """auto_exchange.compression_seconds in a process of its own (Horovod initialised here): the planner's
+    overhead_seconds."""
+    from bert_tf.dist import auto_exchange, distributed
     distributed.init()
-    variables = [tf.Variable(tf.random.stateless_normal(s, seed=[0, i])) for i, s in enumerate(shapes)]
-    exchange = compression.CompressedExchange(method, variables, powersgd_rank, seed=0, name=f"cost_{method}")
-    run = tf.function(exchange, jit_compile=False)
-    grads = [tf.convert_to_tensor(v) for v in variables]
-    run(grads)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        out = run(grads)
-        float(tf.reduce_sum(out[0]))           # wait for the result
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return auto_exchange.compression_seconds(shapes, method, powersgd_rank, repeats)
 
 
 # -- predicting -------------------------------------------------------------------------------

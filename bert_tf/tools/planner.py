@@ -58,6 +58,7 @@ import dataclasses
 import math
 
 from bert_tf import ConfigError
+from bert_tf.dist.auto_exchange import exchange_choices, rank_exchanges, update_factor
 from bert_tf.dist.comm import CommConfig, payload_bytes
 from bert_tf.model.modeling import BertConfig
 
@@ -206,6 +207,8 @@ def plan_phase(tensor_sizes, phase: Phase, cluster: Cluster, comm: CommConfig, a
     if (phase.global_batch // N) % accumulation:
         raise ConfigError(f"{phase.name}: per-device batch {phase.global_batch // N} is not divisible by "
                           f"--{phase.name}_accumulation={accumulation}")
+    if comm.gradient_compression == "auto":
+        raise ConfigError("--gradient_compression=auto: resolve it first (planner.exchange_ranking)")
     comm = comm.resolved()
     compute = phase.global_batch / (N * phase.device_sequences_per_second)
     if comm.compressed:
@@ -224,6 +227,11 @@ def plan_phase(tensor_sizes, phase: Phase, cluster: Cluster, comm: CommConfig, a
         comm_time = allreduces * allreduce_seconds(gradient_bytes, cluster, messages, comm.cycle_time_ms)
         if comm.local_updates:
             gradient_bytes /= comm.local_updates          # per update, on average
+        if comm.local_updates and comm.local_group == "node" and cluster.devices_per_node > 1:
+            # each node one worker: its float32 gradients averaged inside the node every update
+            inner = [4 * size for size in tensor_sizes]
+            comm_time += allreduce_seconds(sum(inner), dataclasses.replace(cluster, nodes=1),
+                                           fusion_messages(inner, comm.fusion_threshold_mb), comm.cycle_time_ms)
     step = compute + comm_time
     throughput = phase.global_batch / step
     seconds = phase.total_sequences * update_factor / throughput
@@ -253,29 +261,42 @@ def compressed_exchange_seconds(shapes, cluster: Cluster, comm: CommConfig):
     return inter + intra + 4 * (N - 1) * lat + wait, payload, 4
 
 
-def plan(tensor_sizes, phases, cluster, comm, accumulation):
-    rows = [plan_phase(tensor_sizes, p, cluster, comm, acc) for p, acc in zip(phases, accumulation)]
+def plan(tensor_sizes, phases, cluster, comm, accumulation, overhead_seconds=0.0, update_factor=1.0):
+    rows = [plan_phase(tensor_sizes, p, cluster, comm, acc, overhead_seconds, update_factor)
+            for p, acc in zip(phases, accumulation)]
     return {"phases": rows, "days": sum(r["days"] for r in rows), "cost": sum(r["cost"] for r in rows)}
 
 
+def exchange_ranking(shapes, phases, cluster, comm, accumulation, overheads=None, factors=None) -> list:
+    """rank_exchanges over the plan's days for each candidate exchange (exchange_choices); overheads: method (any
+    rank) -> seconds of computation a compressed exchange adds per update (run/comm_study.py --compression_cost)."""
+    comms = exchange_choices(comm)
+    days = {label: plan(shapes, phases, cluster, c, accumulation, (overheads or {}).get(c.method, 0.0))["days"]
+            for label, c in comms.items()}
+    return rank_exchanges(days, comms, factors)
+
+
 def best_knob(tensor_sizes, phases, cluster, comm, accumulation):
-    """Total days under each single change, best first: which knob helps most."""
-    base = plan(tensor_sizes, phases, cluster, comm, accumulation)["days"]
+    """Total days under each single change, best first: which knob helps most. Each exchange counts the updates it
+    needs for float16's held-out accuracy (auto_exchange.update_factor; equal updates where none was measured)."""
+    def days(c, on=cluster):
+        return plan(tensor_sizes, phases, on, c, accumulation, update_factor=update_factor(c)[0] or 1.0)["days"]
     options = {
-        "fp16 gradient compression": dataclasses.replace(comm, fp16_allreduce=True),
+        "fp16 gradient compression": dataclasses.replace(comm, fp16_allreduce=False, gradient_compression="fp16"),
         "allreduce after accumulation": dataclasses.replace(comm, allreduce_every_micro_batch=False),
         "fusion buffer 512 MB": dataclasses.replace(comm, fusion_threshold_mb=512),
     }
     if all(isinstance(t, tuple) for t in tensor_sizes):       # shapes: the compressed exchanges too
         for method in ("powersgd", "onebit"):
+            c = dataclasses.replace(comm, fp16_allreduce=False, gradient_compression=method)
+            factor, note = update_factor(c)
             label = f"PowerSGD rank {comm.powersgd_rank}" if method == "powersgd" else "1-bit"
-            options[f"{label} (its computation and extra updates not counted)"] = dataclasses.replace(
-                comm, fp16_allreduce=False, gradient_compression=method)
-    results = {name: plan(tensor_sizes, phases, cluster, c, accumulation)["days"] for name, c in options.items()}
+            if factor is not None:          # exchange_ranking lists the others
+                options[f"{label} (x{factor:.2f} updates{note}; its computation not counted)"] = c
+    results = {name: days(c) for name, c in options.items()}
     faster = dataclasses.replace(cluster, inter_gbps=cluster.inter_gbps * 2.5)
-    results[f"network {cluster.inter_gbps:g} -> {cluster.inter_gbps * 2.5:g} Gbit/s"] = \
-        plan(tensor_sizes, phases, faster, comm, accumulation)["days"]
-    return base, sorted(((days, name) for name, days in results.items()), key=lambda x: x[0])
+    results[f"network {cluster.inter_gbps:g} -> {cluster.inter_gbps * 2.5:g} Gbit/s"] = days(comm, faster)
+    return days(comm), sorted(((d, name) for name, d in results.items()), key=lambda x: x[0])
 
 
 # run/elastic_recovery.py on this project's 2-core machine (docs/results.md, "Elastic training"): tiny BERT,

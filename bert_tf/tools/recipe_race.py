@@ -92,7 +92,8 @@ def planned_vs_measured(run_dir: str, nodes: int, rate_gbit: float, link: dict |
     from bert_tf.tools import comm_study, planner
     from bert_tf.dist.comm import CommConfig
     records = metrics.read_metrics(os.path.join(run_dir, "metrics.jsonl"))
-    cfg = next(r for r in records if r.get("kind") == "run")["config"]
+    run = next(r for r in records if r.get("kind") == "run")
+    cfg = run.get("resolved", run["config"])          # as run: --gradient_compression=auto's choice
     comm = CommConfig(**cfg["comm"])
     warmup = comm.compression_warmup_steps if comm.compressed else 0      # its float32 updates are not its speed
     train = [r for r in training_intervals(records) if r["step"] - cfg["log_interval"] >= warmup]
@@ -114,9 +115,15 @@ def planned_vs_measured(run_dir: str, nodes: int, rate_gbit: float, link: dict |
             "compression_seconds": overhead}
 
 
+def first_reach(run: dict, accuracy: float):
+    """(seconds, updates) at the first evaluation at or above `accuracy`, or (None, None)."""
+    return next(((s, n) for s, n, a in zip(run["seconds"], run["step"], run["accuracy"]) if a >= accuracy),
+                (None, None))
+
+
 def time_to_reach(run: dict, accuracy: float):
     """Seconds to the first evaluation at or above `accuracy`, or None."""
-    return next((s for s, a in zip(run["seconds"], run["accuracy"]) if a >= accuracy), None)
+    return first_reach(run, accuracy)[0]
 
 
 def summarize(runs: dict, target: float = 0.0) -> dict:
@@ -132,9 +139,11 @@ def summarize(runs: dict, target: float = 0.0) -> dict:
             row["target"] = {"accuracy": target, "seconds": time_to_reach(run, target)}
         for other, theirs in runs.items():
             if other != name:
-                reached = time_to_reach(run, theirs["accuracy"][-1])
-                row["reaches"][other] = {"accuracy": theirs["accuracy"][-1], "seconds": reached,
-                                         "fraction_of_their_time": reached / theirs["seconds"][-1] if reached else None}
+                reached, updates = first_reach(run, theirs["accuracy"][-1])
+                # update_factor: the updates it took over theirs (the planner's MEASURED_UPDATE_FACTORS)
+                row["reaches"][other] = {"accuracy": theirs["accuracy"][-1], "seconds": reached, "updates": updates,
+                                         "fraction_of_their_time": reached / theirs["seconds"][-1] if reached else None,
+                                         "update_factor": updates / theirs["step"][-1] if reached else None}
         summary[name] = row
     return summary
 
@@ -211,7 +220,7 @@ def describe(summary: dict) -> list:
             lines.append(f"  reaches {row['target']['accuracy']:.4f} "
                          f"{f'in {seconds / 60:.1f} min' if seconds else 'never'}")
         for other, r in row["reaches"].items():
-            when = (f"in {r['seconds'] / 60:.1f} min ({r['fraction_of_their_time']:.2f} of {other}'s time)"
-                    if r["seconds"] else "never")
+            when = (f"in {r['seconds'] / 60:.1f} min ({r['fraction_of_their_time']:.2f} of {other}'s time), after "
+                    f"{r['updates']} updates (x{r['update_factor']:.2f} {other}'s)" if r["seconds"] else "never")
             lines.append(f"  reaches {other}'s final {r['accuracy']:.4f} {when}")
     return lines

@@ -103,6 +103,18 @@ class PretrainConfig(training.TrainConfig):
         return divergence.GuardConfig(self.divergence_factor, self.divergence_intervals, self.max_skipped_updates,
                                       self.max_rollbacks, self.rollback_lr_scale)
 
+    def _check_ladder_and_auto_exchange(self):
+        if self.ladder_sequences_per_second < 0:
+            raise ConfigError(f"--ladder_sequences_per_second must be >= 0, got {self.ladder_sequences_per_second}")
+        if self.comm.gradient_compression != "auto":
+            return
+        if self.elastic:
+            raise ConfigError("--gradient_compression=auto with --elastic: not supported (the ranks, and so the best "
+                              "exchange, change during the run); give the method")
+        if not self.ladder_sequences_per_second:
+            raise ConfigError("--gradient_compression=auto needs --ladder_sequences_per_second (run/benchmark.py's "
+                              "sequences/s per rank: the compute the link is weighed against)")
+
     def validate(self):
         metrics.check_wandb(self.wandb_project, self.wandb_mode)
         self.guard_config().validate()
@@ -138,8 +150,7 @@ class PretrainConfig(training.TrainConfig):
                     f"--accumulation_steps = {self.micro_batch_size} x {self.accumulation_steps} = {per_rank} is not a "
                     f"positive multiple of it; tune with run/benchmark.py --tune_micro_batch_sizes=<divisors of "
                     f"{per_rank}> or drop the line")
-        if self.ladder_sequences_per_second < 0:
-            raise ConfigError(f"--ladder_sequences_per_second must be >= 0, got {self.ladder_sequences_per_second}")
+        self._check_ladder_and_auto_exchange()
         if self.eval_interval < 0 or self.eval_batches < 0:
             raise ConfigError("--eval_interval and --eval_batches must be >= 0")
         if self.eval_interval and not self.eval_files:

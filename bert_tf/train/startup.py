@@ -15,7 +15,7 @@ import tensorflow as tf
 from bert_tf import ConfigError
 from bert_tf.artifacts import checkpoint_formats, checkpointing, metrics
 from bert_tf.data import input_pipeline, tokenization
-from bert_tf.dist import device, distributed, local_sgd
+from bert_tf.dist import auto_exchange, device, distributed, local_sgd
 from bert_tf.model import modeling
 from bert_tf.train import batch_warmup, budget, divergence, elastic, training
 from bert_tf.train.evaluation import make_evaluator
@@ -167,7 +167,8 @@ def describe(cfg: PretrainConfig, size: int, global_batch: int) -> str:
 def describe_exchange(comm) -> str:
     """--gradient_compression (or --local_updates) in a few words, for the run's first log line."""
     if comm.local_updates:
-        return (f"DiLoCo: the weights' change in float16 every {comm.local_updates} updates (outer learning rate "
+        return (f"DiLoCo{' (each node one worker)' if comm.local_group == 'node' else ''}: the weights' change in "
+                f"float16 every {comm.local_updates} updates (outer learning rate "
                 f"{comm.outer_learning_rate:g}, Nesterov momentum {comm.outer_momentum:g})")
     return {"none": "float32 allreduce", "fp16": "float16 allreduce",
             "powersgd": f"PowerSGD rank {comm.powersgd_rank}", "onebit": "1-bit"}[comm.method] + (
@@ -195,6 +196,8 @@ def build(cfg: PretrainConfig, say, asked: PretrainConfig | None = None) -> Job:
     inputs = check_inputs(cfg, rank, size)
     tokenizer, init, model_config = inputs.tokenizer, inputs.init, inputs.model_config
     warmup = make_batch_warmup(cfg, size, say)
+    if cfg.comm.gradient_compression == "auto":      # measured here, in the job: its own ranks and link
+        cfg = dataclasses.replace(cfg, comm=resolve_exchange(cfg, model_config, say))
     global_batch = cfg.global_batch_size if cfg.elastic else cfg.micro_batch_size * cfg.accumulation_steps * size
     say(describe(cfg, size, global_batch))
     warning = device.precision_warning(cfg.precision, device.device_description(), cfg.ladder_sequences_per_second)
@@ -245,12 +248,22 @@ def build(cfg: PretrainConfig, say, asked: PretrainConfig | None = None) -> Job:
                warmup=warmup, outer=outer)
 
 
+def resolve_exchange(cfg: PretrainConfig, model_config, say):
+    """--gradient_compression=auto: the comm with the exchange chosen for this job (auto_exchange.resolve)."""
+    return auto_exchange.resolve(cfg.comm, model_config, not cfg.mlm_only, cfg.micro_batch_size,
+                                 cfg.accumulation_steps, cfg.max_seq_length, cfg.ladder_sequences_per_second, say)
+
+
 def make_trainer(cfg: PretrainConfig, model, rank):
     """The trainer with its gradient exchange (--gradient_compression), and DiLoCo's outer step when
     --local_updates (the inner updates then exchange nothing)."""
     if cfg.comm.local_updates:
         outer = local_sgd.OuterStep(model.trainable_variables, cfg.comm.outer_learning_rate, cfg.comm.outer_momentum,
                                     cfg.comm.local_updates)
+        node = distributed.node_process_set() if cfg.comm.local_group == "node" else None
+        if node is not None:        # the node's ranks: one worker, its gradients averaged inside the node
+            inner = distributed.make_gradient_allreduce(name="node_grad", process_set=node)
+            return training.Trainer(model, cfg, allreduce=inner, seed_offset=rank), outer
         return training.Trainer(model, cfg, seed_offset=rank), outer
     exchange = distributed.make_gradient_exchange(cfg.comm, model.trainable_variables, seed=cfg.seed)
     return training.Trainer(model, cfg, allreduce=exchange, seed_offset=rank), None

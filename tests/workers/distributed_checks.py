@@ -178,6 +178,12 @@ for method in compression.METHODS:
     result[f"{method}_digest_after_4_steps"] = digest(model)
     result[f"{method}_moved"] = digest(model) != initial
     result[f"{method}_exchanges"] = int(exchange.exchanges.numpy())
+    # an elastic re-form (bert_tf/train/elastic.py): the buffers restart at zero and Q afresh, on every rank alike
+    result[f"{method}_state_before_reset_nonzero"] = bool(np.any(local_state(exchange)))
+    exchange.reset(size)
+    result[f"{method}_reset_zero"] = not np.any(local_state(exchange))
+    if method == "powersgd":
+        arrays["powersgd_q_after_reset"] = flat(q.numpy() for q in exchange.qs)
 
 # --local_updates (DiLoCo, bert_tf/dist/local_sgd.py): two local updates (the ranks' weights part), then the
 # outer step (they agree again, on the reference's value)
@@ -196,6 +202,17 @@ outer.sync(model.trainable_variables)
 arrays["diloco_after"] = flat(v.numpy() for v in model.trainable_variables)
 arrays["diloco_velocity"] = flat(v.numpy() for v in outer.velocity)
 result["diloco_rounds"] = int(outer.rounds.numpy())
+
+# --gradient_compression=auto (bert_tf/dist/auto_exchange.py): the link measured by both ranks together, rank 0's
+# figures on both, so both choose the same exchange
+from bert_tf.dist import auto_exchange  # noqa: E402
+
+result["auto_link"] = auto_exchange.measure_link(elements=2 ** 16, repeats=2)
+said = []
+result["auto_chosen"] = auto_exchange.resolve(CommConfig(gradient_compression="auto"),
+                                              modeling.BertConfig.preset("tiny", vocab_size=100), True, 4, 1, 16, 100.0,
+                                              said.append).gradient_compression
+result["auto_said"] = said
 
 with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
     json.dump(result, f)

@@ -1,0 +1,149 @@
+"""--gradient_compression=auto: the gradient exchange the planner predicts fastest to the same held-out accuracy.
+
+Time to a quality = updates x update factor x seconds per update. Seconds per update come from the planner
+(bert_tf/tools/planner.py): compute at the run's measured per-rank speed (--ladder_sequences_per_second), the
+exchange's bytes over the link, the compressed exchanges' own computation. The link and that computation are
+measured at start-up inside the job (`resolve`): a run picks for the network it actually has. Update factors are
+not assumed: they are what the communication race measured (MEASURED_UPDATE_FACTORS). run/plan.py ranks the same
+choices for a cluster it has not got (planner.exchange_ranking).
+"""
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+
+from bert_tf.dist.comm import CommConfig
+
+# Updates each gradient exchange needs to reach the held-out MLM accuracy float16 allreduce reaches in 1: the
+# communication race on 4 emulated nodes (docs/results.md, "The communication race on emulated slow links"; the
+# update at the first evaluation at or above float16's final accuracy over float16's updates, mean of the seeds).
+# None: it never reached that accuracy there (1-bit on the gradient diverges under AdamW): never chosen.
+MEASURED_UPDATE_FACTORS = {"none": 1.0, "fp16": 1.0, "powersgd": {4: 2.0, 8: 1.2}, "onebit": None}
+
+
+def update_factor(comm: CommConfig, factors=None):
+    """(factor, note) for comm's exchange from `factors` (default MEASURED_UPDATE_FACTORS); a PowerSGD rank not
+    measured takes the nearest measured rank's factor, and the note says so."""
+    factor = (factors or MEASURED_UPDATE_FACTORS)[comm.method]
+    if not isinstance(factor, dict):
+        return factor, ""
+    rank = min(factor, key=lambda r: (abs(r - comm.powersgd_rank), r))
+    return factor[rank], "" if rank == comm.powersgd_rank else f" (rank {rank}'s)"
+
+
+def exchange_choices(comm: CommConfig) -> dict:
+    """--gradient_compression=auto's candidates: label -> comm with that exchange, the other settings kept;
+    PowerSGD at comm's --powersgd_rank and at every rank the race measured."""
+    base = dataclasses.replace(comm, fp16_allreduce=False)
+    out = {m: dataclasses.replace(base, gradient_compression=m) for m in ("none", "fp16")}
+    for rank in sorted({comm.powersgd_rank, *MEASURED_UPDATE_FACTORS["powersgd"]}):
+        out[f"powersgd rank {rank}"] = dataclasses.replace(base, gradient_compression="powersgd", powersgd_rank=rank)
+    out["onebit"] = dataclasses.replace(base, gradient_compression="onebit")
+    return out
+
+
+def rank_exchanges(seconds: dict, comms: dict, factors=None) -> list:
+    """seconds: method -> the run's time at full speed with that exchange, same updates; returns rows
+    {"method", "seconds", "factor", "to_quality", "note"} fastest to the same quality first (to_quality =
+    seconds x update factor), the methods without a measured factor last with to_quality None."""
+    rows = []
+    for method, t in seconds.items():
+        factor, note = update_factor(comms[method], factors)
+        rows.append({"method": method, "seconds": t, "factor": factor, "note": note,
+                     "to_quality": None if factor is None else t * factor})
+    return sorted(rows, key=lambda r: (r["to_quality"] is None, r["to_quality"] or 0.0))
+
+
+def describe_ranking(rows, unit="days") -> str:
+    """One line: each exchange's time to the same quality, fastest first."""
+    def one(r):
+        if r["to_quality"] is None:
+            return f"{r['method']}: {r['seconds']:.3g} {unit}, never reached float16's accuracy in the race"
+        return (f"{r['method']}: {r['to_quality']:.3g} {unit} (x{r['factor']:.2f} updates{r['note']})")
+    return "; ".join(one(r) for r in rows)
+
+
+def compression_seconds(shapes, method, powersgd_rank=4, repeats=5) -> float:
+    """The computation a compressed exchange adds to an update on this device, alone (no collective): seconds per
+    exchange of random gradients of `shapes`, compiled as the trainer runs it (tf.function), the first call
+    (tracing) dropped, the median of `repeats`."""
+    import tensorflow as tf
+
+    from bert_tf.dist import compression
+    variables = [tf.Variable(tf.random.stateless_normal(s, seed=[0, i])) for i, s in enumerate(shapes)]
+    exchange = compression.CompressedExchange(method, variables, powersgd_rank, seed=0, name=f"cost_{method}",
+                                              alone=True)
+    run = tf.function(exchange, jit_compile=False)
+    grads = [tf.convert_to_tensor(v) for v in variables]
+    run(grads)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        out = run(grads)
+        float(tf.reduce_sum(out[0]))           # wait for the result
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def measure_link(elements=2 ** 21, repeats=3) -> dict:
+    """Every rank together, after hvd.init: the link as this job's allreduce sees it. Bandwidth from a float32
+    allreduce of `elements` (2(N-1)/N x bytes / seconds), per-message cost from a one-float allreduce; means over
+    `repeats` rounds after a first (set-up) round. Rank 0's figures, on every rank (the choice must agree)."""
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+    tensors = {"message": tf.ones([1]), "big": tf.ones([elements])}
+    times = {key: [] for key in tensors}
+    for _ in range(repeats + 1):
+        for key, x in tensors.items():
+            start = time.perf_counter()
+            hvd.allreduce(x, op=hvd.Sum, name=f"auto_exchange_{key}").numpy()
+            times[key].append(time.perf_counter() - start)
+    n = hvd.size()
+    seconds = statistics.mean(times["big"][1:])
+    link = {"message_seconds": statistics.mean(times["message"][1:]),
+            "effective_gbit": 2 * (n - 1) / n * elements * 4 * 8 / seconds / 1e9}
+    return hvd.broadcast_object(link, root_rank=0, name="auto_exchange_link")
+
+
+def choose(comm, shapes, ranks, link, overheads, device_seq_s, micro_batch, accumulation, seq_length):
+    """(the chosen CommConfig, ranking rows) for `ranks` ranks on `link` (measure_link), each rank a node of a flat
+    ring at the link's measured bandwidth and per-message cost (as the communication study models its emulated
+    nodes); rows in seconds per sequence."""
+    from bert_tf.tools import planner
+    cluster = planner.Cluster(ranks, 1, link["effective_gbit"], inter_latency_us=0,
+                              message_overhead_us=link["message_seconds"] * 1e6)
+    batch = micro_batch * accumulation * ranks
+    phase = planner.Phase("run", seq_length, batch, batch, device_seq_s)
+    comms = exchange_choices(comm)
+    seconds_per_sequence = {m: 1 / planner.plan_phase(shapes, phase, cluster, c, accumulation,
+                                                      overheads.get(m, 0.0))["sequences_per_second"]
+                            for m, c in comms.items()}
+    rows = rank_exchanges(seconds_per_sequence, comms)
+    return comms[rows[0]["method"]], rows
+
+
+def resolve(comm, model_config, nsp, micro_batch, accumulation, seq_length, device_seq_s, say):
+    """--gradient_compression=auto in a running job (after hvd.init; every rank calls it and gets the same
+    answer): measures the link and, on rank 0, each candidate's computation on the model's gradient shapes; says
+    the ranking; returns the comm with the chosen exchange."""
+    from bert_tf.dist import distributed
+    from bert_tf.tools import planner
+    if distributed.size() == 1:
+        say("gradients: --gradient_compression=auto on one rank: nothing crosses a link, none")
+        return dataclasses.replace(comm, gradient_compression="none")
+    import horovod.tensorflow as hvd
+    shapes = planner.gradient_tensor_shapes(model_config, nsp=nsp)
+    link = measure_link()
+    overheads = {}
+    if distributed.rank() == 0:
+        overheads = {label: compression_seconds(shapes, c.method, c.powersgd_rank)
+                     for label, c in exchange_choices(comm).items() if c.compressed and update_factor(c)[0] is not None}
+    overheads = hvd.broadcast_object(overheads, root_rank=0, name="auto_exchange_overheads")
+    chosen, rows = choose(comm, shapes, distributed.size(), link, overheads, device_seq_s, micro_batch, accumulation,
+                          seq_length)
+    say(f"gradients: --gradient_compression=auto chose {rows[0]['method']}: link {link['effective_gbit']:.3g} Gbit/s, "
+        f"{link['message_seconds'] * 1e3:.2g} ms per message (measured now), "
+        + ", ".join(f"{m} computation {s:.3g} s" for m, s in overheads.items())
+        + f"; seconds per sequence to the same held-out accuracy: {describe_ranking(rows, 's')}")
+    return chosen
