@@ -98,8 +98,8 @@ class CompressedExchange(tf.Module):
         shape = self.shapes[self.compressed[k]]
         return tf.random.stateless_normal([shape[1], self.rank], seed=[self.seed, k])
 
-    def reset(self, size):
-        """Errors zeroed and Q drawn afresh, on every rank alike (an elastic re-form at `size` ranks)."""
+    def reset(self, size) -> str:
+        """Errors zeroed and Q drawn afresh, on every rank alike (an elastic re-form at `size` ranks); says so."""
         if self.method == "powersgd":
             for k, (e, q) in enumerate(zip(self.errors, self.qs)):
                 e.assign(tf.zeros_like(e))
@@ -107,6 +107,8 @@ class CompressedExchange(tf.Module):
         else:
             self.error.assign(tf.zeros_like(self.error))
             self.server_error.assign(tf.zeros([onebit_chunk(self.elements, size)]))
+        fresh = " and Q afresh" if self.method == "powersgd" else ""
+        return f"gradient compression: error buffers restarted at zero{fresh} on all {size} ranks"
 
     def _local(self) -> list:
         """This rank's own buffers (the rest, Q and the count, is the same on every rank)."""

@@ -249,10 +249,8 @@ class Elastic:
         _, self.loss_weight = rank_share(micro, self.rank, self.size)
         exchange = job.trainer.exchange
         if exchange is not None:     # a compressed exchange: every (re)start resets its buffers on every rank
-            exchange.reset(self.size)
+            self.say(exchange.reset(self.size))
             exchange.weight = self.loss_weight
-            fresh = " and Q afresh" if exchange.method == "powersgd" else ""
-            self.say(f"gradient compression: error buffers restarted at zero{fresh} on all {self.size} ranks")
         allreduce = exchange if exchange is not None else \
             self.world.gradient_allreduce(self.cfg.comm.method == "fp16", self.loss_weight)
         job.trainer.set_share(rank_indices(micro, self.rank, self.size), micro, allreduce)
