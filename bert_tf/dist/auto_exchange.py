@@ -111,8 +111,7 @@ def choose(comm, shapes, ranks, link, overheads, device_seq_s, micro_batch, accu
     ring at the link's measured bandwidth and per-message cost (as the communication study models its emulated
     nodes); rows in seconds per sequence."""
     from bert_tf.tools import planner
-    cluster = planner.Cluster(ranks, 1, link["effective_gbit"], inter_latency_us=0,
-                              message_overhead_us=link["message_seconds"] * 1e6)
+    cluster = planner.probed_cluster(ranks, link)
     batch = micro_batch * accumulation * ranks
     phase = planner.Phase("run", seq_length, batch, batch, device_seq_s)
     comms = exchange_choices(comm)

@@ -185,8 +185,7 @@ def predict(tensor_sizes, nodes, rate_gbit, comm, device_seq_s, batch_size, accu
     the probe) calibrates the emulated link: its measured bandwidth and per-message cost replace
     the nominal rate and zero latency. overhead_seconds: a compressed exchange's own computation."""
     if link:
-        cluster = planner.Cluster(nodes, 1, min(rate_gbit, link["effective_gbit"]), inter_latency_us=0,
-                                  message_overhead_us=link["message_seconds"] * 1e6)
+        cluster = planner.probed_cluster(nodes, link, rate_gbit)
     else:
         cluster = planner.Cluster(nodes, 1, rate_gbit, inter_latency_us=0)
     batch = batch_size * accumulation_steps * nodes

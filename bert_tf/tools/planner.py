@@ -173,6 +173,13 @@ class Phase:
             raise ConfigError(f"{self.name}: global batch and total sequences must be positive")
 
 
+def probed_cluster(nodes, link, rate_gbit=None) -> Cluster:
+    """`nodes` one-rank nodes on a flat ring at a link as measured (comm_study.probe_link, auto_exchange.measure_link):
+    its bandwidth (at most `rate_gbit`, the shaped rate) and per-message cost, no further latency."""
+    gbit = link["effective_gbit"] if rate_gbit is None else min(rate_gbit, link["effective_gbit"])
+    return Cluster(nodes, 1, gbit, inter_latency_us=0, message_overhead_us=link["message_seconds"] * 1e6)
+
+
 def allreduce_seconds(gradient_bytes, cluster: Cluster, messages=1, cycle_time_ms=0.0):
     """One allreduce of `gradient_bytes` sent as `messages` fused messages (equations above)."""
     n, d = cluster.nodes, cluster.devices_per_node
