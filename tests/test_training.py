@@ -55,6 +55,45 @@ def test_lamb_update_matches_numpy_reference():
     assert opt.decay == [True, False]
 
 
+@pytest.mark.parametrize("kind", ["adamw", "lamb"])
+def test_a_frozen_variance_stays_as_it_was_after_the_float32_updates(kind):
+    """freeze_variance_after=K (1-bit Adam, under --gradient_compression=onebit): updates K+1.. move m and the
+    weights as a NumPy AdamW with v and its bias correction held at update K's; without it, v keeps moving."""
+    rng = np.random.RandomState(1)
+    w0 = rng.randn(4, 3).astype(np.float32)
+    grads = [rng.randn(4, 3).astype(np.float32) * (1 + 9 * (t >= 2)) for t in range(5)]   # later ones 10x larger
+    runs = {}
+    for freeze in (0, 2):
+        w = tf.Variable(w0, name="kernel")
+        opt = optimization.Optimizer([w], kind, weight_decay=0.0, beta_1=0.9, beta_2=0.98, freeze_variance_after=freeze)
+        vs = []
+        for g in grads:
+            opt.apply([tf.constant(g)], [w], 0.01)
+            vs.append(opt.v[0].numpy().copy())
+        runs[freeze] = w.numpy(), vs
+    m, v, w = np.zeros_like(w0), np.zeros_like(w0), w0.astype(np.float64)
+    for t, g in enumerate(grads, 1):
+        m = 0.9 * m + 0.1 * g
+        if t <= 2:
+            v = 0.98 * v + 0.02 * g * g
+        update = (m / (1 - 0.9 ** t)) / (np.sqrt(v / (1 - 0.98 ** min(t, 2))) + 1e-6)
+        w = w - 0.01 * (np.linalg.norm(w) / np.linalg.norm(update) if kind == "lamb" else 1.0) * update
+    frozen_w, frozen_v = runs[2]
+    np.testing.assert_allclose(frozen_w, w, rtol=1e-5)
+    assert all(np.array_equal(frozen_v[1], later) for later in frozen_v[2:])
+    assert not np.allclose(runs[0][1][4], frozen_v[4]) and not np.allclose(runs[0][0], frozen_w, rtol=1e-3)
+
+
+def test_onebit_freezes_the_variance_after_its_float32_updates_and_needs_one():
+    comm = lambda method, warmup: CommConfig(gradient_compression=method, compression_warmup_steps=warmup)
+    trainer = training.Trainer(tiny_model(), training.TrainConfig(comm=comm("onebit", 3)))
+    assert trainer.optimizer.freeze_variance_after == 3
+    assert training.Trainer(tiny_model(), training.TrainConfig(comm=comm("powersgd", 3))).optimizer \
+        .freeze_variance_after == 0
+    with pytest.raises(ConfigError, match="onebit needs --compression_warmup_steps >= 1"):
+        training.TrainConfig(comm=comm("onebit", 0))
+
+
 @pytest.mark.parametrize("jit", [False, True])
 def test_norms_equal_the_sum_of_squares_compiled_or_not(jit):
     """The matmul-by-ones sum of squares (optimization.squared_norm) for matrices, the plain one for vectors

@@ -40,13 +40,14 @@ class CommConfig:
         "none", "How gradients cross ranks, once per update: none (float32 allreduce), fp16 (float16 allreduce), "
         "powersgd (each weight matrix as rank --powersgd_rank factors, error feedback; Vogels et al. 2019) or "
         "onebit (signs and one scale per chunk, error feedback on both sides, alltoall + allgather; 1/32 of "
-        "float32's bytes). bert_tf/dist/compression.py. auto: the one the planner predicts fastest to the same "
+        "float32's bytes; the optimizer's variance frozen after --compression_warmup_steps, as 1-bit Adam's). bert_tf/dist/compression.py. auto: the one the planner predicts fastest to the same "
         "held-out accuracy on this job's link, measured at start-up with the compression's own computation and each "
         "method's extra updates as measured (bert_tf/dist/auto_exchange.py; needs --ladder_sequences_per_second).",
         choices=COMPRESSIONS)
     powersgd_rank: int = knob(4, "--gradient_compression=powersgd: the rank of each matrix's factors.")
     compression_warmup_steps: int = knob(
-        0, "Updates exchanged uncompressed (float32) before powersgd or onebit starts (1-bit Adam's warmup).")
+        0, "Updates exchanged uncompressed (float32) before powersgd or onebit starts (1-bit Adam's warmup; "
+        "onebit needs >= 1: the optimizer's variance comes from them).")
     local_updates: int = knob(
         0, "DiLoCo (bert_tf/dist/local_sgd.py): each rank takes this many optimizer updates on its own data, "
         "then the ranks average the weights' change in float16 and take an outer Nesterov step; 0: every update "

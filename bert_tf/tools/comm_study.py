@@ -37,7 +37,9 @@ def rungs(fusion_thresholds_mb=(), cycle_times_ms=(), compressed=()):
     out += [(f"fp16 fusion={mb:g}MB", CommConfig(fp16_allreduce=True, fusion_threshold_mb=mb))
             for mb in fusion_thresholds_mb]
     out += [(f"fp16 cycle={ms:g}ms", CommConfig(fp16_allreduce=True, cycle_time_ms=ms)) for ms in cycle_times_ms]
-    out += [(method, CommConfig(gradient_compression=method)) for method in compressed]
+    # onebit estimates the variance from a float32 update first (training.py); job_metrics drops early updates
+    out += [(method, CommConfig(gradient_compression=method, compression_warmup_steps=int(method == "onebit")))
+            for method in compressed]
     return [(label, comm.resolved()) for label, comm in out]
 
 

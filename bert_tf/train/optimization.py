@@ -9,6 +9,12 @@ Update for step t (g: gradient, w: weight, lr: learning rate):
     u = m_hat / (sqrt(v_hat) + eps) + wd * w       (m_hat, v_hat bias-corrected)
     AdamW: w -= lr * u
     LAMB:  w -= lr * r * u,  r = ||w|| / ||u|| when both norms are > 0, else 1
+
+freeze_variance_after=K (--gradient_compression=onebit): from update K+1 on, v and its bias correction stay
+as they were after update K (1-bit Adam, Tang et al. 2021). Adam's per-coordinate scale cannot be estimated
+from sign-compressed gradients (every value +-the chunk's mean magnitude); with v fixed the update is linear
+in the gradient, so error feedback's promise (the compressed gradients' sum follows the true one) carries
+over to the weights.
 """
 from __future__ import annotations
 
@@ -64,13 +70,14 @@ class Optimizer(tf.Module):
     """LAMB or AdamW over a fixed list of variables (built eagerly, before any tf.function)."""
 
     def __init__(self, variables, kind="lamb", weight_decay=0.01, beta_1=0.9, beta_2=0.999,
-                 epsilon=1e-6, name=None):
+                 epsilon=1e-6, freeze_variance_after=0, name=None):
         super().__init__(name=name)
         if kind not in OPTIMIZERS:
             raise ValueError(f"unknown optimizer {kind!r}; valid: {', '.join(OPTIMIZERS)}")
         self.kind = kind
         self.weight_decay = weight_decay
         self.beta_1, self.beta_2, self.epsilon = beta_1, beta_2, epsilon
+        self.freeze_variance_after = freeze_variance_after     # 0: never
         self.iterations = tf.Variable(0, dtype=tf.int64, trainable=False, name="iterations")
         self.m = [tf.Variable(tf.zeros_like(v), trainable=False, name="m") for v in variables]
         self.v = [tf.Variable(tf.zeros_like(v), trainable=False, name="v") for v in variables]
@@ -80,10 +87,15 @@ class Optimizer(tf.Module):
         """One update; `grads` already averaged over ranks and clipped."""
         t = tf.cast(self.iterations + 1, tf.float32)
         correction_1 = 1.0 - tf.pow(self.beta_1, t)
+        frozen = None
+        if self.freeze_variance_after:
+            frozen = self.iterations >= self.freeze_variance_after
+            t = tf.minimum(t, float(self.freeze_variance_after))
         correction_2 = 1.0 - tf.pow(self.beta_2, t)
         for g, w, m, v, decay in zip(grads, variables, self.m, self.v, self.decay):
             m.assign(self.beta_1 * m + (1.0 - self.beta_1) * g)
-            v.assign(self.beta_2 * v + (1.0 - self.beta_2) * tf.square(g))
+            v_next = self.beta_2 * v + (1.0 - self.beta_2) * tf.square(g)
+            v.assign(v_next if frozen is None else tf.where(frozen, v, v_next))
             update = (m / correction_1) / (tf.sqrt(v / correction_2) + self.epsilon)
             if decay and self.weight_decay:
                 update += self.weight_decay * w

@@ -173,7 +173,8 @@ def describe_exchange(comm) -> str:
     return {"none": "float32 allreduce", "fp16": "float16 allreduce",
             "powersgd": f"PowerSGD rank {comm.powersgd_rank}", "onebit": "1-bit"}[comm.method] + (
         f" after {comm.compression_warmup_steps} uncompressed updates"
-        if comm.compressed and comm.compression_warmup_steps else "")
+        if comm.compressed and comm.compression_warmup_steps else "") + (
+        ", the optimizer's variance frozen from then on" if comm.method == "onebit" else "")
 
 
 def make_input(cfg: PretrainConfig, files, masker, rank, size, seed, pack=0):

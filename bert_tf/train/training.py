@@ -132,6 +132,9 @@ class TrainConfig:
             raise ConfigError(f"--decay_fraction must be in (0, 1], got {self.decay_fraction}")
         if not 0 < self.adam_beta2 < 1:
             raise ConfigError(f"--adam_beta2 must be in (0, 1), got {self.adam_beta2}")
+        if self.comm.gradient_compression == "onebit" and self.comm.compression_warmup_steps < 1:
+            raise ConfigError("--gradient_compression=onebit needs --compression_warmup_steps >= 1: the optimizer's "
+                              "variance is estimated from those float32 updates, then frozen (1-bit Adam)")
 
 
 # XLA auto-clustering restricted to the ops TensorFlow calls fusible (element-wise, reductions, softmax,
@@ -165,8 +168,11 @@ class Trainer:
         # Process-wide in TensorFlow; set per trainer so each benchmark rung gets its own. No effect on CPUs.
         tf.config.experimental.enable_tensor_float_32_execution(config.tf32)
         self.variables = list(model.trainable_variables)
-        self.optimizer = optimization.Optimizer(self.variables, config.optimizer, config.weight_decay,
-                                                beta_2=config.adam_beta2)
+        # 1-bit signs: the variance is frozen once they start (optimization.py)
+        onebit = config.comm.gradient_compression == "onebit"
+        self.optimizer = optimization.Optimizer(
+            self.variables, config.optimizer, config.weight_decay, beta_2=config.adam_beta2,
+            freeze_variance_after=config.comm.compression_warmup_steps if onebit else 0)
         self.loss_scale = LossScale() if config.precision == "mixed_float16" else None
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         self.skipped_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="skipped_steps")
