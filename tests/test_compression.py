@@ -120,6 +120,30 @@ def test_error_feedback_delays_what_it_leaves_out_and_loses_nothing(one_rank, me
     assert int(exchange.exchanges.numpy()) == 6
 
 
+def test_onebit_compresses_the_gradient_over_adam_s_frozen_denominators(one_rank):
+    """With the optimizer's frozen denominators d (Trainer sets `precondition` under onebit): g / d is what is
+    compressed (one magnitude per block of it), the update comes back times d, and error feedback's books
+    balance in those units: delivered + d x held = given, over several updates."""
+    rng = np.random.default_rng(4)
+    d = [tf.constant(np.exp(rng.normal(size=v.shape) * 2), tf.float32) for v in one_rank]   # 1e-2 .. 1e2
+    exchange = compression.CompressedExchange("onebit", one_rank)
+    exchange.precondition = lambda: d
+    flat_d = np.concatenate([x.numpy().ravel() for x in d])
+    given = delivered = 0
+    for step in range(4):
+        grads = [tf.random.stateless_normal(v.shape, seed=[step, i]) * di for i, (v, di) in enumerate(zip(one_rank, d))]
+        out = np.concatenate([o.numpy().ravel() for o in exchange(grads)])
+        if step == 0:
+            blocks = np.pad(out / flat_d, (0, -out.size % 256)).reshape(-1, 256)[:-1]
+            assert all(np.allclose(np.abs(b), np.abs(b[0]), rtol=1e-5) for b in blocks)
+        given = given + np.concatenate([g.numpy().ravel() for g in grads])
+        delivered = delivered + out
+    held = np.concatenate([e.numpy().ravel() for e in exchange._local()])
+    held = held[:given.size] + held[given.size:2 * given.size]
+    np.testing.assert_allclose(delivered + flat_d * held, given, rtol=1e-4, atol=1e-3)
+    assert np.abs(flat_d * held).max() > 0.1
+
+
 def test_warmup_updates_go_uncompressed(one_rank):
     exchange = compression.CompressedExchange("onebit", one_rank, warmup_steps=2)
     grads = [tf.random.stateless_normal(v.shape, seed=[9, i]) for i, v in enumerate(one_rank)]

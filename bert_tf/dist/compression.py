@@ -76,6 +76,7 @@ class CompressedExchange(tf.Module):
         self.alone = alone          # the computation only, no collective (its cost, measured in one rank of a job)
         self.shapes = [tuple(int(d) for d in v.shape) for v in variables]
         self.weight = 1.0
+        self.precondition = None      # onebit: () -> the optimizer's frozen denominators (Trainer sets it)
         self.exchanges = tf.Variable(0, dtype=tf.int64, trainable=False, name="exchanges")
         if method == "powersgd":
             self.compressed = powersgd_plan(self.shapes, rank)
@@ -182,7 +183,10 @@ class CompressedExchange(tf.Module):
         import horovod.tensorflow as hvd
         size = 1 if self.alone else hvd.size()
         chunk = onebit_chunk(self.elements, size)
-        flat = tf.concat([tf.reshape(g, [-1]) for g in grads], 0) / scale + self.error
+        # with Adam's frozen denominators d: g / d is sent, so what compression leaves out is measured against
+        # each value's own Adam step (a small gradient's coordinate no longer gets its block's mean as noise)
+        d = self.precondition() if self.precondition is not None else [1.0] * len(grads)
+        flat = tf.concat([tf.reshape(g / di, [-1]) for g, di in zip(grads, d)], 0) / scale + self.error
         # [rank, block, value]: the chunk each rank owns, cut into blocks of one scale each
         blocks = tf.reshape(tf.pad(flat, [[0, size * chunk - self.elements]]), [size, -1, ONEBIT_BLOCK])
         signs, scales = _compress(blocks)
@@ -202,8 +206,8 @@ class CompressedExchange(tf.Module):
         self.error.assign(tf.where(finite, flat - sent, self.error))
         self.server_error.assign(tf.where(finite, kept, self.server_error))
         out, start = [], 0
-        for shape in self.shapes:
+        for shape, di in zip(self.shapes, d):
             n = math.prod(shape)
-            out.append(tf.reshape(total[start:start + n], shape) * scale)
+            out.append(tf.reshape(total[start:start + n], shape) * di * scale)
             start += n
         return out
