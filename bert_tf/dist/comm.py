@@ -39,7 +39,7 @@ class CommConfig:
     gradient_compression: str = knob(
         "none", "How gradients cross ranks, once per update: none (float32 allreduce), fp16 (float16 allreduce), "
         "powersgd (each weight matrix as rank --powersgd_rank factors, error feedback; Vogels et al. 2019) or "
-        "onebit (signs and one scale per 256 values, error feedback on both sides, alltoall + allgather; 1/28 of "
+        "onebit (signs and one scale per chunk, error feedback on both sides, alltoall + allgather; 1/32 of "
         "float32's bytes; the optimizer's variance frozen after --compression_warmup_steps, as 1-bit Adam's). "
         "bert_tf/dist/compression.py. auto: the one the planner predicts fastest to the same "
         "held-out accuracy on this job's link, measured at start-up with the compression's own computation and each "
@@ -148,7 +148,7 @@ def powersgd_plan(shapes, rank: int) -> list:
 
 def payload_bytes(method: str, shapes, size: int, rank: int = 4) -> float:
     """What one exchange carries, the whole vector a ring collective moves (none|fp16|powersgd: the
-    allreduced tensors; onebit: every rank's chunk of signs plus one float32 scale per ONEBIT_BLOCK)."""
+    allreduced tensors; onebit: every rank's chunk of signs plus one float32 scale per rank)."""
     elements = sum(math.prod(s) for s in shapes)
     if method in ("none", "fp16"):
         return elements * (4 if method == "none" else 2)
@@ -156,7 +156,7 @@ def payload_bytes(method: str, shapes, size: int, rank: int = 4) -> float:
         chosen = set(powersgd_plan(shapes, rank))
         return 4 * sum(rank * sum(s) if i in chosen else math.prod(s) for i, s in enumerate(shapes))
     if method == "onebit":
-        return size * onebit_chunk(elements, size) * (1 / 8 + 4 / ONEBIT_BLOCK)
+        return size * (onebit_chunk(elements, size) / 8 + 4)
     raise ConfigError(f"unknown gradient compression {method!r}")
 
 
@@ -168,12 +168,6 @@ def wire_bytes(method: str, shapes, size: int, rank: int = 4) -> float:
     return 2 * (size - 1) / size * payload_bytes(method, shapes, size, rank)
 
 
-# onebit: one scale per block of this many elements (a 256-wide embedding row). One scale per rank's whole chunk
-# (millions of values across tensors) gave rare tokens' rows +-the chunk's mean magnitude each update, far above
-# their own gradient; Adam's per-coordinate step made that noise as large as a real step (docs/results.md).
-ONEBIT_BLOCK = 256
-
-
 def onebit_chunk(elements: int, size: int) -> int:
-    """Elements per rank's chunk: the vector split evenly, rounded up to whole blocks."""
-    return ONEBIT_BLOCK * math.ceil(elements / (ONEBIT_BLOCK * size))
+    """Elements per rank's chunk: the vector split evenly, rounded up to whole bytes of signs."""
+    return 8 * math.ceil(elements / (8 * size))

@@ -13,9 +13,9 @@ is added to the next update's gradient (error feedback): the part not sent is de
 - onebit (the compression of Tang et al. 2021, "1-bit Adam", with error compensation on the sending and
   the averaging side as in Zheng, Huang and Kwok 2019, "Communication-Efficient Distributed Blockwise
   Momentum SGD with Error-Feedback"): the gradient as one vector, one chunk per rank; each chunk goes as
-  signs (a bit each) and one scale per block of ONEBIT_BLOCK values (its mean absolute value) to the rank
-  that owns it (alltoall); the owner averages what it got plus its own error, compresses that again and
-  sends it to all (allgather). About 1/28 of float32's bytes.
+  signs (a bit each) and one scale (its mean absolute value) to the rank that owns it (alltoall); the
+  owner averages what it got plus its own error, compresses that again and sends it to all (allgather).
+  About 1/32 of float32's bytes.
 
 Every rank applies the same update: the averaged factors and the gathered signs are the same numbers on
 every rank, and what a rank computes from them is the same arithmetic. A non-finite result (float16 loss
@@ -32,7 +32,7 @@ import tensorflow as tf
 
 from bert_tf import ConfigError
 from bert_tf.dist import watchdog
-from bert_tf.dist.comm import METHODS, ONEBIT_BLOCK, onebit_chunk, powersgd_plan, wire_bytes
+from bert_tf.dist.comm import METHODS, onebit_chunk, powersgd_plan, wire_bytes
 
 _BITS = tf.constant([1, 2, 4, 8, 16, 32, 64, 128], tf.int32)
 
@@ -76,7 +76,6 @@ class CompressedExchange(tf.Module):
         self.alone = alone          # the computation only, no collective (its cost, measured in one rank of a job)
         self.shapes = [tuple(int(d) for d in v.shape) for v in variables]
         self.weight = 1.0
-        self.precondition = None      # onebit: () -> the optimizer's frozen denominators (Trainer sets it)
         self.exchanges = tf.Variable(0, dtype=tf.int64, trainable=False, name="exchanges")
         if method == "powersgd":
             self.compressed = powersgd_plan(self.shapes, rank)
@@ -183,20 +182,16 @@ class CompressedExchange(tf.Module):
         import horovod.tensorflow as hvd
         size = 1 if self.alone else hvd.size()
         chunk = onebit_chunk(self.elements, size)
-        # with Adam's frozen denominators d: g / d is sent, so what compression leaves out is measured against
-        # each value's own Adam step (a small gradient's coordinate no longer gets its block's mean as noise)
-        d = self.precondition() if self.precondition is not None else [1.0] * len(grads)
-        flat = tf.concat([tf.reshape(g / di, [-1]) for g, di in zip(grads, d)], 0) / scale + self.error
-        # [rank, block, value]: the chunk each rank owns, cut into blocks of one scale each
-        blocks = tf.reshape(tf.pad(flat, [[0, size * chunk - self.elements]]), [size, -1, ONEBIT_BLOCK])
+        flat = tf.concat([tf.reshape(g, [-1]) for g in grads], 0) / scale + self.error
+        blocks = tf.reshape(tf.pad(flat, [[0, size * chunk - self.elements]]), [size, chunk])
         signs, scales = _compress(blocks)
         sent = tf.reshape(unpack_signs(signs, scales), [-1])[:self.elements]
         if size > 1:
             signs = hvd.alltoall(signs, name=f"{self.tag}_onebit_signs")
             scales = hvd.alltoall(scales, name=f"{self.tag}_onebit_scales")
-        mine = tf.reduce_mean(unpack_signs(signs, scales), 0) + tf.reshape(self.server_error, [-1, ONEBIT_BLOCK])
+        mine = tf.reduce_mean(unpack_signs(signs, scales), 0) + self.server_error
         signs, scale_mine = _compress(mine)
-        kept = tf.reshape(mine - unpack_signs(signs, scale_mine), [-1])
+        kept = mine - unpack_signs(signs, scale_mine)
         signs, scales = signs[None], scale_mine[None]
         if size > 1:
             signs = hvd.allgather(signs, name=f"{self.tag}_onebit_gather_signs")
@@ -206,8 +201,8 @@ class CompressedExchange(tf.Module):
         self.error.assign(tf.where(finite, flat - sent, self.error))
         self.server_error.assign(tf.where(finite, kept, self.server_error))
         out, start = [], 0
-        for shape, di in zip(self.shapes, d):
+        for shape in self.shapes:
             n = math.prod(shape)
-            out.append(tf.reshape(total[start:start + n], shape) * di * scale)
+            out.append(tf.reshape(total[start:start + n], shape) * scale)
             start += n
         return out

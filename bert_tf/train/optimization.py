@@ -83,13 +83,6 @@ class Optimizer(tf.Module):
         self.v = [tf.Variable(tf.zeros_like(v), trainable=False, name="v") for v in variables]
         self.decay = [NO_DECAY.search(v.name) is None for v in variables]
 
-    def denominators(self):
-        """sqrt(v_hat) + eps per variable, v's bias correction at its freeze (needs freeze_variance_after): what
-        Adam divides the momentum by from then on, the same on every rank (onebit compresses g / this)."""
-        t = tf.cast(tf.clip_by_value(self.iterations, 1, self.freeze_variance_after), tf.float32)
-        correction_2 = 1.0 - tf.pow(self.beta_2, t)
-        return [tf.sqrt(v / correction_2) + self.epsilon for v in self.v]
-
     def apply(self, grads, variables, lr):
         """One update; `grads` already averaged over ranks and clipped."""
         t = tf.cast(self.iterations + 1, tf.float32)

@@ -187,8 +187,6 @@ class Trainer:
         self.accumulators = []
         # a compressed exchange (--gradient_compression=powersgd|onebit) has state: error buffers, Q
         self.exchange = allreduce if isinstance(allreduce, tf.Module) else None
-        if onebit and self.exchange is not None:
-            self.exchange.precondition = self.optimizer.denominators
         self.rank_micro_batches = 0          # this rank's micro-batches per update: set_share
         if config.fuse and not fusion_enabled():
             raise ConfigError(f"--fuse needs {FUSION_ENV} in the environment when the process starts (TensorFlow "
