@@ -20,10 +20,10 @@ import json
 
 from absl import flags
 
-from bert_tf import cli
+from bert_tf import ConfigError, cli
 from bert_tf.dist import auto_exchange, comm
 from bert_tf.model import modeling
-from bert_tf.tools import planner
+from bert_tf.tools import memory, planner
 
 cli.define_model_preset("large")
 flags.DEFINE_integer("vocab_size", 30522, "Vocabulary size.")
@@ -83,6 +83,12 @@ cli.define_renamed("phase2_micro_batch", "phase2_micro_batch_size")
 flags.DEFINE_enum("precision", "mixed_float16", ["float32", "mixed_float16", "mixed_bfloat16"],
                   "Activation precision of the memory estimate.")
 flags.DEFINE_enum("recompute", "none", ["none", "layer"], "run/pretrain.py --recompute, for the memory estimate.")
+flags.DEFINE_float("device_memory_gb", 0.0, "Memory of one device, GiB (an 80 GB A100 has 80 GiB): a warning when "
+                   "the estimate for the chosen --recompute, the gradient exchange's state in it, exceeds it; "
+                   "0: unknown, no check.")
+flags.DEFINE_list("exchange_memory", [], "Rank counts, e.g. 16,64: print the gradient exchange's state per rank "
+                  "(steady, at a save, at a resume; per-rank files against the old gather on rank 0) for every "
+                  "exchange and --model_preset at each, and nothing else (memory.exchange_state_bytes).")
 FLAGS = flags.FLAGS
 
 
@@ -98,6 +104,9 @@ def main(_):
               + ", ".join(f"{k}={v:g}" for k, v in used.items()))
     config = modeling.BertConfig.preset(FLAGS.model_preset, vocab_size=FLAGS.vocab_size)
     shapes = planner.gradient_tensor_shapes(config)
+    if FLAGS.exchange_memory:
+        print_exchange_memory(shapes, FLAGS.exchange_memory)
+        return
     params = sum(planner.gradient_tensor_sizes(config))
     cluster = planner.Cluster(FLAGS.nodes, FLAGS.devices_per_node, FLAGS.inter_gbps, FLAGS.inter_latency_us,
                               FLAGS.intra_gbps, price_per_device_hour=FLAGS.price_per_device_hour,
@@ -130,20 +139,49 @@ def main(_):
     print(f"gradient exchange for this link, fastest to the same held-out accuracy first: "
           f"{auto_exchange.describe_ranking(ranking)}" + (f"; --gradient_compression=auto: {ranking[0]['method']}"
                                                           if asked == "auto" else ""))
-    for phase, micro in ((phases[0], FLAGS.phase1_micro_batch_size), (phases[1], FLAGS.phase2_micro_batch_size)):
-        for recompute in ("none", "layer"):
-            m = planner.memory_bytes(config, phase.seq_length, micro, FLAGS.precision, recompute,
-                                     accumulation[phases.index(phase)])
-            print(f"{phase.name} memory per device, micro-batch {micro} at {phase.seq_length}, {FLAGS.precision}, "
-                  f"--recompute={recompute}{' (chosen)' if recompute == FLAGS.recompute else ''}: "
-                  f"{m['total'] / 2**30:.1f} GiB = state {m['state'] / 2**30:.1f} + activations "
-                  f"{m['activations'] / 2**30:.1f}")
+    print_memory(config, phases, accumulation, memory.exchange_state_bytes(shapes, settings, cluster.devices))
     print("single changes, best first: " + "; ".join(f"{name}: {days:.2f} days" for days, name in knobs))
     spot = preemptible(result, cluster, params) if FLAGS.spot_price_per_device_hour > 0 else None
     if FLAGS.output_json:
         with open(FLAGS.output_json, "w") as f:
             json.dump({"plan": result, "knobs": knobs, "parameters": params, "preemptible": spot,
                        "exchanges": ranking}, f, indent=1)
+
+
+def print_memory(config, phases, accumulation, exchange):
+    """Memory per device of each phase, the exchange's state (memory.exchange_state_bytes) in it; a warning when
+    the chosen --recompute's exceeds --device_memory_gb."""
+    micro_batches = (FLAGS.phase1_micro_batch_size, FLAGS.phase2_micro_batch_size)
+    for phase, micro, acc in zip(phases, micro_batches, accumulation):
+        for recompute in ("none", "layer"):
+            m = memory.memory_bytes(config, phase.seq_length, micro, FLAGS.precision, recompute, acc,
+                                     exchange=exchange["steady"])
+            print(f"{phase.name} memory per device, micro-batch {micro} at {phase.seq_length}, {FLAGS.precision}, "
+                  f"--recompute={recompute}{' (chosen)' if recompute == FLAGS.recompute else ''}: "
+                  f"{m['total'] / 2**30:.1f} GiB = state {m['state'] / 2**30:.1f} + activations "
+                  f"{m['activations'] / 2**30:.1f} + gradient exchange {m['exchange'] / 2**30:.1f}")
+            warning = memory.memory_warning(phase.name, m, FLAGS.device_memory_gb)
+            if warning and recompute == FLAGS.recompute:
+                print(warning)
+
+
+def print_exchange_memory(shapes, ranks_list):
+    """--exchange_memory: the table of docs/results.md, "Exchange state per rank at 16 and 64 ranks"."""
+    try:
+        ranks_list = [int(r) for r in ranks_list]
+    except ValueError:
+        raise ConfigError(f"--exchange_memory={','.join(ranks_list)}: give rank counts, e.g. 16,64") from None
+    if min(ranks_list) < 1:
+        raise ConfigError(f"--exchange_memory: rank counts must be >= 1, got {min(ranks_list)}")
+    gib = 2 ** 30
+    print(f"BERT-{FLAGS.model_preset} (vocab {FLAGS.vocab_size}): gradient exchange state per rank, GiB. Per-rank "
+          "files: steady (device) | save: host copy = own file | resume: own file read | shared part, which rank 0 "
+          "writes (Q in its file, DiLoCo's in the checkpoint). Old gather: rank 0 at a save | every rank after a "
+          "resume")
+    for r in memory.exchange_state_table(shapes, ranks_list):
+        print(f"{r['ranks']:5d} ranks  {r['method']:16s} {r['steady'] / gib:7.2f} | {r['save_host'] / gib:6.2f} | "
+              f"{r['resume_host'] / gib:6.2f} | {r['checkpoint'] / gib:6.2f}   old: {r['old_save_rank0'] / gib:7.2f} "
+              f"| {r['old_resume'] / gib:7.2f}")
 
 
 def preemptible(result, cluster, params):

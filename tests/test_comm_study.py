@@ -34,7 +34,8 @@ def test_rungs_climb_the_papers_ladder_with_horovods_defaults_spelled_out():
                                                   "--gradient_compression=none", "--powersgd_rank=4",
                                                   "--compression_warmup_steps=0", "--local_updates=0",
                                                   "--local_group=rank", "--outer_learning_rate=0.7",
-                                                  "--outer_momentum=0.9", "--collective_timeout_minutes=30"]
+                                                  "--outer_momentum=0.9", "--collective_timeout_minutes=30",
+                                                  "--save_timeout_minutes=60"]
 
 
 def train_record(compute, allreduce, update, tx, seq_s, wait=None):

@@ -118,7 +118,7 @@ def test_compressed_exchanges_give_every_rank_the_reference_update(checks):
     """powersgd and onebit on gradients that differ per rank: both ranks get the same update, the one a NumPy
     reference computes from both ranks' gradients (PowerSGD also on the second update, from its error
     buffers and warm Q); a non-finite gradient on one rank gives a non-finite update everywhere and leaves
-    the buffers as they were; the buffers gathered for a checkpoint come back to each rank."""
+    the buffers as they were; each rank's buffers written to its own file come back to that rank, Q from rank 0."""
     results, arrays, _ = checks
     chosen = [i for i, s in enumerate(TINY_SHAPES) if len(s) == 2 and min(s) >= 16]
     for method in ("powersgd", "onebit"):
@@ -127,9 +127,13 @@ def test_compressed_exchanges_give_every_rank_the_reference_update(checks):
         assert not results[0][f"{method}_nonfinite_out"] and not results[1][f"{method}_nonfinite_out"]
         assert results[0][f"{method}_nonfinite_kept_state"] and results[1][f"{method}_nonfinite_kept_state"]
         assert results[0][f"{method}_restored_equal"] and results[1][f"{method}_restored_equal"]
-        assert results[0][f"{method}_restore_message"] == "gradient compression: error buffers of all 2 ranks restored"
-        np.testing.assert_array_equal(arrays[0][f"{method}_saved"],
-                                      np.concatenate([a[f"{method}_state1"] for a in arrays]))
+        assert results[0][f"{method}_restore_message"] == \
+            "gradient compression: each of the 2 ranks restored its own error buffers from its own file"
+        # each rank's file holds its own buffers only: the same size on both ranks, not rank 0 holding both
+        own = arrays[0][f"{method}_state1"].nbytes
+        for r in results:
+            assert own <= r[f"{method}_file_bytes"] < 1.5 * own + 2 ** 16, (method, r[f"{method}_file_bytes"], own)
+    assert results[0]["powersgd_q_restored"] and results[1]["powersgd_q_restored"]
     # PowerSGD, two updates: the reference carries each rank's error and the averaged Q forward
     qs = split(arrays[0]["powersgd_q0"], [(TINY_SHAPES[i][1], 2) for i in chosen])
     errors = [[np.zeros(TINY_SHAPES[i]) for i in chosen] for _ in range(2)]
@@ -358,8 +362,9 @@ def test_a_killed_rank_ends_the_job_and_keeps_the_checkpoint(tmp_path, tiny_data
 
 def test_a_stopped_rank_ends_the_job_within_the_collective_timeout(tmp_path, tiny_data):
     """A rank that stops taking part (SIGSTOP: alive, silent, its sockets open) is a hang Horovod does not end:
-    the other rank's watchdog ends the job after --collective_timeout_minutes, naming itself and the
-    collective it waited in; the last checkpoint stays readable."""
+    the other rank's watchdog ends the job after --collective_timeout_minutes, naming itself, the collective it
+    waited in and the stopped rank as the one that did not arrive (its heartbeat went quiet); the last
+    checkpoint stays readable."""
     ckpt = tmp_path / "stopped"
     job = _launch_background(tiny_data["flags"] + ["--total_steps=100000", "--save_interval=2",
                                                    "--collective_timeout_minutes=0.25"], ckpt)
@@ -376,13 +381,30 @@ def test_a_stopped_rank_ends_the_job_within_the_collective_timeout(tmp_path, tin
         if psutil.pid_exists(stopped):
             os.kill(stopped, signal.SIGKILL)
     assert job.returncode != 0 and 15 + 5 <= time.time() - start < 60, output[-3000:]   # timeout + grace
-    assert re.search(r"error: rank [01] has waited 0\.\d min in the [a-z' -]+ \(update \d+\), longer than "
-                     r"--collective_timeout_minutes=0\.25", output), output[-3000:]
-    # the stopped rank printed nothing: the line names the one that waited, and only it
+    # stopped mid-save, rank 0 is waited for in the save's barrier: silent, it ends that wait at the same timeout
+    assert re.search(r"error: rank [01] has waited 0\.\d min in (the [a-z' -]+|rank 0's save of checkpoint \d+) "
+                     r"\(update \d+\), longer than --collective_timeout_minutes=0\.25", output), output[-3000:]
+    # the stopped rank printed nothing: the line names the one that waited, and only it, and the stopped one
     stuck = 1 - int(re.search(r"error: rank (\d) has waited", output).group(1))
     assert f"error: rank {stuck} has waited" not in output
+    assert re.search(rf"--collective_timeout_minutes=0\.25: rank {stuck} did not arrive \(no sign of life for \d+ s: "
+                     r"frozen, dead or cut off\)", output), output[-3000:]
     latest = tf.train.latest_checkpoint(str(ckpt))
     assert latest and len(_weights(latest)) == TINY_VARIABLES
+
+
+def test_the_other_ranks_wait_for_a_slow_save_under_the_save_timeout(tmp_path, tiny_data):
+    """Rank 0's first save takes 25 s (tests/workers/slow_save.py), longer than --collective_timeout_minutes=0.25
+    and its grace: rank 1 waits for it in the save's barrier under --save_timeout_minutes (rank 0 alive, its
+    heartbeat fresh), the job finishes, and the next checkpoint's JSON holds the measured save."""
+    ckpt = tmp_path / "slow_save"
+    proc = mpirun(2, [WORKERS / "slow_save.py", *tiny_data["flags"], "--total_steps=2", "--save_interval=1",
+                      "--collective_timeout_minutes=0.25", "--cycle_time_ms=10", f"--checkpoint_dir={ckpt}"],
+                  check=False, timeout=300)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "has waited" not in output, output[-3000:]
+    assert re.search(r"saved \S*ckpt-1 in 2\d\.\d s", output), output[-3000:]
+    assert json.loads((ckpt / "ckpt-2.json").read_text())["save_seconds"] >= 25
 
 
 def test_a_compressed_run_resumes_bit_exactly(tmp_path, tiny_data):

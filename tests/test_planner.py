@@ -1,6 +1,7 @@
 """The cost-to-train planner: arithmetic on hand-computed cases, bad input, the model's tensors,
 and NVIDIA's published multi-node throughput reproduced from their single-GPU figures."""
 import dataclasses
+import math
 import subprocess
 import sys
 
@@ -8,7 +9,7 @@ import pytest
 
 from bert_tf import ConfigError
 from bert_tf.model import modeling
-from bert_tf.tools import comm_study, planner
+from bert_tf.tools import comm_study, memory, planner
 from bert_tf.dist.comm import CommConfig
 from conftest import REPO, mpi_env
 
@@ -157,6 +158,7 @@ def test_phase_plan_by_hand():
     ("--phase1_accumulation=7", "error: phase1: per-device batch 3840 is not divisible by --phase1_accumulation=7"),
     ("--phase2_global_batch_size=30721", "error: phase2: global batch 30721 is not divisible by 16 devices "
                                          "(--phase2_global_batch_size; --nodes x --devices_per_node)"),
+    ("--exchange_memory=16,x", "error: --exchange_memory=16,x: give rank counts, e.g. 16,64"),
 ])
 def test_plan_cli_names_the_flag_of_an_impossible_input(flag, message):
     proc = subprocess.run([sys.executable, str(REPO / "run" / "plan.py"), flag], env=mpi_env(),
@@ -266,15 +268,92 @@ def test_cheapest_names_the_options_within_one_percent():
 
 def test_memory_estimate_follows_korthikanti_and_recomputation_keeps_only_layer_inputs():
     config = modeling.BertConfig.preset("base", vocab_size=30522)
-    plain = planner.memory_bytes(config, 128, 32, "mixed_float16", "none", accumulation=1)
+    plain = memory.memory_bytes(config, 128, 32, "mixed_float16", "none", accumulation=1)
     per_layer = 128 * 32 * 768 * (34 + 5 * 12 * 128 / 768)           # s*b*h*(34 + 5as/h), 16-bit activations
     assert plain["activations"] == 12 * per_layer == 1_660_944_384
     assert plain["state"] == 16 * planner.parameter_count(config)
-    layer = planner.memory_bytes(config, 128, 32, "mixed_float16", "layer", accumulation=1)
+    layer = memory.memory_bytes(config, 128, 32, "mixed_float16", "layer", accumulation=1)
     assert layer["activations"] == 12 * 128 * 32 * 768 * 2 + per_layer and layer["state"] == plain["state"]
-    fp32 = planner.memory_bytes(config, 512, 4, "float32", "none", accumulation=4)
+    fp32 = memory.memory_bytes(config, 512, 4, "float32", "none", accumulation=4)
     assert fp32["activations"] == 12 * 512 * 4 * 768 * (34 + 5 * 12 * 512 / 768) * 2
     assert fp32["state"] == 20 * planner.parameter_count(config)         # + the accumulators
+
+
+def test_exchange_state_per_rank_by_hand():
+    """Per rank: powersgd's errors of the compressed matrices and Q, onebit's error of every element and of its
+    chunk, DiLoCo's anchor and velocity; the old gather put ranks x a rank's own buffers on rank 0 at a save and on
+    every rank after a resume; the new per-rank files hold one rank's own, whatever the rank count."""
+    shapes = [(100, 20), (20,), (2, 20), (30, 40)]               # (2, 20): thinner than comm.MIN_SIDE, sent whole
+    elements = 2000 + 20 + 40 + 1200
+    psgd = memory.exchange_state_bytes(shapes, CommConfig(gradient_compression="powersgd", powersgd_rank=4), 8)
+    assert psgd["own"] == 4 * (2000 + 1200) and psgd["shared"] == 4 * 4 * (20 + 40)
+    assert psgd["steady"] == psgd["own"] + psgd["shared"]
+    assert psgd["save_host"] == psgd["file"] == psgd["resume_host"] == psgd["own"]
+    assert psgd["resume_device"] == 4 * 2000                    # one buffer at a time: the largest
+    assert psgd["old_save_rank0"] == psgd["old_resume"] == 8 * psgd["own"]
+    for ranks in (1, 8, 64):
+        onebit = memory.exchange_state_bytes(shapes, CommConfig(gradient_compression="onebit"), ranks)
+        chunk = 8 * math.ceil(elements / (8 * ranks))             # whole bytes of signs: on 1 rank, > elements
+        assert onebit["own"] == 4 * (elements + chunk) and onebit["shared"] == 0
+        assert onebit["resume_device"] == 4 * max(elements, chunk)
+        assert onebit["old_resume"] == ranks * onebit["own"]
+    diloco = memory.exchange_state_bytes(shapes, CommConfig(local_updates=4), 8)
+    assert diloco["own"] == 0 and diloco["shared"] == diloco["checkpoint"] == diloco["steady"] == 2 * 4 * elements
+    for plain in (CommConfig(), CommConfig(gradient_compression="fp16"), CommConfig(fp16_allreduce=True)):
+        assert set(memory.exchange_state_bytes(shapes, plain, 8).values()) == {0, 8}    # nothing but "ranks"
+    with pytest.raises(ConfigError, match="resolve it first"):
+        memory.exchange_state_bytes(shapes, CommConfig(gradient_compression="auto"), 8)
+    # the issue's estimate of the old gather: about 7 GB per rank for BERT-base on 16 ranks, 85 GB for large on 64
+    rows = {}
+    for preset, ranks in (("base", 16), ("large", 64)):
+        shapes = planner.gradient_tensor_shapes(modeling.BertConfig.preset(preset, vocab_size=30522))
+        rows[preset] = {r["method"]: r for r in memory.exchange_state_table(shapes, [ranks])}
+    assert [r["old_save_rank0"] / 1e9 for r in rows["base"].values()] == pytest.approx([0, 0, 7.04, 7.04, 7.49, 0],
+                                                                                       abs=0.01)
+    assert [r["old_resume"] / 1e9 for r in rows["large"].values()] == pytest.approx([0, 0, 85.98, 85.98, 87.42, 0],
+                                                                                    abs=0.01)
+    assert list(rows["large"]) == ["none", "fp16", "powersgd rank 4", "powersgd rank 8", "onebit", "DiLoCo"]
+    assert rows["large"]["DiLoCo"]["steady"] == 8 * planner.parameter_count(
+        modeling.BertConfig.preset("large", vocab_size=30522))
+
+
+def test_memory_per_device_counts_the_exchange_state_and_warns_past_the_device():
+    config = modeling.BertConfig.preset("base", vocab_size=30522)
+    shapes = planner.gradient_tensor_shapes(config)
+    exchange = memory.exchange_state_bytes(shapes, CommConfig(gradient_compression="onebit"), 16)["steady"]
+    plain = memory.memory_bytes(config, 128, 32, "mixed_float16", "none", accumulation=4)
+    onebit = memory.memory_bytes(config, 128, 32, "mixed_float16", "none", accumulation=4, exchange=exchange)
+    assert onebit["total"] == plain["total"] + exchange and onebit["exchange"] == exchange > 0
+    between = (plain["total"] + onebit["total"]) / 2 / 2 ** 30      # GiB: fits without the exchange, not with it
+    assert memory.memory_warning("phase1", plain, between) == ""
+    assert memory.memory_warning("phase1", onebit, 0) == ""      # 0: the device's memory unknown
+    warning = memory.memory_warning("phase1", onebit, between)
+    assert warning.startswith(f"warning: phase1 needs {onebit['total'] / 2**30:.1f} GiB per device (the gradient "
+                              f"exchange's state {exchange / 2**30:.1f} GiB of it), more than "
+                              f"--device_memory_gb={between:g}")
+    assert "--phase1_micro_batch_size" in warning
+
+
+@pytest.mark.slow
+def test_plan_cli_warns_when_the_exchange_state_overflows_the_device_and_prints_the_table():
+    config = modeling.BertConfig.preset("base", vocab_size=30522)
+    shapes = planner.gradient_tensor_shapes(config)
+    exchange = memory.exchange_state_bytes(shapes, CommConfig(gradient_compression="powersgd"), 16)["steady"]
+    plain = memory.memory_bytes(config, 128, 64, "mixed_float16", "none", accumulation=64)["total"]
+    between = round((plain + exchange / 2) / 2 ** 30, 3)            # phase 1 fits without the exchange only
+    command = [sys.executable, str(REPO / "run" / "plan.py"), "--model_preset=base", "--gradient_compression=powersgd"]
+    proc = subprocess.run(command + [f"--device_memory_gb={between}"], env=mpi_env(), capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert f"gradient exchange {exchange / 2**30:.1f}" in proc.stdout
+    assert f"warning: phase1 needs {(plain + exchange) / 2**30:.1f} GiB per device" in proc.stdout, proc.stdout
+    assert f"more than --device_memory_gb={between:g}" in proc.stdout
+    proc = subprocess.run(command + ["--exchange_memory=16,64"], env=mpi_env(), capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    assert len([line for line in lines if " ranks  " in line]) == 12 and "warning" not in proc.stdout
+    assert any(line.startswith("   64 ranks  onebit") and "old:   26.66 |   26.66" in line for line in lines), lines
 
 
 @pytest.mark.slow

@@ -45,8 +45,12 @@ BAD_CONFIGURATIONS = [
     (dict(comm=dict(local_updates=4), save_interval=6),
      "--save_interval=6 and --eval_interval=0 must be multiples of --local_updates=4"),
     (dict(comm=dict(local_updates=2, gradient_compression="onebit")), "--local_updates=2 exchanges no gradients"),
-    (dict(comm=dict(local_updates=2), elastic=True, global_batch_size=64, micro_batch_size=4),
-     "--local_updates with --elastic"),
+    (dict(comm=dict(local_updates=4), elastic=True, global_batch_size=64, micro_batch_size=4,
+          elastic_commit_interval=10, save_interval=20, eval_interval=20), "must be a multiple of --local_updates=4"),
+    (dict(comm=dict(local_updates=2, local_group="node"), elastic=True, global_batch_size=64, micro_batch_size=4),
+     "--local_group=node with --elastic: not supported"),
+    (dict(batch_warmup_sequences=100, elastic=True, global_batch_size=32, micro_batch_size=32),
+     "with --elastic needs --global_batch_size of at least 2 micro-batches"),
     (dict(comm=dict(collective_timeout_minutes=-1)), "--collective_timeout_minutes must be >= 0"),
 ]
 

@@ -145,7 +145,7 @@ def test_a_short_run_logs_saves_and_restores_the_signal_handlers(tiny_data, tmp_
                                             "gradient_compression": "none", "powersgd_rank": 4,
                                             "compression_warmup_steps": 0, "local_updates": 0,
                                             "local_group": "rank", "outer_learning_rate": 0.7, "outer_momentum": 0.9,
-                                            "collective_timeout_minutes": 30.0}
+                                            "collective_timeout_minutes": 30.0, "save_timeout_minutes": 60.0}
     # the run record keeps what was asked and what it resolved to (the per-rank batch of 8 re-split)
     asked, resolved = records[0]["config"], records[0]["resolved"]
     assert (asked["micro_batch_size"], asked["accumulation_steps"], asked["fit_micro_batch"]) == (4, 2, 2)

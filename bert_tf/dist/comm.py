@@ -61,8 +61,12 @@ class CommConfig:
     outer_momentum: float = knob(0.9, "--local_updates: the outer step's Nesterov momentum (DiLoCo's 0.9).")
     collective_timeout_minutes: float = knob(
         30.0, "A rank waiting this long in a collective (another rank frozen, unreachable or stopped) ends the "
-        "job with an error naming the rank and the collective (bert_tf/dist/watchdog.py); 0: wait for ever. "
-        "Static runs (elastic mode handles lost ranks itself).")
+        "job with an error naming the collective and the rank that did not arrive (bert_tf/dist/watchdog.py); "
+        "0: wait for ever. Static runs (elastic mode handles lost ranks itself).")
+    save_timeout_minutes: float = knob(
+        60.0, "How long the other ranks wait for rank 0's solo work (writing and hashing a checkpoint, a "
+        "rollback's restore) while it shows signs of life, before ending the job (the longer of this and "
+        "--collective_timeout_minutes; 0: wait for ever). Static runs.")
 
     def __post_init__(self):
         if self.gradient_compression not in COMPRESSIONS:
@@ -88,6 +92,9 @@ class CommConfig:
         if self.collective_timeout_minutes < 0:
             raise ConfigError(f"--collective_timeout_minutes must be >= 0 (0: no timeout), got "
                               f"{self.collective_timeout_minutes:g}")
+        if self.save_timeout_minutes < 0:
+            raise ConfigError(f"--save_timeout_minutes must be >= 0 (0: wait for ever), got "
+                              f"{self.save_timeout_minutes:g}")
         if self.powersgd_rank < 1 or self.compression_warmup_steps < 0:
             raise ConfigError(f"--powersgd_rank must be >= 1 and --compression_warmup_steps >= 0, got "
                               f"{self.powersgd_rank} and {self.compression_warmup_steps}")

@@ -21,8 +21,14 @@ Every rank applies the same update: the averaged factors and the gathered signs 
 every rank, and what a rank computes from them is the same arithmetic. A non-finite result (float16 loss
 scaling's overflow) leaves the error buffers and Q as they were: Trainer.apply skips that update and the
 next starts from the same state. The first --compression_warmup_steps updates are exchanged uncompressed
-(their errors stay zero). The exchange is a tf.Module holding all its state (the trainer checkpoints it; `reset` for an
-elastic re-form, the same on every rank).
+(their errors stay zero).
+
+One clock: the warmup is counted on `clock`, the optimizer's update count (the trainer attaches it), which is
+checkpoint state, broadcast from rank 0 at every start and rolled back with the weights; a skipped update does not
+move it, as it does not move 1-bit's variance freeze. So every rank, a newcomer or one rolled back included, takes
+the same branch at the same update. State: Q is the same on every rank; the error buffers are each rank's own and
+never leave it: each rank writes them to its own file beside a checkpoint and reads its own back
+(bert_tf/dist/exchange_state.py). `reset` restarts them, the same on every rank (an elastic re-form).
 """
 from __future__ import annotations
 
@@ -31,7 +37,6 @@ import math
 import tensorflow as tf
 
 from bert_tf import ConfigError
-from bert_tf.dist import watchdog
 from bert_tf.dist.comm import METHODS, onebit_chunk, powersgd_plan, wire_bytes
 
 _BITS = tf.constant([1, 2, 4, 8, 16, 32, 64, 128], tf.int32)
@@ -68,7 +73,7 @@ class CompressedExchange(tf.Module):
     error buffers keep unscaled values, so a changing scale does not corrupt them). weight: this rank's
     gradients are multiplied by it first (elastic mode's uneven shares)."""
 
-    def __init__(self, method, variables, rank=4, warmup_steps=0, seed=0, size=1, name="grad", alone=False):
+    def __init__(self, method, variables, rank=4, warmup_steps=0, seed=0, size=1, name="grad", alone=False, clock=None):
         super().__init__(name=f"{name}_exchange")
         if method not in METHODS:
             raise ConfigError(f"--gradient_compression={method}: valid compressed methods are {', '.join(METHODS)}")
@@ -76,7 +81,10 @@ class CompressedExchange(tf.Module):
         self.alone = alone          # the computation only, no collective (its cost, measured in one rank of a job)
         self.shapes = [tuple(int(d) for d in v.shape) for v in variables]
         self.weight = 1.0
-        self.exchanges = tf.Variable(0, dtype=tf.int64, trainable=False, name="exchanges")
+        # the updates so far: the trainer's optimizer's count (attach_clock); alone, the exchange counts its calls
+        self.clock, self._counts_itself = tf.Variable(0, dtype=tf.int64, trainable=False, name="calls"), True
+        if clock is not None:
+            self.attach_clock(clock)
         if method == "powersgd":
             self.compressed = powersgd_plan(self.shapes, rank)
             self.errors = [tf.Variable(tf.zeros(self.shapes[i]), trainable=False, name=f"error_{i}")
@@ -89,10 +97,14 @@ class CompressedExchange(tf.Module):
             # the averaging side's error: this rank's chunk, whose length depends on the rank count
             self.server_error = tf.Variable(tf.zeros([onebit_chunk(self.elements, size)]), trainable=False,
                                             shape=tf.TensorShape([None]), name="server_error")
-        # every rank's error buffers, gathered on rank 0 before a save (`capture`): rank 0 alone writes
-        # checkpoints, and a resumed run needs each rank's own buffers back (`after_restore`)
-        self.saved = tf.Variable(tf.zeros([0]), shape=tf.TensorShape([None]), trainable=False, name="saved")
-        self.saved_ranks = tf.Variable(0, dtype=tf.int64, trainable=False, name="saved_ranks")
+
+    def attach_clock(self, clock):
+        """Count the warmup on `clock` (an int64 variable someone else advances: the optimizer's updates)."""
+        self.clock, self._counts_itself = clock, False
+
+    def describe(self) -> dict:
+        """What the exchange is, as a checkpoint records it (exchange_state): a resume keeps or compares it."""
+        return {"gradient_compression": self.method, "powersgd_rank": self.rank if self.method == "powersgd" else 0}
 
     def _initial_q(self, k):
         shape = self.shapes[self.compressed[k]]
@@ -110,37 +122,13 @@ class CompressedExchange(tf.Module):
         fresh = " and Q afresh" if self.method == "powersgd" else ""
         return f"gradient compression: error buffers restarted at zero{fresh} on all {size} ranks"
 
-    def _local(self) -> list:
-        """This rank's own buffers (the rest, Q and the count, is the same on every rank)."""
+    def own(self) -> list:
+        """This rank's own buffers (its error feedback; never sent to another rank)."""
         return list(self.errors) if self.method == "powersgd" else [self.error, self.server_error]
 
-    def capture(self, rank, size):
-        """A collective before a checkpoint: every rank's error buffers into rank 0's `saved`."""
-        flat = tf.concat([tf.reshape(v, [-1]) for v in self._local()], 0)
-        if size > 1:
-            import horovod.tensorflow as hvd
-            n = tf.size(flat)
-            with watchdog.watching("the gathering of the error buffers for a checkpoint"):
-                flat = hvd.alltoall(flat, splits=tf.stack([n] + [0] * (size - 1)), name=f"{self.tag}_capture")[0]
-        if rank == 0:
-            self.saved.assign(flat)
-            self.saved_ranks.assign(size)
-
-    def after_restore(self, rank, size) -> str:
-        """This rank's buffers from a restored `saved` (a checkpoint read by every rank); reset when it was
-        saved at another rank count or holds none. Returns what it did, for the log."""
-        ranks, saved = int(self.saved_ranks.numpy()), self.saved.numpy()
-        if ranks != size or saved.size % size:
-            self.reset(size)
-            return (f"gradient compression: error buffers saved at {ranks} ranks, this run has {size}: they start "
-                    "at zero" if ranks else "gradient compression: no error buffers saved: they start at zero")
-        row = saved.reshape(size, -1)[rank]
-        start = 0
-        for v in self._local():
-            n = int(tf.size(v))
-            v.assign(row[start:start + n].reshape(v.numpy().shape))
-            start += n
-        return f"gradient compression: error buffers of all {size} ranks restored"
+    def shared(self) -> list:
+        """The state every rank holds alike: PowerSGD's Q (rank 0's is broadcast on a resume)."""
+        return list(self.qs) if self.method == "powersgd" else []
 
     def wire_bytes(self, size) -> float:
         return wire_bytes(self.method, self.shapes, size, self.rank)
@@ -150,11 +138,12 @@ class CompressedExchange(tf.Module):
         scale = tf.constant(1.0) if scale is None else scale
         compressed = self._powersgd if self.method == "powersgd" else self._onebit
         if self.warmup_steps:
-            out = tf.cond(self.exchanges < self.warmup_steps,
+            out = tf.cond(self.clock < self.warmup_steps,
                           lambda: _mean(grads, f"{self.tag}_warmup", self.alone), lambda: compressed(grads, scale))
         else:
             out = compressed(grads, scale)
-        self.exchanges.assign_add(1)
+        if self._counts_itself:
+            self.clock.assign_add(1)
         return out
 
     def _powersgd(self, grads, scale):

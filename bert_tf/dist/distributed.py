@@ -264,6 +264,15 @@ def gather_bytes(data: bytes) -> list:
         return hvd.allgather_object(data, name="gather_bytes")
 
 
+def broadcast_object(value, root_rank=0):
+    """rank 0's `value` (any picklable object) on every rank."""
+    import horovod.tensorflow as hvd
+    if hvd.size() == 1:
+        return value
+    with watchdog.watching("the broadcast of an object"):
+        return hvd.broadcast_object(value, root_rank=root_rank)
+
+
 def any_rank(flag: bool) -> bool:
     """True on every rank when it is True on one (a signal that reached one rank stops all)."""
     import horovod.tensorflow as hvd
@@ -271,6 +280,17 @@ def any_rank(flag: bool) -> bool:
         return flag
     with watchdog.watching("the stop-flag allreduce"):
         return bool(hvd.allreduce(tf.constant(int(flag)), op=hvd.Max, name="stop_flag").numpy())
+
+
+def barrier(what: str, minutes: float | None = None):
+    """Every rank waits here until all have reached it (a one-int allreduce), watched as `what` under `minutes`
+    (0: no limit; None: --collective_timeout_minutes): the other ranks' wait for rank 0's solo work (a save, a
+    restore) has its own limit and says what it waits for."""
+    import horovod.tensorflow as hvd
+    if hvd.size() == 1:
+        return
+    with watchdog.watching(what, minutes):
+        hvd.allreduce(tf.constant(0), op=hvd.Sum, name="barrier").numpy()
 
 
 class ElasticWorld:

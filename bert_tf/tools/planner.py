@@ -97,26 +97,6 @@ def parameter_count(config: BertConfig, nsp: bool = True) -> int:
     return sum(gradient_tensor_sizes(config, nsp))
 
 
-def memory_bytes(config: BertConfig, seq_length, micro_batch, precision="float32", recompute="none",
-                 accumulation=1, nsp=True) -> dict:
-    """What one device holds while training, estimated: the state (fp32 weights, gradients, the two
-    optimizer slots of LAMB/AdamW, and the accumulators when accumulating: 16-20 bytes per parameter)
-    and the activations kept for the backward pass. Per transformer layer that is
-    s*b*h*(34 + 5*a*s/h) bytes with 16-bit activations (Korthikanti et al. 2022, "Reducing Activation
-    Recomputation in Large Transformer Models", their equation 1, no parallelism); float32 doubles it.
-    recompute="layer" keeps each layer's input (s*b*h values) and one layer's activations at a time.
-    The attention term 5*a*s^2*b grows with the square of the sequence: it is what sequence 512 costs.
-    Workspace, the framework's own buffers and the MLM head's logits ([b, P, V]) are left out."""
-    P = parameter_count(config, nsp)
-    width = 2 if precision.startswith("mixed") else 4
-    s, b, h, a = seq_length, micro_batch, config.hidden_size, config.num_attention_heads
-    layer = s * b * h * (34 + 5 * a * s / h) * width / 2
-    L = config.num_hidden_layers
-    activations = L * s * b * h * width + layer if recompute == "layer" else L * layer
-    state = P * (16 + (4 if accumulation > 1 else 0))
-    return {"state": state, "activations": activations, "total": state + activations}
-
-
 def fusion_messages(tensor_bytes, fusion_threshold_mb) -> int:
     """Messages Horovod sends for one allreduce of all gradients: tensors packed in order into
     buffers of at most the fusion threshold; a tensor larger than it goes alone; 0 = no fusion."""

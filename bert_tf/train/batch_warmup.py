@@ -9,6 +9,11 @@ for adaptive optimizers (Malladi et al. 2022, "On the SDEs and Scaling Rules for
 Algorithms"): an update of k of A micro-batches takes sqrt(k / A) of the scheduled rate, so the noise
 each update injects matches the full batch's. Everything follows from the step: a resumed run takes
 the same batches.
+
+Elastic mode (--elastic) counts the same curve over the global batch's micro-batches and the sequences of the
+committed state, not the step: an update's k = `micro_batches_at(samples_seen, least=ranks)` of the
+--global_batch_size's micro-batches, at least one per rank of the formation. A re-form, a rollback or a resume puts
+`samples_seen` back with the weights, so every rank, a newcomer too, takes the same k at the same update.
 """
 from __future__ import annotations
 
@@ -27,15 +32,22 @@ class BatchWarmup:
                               f"by micro-batches, from one per rank to --accumulation_steps")
         self.full = accumulation_steps
         self.per_micro_batch = micro_batch_size * ranks        # sequences one micro-batch per rank adds
+        self.sequences = sequences
         self.steps = []                                          # k of each warmup update
         seen = 0
         while seen < sequences:
-            k = min(self.full, max(1, math.ceil(self.full * seen / sequences)))
+            k = self.micro_batches_at(seen)
             self.steps.append(k)
             seen += k * self.per_micro_batch
         self._before = [0]
         for k in self.steps:
             self._before.append(self._before[-1] + k * self.per_micro_batch)
+
+    def micro_batches_at(self, seen: int, least: int = 1) -> int:
+        """The micro-batches of an update that starts after `seen` sequences: the curve, at least `least`."""
+        if seen >= self.sequences:
+            return self.full
+        return min(self.full, max(least, math.ceil(self.full * seen / self.sequences)))
 
     def micro_batches(self, step: int) -> int:
         return self.steps[step] if step < len(self.steps) else self.full

@@ -4,9 +4,13 @@
 updates, then its decay) but stretches it over the updates that H hours hold: at every log step the
 measured rate of this run predicts the step count at the end of the budget (as Cramming does, Geiping
 and Goldstein 2022), rank 0's prediction goes to every rank, and the run stops, saves and evaluates
-when the budget is spent. The seconds trained so far are in the checkpoint (RunClock), so a restarted
-job spends only what is left. `--target_mlm_accuracy` stops at the first evaluation that reaches it and
-reports MLPerf's figure, the time to train: wall-clock from the first update, evaluations included.
+when the budget is spent. The rate is counted in sequences, not updates: under a batch warmup
+(--batch_warmup_sequences) the early updates are small and fast, so the sequences the rest of the
+budget holds are turned into updates at the warmup's batch sizes (updates_for_sequences); the
+learning-rate warmup and decay then land where the flags say, whatever the batch does. The seconds
+trained so far are in the checkpoint (RunClock), so a restarted job spends only what is left.
+`--target_mlm_accuracy` stops at the first evaluation that reaches it and reports MLPerf's figure, the
+time to train: wall-clock from the first update, evaluations included.
 """
 from __future__ import annotations
 
@@ -38,21 +42,30 @@ class RunClock(tf.Module):
 
 
 class Budget:
-    def __init__(self, hours, warmup_steps, total_steps):
+    """warmup: the run's BatchWarmup (None without one: every update is the full batch)."""
+
+    def __init__(self, hours, warmup_steps, total_steps, warmup=None):
         self.seconds = hours * 3600.0
         self.warmup_fraction = warmup_steps / max(total_steps, 1)
+        self.warmup = warmup
         self.mark = None            # (step, seconds) at the first prediction: the rate is measured from there
 
+    def sequences_before(self, step) -> int:
+        """Sequences trained before update `step`, in full batches without a batch warmup."""
+        return step if self.warmup is None else self.warmup.sequences_before(step)
+
     def predict(self, step, start_step, clock: RunClock) -> float:
-        """Updates the budget holds: those done plus the rest of the budget at this run's rate, measured
-        from the first prediction on (the first interval holds the compilation) or, at the first, from
-        the run's first update."""
+        """Updates the budget holds: those done plus the rest of the budget at this run's rate in sequences
+        per second, measured from the first prediction on (the first interval holds the compilation) or, at
+        the first, from the run's first update; the sequences turned into updates at the batch warmup's sizes."""
         now = clock.elapsed()
         since_step, since = self.mark or (start_step, clock.base)
         if self.mark is None:
             self.mark = (step, now)
-        rate = (step - since_step) / (now - since) if now > since else 0.0
-        return max(float(step + max(self.seconds - now, 0.0) * rate), step + 1.0)
+        trained = self.sequences_before(step) - self.sequences_before(since_step)
+        rate = trained / (now - since) if now > since else 0.0
+        more = updates_for_sequences(self.warmup, step, max(self.seconds - now, 0.0) * rate)
+        return max(float(step + more), step + 1.0)
 
     def schedule(self, predicted_steps) -> list:
         """[warmup, total] for the trainer's schedule variable."""
@@ -60,6 +73,23 @@ class Budget:
 
     def spent(self, clock: RunClock) -> bool:
         return clock.elapsed() >= self.seconds
+
+
+def updates_for_sequences(warmup, step, sequences) -> float:
+    """The updates from update `step` (0-based) on that train `sequences` sequences, the last one a fraction:
+    an update at step s takes warmup.micro_batches(s) x warmup.per_micro_batch sequences, after the
+    warmup the full batch. Without a warmup (None) sequences are counted in full batches (Budget)."""
+    if warmup is None:
+        return float(sequences)
+    full = warmup.full * warmup.per_micro_batch
+    s = step
+    while s < len(warmup.steps):            # the warmup's updates left, one at a time: exact
+        size = warmup.micro_batches(s) * warmup.per_micro_batch
+        if sequences < size:
+            return s - step + sequences / size
+        sequences -= size
+        s += 1
+    return s - step + sequences / full
 
 
 def planned_hours(cfg, size, local_size, global_batch, model_config):

@@ -46,7 +46,8 @@ import tensorflow as tf
 from bert_tf import ConfigError
 from bert_tf.artifacts import metrics
 from bert_tf.data import input_pipeline
-from bert_tf.dist import distributed
+from bert_tf.dist import distributed, exchange_state
+from bert_tf.train import training
 
 # A TensorFlow error from a collective: Horovod's own words, or Gloo's (a peer's recv timing out names
 # only our op, e.g. "grad_43", and gloo/transport/tcp/...).
@@ -176,9 +177,12 @@ class TrainingState:
     (its sync broadcasts only with a v1 session), so a newcomer would keep its fresh weights: this
     one broadcasts them (`sync`)."""
 
-    def __init__(self, variables, stream: SharedStream, samples_seen, world):
+    def __init__(self, variables, stream: SharedStream, samples_seen, world, exchange=None):
         self.variables, self.stream, self.world = variables, stream, world
         self.samples_seen = samples_seen
+        self.exchange = exchange     # the exchange the job trains with (exchange_state.record), rank 0's at a sync
+        # rank 0 restored a checkpoint and no formation has started since: its error buffers are in its files
+        self.from_checkpoint = samples_seen > 0
         self.save()
 
     def save(self):
@@ -206,7 +210,8 @@ class TrainingState:
         """A collective: every rank takes rank 0's committed state (a newcomer its first)."""
         self.world.broadcast_variables(self.variables)
         self._values = [v.numpy() for v in self.variables]
-        self._saved = self.world.broadcast_object(self._saved)
+        self._saved, self.exchange, self.from_checkpoint = self.world.broadcast_object(
+            (self._saved, self.exchange, self.from_checkpoint))
         self.samples_seen = self._saved[0]
         self.stream.restore(self._saved[1])
 
@@ -236,30 +241,78 @@ class Elastic:
         self.cfg, self.job, self.log = cfg, job, log
         self.world = world if world is not None else distributed.ElasticWorld()
         self.per_update = micro_batches_per_update(cfg.global_batch_size, cfg.micro_batch_size)
-        self.state = TrainingState(job.trainer.state_variables(), job.input, job.samples_seen, self.world)
+        outer = list(job.outer.variables) if job.outer is not None else []     # DiLoCo's anchor and momentum
+        self.state = TrainingState(job.trainer.state_variables() + outer, job.input, job.samples_seen, self.world,
+                                   job.exchange_record)
         self.rank, self.size, self.say, self.loss_weight = 0, 1, metrics.silent, 1.0
         self.samples_seen = self.start_step = 0
+        self.micro = self.per_update         # the update's micro-batches (fewer during a batch warmup)
 
     # -- the loop's hooks ---------------------------------------------------------------------
     def begin(self, step):
-        """At every (re)start, after the state's sync: this rank's share and role at the new size."""
-        job, micro = self.job, self.per_update
+        """At every (re)start, after the state's sync: the exchange agreed, this rank's share and role at the new
+        size. The first formation of a job resumed from a checkpoint takes each rank's own error buffers back;
+        every re-form restarts them, on every rank alike (rank 0's state says which, a newcomer included)."""
+        job = self.job
         self.rank, self.size = self.world.rank(), self.world.size()
         self.say = self.log if self.rank == 0 else metrics.silent
-        _, self.loss_weight = rank_share(micro, self.rank, self.size)
+        self.samples_seen, self.start_step = self.state.samples_seen, step
+        self._agree_exchange()
         exchange = job.trainer.exchange
-        if exchange is not None:     # a compressed exchange: every (re)start resets its buffers on every rank
+        if exchange is not None and self.state.from_checkpoint:     # rank 0's view, the same on every rank
+            self.say(exchange_state.restore(job.trainer, self.cfg.checkpoint_dir, step, self.rank, self.size,
+                                            self.world.gather_bytes, self.world.broadcast_variables))
+        elif exchange is not None:
             self.say(exchange.reset(self.size))
-            exchange.weight = self.loss_weight
-        allreduce = exchange if exchange is not None else \
-            self.world.gradient_allreduce(self.cfg.comm.method == "fp16", self.loss_weight)
-        job.trainer.set_share(rank_indices(micro, self.rank, self.size), micro, allreduce)
-        job.input.set_share(self.rank, self.size, micro)
+        self.state.from_checkpoint = False
+        if job.outer is not None and not bool(job.outer.anchored.numpy()):
+            job.outer.anchor_to(job.trainer.variables)       # a fresh DiLoCo job: the synced weights
+        self.micro = 0
+        self.update_batch(step, self.samples_seen)
         job.writer.set_active(self.rank == 0)
         job.ckpts.set_writer(self.rank == 0)
-        self.samples_seen, self.start_step = self.state.samples_seen, step
-        self.say(f"elastic: {describe_share(micro, self.cfg.micro_batch_size, self.size)}; from step {step} "
+        self.say(f"elastic: {describe_share(self.per_update, self.cfg.micro_batch_size, self.size)}; from step {step} "
                  f"({self.samples_seen} samples seen), committing every {self.cfg.elastic_commit_interval} updates")
+
+    def _agree_exchange(self):
+        """The job's exchange, the same on every rank: the one rank 0's state holds (the checkpoint's, or chosen
+        at an earlier start), else the named one, else `auto`'s measurement on this formation's link."""
+        trainer, cfg = self.job.trainer, self.cfg
+        comm, note = exchange_state.settle_choice(cfg.comm, self.state.exchange, self._choose)
+        self.state.exchange = exchange_state.record(comm)
+        if note:
+            self.say(note)
+        if exchange_state.record(trainer.config.comm) != self.state.exchange:
+            exchange = distributed.make_gradient_exchange(comm, trainer.variables, seed=cfg.seed) \
+                if comm.compressed else None
+            trainer.use_exchange(exchange, comm)
+
+    def _choose(self):
+        from bert_tf.dist import auto_exchange
+        cfg = self.cfg
+        return auto_exchange.resolve(cfg.comm, self.job.trainer.model.config, not cfg.mlm_only, cfg.micro_batch_size,
+                                     max(1, self.per_update // self.size), cfg.max_seq_length,
+                                     cfg.ladder_sequences_per_second, self.say)
+
+    def update_batch(self, step, samples_seen) -> int:
+        """The global batch of the next update: --global_batch_size, or during a batch warmup the curve's micro-
+        batches at the committed sequences (at least one per rank); this rank's share set when it changes."""
+        warmup, trainer = self.job.warmup, self.job.trainer
+        micro = self.per_update if warmup is None else warmup.micro_batches_at(samples_seen, least=self.size)
+        if micro != self.micro:
+            self.micro = micro
+            _, self.loss_weight = rank_share(micro, self.rank, self.size)
+            if trainer.exchange is not None:
+                trainer.exchange.weight = self.loss_weight
+                allreduce = trainer.exchange
+            elif self.job.outer is not None:       # DiLoCo: each rank its own inner updates, nothing exchanged
+                allreduce = training.identity_allreduce
+            else:
+                allreduce = self.world.gradient_allreduce(trainer.config.comm.method == "fp16", self.loss_weight)
+            trainer.set_share(rank_indices(micro, self.rank, self.size), self.per_update, allreduce)
+            self.job.input.set_share(self.rank, self.size, micro)
+            trainer.batch_lr_scale.assign((micro / self.per_update) ** 0.5)
+        return micro * self.cfg.micro_batch_size
 
     def started(self, step):
         self._agree(step, "start")
@@ -271,8 +324,14 @@ class Elastic:
         return ""               # stop_requested never says True
 
     def after_update(self, step):
-        if step == self.start_step + 1:
-            self._agree(step, "first update")
+        outer = self.job.outer
+        if outer is not None and outer.due(step):        # DiLoCo: the ranks' weights agree again
+            outer.sync(self.job.trainer.variables)
+        # the weights agree after the first update, or under DiLoCo after the first synchronisation
+        first = step == self.start_step + 1 if outer is None else \
+            outer.due(step) and step - self.start_step <= outer.every
+        if first:
+            self._agree(step, "first update" if outer is None else "first synchronisation")
 
     def commit(self, step, samples_seen):
         if step % self.cfg.elastic_commit_interval == 0 or step == self.cfg.total_steps:
@@ -285,6 +344,8 @@ class Elastic:
         """The divergence guard: every rank back to its copy of the last commit (they are equal); there is
         only one, so `before_step` cannot take it further back."""
         self.state.restore_weights()
+        if self.job.trainer.exchange is not None:      # its residuals belong to the updates undone
+            self.say(self.job.trainer.exchange.reset(self.size))
         return "the last elastic commit"
 
     def _agree(self, step, event):

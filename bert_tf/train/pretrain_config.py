@@ -43,7 +43,8 @@ class PretrainConfig(training.TrainConfig):
                                              "same 15% masks as one at 15%.")
     batch_warmup_sequences: int = knob(0, "Grow the global batch from one micro-batch per rank to --accumulation_steps "
                                        "over the first N sequences, the learning rate x sqrt(batch / full batch) "
-                                       "(train/batch_warmup.py). Static runs.")
+                                       "(train/batch_warmup.py). Elastic runs: from one micro-batch per rank to "
+                                       "--global_batch_size, counted over the committed sequences.")
     # batches: a micro-batch is one rank's forward/backward; the global batch is one update over all ranks
     micro_batch_size: int = knob(32, "Sequences per rank per forward/backward pass (one micro-batch). The global "
                                  "batch is --micro_batch_size x --accumulation_steps x ranks.")
@@ -108,9 +109,6 @@ class PretrainConfig(training.TrainConfig):
             raise ConfigError(f"--ladder_sequences_per_second must be >= 0, got {self.ladder_sequences_per_second}")
         if self.comm.gradient_compression != "auto":
             return
-        if self.elastic:
-            raise ConfigError("--gradient_compression=auto with --elastic: not supported (the ranks, and so the best "
-                              "exchange, change during the run); give the method")
         if not self.ladder_sequences_per_second:
             raise ConfigError("--gradient_compression=auto needs --ladder_sequences_per_second (run/benchmark.py's "
                               "sequences/s per rank: the compute the link is weighed against)")
@@ -183,16 +181,23 @@ class PretrainConfig(training.TrainConfig):
         """The budget recipe's knobs (configs/budget_*.flags)."""
         if self.batch_warmup_sequences < 0 or self.eval_max_predictions_per_seq < 0:
             raise ConfigError("--batch_warmup_sequences and --eval_max_predictions_per_seq must be >= 0")
-        if self.batch_warmup_sequences and self.elastic:
-            raise ConfigError("--batch_warmup_sequences with --elastic: not supported (an elastic update's batch is "
-                              "--global_batch_size, whatever the rank count)")
-        if self.batch_warmup_sequences and self.accumulation_steps < 2 and not self.fit_micro_batch:
+        micro = self.fit_micro_batch or self.micro_batch_size
+        if self.batch_warmup_sequences and self.elastic and self.global_batch_size < 2 * micro:
+            raise ConfigError(f"--batch_warmup_sequences={self.batch_warmup_sequences} with --elastic needs "
+                              f"--global_batch_size of at least 2 micro-batches (--micro_batch_size={micro}): the "
+                              f"batch grows by micro-batches")
+        static_warmup = self.batch_warmup_sequences and not self.elastic
+        if static_warmup and self.accumulation_steps < 2 and not self.fit_micro_batch:
             raise ConfigError(f"--batch_warmup_sequences={self.batch_warmup_sequences} needs --accumulation_steps > 1: "
                               f"the batch grows by micro-batches, from one per rank to --accumulation_steps")
         every = self.comm.local_updates
-        if every and self.elastic:
-            raise ConfigError("--local_updates with --elastic: not supported (a re-formed job would need every "
-                              "rank's weights since the last synchronisation)")
+        if every and self.elastic and self.elastic_commit_interval % every:
+            raise ConfigError(f"--elastic_commit_interval={self.elastic_commit_interval} must be a multiple of "
+                              f"--local_updates={every} with --elastic: a commit holds the weights every rank agrees "
+                              f"on, right after a synchronisation")
+        if every and self.elastic and self.comm.local_group == "node":
+            raise ConfigError("--local_group=node with --elastic: not supported (Horovod's process sets are not "
+                              "re-formed with the ranks); use --local_group=rank")
         if every and (self.save_interval % every or self.eval_interval % every):
             raise ConfigError(f"--save_interval={self.save_interval} and --eval_interval={self.eval_interval} must be "
                               f"multiples of --local_updates={every}: the ranks' weights agree only right after a "

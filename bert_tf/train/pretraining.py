@@ -24,8 +24,8 @@ from typing import Callable, Protocol, runtime_checkable
 
 import tensorflow as tf
 
-from bert_tf.artifacts import metrics
-from bert_tf.dist import distributed, watchdog
+from bert_tf.artifacts import checkpointing, metrics
+from bert_tf.dist import distributed, exchange_state, watchdog
 from bert_tf.train import budget, divergence, elastic, training
 from bert_tf.train.pretrain_config import PretrainConfig
 from bert_tf.train.startup import Job, build
@@ -43,6 +43,7 @@ class Mode(Protocol):
 
     def begin(self, step: int) -> None: ...              # at every (re)start, before the first record
     def started(self, step: int) -> None: ...            # after the run record is written
+    def update_batch(self, step: int, samples_seen: int) -> int: ...   # the next update's global batch, set
     def stop_requested(self, step: int, boundary: bool) -> bool: ...   # a collective where it says so
     def stop_reason(self) -> str: ...                    # why stop_requested said True
     def after_update(self, step: int) -> None: ...
@@ -86,16 +87,36 @@ def run(cfg: PretrainConfig, log=print):
     say = log if distributed.rank() == 0 else metrics.silent
     say(distributed.describe(hvd))
     if not cfg.elastic and distributed.size() > 1:    # elastic mode: Horovod re-forms without the lost rank
-        watchdog.install(cfg.comm.collective_timeout_minutes, distributed.rank())
+        watchdog.install(cfg.comm.collective_timeout_minutes, distributed.rank(), distributed.size(),
+                         None if "://" in cfg.checkpoint_dir else os.path.join(cfg.checkpoint_dir, ".watchdog"))
     job = build(cfg, say, asked)
+    if not cfg.elastic and distributed.size() > 1 and distributed.rank() == 0:
+        _warn_on_save_time(cfg, job, say)
     say("horovod: " + ", ".join(f"{k}={v} ({src})" for k, (v, src) in knobs.items()))
     try:
         if cfg.elastic:
             return job.trainer, elastic.Elastic(cfg, job, log).run(lambda mode: train(cfg, job, mode))
         with StopSignal() as stop:
-            return job.trainer, train(cfg, job, Static(stop, job, say, cfg.stop_check_interval))
+            return job.trainer, train(cfg, job, Static(stop, job, say, cfg.stop_check_interval, solo_minutes(cfg)))
     finally:
         job.writer.close()
+
+
+def solo_minutes(cfg: PretrainConfig) -> float:
+    """The limit on the other ranks' wait for rank 0's solo work (a save, a restore): watchdog.solo_minutes."""
+    return watchdog.solo_minutes(cfg.comm.collective_timeout_minutes, cfg.comm.save_timeout_minutes)
+
+
+def _warn_on_save_time(cfg: PretrainConfig, job: Job, say):
+    """Rank 0, at start-up: a warning when the latest checkpoint's JSON says a save took longer than the other
+    ranks may wait for it (watchdog.timeout_warning); its figure carries on into the next checkpoint's JSON."""
+    latest = job.ckpts.manager.latest_checkpoint if job.ckpts.manager is not None else None
+    seconds = checkpointing.read_extra(latest).get("save_seconds") if latest else None
+    if seconds:
+        job.checkpoint_extra.setdefault("save_seconds", seconds)
+    warning = watchdog.timeout_warning(cfg.comm.collective_timeout_minutes, cfg.comm.save_timeout_minutes, seconds)
+    if warning:
+        say(warning)
 
 
 class IntervalMetrics:
@@ -165,8 +186,9 @@ class Static:
 
     loss_weight = 1.0
 
-    def __init__(self, stop: StopSignal, job: Job, say, check_interval):
+    def __init__(self, stop: StopSignal, job: Job, say, check_interval, solo_minutes=None):
         self.stop, self.job, self.say, self.check_interval = stop, job, say, check_interval
+        self.solo_minutes = solo_minutes     # the limit on the others' wait for rank 0's restore (None: the installed)
         self.samples_seen, self.size = job.samples_seen, distributed.size()
 
     def begin(self, step):
@@ -174,6 +196,19 @@ class Static:
 
     def started(self, step):
         pass
+
+    def update_batch(self, step, samples_seen) -> int:
+        """The global batch of update `step` (0-based); with a batch warmup, its micro-batches set on the trainer
+        and the input first (train/batch_warmup.py)."""
+        warmup, trainer = self.job.warmup, self.job.trainer
+        if warmup is None:
+            return self.job.global_batch
+        k = warmup.micro_batches(step)
+        if k != trainer.rank_micro_batches:
+            trainer.set_share(range(k), k, trainer.allreduce_fn, trainer.seed_offset)
+            self.job.input.rank_micro_batches = k
+            trainer.batch_lr_scale.assign(warmup.lr_scale(step))
+        return k * warmup.per_micro_batch
 
     def stop_requested(self, step, boundary) -> bool:
         """A collective on check steps: True on every rank when one received a signal."""
@@ -199,17 +234,20 @@ class Static:
         job = self.job
         rank0 = distributed.rank() == 0
         path = job.ckpts.latest(log=self.say, before_step=before_step) if rank0 else None
+        if rank0 and path is not None:       # hashing every file, then reading: the others wait, labelled
+            job.ckpts.restore(path)
+        distributed.barrier("rank 0's restore of a checkpoint for the divergence guard's rollback", self.solo_minutes)
         if distributed.any_rank(rank0 and path is None):
             raise divergence.Diverged(f"the run diverged and {job.ckpts.directory} holds no intact checkpoint "
                                       + (f"before step {before_step}" if before_step is not None else "yet")
                                       + " to roll back to; lower --learning_rate, or save more often "
                                       "(--save_interval) and keep more (--keep_last)")
-        if rank0:
-            job.ckpts.restore(path)
         outer = list(job.outer.variables) if job.outer is not None else []
         distributed.broadcast_variables(job.trainer.state_variables() + outer, root_rank=0)
-        if job.trainer.exchange is not None:    # rank 0 alone read it: the error buffers restart alike
-            job.trainer.exchange.reset(distributed.size())
+        if job.trainer.exchange is not None:    # each rank its own buffers of that checkpoint (or zeros, and why)
+            self.say(exchange_state.restore(job.trainer, job.ckpts.directory, int(job.trainer.step.numpy()),
+                                            distributed.rank(), distributed.size(), distributed.gather_bytes,
+                                            distributed.broadcast_variables))
         return os.path.basename(path) if rank0 else "rank 0's checkpoint"
 
 
@@ -223,7 +261,8 @@ def train(cfg: PretrainConfig, job: Job, mode: Mode) -> dict:
     say, samples_seen = mode.say, mode.samples_seen
     interval = IntervalMetrics(job.global_batch, cfg.max_seq_length, cfg.network_interface, mode.loss_weight)
     last = {}
-    plan = budget.Budget(cfg.time_budget_hours, cfg.warmup_steps, cfg.total_steps) if cfg.time_budget_hours else None
+    plan = budget.Budget(cfg.time_budget_hours, cfg.warmup_steps, cfg.total_steps, warmup=job.warmup) \
+        if cfg.time_budget_hours else None
     end_step = cfg.total_steps if plan is None else sys.maxsize     # a budget ends on the clock
     why, spent = "", False                   # a stop of our own: the budget or the target
     job.clock.start()
@@ -231,7 +270,8 @@ def train(cfg: PretrainConfig, job: Job, mode: Mode) -> dict:
         # Host synchronisation only at log, save and stop-check steps and elastic commits (GPU kernels run ahead).
         logging = (step + 1) % cfg.log_interval == 0 or step + 1 == cfg.total_steps
         saving = (step + 1) % cfg.save_interval == 0
-        batch = _update_batch(job, step)
+        batch = mode.update_batch(step, samples_seen)
+        interval.loss_weight = mode.loss_weight      # a batch warmup's shares change it (elastic mode)
         watchdog.at(f"update {step + 1}")
         out = trainer.train_step(job.input.next_update(), timed=logging)
         step += 1
@@ -274,27 +314,19 @@ def _save(cfg: PretrainConfig, job: Job, mode: Mode, step, samples_seen):
     if job.outer is not None and not job.outer.due(step):   # a stop between synchronisations: one more
         job.outer.sync(job.trainer.variables)
     job.input.capture(job.position, samples_seen)  # static: a collective
-    if job.trainer.exchange is not None and not cfg.elastic:  # each rank's error buffers to rank 0
-        job.trainer.exchange.capture(distributed.rank(), mode.size)
+    # every rank's own error buffers to its own file (no collective), before rank 0 names the checkpoint
+    exchange_state.save_own(job.trainer, cfg.checkpoint_dir, step, distributed.rank(), mode.size, cfg.keep_last)
     job.clock.stamp()
+    start = time.monotonic()
     path = job.ckpts.save(step, {"step": step, "samples_seen": samples_seen, "ranks": mode.size,
+                                 "exchange": exchange_state.record(job.trainer.config.comm),
                                  **job.checkpoint_extra})
     if path:
-        mode.say(f"saved {path}")
-
-
-def _update_batch(job: Job, step) -> int:
-    """The global batch of update `step` (0-based); with a batch warmup (static runs), its micro-batches
-    set on the trainer and the input first (train/batch_warmup.py)."""
-    warmup, trainer = job.warmup, job.trainer
-    if warmup is None:
-        return job.global_batch
-    k = warmup.micro_batches(step)
-    if k != trainer.rank_micro_batches:
-        trainer.set_share(range(k), k, trainer.allreduce_fn, trainer.seed_offset)
-        job.input.rank_micro_batches = k
-        trainer.batch_lr_scale.assign(warmup.lr_scale(step))
-    return k * warmup.per_micro_batch
+        seconds = time.monotonic() - start
+        job.checkpoint_extra["save_seconds"] = round(seconds, 3)   # in the next one's JSON, for a resumed run
+        mode.say(f"saved {path} in {seconds:.1f} s")
+    if not cfg.elastic and mode.size > 1:    # the others wait for it here, labelled, under the solo work's limit
+        distributed.barrier(f"rank 0's save of checkpoint {step}", solo_minutes(cfg))
 
 
 def _begin(job: Job, mode: Mode, step):

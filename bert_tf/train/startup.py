@@ -15,7 +15,7 @@ import tensorflow as tf
 from bert_tf import ConfigError
 from bert_tf.artifacts import checkpoint_formats, checkpointing, metrics
 from bert_tf.data import input_pipeline, tokenization
-from bert_tf.dist import auto_exchange, device, distributed, local_sgd
+from bert_tf.dist import auto_exchange, device, distributed, exchange_state, local_sgd
 from bert_tf.model import modeling
 from bert_tf.train import batch_warmup, budget, divergence, elastic, training
 from bert_tf.train.evaluation import make_evaluator
@@ -125,11 +125,12 @@ class Job:
     parameters: int
     eval_files: list
     started_from_init: bool  # from --init_checkpoint, not resumed
+    exchange_record: dict | None  # elastic mode, rank 0: the exchange the restored checkpoint recorded
     checkpoint_extra: dict   # the JSON beside each checkpoint
     run_record: dict         # metrics.jsonl's first record: what was asked and what it resolved to
     guard: divergence.Guard  # spikes and runs of skipped updates -> rollbacks
     clock: budget.RunClock   # training seconds over restarts (a checkpoint item)
-    warmup: batch_warmup.BatchWarmup | None = None   # --batch_warmup_sequences (static runs)
+    warmup: batch_warmup.BatchWarmup | None = None   # --batch_warmup_sequences
     outer: local_sgd.OuterStep | None = None         # --local_updates (DiLoCo)
 
 
@@ -137,7 +138,12 @@ def make_batch_warmup(cfg: PretrainConfig, size: int, say) -> batch_warmup.Batch
     """--batch_warmup_sequences on `size` ranks, checked against the run's length."""
     if not cfg.batch_warmup_sequences:
         return None
-    warmup = batch_warmup.BatchWarmup(cfg.batch_warmup_sequences, cfg.accumulation_steps, cfg.micro_batch_size, size)
+    if cfg.elastic:      # the global batch's micro-batches, whatever the ranks (elastic.Elastic.update_batch)
+        warmup = batch_warmup.BatchWarmup(cfg.batch_warmup_sequences, cfg.global_batch_size // cfg.micro_batch_size,
+                                          cfg.micro_batch_size, 1)
+    else:
+        warmup = batch_warmup.BatchWarmup(cfg.batch_warmup_sequences, cfg.accumulation_steps, cfg.micro_batch_size,
+                                          size)
     if len(warmup.steps) >= cfg.total_steps:
         raise ConfigError(f"--batch_warmup_sequences={cfg.batch_warmup_sequences} takes {len(warmup.steps)} updates on "
                           f"{size} rank(s), not fewer than --total_steps={cfg.total_steps}: a batch warmup longer than "
@@ -197,8 +203,7 @@ def build(cfg: PretrainConfig, say, asked: PretrainConfig | None = None) -> Job:
     inputs = check_inputs(cfg, rank, size)
     tokenizer, init, model_config = inputs.tokenizer, inputs.init, inputs.model_config
     warmup = make_batch_warmup(cfg, size, say)
-    if cfg.comm.gradient_compression == "auto":      # measured here, in the job: its own ranks and link
-        cfg = dataclasses.replace(cfg, comm=resolve_exchange(cfg, model_config, say))
+    cfg = dataclasses.replace(cfg, comm=settle_exchange(cfg, model_config, rank, say))
     global_batch = cfg.global_batch_size if cfg.elastic else cfg.micro_batch_size * cfg.accumulation_steps * size
     say(describe(cfg, size, global_batch))
     warning = device.precision_warning(cfg.precision, device.device_description(), cfg.ladder_sequences_per_second)
@@ -223,7 +228,7 @@ def build(cfg: PretrainConfig, say, asked: PretrainConfig | None = None) -> Job:
     if rank == 0:
         model_config.to_json_file(os.path.join(cfg.checkpoint_dir, "bert_config.json"))
     if not cfg.elastic:
-        settle(trainer, outer, samples_seen, say)
+        settle(cfg, trainer, outer, samples_seen, say)
     if cfg.time_budget_hours:
         say(budget.budget_plan(cfg, size, distributed.local_size(), global_batch, model_config,
                                float(clock.seconds.numpy())))
@@ -243,10 +248,33 @@ def build(cfg: PretrainConfig, say, asked: PretrainConfig | None = None) -> Job:
                                        None if inputs.eval_masked else masker, inputs.eval_pack),
                samples_seen=samples_seen, global_batch=global_batch, parameters=parameters,
                eval_files=inputs.eval_files, started_from_init=init is not None,
+               exchange_record=recorded_exchange(cfg) if cfg.elastic and rank == 0 else None,
                checkpoint_extra={"global_batch": global_batch, "model_config": model_config.to_dict(),
                                  "vocab_size": len(tokenizer)},
                run_record=run_record, guard=divergence.Guard(cfg.guard_config()), clock=clock,
                warmup=warmup, outer=outer)
+
+
+def recorded_exchange(cfg: PretrainConfig):
+    """The exchange the latest intact checkpoint in --checkpoint_dir was trained with (its JSON; None: a fresh
+    run, or a checkpoint from before it was recorded)."""
+    latest = checkpointing.latest_intact(cfg.checkpoint_dir, log=lambda *_: None)
+    return checkpointing.read_extra(latest).get("exchange") if latest else None
+
+
+def settle_exchange(cfg: PretrainConfig, model_config, rank, say):
+    """The CommConfig this run trains with: a resume keeps the exchange its checkpoint recorded under `auto`
+    (exchange_state.settle_choice); `auto` with nothing recorded measures the link here, in the job. Static runs
+    agree on rank 0's view now; elastic mode (no collective before the first sync) builds with the named method,
+    or none under `auto`, and agrees at every start (elastic.Elastic.begin)."""
+    if cfg.elastic:
+        return cfg.comm if cfg.comm.gradient_compression != "auto" else \
+            dataclasses.replace(cfg.comm, gradient_compression="none")
+    recorded = distributed.broadcast_object(recorded_exchange(cfg) if rank == 0 else None)
+    comm, note = exchange_state.settle_choice(cfg.comm, recorded, lambda: resolve_exchange(cfg, model_config, say))
+    if note:
+        say(note)
+    return comm
 
 
 def resolve_exchange(cfg: PretrainConfig, model_config, say):
@@ -270,13 +298,14 @@ def make_trainer(cfg: PretrainConfig, model, rank):
     return training.Trainer(model, cfg, allreduce=exchange, seed_offset=rank), None
 
 
-def settle(trainer, outer, samples_seen, say):
+def settle(cfg, trainer, outer, samples_seen, say):
     """A static run after restore (or init): every rank takes rank 0's state, then its own error buffers
-    from the checkpoint (--gradient_compression); DiLoCo's first round starts from the shared weights."""
+    from its own file beside the checkpoint (--gradient_compression); DiLoCo's first round starts from the
+    shared weights."""
     distributed.broadcast_variables(trainer.state_variables() + (list(outer.variables) if outer else []), root_rank=0)
-    rank, size = distributed.rank(), distributed.size()
     if trainer.exchange is not None and samples_seen:
-        say(trainer.exchange.after_restore(rank, size))
+        say(exchange_state.restore(trainer, cfg.checkpoint_dir, int(trainer.step.numpy()), distributed.rank(),
+                             distributed.size(), distributed.gather_bytes, distributed.broadcast_variables))
     if outer is not None and not bool(outer.anchored.numpy()):
         outer.anchor_to(trainer.variables)
 

@@ -185,8 +185,8 @@ class Trainer:
         self.schedule = tf.Variable([float(config.warmup_steps), float(config.total_steps)], trainable=False,
                                     name="schedule")
         self.accumulators = []
-        # a compressed exchange (--gradient_compression=powersgd|onebit) has state: error buffers, Q
-        self.exchange = allreduce if isinstance(allreduce, tf.Module) else None
+        self.exchange = None
+        self.use_exchange(allreduce)
         self.rank_micro_batches = 0          # this rank's micro-batches per update: set_share
         if config.fuse and not fusion_enabled():
             raise ConfigError(f"--fuse needs {FUSION_ENV} in the environment when the process starts (TensorFlow "
@@ -195,6 +195,20 @@ class Trainer:
         self.apply = tf.function(self._apply, jit_compile=True)
         self.set_share(range(config.accumulation_steps), config.accumulation_steps, allreduce, seed_offset)
         self.timing = {}
+
+    def use_exchange(self, allreduce, comm=None):
+        """A compressed exchange (--gradient_compression=powersgd|onebit) has state (error buffers, Q) and counts
+        its warmup on the optimizer's updates, the one clock every rank agrees on (compression.py). comm: the
+        exchange's settings when they replace the config's (elastic mode's agreed choice); the next set_share
+        hands the exchange to the update."""
+        self.exchange = allreduce if isinstance(allreduce, tf.Module) else None
+        if self.exchange is not None:
+            self.exchange.attach_clock(self.optimizer.iterations)
+        if comm is not None and comm != self.config.comm:
+            onebit = comm.gradient_compression == "onebit"
+            self.optimizer.freeze_variance_after = comm.compression_warmup_steps if onebit else 0
+            self.config = dataclasses.replace(self.config, comm=comm)
+            self.apply = tf.function(self._apply, jit_compile=True)      # the freeze is read when traced
 
     @property
     def jit(self):
@@ -246,17 +260,12 @@ class Trainer:
                  "skipped_steps": self.skipped_steps}
         if self.loss_scale is not None:
             items["loss_scale"] = self.loss_scale
-        if self.exchange is not None:
-            items["gradient_exchange"] = self.exchange
-        return items
+        return items     # a compressed exchange's buffers are each rank's own: exchange_state.py writes them
 
     def state_variables(self) -> list:
-        """Every variable of checkpoint_items(), for the broadcast from rank 0, but the gradient exchange's:
-        its error buffers are each rank's own (every rank restores them from the checkpoint)."""
+        """Every variable of checkpoint_items(), for the broadcast from rank 0."""
         out = []
-        for name, item in self.checkpoint_items().items():
-            if name == "gradient_exchange":
-                continue
+        for item in self.checkpoint_items().values():
             out += [item] if isinstance(item, tf.Variable) else list(item.variables)
         return out
 

@@ -131,7 +131,7 @@ from bert_tf.dist.comm import CommConfig  # noqa: E402
 
 
 def local_state(exchange):
-    return flat(v.numpy() for v in exchange._local())
+    return flat(v.numpy() for v in exchange.own())
 
 
 for method in compression.METHODS:
@@ -151,19 +151,24 @@ for method in compression.METHODS:
     bad = [tf.fill(v.shape, np.inf if rank == 1 and i == 0 else 1.0) for i, v in enumerate(model.trainable_variables)]
     result[f"{method}_nonfinite_out"] = bool(np.isfinite(flat(g.numpy() for g in exchange(bad))).all())
     result[f"{method}_nonfinite_kept_state"] = bool(np.array_equal(before, local_state(exchange)))
-    exchange.capture(rank, size)
-    if rank == 0:
-        arrays[f"{method}_saved"] = exchange.saved.numpy()
-    # what a resumed run does: every rank reads rank 0's capture and takes its own buffers back
-    saved = hvd.broadcast(tf.constant(exchange.saved.numpy() if rank == 0 else np.zeros(before.size * size,
-                                                                                          np.float32)),
-                          root_rank=0, name=f"x{method}_saved")
+    # what a checkpoint and a resume do: each rank writes its own buffers to its own file, then a fresh exchange
+    # on each rank reads back only its own (and rank 0's Q is broadcast)
+    from bert_tf.dist import exchange_state  # noqa: E402
+    folder = os.path.join(out_dir, "exchange_files")
+    digest = exchange_state.weights_digest(model.trainable_variables)
+    written = exchange_state.save(exchange, folder, 10, rank, size, digest)
+    result[f"{method}_file_bytes"] = os.path.getsize(written)
     fresh = compression.CompressedExchange(method, model.trainable_variables, 2, seed=7, size=size,
                                            name=f"y{method}")
-    fresh.saved.assign(saved)
-    fresh.saved_ranks.assign(size)
-    result[f"{method}_restore_message"] = fresh.after_restore(rank, size)
+    problem = exchange_state.load(fresh, folder, 10, rank, size, digest)
+    problems = [p.decode() for p in distributed.gather_bytes(problem.encode())]
+    if fresh.shared():
+        distributed.broadcast_variables(fresh.shared())
+    result[f"{method}_restore_message"] = exchange_state.summary(problems, size)
     result[f"{method}_restored_equal"] = bool(np.array_equal(local_state(fresh), before))
+    if method == "powersgd":
+        result["powersgd_q_restored"] = bool(np.array_equal(flat(q.numpy() for q in fresh.qs),
+                                                            flat(q.numpy() for q in exchange.qs)))
     # training: four updates with dropout (streams differ per rank), then the weights on both ranks
     model = tiny(1)
     exchange = distributed.make_gradient_exchange(
@@ -177,7 +182,7 @@ for method in compression.METHODS:
         trainer.train_step([half])
     result[f"{method}_digest_after_4_steps"] = digest(model)
     result[f"{method}_moved"] = digest(model) != initial
-    result[f"{method}_exchanges"] = int(exchange.exchanges.numpy())
+    result[f"{method}_exchanges"] = int(exchange.clock.numpy())     # the optimizer's updates
     # an elastic re-form (bert_tf/train/elastic.py): the buffers restart at zero and Q afresh, on every rank alike
     result[f"{method}_state_before_reset_nonzero"] = bool(np.any(local_state(exchange)))
     exchange.reset(size)
