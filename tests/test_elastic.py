@@ -705,54 +705,32 @@ def test_the_spot_cluster_run_whole(tmp_path, tiny_data, exchange):
     """4 emulated nodes, --elastic, a batch warmup and a compressed exchange (or DiLoCo): node 3 killed during the
     batch warmup (Horovod takes it back when its cooldown ends: a rejoin), node 2 killed past the compression
     warmup's boundary (22) but before the next commit (30), so the re-formed ranks go back to 20 and cross it
-    again; then the whole job stopped and started again, resuming from its checkpoint. It finishes; every rank
-    holds the same weights after every start, first update or synchronisation and at the end."""
+    again; then the whole job stopped and started again, resuming from its checkpoint (bert_tf/tools/spot_run.py).
+    It finishes; every rank holds the same weights after every start, first update or synchronisation and at
+    the end."""
+    from bert_tf.tools import spot_run
     ckpt = tmp_path / "run"
-    metrics = ckpt / "metrics.jsonl"
     flags = tiny_data["flags"] + ["--elastic", "--global_batch_size=32", "--elastic_commit_interval=10",
                                   "--save_interval=10", "--total_steps=60", "--batch_warmup_sequences=320",
                                   f"--checkpoint_dir={ckpt}", *SPOT_EXCHANGES[exchange]]
-    outputs = []
     with ec.EmulatedCluster(4, rate_gbit=1) as cluster:
-        cluster.set_live(cluster.hosts)
-        cmd = cluster.horovodrun_elastic_prefix(4, 2, 4, ["--elastic-timeout", "120",
-                                                          "--blacklist-cooldown-range", "5", "10"])
-        job = _start(cmd, flags, tmp_path)
-        try:
-            _wait(metrics, lambda r: r["kind"] == "train" and r["step"] >= 5, job, "5 updates", timeout=300)
-            cluster.kill_node(3)                                   # during the batch warmup
-            _wait(metrics, lambda r: r["kind"] == "train" and r["step"] >= 23, job, "update 23", timeout=300)
-            t_kill = time.time()
-            cluster.kill_node(2)                                   # past the compression warmup, before a commit
-            _wait(metrics, lambda r: r.get("event") == "start" and r["time"] > t_kill, job, "a re-form")
-            _wait(metrics, lambda r: r["kind"] == "train" and r["step"] >= 40, job, "update 40", timeout=300)
-            job.kill()                                             # the whole job stopped
-            job.wait()
-            subprocess.run(["pkill", "-9", "-f", str(PRETRAIN)], check=False)
-            outputs.append(job.log.read_text())
-            (tmp_path / "again").mkdir()
-            job = _start(cmd, flags, tmp_path / "again")
-            job.wait(timeout=600)
-        finally:
-            if job.poll() is None:
-                job.kill()
-                job.wait()
-    out = job.log.read_text()
-    assert job.returncode == 0, out[-6000:]
-    records = _records(metrics)
-    events = [r for r in records if r["kind"] == "elastic"]
-    for r in events:
-        assert len(r["weights_digests"]) == r["ranks"] and len(set(r["weights_digests"])) == 1, r
-    starts = [(r["step"], r["ranks"], r["time"]) for r in events if r["event"] == "start"]
+        result = spot_run.run(cluster, flags, str(ckpt), str(tmp_path), spot_run.parse_events(
+            ["kill:3@5", "kill:2@23", "stop@43"]), timeout=400)
+    first, last = (open(log).read() for log in (result["logs"][0], result["logs"][-1]))
+    assert not spot_run.check(result), (spot_run.check(result), last[-6000:])
+    records = result["records"]
+    starts = [(r["step"], r["ranks"], r["time"]) for r in records if r.get("event") == "start"]
     trains = [r for r in records if r["kind"] == "train"]
+    (_, _, t_second), (_, _, t_stop) = result["events"][1:]
     # the second kill rolled back to the commit of 20, before the boundary, after an update past it
-    assert any(s == 20 and any(t["step"] > 22 and t["time"] < when for t in trains) for s, _, when in starts), starts
-    assert any(n == 4 for _, n, when in starts[1:]), starts                     # node 3 came back (a rejoin)
-    assert events[-1]["event"] == "end" and events[-1]["step"] == 60 and trains[-1]["step"] == 60
-    resumed = [s for s in starts if s[0] >= 40]
-    assert resumed, starts                                                      # the second job went on from 40
+    assert any(s == 20 and when > t_second for s, _, when in starts), starts
+    assert any(n == 4 for _, n, when in starts[1:] if when < t_second), starts   # node 3 came back (a rejoin)
+    assert any(s >= 40 and when > t_stop for s, _, when in starts), starts       # the second job went on from 40
+    ends = [r for r in records if r.get("event") == "end"]
+    assert ends and ends[-1]["step"] == 60 and trains[-1]["step"] == 60
     if exchange != "diloco":
-        assert "restarted at zero" in outputs[0] and ("restored its own error buffers" in out
-                                                      or "start at zero" in out or "starts at zero" in out), out[-4000:]
+        assert "restarted at zero" in first, first[-4000:]
+        assert "restored its own error buffers" in last or "start at zero" in last or "starts at zero" in last, \
+            last[-4000:]
     assert all(np.isfinite(t["loss"]) for t in trains)
     print(json.dumps({"starts": [(s, n) for s, n, _ in starts]}))

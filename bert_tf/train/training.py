@@ -188,6 +188,7 @@ class Trainer:
         self.exchange = None
         self.use_exchange(allreduce)
         self.rank_micro_batches = 0          # this rank's micro-batches per update: set_share
+        self._compiled = {}                  # rank_micro_batches -> its compiled forward/backward pieces
         if config.fuse and not fusion_enabled():
             raise ConfigError(f"--fuse needs {FUSION_ENV} in the environment when the process starts (TensorFlow "
                               "reads it once, early): export it, and pass it on (mpirun -x TF_XLA_FLAGS)")
@@ -197,10 +198,8 @@ class Trainer:
         self.timing = {}
 
     def use_exchange(self, allreduce, comm=None):
-        """A compressed exchange (--gradient_compression=powersgd|onebit) has state (error buffers, Q) and counts
-        its warmup on the optimizer's updates, the one clock every rank agrees on (compression.py). comm: the
-        exchange's settings when they replace the config's (elastic mode's agreed choice); the next set_share
-        hands the exchange to the update."""
+        """A compressed exchange (error buffers, Q) counts its warmup on the optimizer's updates, the clock every
+        rank agrees on (compression.py). comm: settings replacing the config's (elastic mode's agreed choice)."""
         self.exchange = allreduce if isinstance(allreduce, tf.Module) else None
         if self.exchange is not None:
             self.exchange.attach_clock(self.optimizer.iterations)
@@ -237,12 +236,16 @@ class Trainer:
             self.rank_micro_batches = len(indices)
             if self.rank_micro_batches > 1 and not self.accumulators:
                 self.accumulators = [tf.Variable(tf.zeros_like(v), trainable=False) for v in self.variables]
-            self._accumulate = tf.function(self._accumulate_impl, jit_compile=jit)
-            self._finish = tf.function(self._finish_impl, jit_compile=jit)
+            # one compiled set per share size: an elastic batch warmup goes back and forth between a few
+            if self.rank_micro_batches not in self._compiled:
+                impls = [self._accumulate_impl, self._finish_impl]
+                if self.config.comm.allreduce_every_micro_batch:
+                    impls += [self._local_impl, self._add_impl, self._mean_impl]
+                self._compiled[self.rank_micro_batches] = [tf.function(f, jit_compile=jit) for f in impls]
+            compiled = self._compiled[self.rank_micro_batches]
+            self._accumulate, self._finish = compiled[:2]
             if self.config.comm.allreduce_every_micro_batch:
-                self._local = tf.function(self._local_impl, jit_compile=jit)
-                self._add = tf.function(self._add_impl, jit_compile=jit)
-                self._mean = tf.function(self._mean_impl, jit_compile=jit)
+                self._local, self._add, self._mean = compiled[2:]
         for acc in self.accumulators:
             acc.assign(tf.zeros_like(acc))
         self._allreduce = tf.function(allreduce, jit_compile=False)   # Horovod's ops: never compiled

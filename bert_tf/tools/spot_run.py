@@ -1,0 +1,91 @@
+"""The spot-cluster run, whole, on emulated nodes (bert_tf/tools/emulated_cluster.py): run/pretrain.py under an
+elastic horovodrun, with nodes killed at given updates (Horovod takes a killed node back when its blacklist
+cooldown ends: a spot node replaced) and the whole job stopped at a given update and started again from its
+checkpoint. One scenario for the cluster-tier test (tests/test_elastic.py::test_the_spot_cluster_run_whole) and
+for the longer study (run/spot_run.py).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+import time
+
+from bert_tf.artifacts.metrics import read_metrics, wait_for_record
+from bert_tf.tools import emulated_cluster as ec
+
+PRETRAIN = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "run",
+                        "pretrain.py")
+
+
+@dataclasses.dataclass
+class Event:
+    """At the first update >= `step` after the previous event: kill `node` (an int) or stop the job ("stop")."""
+    step: int
+    node: int | str
+
+
+def parse_events(texts) -> list:
+    """["kill:3@5", "kill:2@23", "stop@43"] -> Events, in order."""
+    events = []
+    for text in texts:
+        what, _, step = text.partition("@")
+        if not step.isdigit() or not (what == "stop" or what.startswith("kill:") and what[5:].isdigit()):
+            raise ValueError(f"event {text!r}: write kill:NODE@STEP or stop@STEP")
+        events.append(Event(int(step), "stop" if what == "stop" else int(what[5:])))
+    return events
+
+
+def _start(command, flags, log_path, env):
+    with open(log_path, "w") as out:
+        job = subprocess.Popen(command + [sys.executable, PRETRAIN, *flags], env=env, stdout=out,
+                               stderr=subprocess.STDOUT)
+    job.log = log_path
+    return job
+
+
+def run(cluster: ec.EmulatedCluster, flags, checkpoint_dir, log_dir, events, min_np=2, timeout=900,
+        env=None) -> dict:
+    """Runs the scenario to the job's end; returns {"returncode", "events": [(event, step seen, time)], "logs",
+    "records"}. flags: run/pretrain.py's (--elastic ..., --checkpoint_dir=checkpoint_dir)."""
+    n = len(cluster.hosts)
+    cluster.set_live(cluster.hosts)
+    command = cluster.horovodrun_elastic_prefix(n, min_np, n, ["--elastic-timeout", "120",
+                                                               "--blacklist-cooldown-range", "5", "10"])
+    env = ec.mpirun_env(env)
+    env["PYTHONPATH"] = os.path.dirname(os.path.dirname(PRETRAIN)) + os.pathsep + env.get("PYTHONPATH", "")
+    metrics, logs, done, since = os.path.join(checkpoint_dir, "metrics.jsonl"), [], [], 0.0
+    job = _start(command, flags, os.path.join(log_dir, "job-1.log"), env)
+    logs.append(job.log)
+    try:
+        for event in events:
+            seen = wait_for_record(metrics, lambda r: r["kind"] == "train" and r["step"] >= event.step
+                                   and r["time"] > since, job, f"update {event.step}", timeout)
+            since = time.time()
+            done.append((event, seen["step"], since))
+            if event.node != "stop":
+                cluster.kill_node(event.node)
+                continue
+            job.kill()
+            job.wait()
+            for node in range(n):                # every rank of the job, on every node
+                cluster.kill_node(node)
+            job = _start(command, flags, os.path.join(log_dir, f"job-{len(logs) + 1}.log"), env)
+            logs.append(job.log)
+        job.wait(timeout=timeout)
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+    return {"returncode": job.returncode, "events": done, "logs": logs, "records": read_metrics(metrics)}
+
+
+def check(result) -> list:
+    """What went wrong in a finished scenario (empty: nothing): a rank disagreeing on the weights at any start,
+    first update, synchronisation or end, or a job that did not end cleanly."""
+    problems = [] if result["returncode"] == 0 else [f"the last job exited {result['returncode']}"]
+    for r in result["records"]:
+        if r["kind"] == "elastic" and (len(set(r["weights_digests"])) != 1 or len(r["weights_digests"]) != r["ranks"]):
+            problems.append(f"ranks disagree after {r['event']} at step {r['step']}: {r['weights_digests']}")
+    return problems
