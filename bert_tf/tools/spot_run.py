@@ -89,3 +89,17 @@ def check(result) -> list:
         if r["kind"] == "elastic" and (len(set(r["weights_digests"])) != 1 or len(r["weights_digests"]) != r["ranks"]):
             problems.append(f"ranks disagree after {r['event']} at step {r['step']}: {r['weights_digests']}")
     return problems
+
+
+def summary(result) -> dict:
+    """The figures of a finished scenario: final held-out accuracy and sequences, starts, time, problems."""
+    records = result["records"]
+    evals = [r for r in records if r["kind"] == "eval"]
+    trains = [r for r in records if r["kind"] == "train"]
+    starts = [(r["step"], r["ranks"]) for r in records if r.get("event") == "start"]
+    return {"returncode": result["returncode"], "problems": check(result),
+            "events": [(str(e.node), e.step, seen) for e, seen, _ in result["events"]], "starts": starts,
+            "final_step": trains[-1]["step"] if trains else 0,
+            "sequences": trains[-1].get("samples_seen") if trains else 0,
+            "eval": [(r["step"], r.get("eval_mlm_accuracy")) for r in evals],
+            "seconds": (records[-1]["time"] - records[0]["time"]) if records else 0.0}

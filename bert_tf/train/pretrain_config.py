@@ -196,8 +196,9 @@ class PretrainConfig(training.TrainConfig):
                               f"--local_updates={every} with --elastic: a commit holds the weights every rank agrees "
                               f"on, right after a synchronisation")
         if every and self.elastic and self.comm.local_group == "node":
-            raise ConfigError("--local_group=node with --elastic: not supported (Horovod's process sets are not "
-                              "re-formed with the ranks); use --local_group=rank")
+            raise ConfigError("--local_group=node with --elastic: not supported (Horovod 0.28's process sets are fixed "
+                              "at init and do not survive an elastic re-form: horovod/horovod#4021); use "
+                              "--local_group=rank")
         if every and (self.save_interval % every or self.eval_interval % every):
             raise ConfigError(f"--save_interval={self.save_interval} and --eval_interval={self.eval_interval} must be "
                               f"multiples of --local_updates={every}: the ranks' weights agree only right after a "
