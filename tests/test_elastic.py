@@ -734,3 +734,39 @@ def test_the_spot_cluster_run_whole(tmp_path, tiny_data, exchange):
             last[-4000:]
     assert all(np.isfinite(t["loss"]) for t in trains)
     print(json.dumps({"starts": [(s, n) for s, n, _ in starts]}))
+
+
+@pytest.mark.slow
+def test_auto_on_elastic_ranks_keeps_the_checkpoints_exchange_and_chooses_once_per_job(tiny_data, tmp_path):
+    """--gradient_compression=auto with --elastic: every rank builds with none (no collective before the first
+    sync), then the formation agrees at its start: a resumed job keeps the exchange its checkpoint recorded
+    (here PowerSGD rank 2: the trainer's exchange is switched, the optimizer's clock attached); a fresh one
+    measures once (on one real rank: none) and every re-form keeps that choice, measuring nothing again."""
+    from bert_tf.dist import distributed
+    from bert_tf.dist.comm import CommConfig
+    from bert_tf.train import pretraining
+    auto = CommConfig(gradient_compression="auto")
+    cfg = _spot_config(tiny_data, tmp_path / "resumed", total_steps=8, comm=auto, ladder_sequences_per_second=10.0)
+    distributed.init()
+    lines = []
+    log = lambda *a, **k: lines.append(" ".join(map(str, a)))  # noqa: E731
+    job = startup.build(cfg, log)
+    assert job.trainer.exchange is None                              # built with none, agreed at the start
+    job.exchange_record = {"gradient_compression": "powersgd", "powersgd_rank": 2}    # as rank 0 read it
+    world = ReformingWorld(sizes=[2, 1], reform_at_commits=[4])
+    world.trainer = job.trainer
+    elastic.Elastic(cfg, job, log, world=world).run(lambda mode: pretraining.train(cfg, job, mode))
+    exchange = job.trainer.exchange
+    assert exchange.method == "powersgd" and exchange.rank == 2 and exchange.clock is job.trainer.optimizer.iterations
+    assert sum("the resumed checkpoint's exchange, powersgd rank 2, is kept" in line for line in lines) == 1, lines
+    saved = json.loads((tmp_path / "resumed" / "ckpt-8.json").read_text())
+    assert saved["exchange"] == {"gradient_compression": "powersgd", "powersgd_rank": 2}
+
+    cfg = _spot_config(tiny_data, tmp_path / "fresh", total_steps=8, comm=auto, ladder_sequences_per_second=10.0)
+    lines.clear()
+    job = startup.build(cfg, log)
+    world = ReformingWorld(sizes=[2, 1], reform_at_commits=[4])
+    world.trainer = job.trainer
+    elastic.Elastic(cfg, job, log, world=world).run(lambda mode: pretraining.train(cfg, job, mode))
+    assert sum("--gradient_compression=auto on one rank" in line for line in lines) == 1, "\n".join(lines)
+    assert json.loads((tmp_path / "fresh" / "ckpt-8.json").read_text())["exchange"]["gradient_compression"] == "none"

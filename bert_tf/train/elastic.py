@@ -280,9 +280,10 @@ class Elastic:
         trainer, cfg = self.job.trainer, self.cfg
         comm, note = exchange_state.settle_choice(cfg.comm, self.state.exchange, self._choose)
         self.state.exchange = exchange_state.record(comm)
-        if note:
+        changed = exchange_state.record(trainer.config.comm) != self.state.exchange
+        if note and (changed or self.state.from_checkpoint):      # a re-form keeps it silently
             self.say(note)
-        if exchange_state.record(trainer.config.comm) != self.state.exchange:
+        if changed:
             exchange = distributed.make_gradient_exchange(comm, trainer.variables, seed=cfg.seed) \
                 if comm.compressed else None
             trainer.use_exchange(exchange, comm)
