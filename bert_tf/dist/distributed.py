@@ -22,9 +22,15 @@ _KNOBS = {
 }
 
 
-def configure(comm: CommConfig, timeline=None, autotune=False):
-    """Set Horovod's environment before `hvd.init()`; returns {variable: (value, source)}."""
+def configure(comm: CommConfig, timeline=None, autotune=False, elastic=False):
+    """Set Horovod's environment before `hvd.init()`; returns {variable: (value, source)}. elastic: Horovod's
+    response cache off (HOROVOD_CACHE_CAPACITY=0) unless the environment sets it: with it, a rank that joins a
+    running elastic job aborted in a Gloo op of another size than its peers' ("op.preamble.length <=
+    op.nbytes"), every time with a 10 ms cycle time (tests/test_elastic.py::test_the_spot_cluster_run_whole,
+    measured with Horovod 0.28.1); without it every update negotiates its tensors afresh."""
     effective = {}
+    if elastic:
+        os.environ.setdefault("HOROVOD_CACHE_CAPACITY", "0")
     for flag, (var, to_env) in _KNOBS.items():
         value = getattr(comm, flag)
         if var in os.environ:

@@ -82,7 +82,7 @@ def run(cfg: PretrainConfig, log=print):
     asked, cfg = cfg, cfg.resolved()
     if cfg.elastic:
         elastic.check_launch()            # before hvd.init: without an elastic launch it would wait forever
-    knobs = distributed.configure(cfg.comm, cfg.horovod_timeline or None, cfg.horovod_autotune)
+    knobs = distributed.configure(cfg.comm, cfg.horovod_timeline or None, cfg.horovod_autotune, cfg.elastic)
     hvd = distributed.init(cfg.intra_op_threads, cfg.inter_op_threads)
     say = log if distributed.rank() == 0 else metrics.silent
     say(distributed.describe(hvd))
