@@ -155,12 +155,12 @@ for method in compression.METHODS:
     # on each rank reads back only its own (and rank 0's Q is broadcast)
     from bert_tf.dist import exchange_state  # noqa: E402
     folder = os.path.join(out_dir, "exchange_files")
-    digest = exchange_state.weights_digest(model.trainable_variables)
-    written = exchange_state.save(exchange, folder, 10, rank, size, digest)
+    weights = exchange_state.weights_digest(model.trainable_variables)
+    written = exchange_state.save(exchange, folder, 10, rank, size, weights)
     result[f"{method}_file_bytes"] = os.path.getsize(written)
     fresh = compression.CompressedExchange(method, model.trainable_variables, 2, seed=7, size=size,
                                            name=f"y{method}")
-    problem = exchange_state.load(fresh, folder, 10, rank, size, digest)
+    problem = exchange_state.load(fresh, folder, 10, rank, size, weights)
     problems = [p.decode() for p in distributed.gather_bytes(problem.encode())]
     if fresh.shared():
         distributed.broadcast_variables(fresh.shared())
