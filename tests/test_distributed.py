@@ -408,25 +408,30 @@ def test_the_other_ranks_wait_for_a_slow_save_under_the_save_timeout(tmp_path, t
 
 
 def test_a_compressed_run_resumes_bit_exactly(tmp_path, tiny_data):
-    """--gradient_compression=onebit: each rank's error buffers are checkpoint state (gathered on rank 0):
-    6 updates straight, and 3 + 3 resumed from the step-3 checkpoint, give the same weights to the bit."""
+    """--gradient_compression=onebit: each rank's error buffers are in its own file beside the checkpoint
+    (exchange_state.py): 6 updates straight, and 3 + 3 resumed from the step-3 checkpoint and the ranks' files,
+    give the same weights to the bit."""
     flags = tiny_data["flags"] + ["--gradient_compression=onebit", "--compression_warmup_steps=1", "--total_steps=6",
                                   "--save_interval=3", "--optimizer=adamw", "--cycle_time_ms=10"]
     straight = tmp_path / "straight"
     first = mpirun(2, [PRETRAIN, *flags, f"--checkpoint_dir={straight}"])
     assert "gradients 1-bit after 1 uncompressed updates" in first.stdout, first.stdout[-2000:]
-    reader = tf.train.load_checkpoint(str(straight / "ckpt-3"))
-    saved = reader.get_tensor("gradient_exchange/saved/.ATTRIBUTES/VARIABLE_VALUE")
-    assert saved.size > 2 * sum(int(np.prod(s)) for s in TINY_SHAPES) and np.abs(saved).max() > 0
+    for rank in range(2):    # each rank's own buffers only: its error of every element and its half's (2 ranks)
+        with np.load(straight / "exchange" / "ckpt-3" / f"rank-{rank}-of-2.npz") as f:
+            error, chunk = f["own_0"], f["own_1"]
+            assert sorted(f.files) == ["header", "own_0", "own_1"]
+        assert 0 <= 2 * chunk.size - error.size < 16 and np.abs(error).max() > 0 and np.abs(chunk).max() > 0
     resumed = tmp_path / "resumed"
     resumed.mkdir()
     for path in straight.iterdir():
         if path.name.startswith("ckpt-3.") or path.name == "bert_config.json":
             shutil.copy(path, resumed / path.name)
+    shutil.copytree(straight / "exchange" / "ckpt-3", resumed / "exchange" / "ckpt-3")
     (resumed / "checkpoint").write_text('model_checkpoint_path: "ckpt-3"\nall_model_checkpoint_paths: "ckpt-3"\n')
     again = mpirun(2, [PRETRAIN, *flags, f"--checkpoint_dir={resumed}"])
     log = again.stdout + again.stderr
-    assert "resumed from" in log and "gradient compression: error buffers of all 2 ranks restored" in log, log[-3000:]
+    assert "resumed from" in log and "each of the 2 ranks restored its own error buffers from its own file" in log, \
+        log[-3000:]
     a, b = _weights(str(straight / "ckpt-6")), _weights(str(resumed / "ckpt-6"))
     assert a.keys() == b.keys() and len(a) == TINY_VARIABLES
     for k in a:
