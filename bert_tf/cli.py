@@ -21,7 +21,7 @@ from absl import app, flags
 
 from bert_tf import ConfigError
 from bert_tf.data import corpus
-from bert_tf.dist import comm
+from bert_tf.parallel import comm
 
 FLAGS = flags.FLAGS
 

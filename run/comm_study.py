@@ -128,7 +128,7 @@ def print_compression_cost():
 def main(argv):
     if FLAGS.probe:
         link = comm_study.probe_link()
-        from bert_tf.dist import distributed
+        from bert_tf.parallel import distributed
         if distributed.rank() == 0:
             print(comm_study.PROBE_PREFIX + json.dumps(link), flush=True)
         return

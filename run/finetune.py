@@ -42,7 +42,7 @@ FLAGS = flags.FLAGS
 
 
 def cross_validate(model_config, tokenizer, examples, checkpoint, hvd, label_names):
-    from bert_tf.dist import distributed
+    from bert_tf.parallel import distributed
     from bert_tf.tasks import classification, finetuning
     x, y, truncated = classification.encode(examples, tokenizer, FLAGS.max_seq_length, label_names)
     if FLAGS.eval_file:
@@ -71,7 +71,7 @@ def cross_validate(model_config, tokenizer, examples, checkpoint, hvd, label_nam
 
 def main(_):
     from bert_tf.data import tokenization
-    from bert_tf.dist import distributed
+    from bert_tf.parallel import distributed
     from bert_tf.model import modeling
     from bert_tf.artifacts import checkpoint_formats
     from bert_tf.tasks import classification

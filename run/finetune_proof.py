@@ -40,7 +40,7 @@ FLAGS = flags.FLAGS
 def main(argv):
     from bert_tf.artifacts import checkpoint_formats
     from bert_tf.data import corpus, tokenization
-    from bert_tf.dist import distributed
+    from bert_tf.parallel import distributed
     from bert_tf.tasks import corpus_tasks
     if len(argv) > 1:
         raise ConfigError(f"unexpected arguments {argv[1:]}")

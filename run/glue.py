@@ -49,7 +49,7 @@ def numbers(name, kind):
 
 
 def main(argv):
-    from bert_tf.dist import distributed
+    from bert_tf.parallel import distributed
     from bert_tf.tasks import finetuning, glue
     if len(argv) > 1:
         raise ConfigError(f"unexpected arguments {argv[1:]}")

@@ -21,7 +21,7 @@ import json
 from absl import flags
 
 from bert_tf import ConfigError, cli
-from bert_tf.dist import auto_exchange, comm
+from bert_tf.parallel import auto_exchange, comm
 from bert_tf.model import modeling
 from bert_tf.tools import memory, planner
 

@@ -40,7 +40,7 @@ def main(argv):
         startup.dry_run(cfg)
         return
     _, last = pretraining.run(cfg)
-    from bert_tf.dist import distributed
+    from bert_tf.parallel import distributed
     if distributed.rank() == 0 and "eval_mlm_accuracy" in last:
         print(f"held-out MLM accuracy {last['eval_mlm_accuracy']:.4f}  vs  always the most frequent masked token "
               f"{last.get('eval_most_frequent_token_accuracy', float('nan')):.4f}  "

@@ -89,7 +89,7 @@ def race_on(recipes):
 
 
 def main(_):
-    from bert_tf.dist import device
+    from bert_tf.parallel import device
     from bert_tf.tools import recipe_race
     recipes = parse_recipes(FLAGS.recipes)
     settings = {name: recipe_race.read_flagfile(path, REPO) for name, path in recipes.items()}

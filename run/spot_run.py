@@ -3,7 +3,7 @@
 run without faults, for the held-out accuracy at the end (bert_tf/tools/spot_run.py; root and iproute2).
 
     python run/spot_run.py --output_dir=runs/spot --flagfile_for_pretrain=configs/spot_budget.flags \
-        --events=kill:3@15,kill:2@46,stop@63
+        --events=kill:3@15,kill:2@47,stop@63
 
 writes <output_dir>/faults and <output_dir>/clean (each a checkpoint folder with metrics.jsonl and the jobs'
 logs) and <output_dir>/spot.json: each run's final held-out MLM accuracy, sequences trained, starts (step,
@@ -20,7 +20,7 @@ from bert_tf import ConfigError, cli
 flags.DEFINE_string("output_dir", None, "faults/, clean/ and spot.json go here.")
 flags.DEFINE_string("flagfile_for_pretrain", "configs/spot_budget.flags", "run/pretrain.py's flagfile (--elastic).")
 flags.DEFINE_multi_string("pretrain_flag", [], "More run/pretrain.py flags, e.g. --pretrain_flag=--seed=2.")
-flags.DEFINE_list("events", ["kill:3@15", "kill:2@46", "stop@63"], "kill:NODE@UPDATE or stop@UPDATE, in order.")
+flags.DEFINE_list("events", ["kill:3@15", "kill:2@47", "stop@63"], "kill:NODE@UPDATE or stop@UPDATE, in order.")
 flags.DEFINE_integer("nodes", 4, "Emulated nodes, one rank each.", lower_bound=2)
 flags.DEFINE_float("link_gbit", 1.0, "Each node's link, Gbit/s.", lower_bound=0.001)
 flags.DEFINE_bool("skip_clean", False, "Only the run with faults.")

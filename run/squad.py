@@ -45,7 +45,7 @@ FLAGS = flags.FLAGS
 
 
 def main(argv):
-    from bert_tf.dist import distributed
+    from bert_tf.parallel import distributed
     from bert_tf.tasks import finetuning, squad, squad_scoring
     if len(argv) > 1:
         raise ConfigError(f"unexpected arguments {argv[1:]}")

@@ -11,7 +11,7 @@ import pytest
 
 from bert_tf.tools import flops
 from bert_tf.train import training
-from bert_tf.dist import device
+from bert_tf.parallel import device
 from conftest import REPO, mpi_env
 
 BENCHMARK = REPO / "run" / "benchmark.py"

@@ -6,7 +6,7 @@ from absl import flags
 from bert_tf import ConfigError, cli
 from bert_tf.data import corpus
 from bert_tf.model import modeling
-from bert_tf.dist.comm import CommConfig
+from bert_tf.parallel.comm import CommConfig
 
 
 def test_a_configuration_error_becomes_one_line_and_exit_status_1():

@@ -12,7 +12,7 @@ import pytest
 
 from bert_tf.tools import comm_study, planner
 from bert_tf.tools import emulated_cluster as ec
-from bert_tf.dist.comm import CommConfig
+from bert_tf.parallel.comm import CommConfig
 from conftest import REPO, mpi_env
 
 STUDY = REPO / "run" / "comm_study.py"

@@ -1,4 +1,4 @@
-"""Compressed gradient exchange (bert_tf/dist/compression.py) in one process: the bytes each method sends,
+"""Compressed gradient exchange (bert_tf/parallel/compression.py) in one process: the bytes each method sends,
 sign packing, error feedback's bookkeeping, the flags' start-up errors. Two ranks: tests/test_distributed.py."""
 import math
 
@@ -7,8 +7,8 @@ import pytest
 import tensorflow as tf
 
 from bert_tf import ConfigError
-from bert_tf.dist import compression, distributed
-from bert_tf.dist.comm import CommConfig
+from bert_tf.parallel import compression, distributed
+from bert_tf.parallel.comm import CommConfig
 from bert_tf.model import modeling
 
 
@@ -58,7 +58,7 @@ def test_flags_that_cannot_work_fail_at_start_up_naming_them():
 def test_auto_is_checked_at_start_up_and_one_rank_sends_nothing(monkeypatch):
     """--gradient_compression=auto: run/pretrain.py resolves it (two ranks: tests/test_distributed.py); without the
     per-rank speed it weighs the link against, with --fp16_allreduce or elsewhere: an error naming them."""
-    from bert_tf.dist import auto_exchange
+    from bert_tf.parallel import auto_exchange
     from bert_tf.train.pretrain_config import PretrainConfig
     auto = CommConfig(gradient_compression="auto")
     with pytest.raises(ConfigError, match="--gradient_compression=auto needs --ladder_sequences_per_second"):

@@ -16,7 +16,7 @@ import pytest
 import tensorflow as tf
 
 from bert_tf.model import modeling
-from bert_tf.dist.distributed import cpu_threads, timeline_allreduce_dtypes
+from bert_tf.parallel.distributed import cpu_threads, timeline_allreduce_dtypes
 from conftest import REPO, WORKERS, horovodrun, mpi_env, mpirun, read_rank_results
 
 pytestmark = pytest.mark.cluster      # starts MPI/horovodrun jobs

@@ -501,7 +501,7 @@ def test_one_process_drives_the_elastic_loop_through_a_lost_rank_and_an_added_ho
     to the end. The share follows each formation and the input resumes exactly at the commit: after
     20 updates the stream stands at micro-batch 80 of its own order."""
     import tensorflow as tf
-    from bert_tf.dist import distributed
+    from bert_tf.parallel import distributed
     from bert_tf.train import pretraining
     cfg = pretrain_config.PretrainConfig(
         model_preset="tiny", vocab_file=tiny_data["vocab_file"], train_files=tiny_data["train"],
@@ -545,7 +545,7 @@ def test_elastic_mode_rolls_a_run_of_skipped_updates_back_to_the_last_commit(tin
     non-finite gradients and skipped updates); with --max_skipped_updates=3 the log of step 9 rolls the
     weights back to the commit of step 5 (no commit waited in between: they wait while the guard
     suspects), the stream goes on past the poisoned batches and the run ends at step 20."""
-    from bert_tf.dist import distributed
+    from bert_tf.parallel import distributed
     from bert_tf.train import pretraining
     cfg = pretrain_config.PretrainConfig(
         model_preset="tiny", vocab_file=tiny_data["vocab_file"], train_files=tiny_data["train"],
@@ -622,8 +622,8 @@ def test_the_budget_recipe_with_powersgd_on_elastic_ranks_through_a_failure_acro
     added at the commit of 12, 2 ranks to the end. The warmup's clock is the optimizer's update count, restored
     with the commit: at the end it counts the 20 committed updates, not the 23 trained; each update's batch
     follows the batch warmup over the committed sequences, at least one micro-batch per rank."""
-    from bert_tf.dist import distributed
-    from bert_tf.dist.comm import CommConfig
+    from bert_tf.parallel import distributed
+    from bert_tf.parallel.comm import CommConfig
     from bert_tf.train import batch_warmup, pretraining
     cfg = _spot_config(tiny_data, tmp_path, batch_warmup_sequences=96,
                        comm=CommConfig(gradient_compression="powersgd", powersgd_rank=2, compression_warmup_steps=6))
@@ -670,8 +670,8 @@ def test_diloco_on_elastic_ranks_commits_at_its_synchronisations_and_agrees_afte
     """--local_updates=2 with --elastic: a host removed at the commit of 4 and added at 8; the outer step's anchor
     and momentum are committed state (every rank takes rank 0's at a start), the weights agree after the first
     synchronisation of every formation, and the run ends at 12 after 6 outer steps."""
-    from bert_tf.dist import distributed
-    from bert_tf.dist.comm import CommConfig
+    from bert_tf.parallel import distributed
+    from bert_tf.parallel.comm import CommConfig
     from bert_tf.train import pretraining
     cfg = _spot_config(tiny_data, tmp_path, total_steps=12, save_interval=4, eval_interval=0,
                        comm=CommConfig(local_updates=2, outer_learning_rate=1.0, outer_momentum=0.0))
@@ -743,8 +743,8 @@ def test_auto_on_elastic_ranks_keeps_the_checkpoints_exchange_and_chooses_once_p
     sync), then the formation agrees at its start: a resumed job keeps the exchange its checkpoint recorded
     (here PowerSGD rank 2: the trainer's exchange is switched, the optimizer's clock attached); a fresh one
     measures once (on one real rank: none) and every re-form keeps that choice, measuring nothing again."""
-    from bert_tf.dist import distributed
-    from bert_tf.dist.comm import CommConfig
+    from bert_tf.parallel import distributed
+    from bert_tf.parallel.comm import CommConfig
     from bert_tf.train import pretraining
     auto = CommConfig(gradient_compression="auto")
     cfg = _spot_config(tiny_data, tmp_path / "resumed", total_steps=8, comm=auto, ladder_sequences_per_second=10.0)

@@ -1,4 +1,4 @@
-"""The gradient exchange as checkpoint state (bert_tf/dist/exchange_state.py): the choice kept across resumes, each
+"""The gradient exchange as checkpoint state (bert_tf/parallel/exchange_state.py): the choice kept across resumes, each
 rank's own buffers in its own file, and one clock (the optimizer's update count) for every exchange decision."""
 import json
 
@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from bert_tf.dist import compression, exchange_state
-from bert_tf.dist.comm import CommConfig
+from bert_tf.parallel import compression, exchange_state
+from bert_tf.parallel.comm import CommConfig
 from bert_tf.model import modeling
 from bert_tf.train import pretrain_config, training
 
@@ -90,7 +90,7 @@ def test_each_rank_keeps_its_own_newest_files(variables, tmp_path):
 
 
 def _trainer(method="powersgd", warmup=3, precision="float32"):
-    from bert_tf.dist import distributed
+    from bert_tf.parallel import distributed
     distributed.init()                  # one rank: the exchange's collectives are its own
     tf.random.set_seed(5)
     model = modeling.BertPretrainer(modeling.BertConfig.preset("tiny", vocab_size=100))

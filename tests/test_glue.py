@@ -303,7 +303,7 @@ def test_a_sweep_with_seeds_summarises_each_setting_and_selects_on_dev(tiny_data
     its seeds, the setting with the best median dev score selected, its best seed's test predictions kept."""
     import statistics
     from bert_tf.data import tokenization
-    from bert_tf.dist import distributed
+    from bert_tf.parallel import distributed
     from bert_tf.model import modeling
     from bert_tf.tasks import finetuning
     distributed.init()

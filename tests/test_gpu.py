@@ -104,7 +104,7 @@ def test_an_unknown_gpu_mode_is_named(tmp_path):
 
 def test_one_gpu_per_local_rank_and_two_ranks_never_share_one():
     from bert_tf import ConfigError
-    from bert_tf.dist.distributed import assign_gpu
+    from bert_tf.parallel.distributed import assign_gpu
     assert [assign_gpu(r, 4, 4) for r in range(4)] == [0, 1, 2, 3]
     assert [assign_gpu(r, 2, 8) for r in range(2)] == [0, 1]                   # fewer ranks than GPUs
     assert [assign_gpu(r, 4, 1, "3") for r in range(4)] == [0, 0, 0, 0]         # the launcher pinned each rank
@@ -114,7 +114,7 @@ def test_one_gpu_per_local_rank_and_two_ranks_never_share_one():
 
 
 def test_a_node_whose_install_does_not_fit_its_hardware_is_named_with_the_command_that_fixes_it():
-    from bert_tf.dist.distributed import gpu_install_problem
+    from bert_tf.parallel.distributed import gpu_install_problem
     assert gpu_install_problem(0, False, False) == ""                            # a CPU node
     assert gpu_install_problem(0, True, False) == ""                             # the GPU install on a CPU node
     assert gpu_install_problem(1, True, True) == ""                              # a GPU node, GPU install

@@ -43,7 +43,7 @@ def test_allreduce_average_is_exact(run):
 
 
 def test_fp16_compressed_allreduce_within_fp16_rounding_and_sent_as_float16(run):
-    from bert_tf.dist.distributed import timeline_allreduce_dtypes
+    from bert_tf.parallel.distributed import timeline_allreduce_dtypes
     results, timeline = run
     base = np.array(results[0]["base"], np.float32)
     # each rank's tensor is rounded to fp16, summed/averaged in fp16, then cast back

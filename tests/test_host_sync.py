@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 from tensorflow.python.framework import ops
 
-from bert_tf.dist import distributed
+from bert_tf.parallel import distributed
 from bert_tf.model import modeling
 from bert_tf.train import pretraining, training
 from bert_tf.train import startup
@@ -47,7 +47,7 @@ def test_the_counter_sees_a_fetch():
 @pytest.mark.parametrize("precision,comm", [("float32", {}), ("mixed_float16", {}),
                                             ("float32", {"allreduce_every_micro_batch": True})])
 def test_an_update_fetches_nothing_from_the_device(precision, comm):
-    from bert_tf.dist.comm import CommConfig
+    from bert_tf.parallel.comm import CommConfig
     tf.random.set_seed(0)
     model = modeling.BertPretrainer(modeling.BertConfig.preset("tiny", vocab_size=100))
     trainer = training.Trainer(model, training.TrainConfig(precision=precision, accumulation_steps=3,

@@ -10,7 +10,7 @@ import pytest
 from bert_tf import ConfigError
 from bert_tf.model import modeling
 from bert_tf.tools import comm_study, memory, planner
-from bert_tf.dist.comm import CommConfig
+from bert_tf.parallel.comm import CommConfig
 from conftest import REPO, mpi_env
 
 
@@ -47,7 +47,7 @@ def test_diloco_sends_the_float16_weights_change_once_every_h_updates():
 def test_the_exchange_fastest_to_the_same_accuracy_depends_on_the_link():
     """Each exchange's time x the updates it needs for float16's held-out accuracy (measured in the race): on a slow
     link PowerSGD, on a fast one float16; 1-bit, which never reached it, listed last and never chosen."""
-    from bert_tf.dist import auto_exchange
+    from bert_tf.parallel import auto_exchange
     shapes = planner.gradient_tensor_shapes(modeling.BertConfig.preset("base", vocab_size=30522))
     phases = [planner.Phase("p", 128, 4096 * 1000, 4096, 1400.0)]
     comm = CommConfig(gradient_compression="auto", cycle_time_ms=0)
@@ -93,7 +93,7 @@ def test_compressed_exchanges_by_hand():
     rows = {m: planner.plan_phase(shapes, phase, flat, c, 1) for m, c in comms.items()}
     bw = 10e9 / 8
     assert rows["fp16"]["allreduce_seconds"] == pytest.approx(1.5 * 2 * elements / bw, rel=1e-3)
-    from bert_tf.dist import comm as comm_module
+    from bert_tf.parallel import comm as comm_module
     for m in ("powersgd", "onebit"):       # a flat ring: what each rank sends, at the link's rate
         assert rows[m]["allreduce_seconds"] == pytest.approx(comm_module.wire_bytes(m, shapes, 4) / bw, rel=1e-3)
         assert rows["fp16"]["allreduce_seconds"] / rows[m]["allreduce_seconds"] > 8

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from bert_tf import ConfigError
-from bert_tf.dist import comm
+from bert_tf.parallel import comm
 from bert_tf.tools import recipe_race
 from bert_tf.train import pretraining
 from bert_tf.train import startup
@@ -56,7 +56,7 @@ BAD_CONFIGURATIONS = [
 
 
 def test_thread_pools_default_to_a_fair_share_of_the_cores_and_flags_override_each():
-    from bert_tf.dist.distributed import cpu_threads
+    from bert_tf.parallel.distributed import cpu_threads
     assert cpu_threads(1, cores=2) == (2, 2) and cpu_threads(2, cores=2) == (1, 2)
     assert cpu_threads(3, cores=2) == (1, 2) and cpu_threads(4, cores=32) == (8, 2)
     assert cpu_threads(2, intra_op_threads=2, cores=2) == (2, 2)

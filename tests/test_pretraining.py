@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 from bert_tf import ConfigError
-from bert_tf.dist import distributed
+from bert_tf.parallel import distributed
 from bert_tf.model import modeling
 from bert_tf.train import divergence, pretraining, training
 from bert_tf.train import pretrain_config

@@ -110,7 +110,7 @@ def train(step, rate, compute=0.5, **more):
 def test_the_emulated_race_measures_between_evaluations_and_asks_the_planner(tmp_path):
     """Training speed comes from the intervals with no evaluation inside, after the first (compilation) and
     after a compressed exchange's float32 warmup; the planner gets the run's own compute speed and link."""
-    from bert_tf.dist.comm import CommConfig
+    from bert_tf.parallel.comm import CommConfig
     from bert_tf.model import modeling
     from bert_tf.tools import planner
     comm = dataclasses.asdict(CommConfig(gradient_compression="fp16", cycle_time_ms=0))

@@ -10,7 +10,7 @@ from bert_tf import ConfigError
 from bert_tf.artifacts import checkpointing
 from bert_tf.model import modeling
 from bert_tf.train import optimization, training
-from bert_tf.dist.comm import CommConfig
+from bert_tf.parallel.comm import CommConfig
 from conftest import random_features
 
 NO_DROPOUT = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)

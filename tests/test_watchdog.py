@@ -1,10 +1,10 @@
-"""bert_tf/dist/watchdog.py with a stand-in clock and exit: it fires only inside a collective and only past
+"""bert_tf/parallel/watchdog.py with a stand-in clock and exit: it fires only inside a collective and only past
 its limit, says which rank, which collective and where, names the ranks that did not arrive from their
 heartbeats, and goes on when the wait ends within the grace. The real hang (a rank stopped by SIGSTOP) and a
 slow save: tests/test_distributed.py."""
 import json
 
-from bert_tf.dist import watchdog
+from bert_tf.parallel import watchdog
 
 
 class Clock:

@@ -21,7 +21,7 @@ import subprocess
 
 from bert_tf.artifacts import metrics
 from bert_tf.tools import emulated_cluster, planner
-from bert_tf.dist.comm import CommConfig
+from bert_tf.parallel.comm import CommConfig
 
 BASELINE = "fp32/every-mb"
 FP32_ACCUM = "fp32/accum"
@@ -58,7 +58,7 @@ def probe_link(small_tensors=200, big_elements=16 * 2 ** 20, repeats=9):
 
     import tensorflow as tf
 
-    from bert_tf.dist import distributed
+    from bert_tf.parallel import distributed
     distributed.configure(CommConfig(fusion_threshold_mb=0, cycle_time_ms=0.2))
     distributed.init()
     small = [tf.ones([1]) for _ in range(small_tensors)]
@@ -175,7 +175,7 @@ def previous_results(path, settings):
 def compression_seconds(shapes, method, powersgd_rank=4, repeats=5) -> float:
     """auto_exchange.compression_seconds in a process of its own (Horovod initialised here): the planner's
     overhead_seconds."""
-    from bert_tf.dist import auto_exchange, distributed
+    from bert_tf.parallel import auto_exchange, distributed
     distributed.init()
     return auto_exchange.compression_seconds(shapes, method, powersgd_rank, repeats)
 

@@ -316,7 +316,7 @@ def input_headroom(s: Settings, best):
 def run(s: Settings, peer, fusion):
     """The whole ladder: every check first, then the peaks, the rungs, the tuned micro-batches, the records
     and the profiles; ladder.json, ladder.png and the flagfile and device figures asked for."""
-    from bert_tf.dist import device
+    from bert_tf.parallel import device
     from bert_tf.model import modeling
     from bert_tf.tools import flops, ladder_report
     batch_sizes, records = check_settings(s)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 
 from bert_tf import ConfigError
-from bert_tf.dist.auto_exchange import exchange_choices
-from bert_tf.dist.comm import CommConfig, onebit_chunk, powersgd_plan
+from bert_tf.parallel.auto_exchange import exchange_choices
+from bert_tf.parallel.comm import CommConfig, onebit_chunk, powersgd_plan
 from bert_tf.tools.planner import parameter_count
 
 
@@ -33,7 +33,7 @@ def memory_bytes(config, seq_length, micro_batch, precision="float32", recompute
 
 def exchange_state_bytes(shapes, comm: CommConfig, ranks: int) -> dict:
     """Bytes of the gradient exchange's state on ONE of `ranks` ranks, float32 as the code allocates it
-    (bert_tf/dist/compression.py, exchange_state.py, local_sgd.py), for these shapes (gradient_tensor_shapes):
+    (bert_tf/parallel/compression.py, exchange_state.py, local_sgd.py), for these shapes (gradient_tensor_shapes):
       own            this rank's error-feedback buffers, different on every rank (powersgd: an n x m error per
                      compressed matrix, comm.powersgd_plan; onebit: an error of every element and the averaging
                      side's error of this rank's chunk, comm.onebit_chunk, which shrinks as ranks grow)

@@ -91,7 +91,7 @@ def planned_vs_measured(run_dir: str, nodes: int, rate_gbit: float, link: dict |
     between evaluations."""
     from bert_tf.model.config import BertConfig
     from bert_tf.tools import comm_study, planner
-    from bert_tf.dist.comm import CommConfig
+    from bert_tf.parallel.comm import CommConfig
     records = metrics.read_metrics(os.path.join(run_dir, "metrics.jsonl"))
     run = next(r for r in records if r.get("kind") == "run")
     cfg = run.get("resolved", run["config"])          # as run: --gradient_compression=auto's choice

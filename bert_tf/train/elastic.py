@@ -46,7 +46,7 @@ import tensorflow as tf
 from bert_tf import ConfigError
 from bert_tf.artifacts import metrics
 from bert_tf.data import input_pipeline
-from bert_tf.dist import distributed, exchange_state
+from bert_tf.parallel import distributed, exchange_state
 from bert_tf.train import training
 
 # A TensorFlow error from a collective: Horovod's own words, or Gloo's (a peer's recv timing out names
@@ -289,7 +289,7 @@ class Elastic:
             trainer.use_exchange(exchange, comm)
 
     def _choose(self):
-        from bert_tf.dist import auto_exchange
+        from bert_tf.parallel import auto_exchange
         cfg = self.cfg
         return auto_exchange.resolve(cfg.comm, self.job.trainer.model.config, not cfg.mlm_only, cfg.micro_batch_size,
                                      max(1, self.per_update // self.size), cfg.max_seq_length,

@@ -7,7 +7,7 @@ import tensorflow as tf
 
 from bert_tf.artifacts import metrics
 from bert_tf.data import input_pipeline
-from bert_tf.dist import distributed
+from bert_tf.parallel import distributed
 from bert_tf.train import training
 
 

@@ -11,7 +11,7 @@ import dataclasses
 
 from bert_tf import ConfigError, knob
 from bert_tf.artifacts import metrics
-from bert_tf.dist import distributed
+from bert_tf.parallel import distributed
 from bert_tf.model import modeling
 from bert_tf.train import divergence, elastic, training
 
@@ -196,9 +196,10 @@ class PretrainConfig(training.TrainConfig):
                               f"--local_updates={every} with --elastic: a commit holds the weights every rank agrees "
                               f"on, right after a synchronisation")
         if every and self.elastic and self.comm.local_group == "node":
-            raise ConfigError("--local_group=node with --elastic: not supported (Horovod 0.28's process sets are fixed "
-                              "at init and do not survive an elastic re-form: horovod/horovod#4021); use "
-                              "--local_group=rank")
+            raise ConfigError("--local_group=node with --elastic: not supported. With a process set per node, "
+                              "Horovod 0.28.1 aborts every surviving rank when a node is lost (std::terminate on a "
+                              "Gloo error, exit 134) before any re-form can run: scripts/"
+                              "probe_elastic_process_sets.py, horovod/horovod#3501 and #4021. Use --local_group=rank")
         if every and (self.save_interval % every or self.eval_interval % every):
             raise ConfigError(f"--save_interval={self.save_interval} and --eval_interval={self.eval_interval} must be "
                               f"multiples of --local_updates={every}: the ranks' weights agree only right after a "

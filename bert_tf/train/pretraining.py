@@ -25,7 +25,7 @@ from typing import Callable, Protocol, runtime_checkable
 import tensorflow as tf
 
 from bert_tf.artifacts import checkpointing, metrics
-from bert_tf.dist import distributed, exchange_state, watchdog
+from bert_tf.parallel import distributed, exchange_state, watchdog
 from bert_tf.train import budget, divergence, elastic, training
 from bert_tf.train.pretrain_config import PretrainConfig
 from bert_tf.train.startup import Job, build

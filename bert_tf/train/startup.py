@@ -15,7 +15,7 @@ import tensorflow as tf
 from bert_tf import ConfigError
 from bert_tf.artifacts import checkpoint_formats, checkpointing, metrics
 from bert_tf.data import input_pipeline, tokenization
-from bert_tf.dist import auto_exchange, device, distributed, exchange_state, local_sgd
+from bert_tf.parallel import auto_exchange, device, distributed, exchange_state, local_sgd
 from bert_tf.model import modeling
 from bert_tf.train import batch_warmup, budget, divergence, elastic, training
 from bert_tf.train.evaluation import make_evaluator

@@ -43,8 +43,8 @@ import tensorflow as tf
 
 from bert_tf import ConfigError, knob
 from bert_tf.train import optimization
-from bert_tf.dist import watchdog
-from bert_tf.dist.comm import CommConfig
+from bert_tf.parallel import watchdog
+from bert_tf.parallel.comm import CommConfig
 
 POLICIES = {"float32": tf.float32, "mixed_bfloat16": tf.bfloat16, "mixed_float16": tf.float16}
 

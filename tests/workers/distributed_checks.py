@@ -9,7 +9,7 @@ import numpy as np
 import tensorflow as tf
 
 from bert_tf.data import input_pipeline
-from bert_tf.dist import distributed
+from bert_tf.parallel import distributed
 from bert_tf.model import modeling
 from bert_tf.train import training
 
@@ -123,11 +123,11 @@ result["record_hashes"] = [record_hash(b, i) for b in (
 
 
 
-# --gradient_compression=powersgd|onebit (bert_tf/dist/compression.py): the exchange itself on gradients that
+# --gradient_compression=powersgd|onebit (bert_tf/parallel/compression.py): the exchange itself on gradients that
 # differ per rank (its inputs, outputs and buffers kept for a NumPy reference), a non-finite gradient on one
 # rank, the buffers' capture for a checkpoint, and trainer updates keeping the weights equal on both ranks
-from bert_tf.dist import compression  # noqa: E402
-from bert_tf.dist.comm import CommConfig  # noqa: E402
+from bert_tf.parallel import compression  # noqa: E402
+from bert_tf.parallel.comm import CommConfig  # noqa: E402
 
 
 def local_state(exchange):
@@ -153,7 +153,7 @@ for method in compression.METHODS:
     result[f"{method}_nonfinite_kept_state"] = bool(np.array_equal(before, local_state(exchange)))
     # what a checkpoint and a resume do: each rank writes its own buffers to its own file, then a fresh exchange
     # on each rank reads back only its own (and rank 0's Q is broadcast)
-    from bert_tf.dist import exchange_state  # noqa: E402
+    from bert_tf.parallel import exchange_state  # noqa: E402
     folder = os.path.join(out_dir, "exchange_files")
     weights = exchange_state.weights_digest(model.trainable_variables)
     written = exchange_state.save(exchange, folder, 10, rank, size, weights)
@@ -190,9 +190,9 @@ for method in compression.METHODS:
     if method == "powersgd":
         arrays["powersgd_q_after_reset"] = flat(q.numpy() for q in exchange.qs)
 
-# --local_updates (DiLoCo, bert_tf/dist/local_sgd.py): two local updates (the ranks' weights part), then the
+# --local_updates (DiLoCo, bert_tf/parallel/local_sgd.py): two local updates (the ranks' weights part), then the
 # outer step (they agree again, on the reference's value)
-from bert_tf.dist import local_sgd  # noqa: E402
+from bert_tf.parallel import local_sgd  # noqa: E402
 
 model = tiny(1)
 trainer = training.Trainer(model, training.TrainConfig(learning_rate=1e-3, optimizer="adamw"), seed_offset=rank)
@@ -208,9 +208,9 @@ arrays["diloco_after"] = flat(v.numpy() for v in model.trainable_variables)
 arrays["diloco_velocity"] = flat(v.numpy() for v in outer.velocity)
 result["diloco_rounds"] = int(outer.rounds.numpy())
 
-# --gradient_compression=auto (bert_tf/dist/auto_exchange.py): the link measured by both ranks together, rank 0's
+# --gradient_compression=auto (bert_tf/parallel/auto_exchange.py): the link measured by both ranks together, rank 0's
 # figures on both, so both choose the same exchange
-from bert_tf.dist import auto_exchange  # noqa: E402
+from bert_tf.parallel import auto_exchange  # noqa: E402
 
 result["auto_link"] = auto_exchange.measure_link(elements=2 ** 16, repeats=2)
 said = []

@@ -13,8 +13,8 @@ import threading
 import time
 
 import tensorflow as tf
-from bert_tf.dist import distributed, exchange_state
-from bert_tf.dist.comm import CommConfig
+from bert_tf.parallel import distributed, exchange_state
+from bert_tf.parallel.comm import CommConfig
 from bert_tf.model import modeling
 import horovod.tensorflow as hvd
 

@@ -5,7 +5,7 @@ import os
 import sys
 
 from bert_tf.data import tokenization
-from bert_tf.dist import distributed
+from bert_tf.parallel import distributed
 from bert_tf.model import modeling
 from bert_tf.tasks import classification
 

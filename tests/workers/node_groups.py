@@ -7,8 +7,8 @@ import sys
 
 import tensorflow as tf
 
-from bert_tf.dist import distributed
-from bert_tf.dist.comm import CommConfig
+from bert_tf.parallel import distributed
+from bert_tf.parallel.comm import CommConfig
 from bert_tf.model import modeling
 from bert_tf.train import startup
 from bert_tf.train.pretrain_config import PretrainConfig

@@ -28,7 +28,7 @@ checkpoint state, broadcast from rank 0 at every start and rolled back with the 
 move it, as it does not move 1-bit's variance freeze. So every rank, a newcomer or one rolled back included, takes
 the same branch at the same update. State: Q is the same on every rank; the error buffers are each rank's own and
 never leave it: each rank writes them to its own file beside a checkpoint and reads its own back
-(bert_tf/dist/exchange_state.py). `reset` restarts them, the same on every rank (an elastic re-form).
+(bert_tf/parallel/exchange_state.py). `reset` restarts them, the same on every rank (an elastic re-form).
 """
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ import math
 import tensorflow as tf
 
 from bert_tf import ConfigError
-from bert_tf.dist.comm import METHODS, onebit_chunk, powersgd_plan, wire_bytes
+from bert_tf.parallel.comm import METHODS, onebit_chunk, powersgd_plan, wire_bytes
 
 _BITS = tf.constant([1, 2, 4, 8, 16, 32, 64, 128], tf.int32)
 

@@ -11,8 +11,8 @@ import queue
 import tensorflow as tf
 
 from bert_tf import ConfigError
-from bert_tf.dist import watchdog
-from bert_tf.dist.comm import CommConfig
+from bert_tf.parallel import watchdog
+from bert_tf.parallel.comm import CommConfig
 
 # CommConfig field (and flag) -> Horovod environment variable. Values set by horovodrun (or the user's
 # environment) win over flags; `configure` reports which value is in force.
@@ -223,10 +223,10 @@ def make_gradient_exchange(comm: CommConfig, variables, seed=0, name="grad"):
     order."""
     if comm.method == "auto":
         raise ConfigError("--gradient_compression=auto is chosen by run/pretrain.py at start-up "
-                          "(bert_tf/dist/auto_exchange.py); here, give the method")
+                          "(bert_tf/parallel/auto_exchange.py); here, give the method")
     if not comm.compressed:
         return make_gradient_allreduce(comm.method == "fp16", name=name)
-    from bert_tf.dist import compression
+    from bert_tf.parallel import compression
     if comm.gradient_compression == "onebit":
         import horovod.tensorflow as hvd
         if hvd.size() > 1 and not (hvd.mpi_enabled() or hvd.gloo_enabled()):

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from bert_tf.dist import watchdog
+from bert_tf.parallel import watchdog
 
 
 class OuterStep(tf.Module):

@@ -17,8 +17,8 @@ from bert_tf import ConfigError, knob
 HOROVOD_FUSION_THRESHOLD_MB = 128.0
 HOROVOD_CYCLE_TIME_MS = 1.0
 # --gradient_compression: none and fp16 are Horovod allreduces; powersgd and onebit are
-# bert_tf/dist/compression.py's exchanges with error feedback; auto is resolved to one of them at start-up
-# (bert_tf/dist/auto_exchange.py)
+# bert_tf/parallel/compression.py's exchanges with error feedback; auto is resolved to one of them at start-up
+# (bert_tf/parallel/auto_exchange.py)
 COMPRESSIONS = ("none", "fp16", "powersgd", "onebit", "auto")
 
 
@@ -41,16 +41,16 @@ class CommConfig:
         "powersgd (each weight matrix as rank --powersgd_rank factors, error feedback; Vogels et al. 2019) or "
         "onebit (signs and one scale per chunk, error feedback on both sides, alltoall + allgather; 1/32 of "
         "float32's bytes; the optimizer's variance frozen after --compression_warmup_steps, as 1-bit Adam's). "
-        "bert_tf/dist/compression.py. auto: the one the planner predicts fastest to the same "
+        "bert_tf/parallel/compression.py. auto: the one the planner predicts fastest to the same "
         "held-out accuracy on this job's link, measured at start-up with the compression's own computation and each "
-        "method's extra updates as measured (bert_tf/dist/auto_exchange.py; needs --ladder_sequences_per_second).",
+        "method's extra updates as measured (bert_tf/parallel/auto_exchange.py; needs --ladder_sequences_per_second).",
         choices=COMPRESSIONS)
     powersgd_rank: int = knob(4, "--gradient_compression=powersgd: the rank of each matrix's factors.")
     compression_warmup_steps: int = knob(
         0, "Updates exchanged uncompressed (float32) before powersgd or onebit starts (1-bit Adam's warmup; "
         "onebit needs >= 1: the optimizer's variance comes from them).")
     local_updates: int = knob(
-        0, "DiLoCo (bert_tf/dist/local_sgd.py): each rank takes this many optimizer updates on its own data, "
+        0, "DiLoCo (bert_tf/parallel/local_sgd.py): each rank takes this many optimizer updates on its own data, "
         "then the ranks average the weights' change in float16 and take an outer Nesterov step; 0: every update "
         "allreduces the gradients. --save_interval and --eval_interval must be multiples of it.")
     local_group: str = knob(
@@ -61,7 +61,7 @@ class CommConfig:
     outer_momentum: float = knob(0.9, "--local_updates: the outer step's Nesterov momentum (DiLoCo's 0.9).")
     collective_timeout_minutes: float = knob(
         30.0, "A rank waiting this long in a collective (another rank frozen, unreachable or stopped) ends the "
-        "job with an error naming the collective and the rank that did not arrive (bert_tf/dist/watchdog.py); "
+        "job with an error naming the collective and the rank that did not arrive (bert_tf/parallel/watchdog.py); "
         "0: wait for ever. Static runs (elastic mode handles lost ranks itself).")
     save_timeout_minutes: float = knob(
         60.0, "How long the other ranks wait for rank 0's solo work (writing and hashing a checkpoint, a "

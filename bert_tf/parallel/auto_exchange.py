@@ -13,7 +13,7 @@ import dataclasses
 import statistics
 import time
 
-from bert_tf.dist.comm import CommConfig
+from bert_tf.parallel.comm import CommConfig
 
 # Updates each gradient exchange needs to reach the held-out MLM accuracy float16 allreduce reaches in 1: the
 # communication race on 2 and 4 emulated nodes (docs/results.md, "The communication race on emulated slow links";
@@ -71,7 +71,7 @@ def compression_seconds(shapes, method, powersgd_rank=4, repeats=5) -> float:
     (tracing) dropped, the median of `repeats`."""
     import tensorflow as tf
 
-    from bert_tf.dist import compression
+    from bert_tf.parallel import compression
     variables = [tf.Variable(tf.random.stateless_normal(s, seed=[0, i])) for i, s in enumerate(shapes)]
     exchange = compression.CompressedExchange(method, variables, powersgd_rank, seed=0, name=f"cost_{method}",
                                               alone=True)
@@ -127,7 +127,7 @@ def resolve(comm, model_config, nsp, micro_batch, accumulation, seq_length, devi
     """--gradient_compression=auto in a running job (after hvd.init; every rank calls it and gets the same
     answer): measures the link and, on rank 0, each candidate's computation on the model's gradient shapes; says
     the ranking; returns the comm with the chosen exchange."""
-    from bert_tf.dist import distributed
+    from bert_tf.parallel import distributed
     from bert_tf.tools import planner
     if distributed.size() == 1:
         say("gradients: --gradient_compression=auto on one rank: nothing crosses a link, none")
