@@ -27,8 +27,8 @@ FLAGS = flags.FLAGS
 
 
 def define_model_preset(default, flag_values=FLAGS):
-    from bert_tf.model import modeling     # TensorFlow: only for the scripts that build a model
-    flags.DEFINE_enum("model_preset", default, list(modeling.PRESET_NAMES),
+    from bert_tf.model.config import PRESET_NAMES
+    flags.DEFINE_enum("model_preset", default, list(PRESET_NAMES),
                       "Standard model size (google-research/bert and Turc et al. 2019).", flag_values=flag_values)
 
 

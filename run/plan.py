@@ -22,7 +22,7 @@ from absl import flags
 
 from bert_tf import ConfigError, cli
 from bert_tf.parallel import auto_exchange, comm
-from bert_tf.model import modeling
+from bert_tf.model.config import BertConfig
 from bert_tf.tools import memory, planner
 
 cli.define_model_preset("large")
@@ -102,7 +102,7 @@ def main(_):
             setattr(FLAGS, key, value)
         print(f"measured figures from {FLAGS.device_figures} ({figures.get('device', 'device not named')}): "
               + ", ".join(f"{k}={v:g}" for k, v in used.items()))
-    config = modeling.BertConfig.preset(FLAGS.model_preset, vocab_size=FLAGS.vocab_size)
+    config = BertConfig.preset(FLAGS.model_preset, vocab_size=FLAGS.vocab_size)
     shapes = planner.gradient_tensor_shapes(config)
     if FLAGS.exchange_memory:
         print_exchange_memory(shapes, FLAGS.exchange_memory)

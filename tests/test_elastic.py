@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from bert_tf import ConfigError
-from bert_tf.train import elastic
+from bert_tf.train import elastic, shares
 from bert_tf.artifacts.metrics import read_metrics, wait_for_record
 from bert_tf.tools import emulated_cluster as ec
 from bert_tf.train import startup
@@ -43,14 +43,14 @@ def test_rank_shares_make_the_exact_mean_of_the_global_batch_at_any_size():
             # rank r averages its micro-batches r, r + size, ...; the allreduce averages the weighted ranks
             ranks = []
             for r in range(size):
-                mine, weight = elastic.rank_share(micro, r, size)
+                mine, weight = shares.rank_share(micro, r, size)
                 assert mine == len(range(r, micro, size))
                 ranks.append(weight * grads[r::size].mean(axis=0))
             np.testing.assert_allclose(np.mean(ranks, axis=0), grads.mean(axis=0), rtol=1e-12)
         with pytest.raises(ConfigError, match=f"{micro + 1} ranks but an update has only {micro} micro-batches"):
-            elastic.rank_share(micro, 0, micro + 1)
-    assert elastic.describe_share(6, 4, 3) == "3 ranks: global batch 24 = 6 micro-batches of 4, 2 micro-batches per rank"
-    assert elastic.describe_share(6, 4, 4) == ("4 ranks: global batch 24 = 6 micro-batches of 4, 2 micro-batches on "
+            shares.rank_share(micro, 0, micro + 1)
+    assert shares.describe_share(6, 4, 3) == "3 ranks: global batch 24 = 6 micro-batches of 4, 2 micro-batches per rank"
+    assert shares.describe_share(6, 4, 4) == ("4 ranks: global batch 24 = 6 micro-batches of 4, 2 micro-batches on "
                                                "ranks 0-1, 1 on the others (their gradients weighted to an exact mean)")
 
 
@@ -68,9 +68,9 @@ def test_an_updates_dropout_masks_do_not_depend_on_the_rank_count():
         seeds = {}
         for rank in range(size):
             trainer = trainers[rank]
-            trainer.set_share(elastic.rank_indices(micro, rank, size), micro, training.identity_allreduce)
-            assert trainer.rank_micro_batches == elastic.rank_share(micro, rank, size)[0]
-            assert trainer.indices == list(elastic.rank_indices(micro, rank, size))
+            trainer.set_share(shares.rank_indices(micro, rank, size), micro, training.identity_allreduce)
+            assert trainer.rank_micro_batches == shares.rank_share(micro, rank, size)[0]
+            assert trainer.indices == list(shares.rank_indices(micro, rank, size))
             trainer.step.assign(7)
             for index in trainer.indices:                 # the seeds train_step draws its masks from
                 seeds[index] = tuple(trainer.micro_batch_seed(index).numpy())

@@ -12,9 +12,6 @@ import json
 import os
 import time
 
-import tensorflow as tf
-from tensorflow.core.framework import summary_pb2
-
 from bert_tf import ConfigError
 
 
@@ -34,8 +31,10 @@ def accuracies(sums: dict) -> dict:
 
 # The low-level summary op with the "scalars" plugin tag: TensorBoard shows these as scalar
 # curves, and the nodes need no tensorboard package (tf.summary.scalar would import it).
-_SCALAR_METADATA = summary_pb2.SummaryMetadata(
-    plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars")).SerializeToString()
+def _scalar_metadata() -> bytes:
+    from tensorflow.core.framework import summary_pb2
+    return summary_pb2.SummaryMetadata(
+        plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars")).SerializeToString()
 
 
 WANDB_MODES = ("online", "offline")
@@ -69,7 +68,9 @@ class MetricsWriter:
     def _open(self):
         directory = os.path.dirname(self.path)
         os.makedirs(directory, exist_ok=True)
+        import tensorflow as tf        # here, not at the top: reading metrics (read_metrics) needs no TensorFlow
         self.summary = tf.summary.create_file_writer(os.path.join(directory, "tensorboard"))
+        self._metadata = _scalar_metadata()
         if self.wandb_project and self.wandb_run is None:
             import hashlib
 
@@ -96,9 +97,10 @@ class MetricsWriter:
         scalars = {f"{record.get('kind', 'train')}/{key}": value for key, value in record.items()
                    if key not in ("step", "time", "kind") and isinstance(value, (int, float))
                    and not isinstance(value, bool)}
+        import tensorflow as tf
         with self.summary.as_default(step=int(record.get("step", 0))):
             for tag, value in scalars.items():
-                tf.summary.write(tag, tf.constant(value, tf.float32), metadata=_SCALAR_METADATA)
+                tf.summary.write(tag, tf.constant(value, tf.float32), metadata=self._metadata)
         self.summary.flush()
         if self.wandb_run is not None:
             if record.get("kind") == "run":

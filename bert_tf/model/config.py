@@ -6,8 +6,6 @@ from __future__ import annotations
 import dataclasses
 import json
 
-import tensorflow as tf
-
 from bert_tf import ConfigError
 
 # hidden_act values (modeling.ACTIVATIONS implements them).
@@ -40,6 +38,8 @@ MODERN_DEFAULTS = dict(architecture="modern", hidden_act="gelu_exact", hidden_dr
                        local_attention=128, max_position_embeddings=8192)
 ARCHITECTURES = ("bert", "modern")
 PRESET_NAMES = (*PRESETS, *MODERN_PRESETS)
+# --recompute: keep every activation, or recompute each layer's in the backward pass (its input kept)
+RECOMPUTE = ("none", "layer")
 
 
 @dataclasses.dataclass
@@ -134,10 +134,12 @@ class BertConfig:
     @classmethod
     def from_json_file(cls, path: str) -> "BertConfig":
         try:
-            with tf.io.gfile.GFile(path) as f:
+            with _open(path) as f:
                 values = json.load(f)
         except json.JSONDecodeError as e:
             raise ConfigError(f"{path} is not valid JSON: {e}") from None
+        except OSError as e:
+            raise ConfigError(f"model config {path}: {e.strerror or e}") from None
         try:
             return cls.from_dict(values)
         except (TypeError, ValueError) as e:
@@ -153,8 +155,18 @@ class BertConfig:
         return values
 
     def to_json_file(self, path: str) -> None:
-        with tf.io.gfile.GFile(path, "w") as f:
+        with _open(path, "w") as f:
             f.write(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
+
+
+
+def _open(path, mode="r"):
+    """A local file with open(); a URL (gs://, s3://, hdfs://) through TensorFlow's file system, imported only
+    then, so the config and the planner need no TensorFlow."""
+    if "://" not in path:
+        return open(path, mode)
+    import tensorflow as tf
+    return tf.io.gfile.GFile(path, mode)
 
 
 MODERN_FIELDS = ("architecture", "layer_norm_eps", "global_attn_every_n_layers", "local_attention",

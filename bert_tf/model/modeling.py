@@ -24,7 +24,7 @@ import tensorflow as tf
 
 from bert_tf import ConfigError
 from bert_tf.model.config import (  # noqa: F401  (modeling.BertConfig: the names users know)
-    ACTIVATION_NAMES, ARCHITECTURES, MODERN_PRESETS, PRESET_NAMES, PRESETS, BertConfig)
+    ACTIVATION_NAMES, ARCHITECTURES, MODERN_PRESETS, PRESET_NAMES, PRESETS, RECOMPUTE, BertConfig)
 
 
 def _float32(activation):
@@ -203,8 +203,6 @@ class TransformerLayer(tf.Module):
         h = self.output(self.activation(self.intermediate(x)))
         return self.output_layer_norm(x + dropout(h, self.dropout_rate, seeds[2], training))
 
-
-RECOMPUTE = ("none", "layer")
 
 
 class BertEncoder(tf.Module):

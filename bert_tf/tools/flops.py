@@ -23,10 +23,8 @@ from __future__ import annotations
 import contextlib
 import time
 
-import tensorflow as tf
-
 from bert_tf.tools import machine_load
-from bert_tf.model.modeling import BertConfig
+from bert_tf.model.config import BertConfig
 
 
 def forward_flops_per_sequence(config: BertConfig, seq_length: int, predictions: int, nsp: bool = True) -> float:
@@ -40,10 +38,12 @@ def training_flops_per_sequence(config, seq_length, predictions, nsp=True) -> fl
     return 3.0 * forward_flops_per_sequence(config, seq_length, predictions, nsp)
 
 
-def matmul_peak(dtype=tf.float32, n=2048, seconds=3.0, jit=True) -> float:
+def matmul_peak(dtype="float32", n=2048, seconds=3.0, jit=True) -> float:
     """Sustained FLOP/s of an n x n x n tf.matmul in `dtype` on this machine, XLA-compiled
     (jit=True) or through TensorFlow's own kernel (jit=False). At least one timed call, so a
     dtype without hardware arithmetic (float16 on most CPUs) costs more than `seconds`."""
+    import tensorflow as tf         # here: the FLOP counts above are arithmetic the planner uses without it
+    dtype = tf.as_dtype(dtype)
     a = tf.random.normal([n, n], dtype=tf.float32)
     b = tf.random.normal([n, n], dtype=tf.float32)
     a, b = tf.cast(a, dtype), tf.cast(b, dtype)
@@ -81,7 +81,7 @@ def matmul_peaks(dtypes=("float32", "bfloat16", "float16"), n=2048, seconds=3.0,
             runs, seen = [], []
             for _ in range(repeats):
                 with machine_load.Meter() as load:
-                    runs.append(matmul_peak(getattr(tf, name), n, seconds, jit))
+                    runs.append(matmul_peak(name, n, seconds, jit))
                 seen.append(load.result)
             peaks[name][way] = max(runs)
             if samples is not None:

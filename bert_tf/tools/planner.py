@@ -60,7 +60,7 @@ import math
 from bert_tf import ConfigError
 from bert_tf.parallel.auto_exchange import exchange_choices, rank_exchanges, update_factor
 from bert_tf.parallel.comm import CommConfig, payload_bytes
-from bert_tf.model.modeling import BertConfig
+from bert_tf.model.config import BertConfig
 
 
 def gradient_tensor_shapes(config: BertConfig, nsp: bool = True) -> list:

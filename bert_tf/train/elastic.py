@@ -48,6 +48,7 @@ from bert_tf.artifacts import metrics
 from bert_tf.data import input_pipeline
 from bert_tf.parallel import distributed, exchange_state
 from bert_tf.train import training
+from bert_tf.train.shares import describe_share, micro_batches_per_update, rank_indices, rank_share
 
 # A TensorFlow error from a collective: Horovod's own words, or Gloo's (a peer's recv timing out names
 # only our op, e.g. "grad_43", and gloo/transport/tcp/...).
@@ -70,37 +71,6 @@ def check_launch(environ=None, gloo_built=None):
     if environ.get("HOROVOD_CONTROLLER") != "gloo":
         raise ConfigError(f"--elastic needs Horovod's Gloo controller (horovodrun --gloo); this rank has "
                           f"HOROVOD_CONTROLLER={environ.get('HOROVOD_CONTROLLER', '(unset)')}")
-
-
-def micro_batches_per_update(global_batch, batch_size):
-    if global_batch < 1 or global_batch % batch_size:
-        raise ConfigError(f"--global_batch_size={global_batch} must be a positive multiple of --micro_batch_size={batch_size}")
-    return global_batch // batch_size
-
-
-def rank_indices(per_update, rank, size):
-    """Which of an update's micro-batches rank `rank` of `size` takes (SharedStream
-    hands out the same ones)."""
-    return range(rank, per_update, size)
-
-
-def rank_share(per_update, rank, size):
-    """(micro-batches this rank takes per update, weight of its average in the ranks' average)."""
-    if size > per_update:
-        raise ConfigError(f"{size} ranks but an update has only {per_update} micro-batches (--global_batch_size / "
-                          f"--micro_batch_size): give horovodrun --max-np <= {per_update}, or a smaller --micro_batch_size")
-    mine = len(rank_indices(per_update, rank, size))
-    return mine, mine * size / per_update
-
-
-def describe_share(per_update, batch_size, size):
-    """One log line: how the global batch is split at this size."""
-    counts = [len(rank_indices(per_update, r, size)) for r in range(size)]
-    split = f"{counts[0]} micro-batches per rank" if len(set(counts)) == 1 else \
-        f"{max(counts)} micro-batches on ranks 0-{counts.count(max(counts)) - 1}, {min(counts)} on the others " \
-        f"(their gradients weighted to an exact mean)"
-    return (f"{size} ranks: global batch {per_update * batch_size} = {per_update} micro-batches of "
-            f"{batch_size}, {split}")
 
 
 def make_shared_stream(files, batch_size, seed=0, shuffle_buffer=10000, read=tf.data.TFRecordDataset):

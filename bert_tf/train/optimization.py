@@ -22,12 +22,8 @@ import re
 
 import tensorflow as tf
 
-OPTIMIZERS = ("lamb", "adamw")
-# polynomial: decay from the end of warmup (google-research/bert's). wsd: warmup-stable-decay, the
-# peak held until the last `decay_fraction` of the run, then the decay (the trapezoid of Xing et al.
-# 2018 and Hägele et al. 2024, ModernBERT's): a run whose length is only known late (a time budget)
-# decays at its end, and the stable phase learns at the peak rate meanwhile.
-SCHEDULES = ("polynomial", "wsd")
+from bert_tf.train.train_config import OPTIMIZERS
+
 # Variable names (not module paths) carry the role: LayerNorm has gamma/beta, every Dense a bias.
 NO_DECAY = re.compile(r"(gamma|beta|bias)")
 

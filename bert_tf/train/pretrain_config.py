@@ -11,22 +11,22 @@ import dataclasses
 
 from bert_tf import ConfigError, knob
 from bert_tf.artifacts import metrics
-from bert_tf.parallel import distributed
-from bert_tf.model import modeling
-from bert_tf.train import divergence, elastic, training
+from bert_tf.model import config as model_config
+from bert_tf.train import divergence, shares
+from bert_tf.train.train_config import TrainConfig
 
 
 @dataclasses.dataclass
-class PretrainConfig(training.TrainConfig):
-    """Everything a run needs: training.TrainConfig's update settings (precision, xla,
+class PretrainConfig(TrainConfig):
+    """Everything a run needs: train_config.TrainConfig's update settings (precision, xla,
     accumulation_steps, optimizer, learning_rate, warmup_steps, total_steps, decay_power,
     weight_decay, clip_norm, seed, comm) plus model, data, Horovod and output settings.
-    Constructing one validates it (training.TrainConfig.validate, extended here)."""
+    Constructing one validates it (train_config.TrainConfig.validate, extended here)."""
 
     seed: int = knob(12345, "Seed for initialisation, data order and dropout.")
     # model and data
     model_preset: str = knob("base", "Standard model size (google-research/bert and Turc et al. 2019).",
-                             choices=modeling.PRESET_NAMES)
+                             choices=model_config.PRESET_NAMES)
     bert_config_file: str = knob("", "google-format bert_config.json (instead of a preset).")
     vocab_file: str = knob("", "WordPiece vocab.txt; its size sets the model's vocab_size for presets.")
     do_lower_case: bool = knob(True, "Tokeniser lower-cases (must match the data).")
@@ -53,8 +53,8 @@ class PretrainConfig(training.TrainConfig):
                                 "--tune_micro_batch_sizes writes it); 0: off.")
     recompute: str = knob("none", "layer: keep only each transformer layer's input for the backward pass and run "
                           "the layer again there (less activation memory, about one more forward pass; the same "
-                          "gradients): phase 2 at sequence 512 on small devices.", choices=modeling.RECOMPUTE)
-    # Horovod (the communication knobs are training.TrainConfig.comm)
+                          "gradients): phase 2 at sequence 512 on small devices.", choices=model_config.RECOMPUTE)
+    # Horovod (the communication knobs are train_config.TrainConfig.comm)
     horovod_timeline: str = knob("", "Write Horovod's timeline JSON here.")
     horovod_autotune: bool = knob(False, "Let Horovod tune fusion threshold and cycle time.")
     network_interface: str = knob("", "Log the bytes this node sent on this interface per update (e.g. eth0).")
@@ -116,8 +116,8 @@ class PretrainConfig(training.TrainConfig):
     def validate(self):
         metrics.check_wandb(self.wandb_project, self.wandb_mode)
         self.guard_config().validate()
-        if self.recompute not in modeling.RECOMPUTE:
-            raise ConfigError(f"--recompute={self.recompute}: valid are {', '.join(modeling.RECOMPUTE)}")
+        if self.recompute not in model_config.RECOMPUTE:
+            raise ConfigError(f"--recompute={self.recompute}: valid are {', '.join(model_config.RECOMPUTE)}")
         if self.time_budget_hours < 0:
             raise ConfigError(f"--time_budget_hours must be >= 0, got {self.time_budget_hours}")
         if self.time_budget_hours and self.elastic:
@@ -138,8 +138,10 @@ class PretrainConfig(training.TrainConfig):
                      "keep_last", "stop_check_interval"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name} must be >= 1, got {getattr(self, name)}")
-        if self.fit_micro_batch < 0:
-            raise ConfigError(f"--fit_micro_batch must be >= 0, got {self.fit_micro_batch}")
+        for name, zero in (("fit_micro_batch", "off"), ("intra_op_threads", "the default"),
+                           ("inter_op_threads", "the default")):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"--{name} must be >= 0 (0: {zero}), got {getattr(self, name)}")
         if self.fit_micro_batch and not self.elastic:   # the per-rank batch stays the recipe's
             per_rank = self.micro_batch_size * self.accumulation_steps
             if per_rank % self.fit_micro_batch:
@@ -160,7 +162,7 @@ class PretrainConfig(training.TrainConfig):
             if not self.global_batch_size:
                 raise ConfigError("--elastic needs --global_batch_size (sequences per update, kept whatever the rank "
                                   "count; --accumulation_steps is then derived from it at every resize)")
-            elastic.micro_batches_per_update(self.global_batch_size, self.fit_micro_batch or self.micro_batch_size)
+            shares.micro_batches_per_update(self.global_batch_size, self.fit_micro_batch or self.micro_batch_size)
             if self.accumulation_steps != 1:
                 raise ConfigError(f"--accumulation_steps={self.accumulation_steps} with --elastic: each rank's "
                                   f"micro-batches per update follow from --global_batch_size and the rank count; leave "
@@ -170,7 +172,6 @@ class PretrainConfig(training.TrainConfig):
         elif self.global_batch_size:
             raise ConfigError("--global_batch_size is for --elastic; otherwise the global batch is --micro_batch_size x "
                               "--accumulation_steps x ranks")
-        distributed.cpu_threads(1, self.intra_op_threads, self.inter_op_threads, cores=1)   # its value checks
         self._check_recipe()
 
 

@@ -41,12 +41,12 @@ import time
 
 import tensorflow as tf
 
-from bert_tf import ConfigError, knob
+from bert_tf import ConfigError
 from bert_tf.train import optimization
 from bert_tf.parallel import watchdog
-from bert_tf.parallel.comm import CommConfig
+from bert_tf.train.train_config import PRECISIONS, TrainConfig  # noqa: F401  (training.TrainConfig: its old home)
 
-POLICIES = {"float32": tf.float32, "mixed_bfloat16": tf.bfloat16, "mixed_float16": tf.float16}
+POLICIES = dict(zip(PRECISIONS, (tf.float32, tf.bfloat16, tf.float16)))
 
 
 def compute_dtype(policy: str) -> tf.DType:
@@ -75,66 +75,6 @@ class LossScale(tf.Module):
             self.good_steps.assign(0)
 
         tf.cond(finite, grow, shrink)
-
-
-@dataclasses.dataclass
-class TrainConfig:
-    precision: str = knob("float32", "Compute precision policy.", choices=POLICIES)
-    tf32: bool = knob(True, "On GPUs with TensorFloat-32 (Ampere and newer), float32 matmuls use it (TensorFlow's "
-                      "default); --notf32 for strict float32. No effect on CPUs.")
-    xla: bool = knob(False, "Compile the whole forward/backward pass with XLA (the update always is).")
-    fuse: bool = knob(False, "XLA-fuse the element-wise ops (GELU, LayerNorm, softmax, casts and their gradients) "
-                      "between TensorFlow's own matmul kernels: for CPUs, whose AMX/AVX-512 BF16 matmuls XLA does "
-                      "not reach. Needs TF_XLA_FLAGS='--tf_xla_auto_jit=fusible --tf_xla_cpu_global_jit' in the "
-                      "environment at launch (mpirun -x TF_XLA_FLAGS). Not with --xla. run/benchmark.py's +fuse "
-                      "rungs measure it.")
-    accumulation_steps: int = knob(1, "Micro-batches per optimizer update (and per allreduce).")
-    optimizer: str = knob("lamb", "Optimizer.", choices=optimization.OPTIMIZERS)
-    learning_rate: float = knob(1e-4, "Peak learning rate, for the global batch (not scaled with the rank count; "
-                                "run/pretrain.py's doc says how to scale it with the global batch).")
-    warmup_steps: int = knob(0, "Linear warmup updates.")
-    total_steps: int = knob(1000, "Optimizer updates in all.")
-    decay_power: float = knob(1.0, "Polynomial decay power after warmup (1 = linear).")
-    schedule: str = knob("polynomial", "Learning rate after warmup: polynomial (decay from the end of warmup to "
-                         "--total_steps, google-research/bert's) or wsd (warmup-stable-decay: the peak held, then the "
-                         "decay over the last --decay_fraction of the run; with --time_budget_hours, of the predicted "
-                         "run).", choices=optimization.SCHEDULES)
-    decay_fraction: float = knob(0.2, "--schedule=wsd: the share of the run's updates spent decaying (0.2: "
-                                 "Hägele et al. 2024's cooldown).")
-    adam_beta2: float = knob(0.999, "Second-moment decay of AdamW and LAMB (0.98 in the budget recipes: RoBERTa, "
-                             "Liu et al. 2019, for stability at large batches; MosaicBERT, ModernBERT).")
-    weight_decay: float = knob(0.01, "Decoupled weight decay (not on LayerNorm or biases).")
-    clip_norm: float = knob(1.0, "Global-norm gradient clipping.")
-    seed: int = knob(0, "Seed for initialisation, data order and dropout.")
-    comm: CommConfig = dataclasses.field(default_factory=CommConfig)   # its fields are flags of their own
-
-    def __post_init__(self):
-        self.validate()
-
-    def validate(self):
-        """Raises ConfigError naming the flag of the first impossible value (subclasses extend it)."""
-        compute_dtype(self.precision)
-        if self.optimizer not in optimization.OPTIMIZERS:
-            raise ConfigError(f"unknown optimizer {self.optimizer!r}; valid: {', '.join(optimization.OPTIMIZERS)}")
-        if self.fuse and self.xla:
-            raise ConfigError("--fuse with --xla: --xla compiles the whole step already; give one of them")
-        if self.accumulation_steps < 1:
-            raise ConfigError(f"--accumulation_steps must be >= 1, got {self.accumulation_steps}")
-        if self.total_steps < 1:
-            raise ConfigError(f"--total_steps must be >= 1, got {self.total_steps}")
-        if not 0 <= self.warmup_steps <= self.total_steps:
-            raise ConfigError(f"warmup_steps ({self.warmup_steps}) must be in [0, total_steps={self.total_steps}]")
-        if self.learning_rate <= 0:
-            raise ConfigError(f"--learning_rate must be positive, got {self.learning_rate}")
-        if self.schedule not in optimization.SCHEDULES:
-            raise ConfigError(f"--schedule={self.schedule}: valid are {', '.join(optimization.SCHEDULES)}")
-        if not 0 < self.decay_fraction <= 1:
-            raise ConfigError(f"--decay_fraction must be in (0, 1], got {self.decay_fraction}")
-        if not 0 < self.adam_beta2 < 1:
-            raise ConfigError(f"--adam_beta2 must be in (0, 1), got {self.adam_beta2}")
-        if self.comm.gradient_compression == "onebit" and self.comm.compression_warmup_steps < 1:
-            raise ConfigError("--gradient_compression=onebit needs --compression_warmup_steps >= 1: the optimizer's "
-                              "variance is estimated from those float32 updates, then frozen (1-bit Adam)")
 
 
 # XLA auto-clustering restricted to the ops TensorFlow calls fusible (element-wise, reductions, softmax,
