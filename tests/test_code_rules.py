@@ -53,3 +53,44 @@ def test_training_imports_neither_data_creation_nor_tooling():
             if (made or module.startswith("bert_tf.tools.")) and not allowed:
                 offenders.append(f"{path.relative_to(REPO)} imports {module}")
     assert not offenders, "\n".join(offenders)
+
+
+def module_name(path):
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph():
+    """bert_tf module -> the bert_tf modules it imports (`from bert_tf.a import b`: module a.b if it is one,
+    else a), lazy imports included: a cycle through a function-level import is still a cycle."""
+    modules = {module_name(p): p for p in python_files("bert_tf")}
+    graph = {}
+    for name, path in modules.items():
+        targets = set()
+        for imported in imported_modules(path):
+            while imported and imported not in modules:
+                imported = imported.rpartition(".")[0]
+            if imported and imported != name and imported != "bert_tf":
+                targets.add(imported)
+        graph[name] = targets
+    return graph
+
+
+def test_no_import_cycles():
+    """No two modules of bert_tf import each other, directly or around a loop (no exceptions)."""
+    graph, cycles = import_graph(), []
+    state = {}
+
+    def visit(node, stack):
+        state[node] = "open"
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == "open":
+                cycles.append(" -> ".join(stack[stack.index(nxt):] + [nxt]))
+            elif nxt not in state:
+                visit(nxt, stack + [nxt])
+        state[node] = "done"
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+    assert not cycles, "\n".join(cycles)

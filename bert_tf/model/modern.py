@@ -1,5 +1,5 @@
 """ModernBERT's encoder (Warner et al. 2024, "Smarter, Better, Faster, Longer", arXiv:2412.13663) on
-modeling.py's layers: the `architecture="modern"` of a BertConfig.
+layers.py's blocks: the `architecture="modern"` of a BertConfig.
 
 What differs from BERT, layer by layer (transformers' ModernBertModel has the same structure, so
 an export maps one variable to one tensor; artifacts/modernbert_format.py):
@@ -23,8 +23,9 @@ import math
 import numpy as np
 import tensorflow as tf
 
-from bert_tf.model import modeling
-from bert_tf.model.modeling import ACTIVATIONS, Dense, LayerNorm, dropout
+from bert_tf.model import layers
+from bert_tf.model.config import RECOMPUTE, BertConfig
+from bert_tf.model.layers import ACTIVATIONS, Dense, LayerNorm, dropout
 
 
 def rotate(x, positions, theta):
@@ -42,9 +43,9 @@ def rotate(x, positions, theta):
 class ModernEmbeddings(tf.Module):
     """Word embeddings, norm, dropout: ids [B, S] -> [B, S, H]."""
 
-    def __init__(self, c: modeling.BertConfig, name=None):
+    def __init__(self, c: BertConfig, name=None):
         super().__init__(name=name)
-        self.word_embeddings = tf.Variable(modeling._init([c.vocab_size, c.hidden_size], c.initializer_range),
+        self.word_embeddings = tf.Variable(layers.truncated_normal([c.vocab_size, c.hidden_size], c.initializer_range),
                                            name="word_embeddings")
         self.layer_norm = LayerNorm(c.hidden_size, eps=c.layer_norm_eps, bias=False)
         self.dropout_rate = c.hidden_dropout_prob
@@ -58,7 +59,7 @@ class ModernAttention(tf.Module):
     """Self-attention with RoPE and a fused [H, 3H] projection (columns: queries, keys, values, each
     head after head): x [B, S, H] -> [B, S, H]."""
 
-    def __init__(self, c: modeling.BertConfig, theta, name=None):
+    def __init__(self, c: BertConfig, theta, name=None):
         super().__init__(name=name)
         out_std = c.initializer_range / math.sqrt(2.0 * c.num_hidden_layers)
         self.num_heads = c.num_attention_heads
@@ -74,7 +75,7 @@ class ModernAttention(tf.Module):
         qkv = tf.reshape(self.qkv(x), [batch, seq, 3, self.num_heads, self.head_size])
         q = rotate(qkv[:, :, 0], positions, self.theta)
         k = rotate(qkv[:, :, 1], positions, self.theta)
-        context = modeling.attend(q, k, qkv[:, :, 2], mask_bias, self.dropout_rate, seeds[0], training)
+        context = layers.attend(q, k, qkv[:, :, 2], mask_bias, self.dropout_rate, seeds[0], training)
         out = self.output(tf.reshape(context, [batch, seq, self.num_heads * self.head_size]))
         return dropout(out, self.dropout_rate, seeds[1], training)
 
@@ -82,7 +83,7 @@ class ModernAttention(tf.Module):
 class ModernLayer(tf.Module):
     """Pre-norm layer: x + attn(norm(x)), then x + GeGLU(norm(x)); layer 0 without the first norm."""
 
-    def __init__(self, c: modeling.BertConfig, index, name=None):
+    def __init__(self, c: BertConfig, index, name=None):
         super().__init__(name=name)
         self.local = index % c.global_attn_every_n_layers != 0
         if index:
@@ -115,10 +116,10 @@ class ModernEncoder(tf.Module):
     """Embeddings, pre-norm layers, final norm and pooler; called like modeling.BertEncoder (segment_ids
     are taken and ignored: no token types). Returns sequence_output [B, S, H] and pooled_output [B, H]."""
 
-    def __init__(self, config: modeling.BertConfig, name=None, recompute="none"):
+    def __init__(self, config: BertConfig, name=None, recompute="none"):
         super().__init__(name=name)
-        if recompute not in modeling.RECOMPUTE:
-            raise ValueError(f"recompute={recompute!r}: valid are {', '.join(modeling.RECOMPUTE)}")
+        if recompute not in RECOMPUTE:
+            raise ValueError(f"recompute={recompute!r}: valid are {', '.join(RECOMPUTE)}")
         c = self.config = config
         self.recompute = recompute
         self.embeddings = ModernEmbeddings(c)
@@ -139,9 +140,9 @@ class ModernEncoder(tf.Module):
         if position_ids is None:
             position_ids = tf.broadcast_to(tf.range(tf.shape(input_ids)[1])[tf.newaxis], tf.shape(input_ids))
         x = self.embeddings(input_ids, dtype, seeds[0], training)
-        global_bias = modeling.mask_bias_for(input_mask, instance_ids)
+        global_bias = layers.mask_bias_for(input_mask, instance_ids)
         biases = (global_bias, global_bias + window_bias(tf.shape(input_ids)[1], self.config.local_attention))
-        x = modeling.run_layers(self.layers, x, seeds[1:], self.recompute == "layer" and training,
+        x = layers.run_layers(self.layers, x, seeds[1:], self.recompute == "layer" and training,
                                 lambda layer, h, s: layer(h, biases, position_ids, s, training))
         x = self.final_norm(x)
         return x, self.pool(x)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from bert_tf import ConfigError
-from bert_tf.parallel.auto_exchange import exchange_choices
+from bert_tf.parallel.exchange_ranking import exchange_choices
 from bert_tf.parallel.comm import CommConfig, onebit_chunk, powersgd_plan
 from bert_tf.tools.planner import parameter_count
 

@@ -58,7 +58,7 @@ import dataclasses
 import math
 
 from bert_tf import ConfigError
-from bert_tf.parallel.auto_exchange import exchange_choices, rank_exchanges, update_factor
+from bert_tf.parallel.exchange_ranking import exchange_choices, rank_exchanges, update_factor
 from bert_tf.parallel.comm import CommConfig, payload_bytes
 from bert_tf.model.config import BertConfig
 
