@@ -2,6 +2,10 @@
 
 __version__ = "0.1.0"
 
+from bert_tf import quiet_cuda  # noqa: E402  (before anything imports TensorFlow: no CUDA probe noise on CPUs)
+
+quiet_cuda.install()
+
 
 class ConfigError(ValueError):
     """A flag, file or value the user gave cannot work; the message names it.
