@@ -21,7 +21,7 @@ Rungs, each measured after warm-up (compile) steps, in one process:
 For each: sequences/s, tokens/s, model TFLOP/s (bert_tf/tools/flops.py), MFU against the hardware peak
 (the best dense-matmul FLOP/s over every dtype, TensorFlow kernels and XLA, measured in this run)
 and against the same dtype's peak, compile time, and what else the machine ran meanwhile (other
-processes' cores and hypervisor steal, bert_tf/tools/machine_load.py: a figure timed beside other work is
+processes' cores and hypervisor steal, bert_tf/studies/machine_load.py: a figure timed beside other work is
 flagged; on 2 cores one busy neighbour halves the matmul peak). Prints the CPU features (or GPU) it saw and
 bert_tf's speed as a ratio to keras-hub's; writes ladder.json and ladder.png to --output_dir.
 
@@ -29,15 +29,15 @@ bert_tf's speed as a ratio to keras-hub's; writes ladder.json and ladder.png to 
 --flagfile` takes after the recipe's flagfile, with the measured sequences/s (pretrain logs its
 own figure next to it). keras-hub is a benchmark-only dependency (requirements-dev.txt).
 
-The ladder itself is bert_tf/tools/ladder.py (one rung: bert_tf/tools/rung.py); the peer stays here,
+The ladder itself is bert_tf/studies/ladder.py (one rung: bert_tf/studies/rung.py); the peer stays here,
 since the library never imports Keras.
 """
 
 from absl import flags
 
 from bert_tf import ConfigError, cli
-from bert_tf.tools import ladder, rung
-from bert_tf.tools.ladder import default_rungs
+from bert_tf.studies import ladder, rung
+from bert_tf.studies.ladder import default_rungs
 
 cli.define_model_preset("base")
 cli.define_sequence()
@@ -51,7 +51,7 @@ flags.DEFINE_integer("accumulation_steps", 4, "Micro-batches per update on the a
 flags.DEFINE_integer("warmup_updates", 2, "Updates not timed (compilation).")
 flags.DEFINE_integer("updates", 5, "Timed updates per rung.")
 flags.DEFINE_list("rungs", None, "Rungs to run (default: the CPU ladder, or the GPU ladder where TensorFlow sees a "
-                  "GPU; see CPU_RUNGS and GPU_RUNGS in bert_tf/tools/ladder.py).")
+                  "GPU; see CPU_RUNGS and GPU_RUNGS in bert_tf/studies/ladder.py).")
 flags.DEFINE_float("peak_seconds", 3.0, "Seconds per matmul-peak measurement (each dtype, both ways).")
 flags.DEFINE_integer("peak_size", 2048, "n of the n x n x n matmul the peak is measured with.")
 flags.DEFINE_integer("peak_repeats", 3, "Times each matmul peak is measured (the best counts; the spread is reported).")

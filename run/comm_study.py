@@ -1,5 +1,5 @@
 """The communication study: what each of the paper's communication optimisations buys, measured
-on an emulated cluster (bert_tf/tools/emulated_cluster.py: network namespaces, tbf-shaped links; root).
+on an emulated cluster (bert_tf/studies/emulated_cluster.py: network namespaces, tbf-shaped links; root).
 
     python run/comm_study.py --output_dir=runs/comm_study                  # 2 nodes, 1/10/25 Gbit/s
     python run/comm_study.py --nodes=4 --rates=1 --fusion_threshold_mb= --cycle_time_ms= --output_dir=runs/comm_study4
@@ -20,7 +20,7 @@ configuration) and prints the table. Without root / iproute2 / namespaces it say
 skips the emulated part and prints only the planner's predictions (give --device_seq_s).
 
 Data: the demo's (scripts/demo.sh makes data/demo); any google-format TFRecords work.
-The logic is bert_tf/tools/comm_study.py; this file holds the flags, the loop and the printing.
+The logic is bert_tf/studies/comm_study.py; this file holds the flags, the loop and the printing.
 """
 
 import glob
@@ -31,7 +31,7 @@ import sys
 from absl import flags
 
 from bert_tf import ConfigError, cli
-from bert_tf.tools import comm_study, emulated_cluster as ec
+from bert_tf.studies import comm_study, emulated_cluster as ec
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -4,7 +4,7 @@
     python run/elastic_recovery.py --dry_run      # both jobs' run/pretrain.py flags checked; no root, no cluster
 
 The same tiny-BERT job (global batch 24 = micro-batches of 4, checkpoint every --save_interval
-updates, commit every --elastic_commit_interval) on a 3-node emulated cluster (bert_tf/tools/emulated_cluster.py),
+updates, commit every --elastic_commit_interval) on a 3-node emulated cluster (bert_tf/studies/emulated_cluster.py),
 once per way of surviving; every process of node 2 is killed after --kill_after updates:
 
   restart: mpirun job (no --elastic). Time lost = kill -> the job has ended (detection) -> the same
@@ -99,7 +99,7 @@ def main(argv):
     if FLAGS.dry_run:
         dry_run(jobs)
         return
-    from bert_tf.tools import emulated_cluster as ec
+    from bert_tf.studies import emulated_cluster as ec
     os.makedirs(work, exist_ok=True)
     figures = {}
     train = lambda after, ranks=None: (lambda r: r["kind"] == "train" and r["time"] > after  # noqa: E731

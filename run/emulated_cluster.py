@@ -4,7 +4,7 @@
     python run/emulated_cluster.py status
     python run/emulated_cluster.py down
 
-In Python, `with bert_tf.tools.emulated_cluster.EmulatedCluster(2, rate_gbit=1) as c:` brings it down
+In Python, `with bert_tf.studies.emulated_cluster.EmulatedCluster(2, rate_gbit=1) as c:` brings it down
 whatever happens. Addresses: 198.18.0.0/24 (benchmarking range) only, no route out.
 """
 import shlex
@@ -22,7 +22,7 @@ FLAGS = flags.FLAGS
 
 
 def main(argv):
-    from bert_tf.tools import emulated_cluster as ec
+    from bert_tf.studies import emulated_cluster as ec
     action = argv[1] if len(argv) > 1 else "status"
     if action == "down":
         print("down" if ec.down() else f"still there: {ec.existing_namespaces()}")

@@ -1,5 +1,5 @@
 """Where the traced updates of a `run/benchmark.py --profile_dir` run spent their time, read again
-from its traces (bert_tf/tools/op_profile.py): each side's top op types, the kinds side by side in wall ms
+from its traces (bert_tf/studies/op_profile.py): each side's top op types, the kinds side by side in wall ms
 per sequence, and what 1.3x the peer would need.
 
     python run/profile_report.py --ladder=runs/bench_base_128/ladder.json
@@ -16,7 +16,7 @@ FLAGS = flags.FLAGS
 
 
 def main(_):
-    from bert_tf.tools import op_profile
+    from bert_tf.studies import op_profile
     try:
         with open(FLAGS.ladder) as f:
             profiles = json.load(f).get("profiles") or {}

@@ -1,5 +1,5 @@
 """The recipe race: pre-training recipes side by side on this machine, held-out MLM accuracy against
-wall-clock time (bert_tf/tools/recipe_race.py):
+wall-clock time (bert_tf/studies/recipe_race.py):
 
     python run/recipe_race.py --recipes=classic=configs/race_classic.flags,budget=configs/race_budget.flags \
         --output_dir=runs/race
@@ -38,7 +38,7 @@ flags.DEFINE_string("title", "", "The plot's title (default: the recipes and thi
 flags.DEFINE_multi_string("pretrain_flag", [], "A flag for every recipe's run/pretrain.py, e.g. "
                           "--pretrain_flag=--seed=2 (repeat it for more).")
 flags.DEFINE_integer("nodes", 0, "Race on this many emulated nodes, one rank each, joined by shaped links "
-                     "(bert_tf/tools/emulated_cluster.py; root); 0: --ranks processes on this machine.", lower_bound=0)
+                     "(bert_tf/studies/emulated_cluster.py; root); 0: --ranks processes on this machine.", lower_bound=0)
 flags.DEFINE_float("link_gbit", 1.0, "--nodes: each node's link rate, Gbit/s.", lower_bound=0.001)
 flags.DEFINE_float("target_accuracy", 0.0, "Also report when each recipe first reaches this held-out MLM accuracy.",
                    lower_bound=0)
@@ -63,7 +63,7 @@ def race_on(recipes):
     """Runs the recipes (unless --report_only); with --nodes on an emulated cluster, then probes its link once
     (the planner's measured bandwidth and per-message cost, as the communication study does) into
     link.json, which it returns."""
-    from bert_tf.tools import comm_study, emulated_cluster, recipe_race
+    from bert_tf.studies import comm_study, emulated_cluster, recipe_race
     extra = [f"--time_budget_hours={FLAGS.time_budget_hours}"] if FLAGS.time_budget_hours else []
     extra += FLAGS.pretrain_flag + (["--network_interface=eth0"] if FLAGS.nodes else [])
     link_path = os.path.join(FLAGS.output_dir, "link.json")
@@ -90,7 +90,7 @@ def race_on(recipes):
 
 def main(_):
     from bert_tf.parallel import device
-    from bert_tf.tools import recipe_race
+    from bert_tf.studies import recipe_race
     recipes = parse_recipes(FLAGS.recipes)
     settings = {name: recipe_race.read_flagfile(path, REPO) for name, path in recipes.items()}
     shared = {name: (s.get("eval_files"), s.get("eval_batches")) for name, s in settings.items()}

@@ -1,6 +1,6 @@
 """The spot-cluster run, whole, at a size the tests do not reach: the budget recipe on emulated nodes with
 --elastic and a compressed exchange, nodes killed and taken back, the job stopped and resumed; and the same
-run without faults, for the held-out accuracy at the end (bert_tf/tools/spot_run.py; root and iproute2).
+run without faults, for the held-out accuracy at the end (bert_tf/studies/spot_run.py; root and iproute2).
 
     python run/spot_run.py --output_dir=runs/spot --flagfile_for_pretrain=configs/spot_budget.flags \
         --events=kill:3@15,kill:2@47,stop@63
@@ -31,7 +31,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def one_run(name, events):
     """One scenario into <output_dir>/<name>; returns its summary."""
-    from bert_tf.tools import emulated_cluster, spot_run
+    from bert_tf.studies import emulated_cluster, spot_run
     folder = os.path.abspath(os.path.join(FLAGS.output_dir, name))
     os.makedirs(folder, exist_ok=True)
     pretrain = [f"--flagfile={os.path.join(REPO, FLAGS.flagfile_for_pretrain)}", *FLAGS.pretrain_flag,
@@ -42,7 +42,7 @@ def one_run(name, events):
 
 
 def main(_):
-    from bert_tf.tools import spot_run
+    from bert_tf.studies import spot_run
     try:
         events = spot_run.parse_events(FLAGS.events)
     except ValueError as e:

@@ -4,7 +4,7 @@
 
 1. NVIDIA's published BERT-large pre-training throughput on 1-32 DGX-2H nodes (TensorFlow2
    BERT README, 21.02 container), predicted from their single-V100 figures and the DGX-2H
-   interconnect (bert_tf.tools.comm_study.nvidia_rows).
+   interconnect (bert_tf.studies.comm_study.nvidia_rows).
 2. The emulated-cluster study (run/comm_study.py): its planner predictions use the study's
    measured per-rank speed and the link probe, never the BERT jobs' communication times.
 Prints both tables (markdown) with the relative error; exits 1 when a row misses --tolerance.
@@ -16,7 +16,8 @@ from absl import flags
 
 from bert_tf import ConfigError, cli
 from bert_tf.model import modeling
-from bert_tf.tools import comm_study, planner
+from bert_tf.tools import planner
+from bert_tf.studies import comm_study
 
 flags.DEFINE_string("study", "runs/comm_study/study.json", "study.json of run/comm_study.py ('' to skip).")
 flags.DEFINE_float("tolerance", 0.25, "Allowed relative error for the rows the goal covers.")

@@ -1,5 +1,5 @@
 """Why --local_group=node is refused with --elastic: Horovod 0.28.1's elastic mode with dynamic process sets, on
-emulated nodes (bert_tf/tools/emulated_cluster.py; root and iproute2).
+emulated nodes (bert_tf/studies/emulated_cluster.py; root and iproute2).
 
     python scripts/probe_elastic_process_sets.py --sets       # one process set per node, re-made at every reset
     python scripts/probe_elastic_process_sets.py --no-sets    # the control: the same loop, global set only
@@ -63,7 +63,7 @@ def worker(steps, with_sets):
 
 def drive(args):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from bert_tf.tools import emulated_cluster as ec
+    from bert_tf.studies import emulated_cluster as ec
     mode = "--sets" if args.sets else "--no-sets"
     with ec.EmulatedCluster(3, 1.0, slots=2) as cluster, open(args.log, "w") as log:
         cluster.set_live(cluster.hosts)

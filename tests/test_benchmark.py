@@ -8,8 +8,9 @@ import sys
 import types
 
 import pytest
+import tensorflow as tf
 
-from bert_tf.tools import flops
+from bert_tf.studies import matmul_peaks
 from bert_tf.train import training
 from bert_tf.parallel import device
 from conftest import REPO, mpi_env
@@ -31,7 +32,7 @@ def benchmark(args, cwd, env=None):
 
 def test_hardware_peak_is_the_best_of_every_dtype_and_way():
     peaks = {"float32": {"tensorflow": 3.0, "xla": 2.0}, "bfloat16": {"tensorflow": 9.0, "xla": 1.0}}
-    assert flops.hardware_peak(peaks) == (9.0, "bfloat16", "tensorflow")
+    assert matmul_peaks.hardware_peak(peaks) == (9.0, "bfloat16", "tensorflow")
 
 
 def test_device_description_reads_the_cpu_flags_or_names_the_gpus(tmp_path, monkeypatch):
@@ -40,15 +41,15 @@ def test_device_description_reads_the_cpu_flags_or_names_the_gpus(tmp_path, monk
     cpuinfo.write_text("processor\t: 0\nmodel name\t: Some Xeon\nflags\t\t: fpu avx2 avx512f amx_bf16 amx_tile\n"
                        "processor\t: 1\nmodel name\t: Other CPU\nflags\t\t: fpu\n")
     listed = []
-    monkeypatch.setattr(flops.tf.config, "list_physical_devices", lambda kind=None: listed.append(kind) or [])
+    monkeypatch.setattr(tf.config, "list_physical_devices", lambda kind=None: listed.append(kind) or [])
     assert device.device_description(str(cpuinfo)) == {
         "cpu": "Some Xeon", "cpu_features": ["avx2", "avx512f", "amx_bf16", "amx_tile"], "cpu_count": os.cpu_count()}
     assert listed == ["GPU"]
     assert device.device_description(str(tmp_path / "none")) == {"cpu": "unknown CPU", "cpu_features": [],
                                                                  "cpu_count": os.cpu_count()}
-    gpus = [flops.tf.config.PhysicalDevice(f"/physical_device:GPU:{i}", "GPU") for i in range(2)]
-    monkeypatch.setattr(flops.tf.config, "list_physical_devices", lambda kind=None: gpus if kind == "GPU" else [])
-    monkeypatch.setattr(flops.tf.config.experimental, "get_device_details",
+    gpus = [tf.config.PhysicalDevice(f"/physical_device:GPU:{i}", "GPU") for i in range(2)]
+    monkeypatch.setattr(tf.config, "list_physical_devices", lambda kind=None: gpus if kind == "GPU" else [])
+    monkeypatch.setattr(tf.config.experimental, "get_device_details",
                         lambda g: {"device_name": "Tesla V100-SXM2-16GB"} if g is gpus[0] else {})
     assert device.device_description(str(cpuinfo)) == {"gpus": ["Tesla V100-SXM2-16GB", "/physical_device:GPU:1"]}
 
@@ -145,7 +146,7 @@ def test_input_headroom_measures_static_and_dynamic_masking(tiny_data, monkeypat
     """Each rate is sequences over the seconds they took, of the real pipelines, the dynamic one re-masking:
     on a clock that advances 1 s per reading, with seconds=2.5, three batches of 4 are timed over 4 s."""
     from bert_tf.data import input_pipeline
-    from bert_tf.tools import input_headroom
+    from bert_tf.studies import input_headroom
     clock, pipelines = iter(range(1, 1000)), []
     monkeypatch.setattr(input_headroom, "time", types.SimpleNamespace(perf_counter=lambda: float(next(clock))))
     real = input_pipeline.make_dataset

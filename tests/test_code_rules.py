@@ -94,3 +94,12 @@ def test_no_import_cycles():
         if node not in state:
             visit(node, [node])
     assert not cycles, "\n".join(cycles)
+
+
+def test_the_library_never_imports_the_studies():
+    """bert_tf/studies/ (emulated cluster, communication study, recipe race, speed ladder, op profiles, the
+    spot-cluster run) is apparatus for docs/results.md: no module outside it imports it, lazily or not."""
+    offenders = [f"{path.relative_to(REPO)} imports {module}"
+                 for path in python_files("bert_tf") if "studies" not in path.parts
+                 for module in imported_modules(path) if module.startswith("bert_tf.studies")]
+    assert not offenders, "\n".join(offenders)

@@ -1,4 +1,4 @@
-"""The communication study: its pieces on hand-made numbers (bert_tf/tools/comm_study.py), then a small
+"""The communication study: its pieces on hand-made numbers (bert_tf/studies/comm_study.py), then a small
 case on the emulated cluster: the planner predicts the measured throughput within 25%, fp16
 compression halves the bytes on the link, and without the tools the study says what is missing
 and skips the emulated part."""
@@ -10,8 +10,9 @@ import sys
 
 import pytest
 
-from bert_tf.tools import comm_study, planner
-from bert_tf.tools import emulated_cluster as ec
+from bert_tf.tools import planner
+from bert_tf.studies import comm_study
+from bert_tf.studies import emulated_cluster as ec
 from bert_tf.parallel.comm import CommConfig
 from conftest import REPO, mpi_env
 
@@ -209,7 +210,7 @@ def test_the_link_probe_is_tried_once_more_when_its_launch_fails(tmp_path):
 def test_launches_from_a_process_that_ran_mpi_leave_out_its_singleton_variables(tmp_path, monkeypatch):
     """A process that initialised MPI itself (a test that measured compression in-process did, then raced: CI) hands
     PMIx and launch variables to its children, and an mpirun started with them exits 1 without a word."""
-    from bert_tf.tools import emulated_cluster
+    from bert_tf.studies import emulated_cluster
     for var, value in (("PMIX_SERVER_URI2", "pmix-server.1;tcp4://127.0.0.1:1"), ("OMPI_MCA_ess", "singleton"),
                        ("BERT_TF_KEPT", "1")):
         monkeypatch.setenv(var, value)

@@ -462,7 +462,7 @@ def test_local_group_node_makes_each_node_one_diloco_worker(tmp_path):
     """--local_updates=2 --local_group=node on 2 emulated nodes x 2 ranks: between synchronisations the ranks of a
     node hold the same weights (their gradients averaged inside the node) and the nodes differ; the outer step gives
     every rank the same weights."""
-    from bert_tf.tools import emulated_cluster as ec
+    from bert_tf.studies import emulated_cluster as ec
     if ec.preflight() is not None:
         pytest.skip(f"emulated cluster unavailable: {ec.preflight()}")
     with ec.EmulatedCluster(2, rate_gbit=1, slots=2) as cluster:

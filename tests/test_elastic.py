@@ -13,7 +13,7 @@ import pytest
 from bert_tf import ConfigError
 from bert_tf.train import elastic, shares
 from bert_tf.artifacts.metrics import read_metrics, wait_for_record
-from bert_tf.tools import emulated_cluster as ec
+from bert_tf.studies import emulated_cluster as ec
 from bert_tf.train import startup
 from bert_tf.train import pretrain_config
 from conftest import REPO, mpi_env
@@ -705,10 +705,10 @@ def test_the_spot_cluster_run_whole(tmp_path, tiny_data, exchange):
     """4 emulated nodes, --elastic, a batch warmup and a compressed exchange (or DiLoCo): node 3 killed during the
     batch warmup (Horovod takes it back when its cooldown ends: a rejoin), node 2 killed past the compression
     warmup's boundary (22) but before the next commit (30), so the re-formed ranks go back to 20 and cross it
-    again; then the whole job stopped and started again, resuming from its checkpoint (bert_tf/tools/spot_run.py).
+    again; then the whole job stopped and started again, resuming from its checkpoint (bert_tf/studies/spot_run.py).
     It finishes; every rank holds the same weights after every start, first update or synchronisation and at
     the end."""
-    from bert_tf.tools import spot_run
+    from bert_tf.studies import spot_run
     ckpt = tmp_path / "run"
     # a 10 ms cycle time: with Horovod's response cache on, a rejoining node aborted every time (configure)
     flags = tiny_data["flags"] + ["--elastic", "--global_batch_size=32", "--elastic_commit_interval=10",

@@ -5,7 +5,7 @@ import sys
 import pytest
 
 from bert_tf import ConfigError
-from bert_tf.tools import emulated_cluster as ec
+from bert_tf.studies import emulated_cluster as ec
 from conftest import WORKERS, mpi_env
 
 PROBLEM = ec.preflight()

@@ -1,11 +1,11 @@
-"""Where a step's time goes (bert_tf/tools/op_profile.py) and what else the machine ran meanwhile
-(bert_tf/tools/machine_load.py): hand-made traces and /proc files, and one real busy neighbour."""
+"""Where a step's time goes (bert_tf/studies/op_profile.py) and what else the machine ran meanwhile
+(bert_tf/studies/machine_load.py): hand-made traces and /proc files, and one real busy neighbour."""
 import subprocess
 import sys
 
 import pytest
 
-from bert_tf.tools import machine_load, op_profile
+from bert_tf.studies import machine_load, op_profile
 
 
 def test_self_time_takes_nested_events_out_of_their_wrappers():

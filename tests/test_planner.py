@@ -9,7 +9,8 @@ import pytest
 
 from bert_tf import ConfigError
 from bert_tf.model import modeling
-from bert_tf.tools import comm_study, memory, planner
+from bert_tf.tools import memory, planner
+from bert_tf.studies import comm_study
 from bert_tf.parallel.comm import CommConfig
 from conftest import REPO, mpi_env
 

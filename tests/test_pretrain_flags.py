@@ -9,7 +9,7 @@ import pytest
 
 from bert_tf import ConfigError
 from bert_tf.parallel import comm
-from bert_tf.tools import recipe_race
+from bert_tf.studies import recipe_race
 from bert_tf.train import pretraining
 from bert_tf.train import startup
 from bert_tf.train import pretrain_config

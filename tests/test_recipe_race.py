@@ -1,4 +1,4 @@
-"""The recipe race's report (bert_tf/tools/recipe_race.py, run/recipe_race.py --report_only) on runs
+"""The recipe race's report (bert_tf/studies/recipe_race.py, run/recipe_race.py --report_only) on runs
 written here: the curves, the time each recipe takes to reach the other's final accuracy, the plot."""
 import dataclasses
 import json
@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from bert_tf import ConfigError
-from bert_tf.tools import emulated_cluster as ec, recipe_race
+from bert_tf.studies import emulated_cluster as ec, recipe_race
 from conftest import REPO
 
 

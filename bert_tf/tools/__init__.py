@@ -1,2 +1,2 @@
-"""Measurement and planning: the cost planner, FLOPs and peaks, profiles, machine load, the communication
-study, the emulated cluster, input headroom, the speed ladder."""
+"""The cost model: the planner (days and price of a run), per-rank memory, the model's FLOP counts. Arithmetic
+only, no TensorFlow (tests/test_no_tensorflow.py)."""

@@ -1,7 +1,7 @@
 """The single-device speed ladder (run/benchmark.py): one BERT update timed with each lever, next to the
 peer a Keras user would pick instead, and the fastest bert_tf configuration written as run/pretrain.py
 flags. The rungs (RUNGS) and what each reports are in run/benchmark.py's docstring; one rung is timed by
-bert_tf/tools/rung.py. The peer is passed in as a function (run/benchmark.py's keras-hub model: the
+bert_tf/studies/rung.py. The peer is passed in as a function (run/benchmark.py's keras-hub model: the
 library never imports Keras) called as peer(config, timing, precision, xla, micro_batch_size,
 accumulation=1, profile_dir="") and returning what rung.timed_updates does (traced: the seconds).
 """
@@ -12,8 +12,8 @@ import os
 import resource
 
 from bert_tf import ConfigError
-from bert_tf.tools import machine_load
-from bert_tf.tools.rung import TRACED_UPDATES, Timing, run_rung
+from bert_tf.studies import machine_load
+from bert_tf.studies.rung import TRACED_UPDATES, Timing, run_rung
 
 # tf32: float32 with TensorFloat-32 matmuls (GPUs from Ampere on); fp32 is then strict float32.
 PRECISION = {"fp32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16", "tf32": "float32"}
@@ -128,10 +128,10 @@ class Ladder:
     """The rows measured so far (ladder.json's "rungs"), each with its MFU against the measured peaks."""
 
     def __init__(self, config, s: Settings, peaks, flops_per_seq, peer, fusion):
-        from bert_tf.tools import flops
+        from bert_tf.studies import matmul_peaks
         self.config, self.s, self.timing, self.peer, self.fusion = config, s, s.timing(), peer, fusion
         self.peaks, self.flops_per_seq = peaks, flops_per_seq
-        self.hw_peak = flops.hardware_peak(peaks)[0]
+        self.hw_peak = matmul_peaks.hardware_peak(peaks)[0]
         self.rows = []
 
     def record(self, rung, precision, xla, accumulation, batch_size, result, peer=False, diagnostic=False, tf32=False,
@@ -243,7 +243,7 @@ class Ladder:
 
     def profile(self, profile_dir, best, peer):
         """Each side's fastest traced, the same number of updates, and where their time went."""
-        from bert_tf.tools import op_profile
+        from bert_tf.studies import op_profile
         profiles = {}
         if not (profile_dir and best):
             return profiles
@@ -263,13 +263,13 @@ class Ladder:
 
 def measure_peaks(s: Settings):
     """(peaks, every sample, what else ran during each): the matmul peaks MFU is taken against."""
-    from bert_tf.tools import flops
+    from bert_tf.studies import matmul_peaks
     if s.peak_repeats < 1:
         raise ConfigError(f"--peak_repeats must be >= 1, got {s.peak_repeats}")
     peak_samples, peak_loads = {}, {}
-    peaks = flops.matmul_peaks(n=s.peak_size, seconds=s.peak_seconds, log=lambda line: print(line, flush=True),
+    peaks = matmul_peaks.matmul_peaks(n=s.peak_size, seconds=s.peak_seconds, log=lambda line: print(line, flush=True),
                                repeats=s.peak_repeats, samples=peak_samples, loads=peak_loads)
-    hw_peak, hw_dtype, hw_way = flops.hardware_peak(peaks)
+    hw_peak, hw_dtype, hw_way = matmul_peaks.hardware_peak(peaks)
     print(f"hardware peak: {hw_peak / 1e12:.3f} TFLOP/s ({hw_dtype}, {hw_way})", flush=True)
     return peaks, peak_samples, peak_loads
 
@@ -303,7 +303,7 @@ def input_headroom(s: Settings, best):
     """With --input_files, what the input pipeline delivers alone next to the fastest rung's consumption."""
     if not s.input_files:
         return None
-    from bert_tf.tools import input_headroom
+    from bert_tf.studies import input_headroom
     headroom = input_headroom.measure(s.input_files, s.vocab_file, s.micro_batch_size, s.max_seq_length,
                                       s.max_predictions_per_seq, s.input_seconds)
     consumed = best["sequences_per_second"] if best else float("nan")
@@ -318,7 +318,8 @@ def run(s: Settings, peer, fusion):
     and the profiles; ladder.json, ladder.png and the flagfile and device figures asked for."""
     from bert_tf.parallel import device
     from bert_tf.model import modeling
-    from bert_tf.tools import flops, ladder_report
+    from bert_tf.tools import flops
+    from bert_tf.studies import ladder_report
     batch_sizes, records = check_settings(s)
     config = modeling.BertConfig.preset(s.model_preset, vocab_size=s.vocab_size)
     flops_per_seq = flops.training_flops_per_sequence(config, s.max_seq_length, s.max_predictions_per_seq)

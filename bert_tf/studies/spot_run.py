@@ -1,4 +1,4 @@
-"""The spot-cluster run, whole, on emulated nodes (bert_tf/tools/emulated_cluster.py): run/pretrain.py under an
+"""The spot-cluster run, whole, on emulated nodes (bert_tf/studies/emulated_cluster.py): run/pretrain.py under an
 elastic horovodrun, with nodes killed at given updates (Horovod takes a killed node back when its blacklist
 cooldown ends: a spot node replaced) and the whole job stopped at a given update and started again from its
 checkpoint. One scenario for the cluster-tier test (tests/test_elastic.py::test_the_spot_cluster_run_whole) and
@@ -13,7 +13,7 @@ import sys
 import time
 
 from bert_tf.artifacts.metrics import read_metrics, wait_for_record
-from bert_tf.tools import emulated_cluster as ec
+from bert_tf.studies import emulated_cluster as ec
 
 PRETRAIN = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "run",
                         "pretrain.py")

@@ -1,4 +1,4 @@
-"""What the speed ladder (bert_tf/tools/ladder.py) leaves behind: ladder.json and ladder.png in the output
+"""What the speed ladder (bert_tf/studies/ladder.py) leaves behind: ladder.json and ladder.png in the output
 folder, the fastest bert_tf configuration as run/pretrain.py flags (--write_flagfile), and its sequences/s
 as the device's figure for run/plan.py (--device_figures).
 """
@@ -10,8 +10,8 @@ import os
 
 def report(s, ladder, peak_samples, peak_loads, device, batch_sizes, headroom, profiles, peak_rss_gb) -> dict:
     """ladder.json's content: `s` the ladder's Settings, `ladder` its Ladder (rows, peaks, FLOPs per sequence)."""
-    from bert_tf.tools import flops
-    hw_peak, hw_dtype, hw_way = flops.hardware_peak(ladder.peaks)
+    from bert_tf.studies import matmul_peaks
+    hw_peak, hw_dtype, hw_way = matmul_peaks.hardware_peak(ladder.peaks)
     best, peer = ladder.fastest(), ladder.fastest(peer=True)
     return {"model_preset": s.model_preset, "seq_length": s.max_seq_length, "batch_size": s.micro_batch_size,
             "flops_per_sequence": ladder.flops_per_seq, "device": device, "matmul_peak_flops": ladder.peaks,

@@ -20,7 +20,8 @@ import statistics
 import subprocess
 
 from bert_tf.artifacts import metrics
-from bert_tf.tools import emulated_cluster, planner
+from bert_tf.tools import planner
+from bert_tf.studies import emulated_cluster
 from bert_tf.parallel.comm import CommConfig
 
 BASELINE = "fp32/every-mb"

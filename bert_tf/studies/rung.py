@@ -1,4 +1,4 @@
-"""One rung of the speed ladder (bert_tf/tools/ladder.py) timed: a bert_tf training configuration's
+"""One rung of the speed ladder (bert_tf/studies/ladder.py) timed: a bert_tf training configuration's
 update on random full rows or on real records, after warm-up (compile) updates, with what else the
 machine ran meanwhile; or traced with the TensorFlow profiler. The peer (run/benchmark.py's keras-hub
 model) is timed with the same helpers, on the same random rows.
@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from bert_tf.tools import machine_load
+from bert_tf.studies import machine_load
 
 TRACED_UPDATES = 3
 
@@ -40,7 +40,7 @@ def random_batch(batch, seq, preds, vocab, seed):
 
 def timed_updates(step, timing: Timing):
     """{"update_seconds": median of timing.updates calls of step(), "first_update_seconds", "compile_seconds_estimate",
-    "machine_load": what other processes and the hypervisor took meanwhile (bert_tf/tools/machine_load.py)}."""
+    "machine_load": what other processes and the hypervisor took meanwhile (bert_tf/studies/machine_load.py)}."""
     start = time.perf_counter()
     step()
     first = time.perf_counter() - start

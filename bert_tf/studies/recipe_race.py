@@ -17,7 +17,7 @@ import time
 
 from bert_tf import ConfigError
 from bert_tf.artifacts import metrics
-from bert_tf.tools import emulated_cluster
+from bert_tf.studies import emulated_cluster
 
 
 def read_flagfile(path: str, root: str = ".") -> dict:
@@ -90,7 +90,8 @@ def planned_vs_measured(run_dir: str, nodes: int, rate_gbit: float, link: dict |
     communication (compute, wait and optimizer update of its timing split), against the speed it measured
     between evaluations."""
     from bert_tf.model.config import BertConfig
-    from bert_tf.tools import comm_study, planner
+    from bert_tf.tools import planner
+    from bert_tf.studies import comm_study
     from bert_tf.parallel.comm import CommConfig
     records = metrics.read_metrics(os.path.join(run_dir, "metrics.jsonl"))
     run = next(r for r in records if r.get("kind") == "run")

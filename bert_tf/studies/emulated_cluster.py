@@ -216,7 +216,7 @@ class EmulatedCluster:
         started in the hosts' namespaces by the ssh shim, Gloo on the emulated links (eth0)."""
         import sys
         hvdrun = shutil.which("horovodrun", path=os.path.dirname(sys.executable)) or "horovodrun"
-        # the checkout's scripts/: this file is bert_tf/tools/emulated_cluster.py
+        # the checkout's scripts/: this file is bert_tf/studies/emulated_cluster.py
         discover = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                                 "scripts", "discover_hosts.sh")
         return ["ip", "netns", "exec", f"{PREFIX}-launch", "env", f"PATH={self.ssh_dir}:{os.environ.get('PATH', '')}",
