@@ -197,7 +197,7 @@ def test_a_checkpoint_from_before_the_input_position_resumes_from_its_json_with_
 
 # ----------------------------------------------------------------------------- the divergence guard
 def test_guard_fires_on_a_loss_that_stays_high_or_on_skipped_updates_never_on_a_falling_loss():
-    guard = divergence.Guard(divergence.GuardConfig(factor=1.5, intervals=3, max_skipped=4))
+    guard = divergence.Guard(divergence.GuardConfig(divergence_factor=1.5, divergence_intervals=3, max_skipped_updates=4))
     healthy = [10.0 * 0.97 ** i for i in range(200)]                       # a loss that falls, with noise
     noise = np.random.RandomState(0).uniform(0.9, 1.1, 200)
     assert not any(guard.observe(x * n, 0) for x, n in zip(healthy, noise)) and not guard.suspect
@@ -211,7 +211,7 @@ def test_guard_fires_on_a_loss_that_stays_high_or_on_skipped_updates_never_on_a_
     with pytest.raises(divergence.Diverged, match="after 0 rollback"):
         divergence.Guard(divergence.GuardConfig(max_rollbacks=0)).rolled_back("x")
     with pytest.raises(ConfigError, match="--divergence_factor must be 0 .off. or > 1"):
-        divergence.GuardConfig(factor=0.5).validate()
+        divergence.GuardConfig(divergence_factor=0.5).validate()
 
 
 def _guarded_run(tiny_data, tmp_path, monkeypatch, inject, **overrides):

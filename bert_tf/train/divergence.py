@@ -21,7 +21,7 @@ import math
 
 import numpy as np
 
-from bert_tf import ConfigError
+from bert_tf import ConfigError, knob
 
 HISTORY = 20        # healthy logged intervals whose median is the reference
 MIN_HISTORY = 5     # intervals before the spike test is armed (the first losses fall fast)
@@ -33,19 +33,23 @@ class Diverged(ConfigError):
 
 @dataclasses.dataclass
 class GuardConfig:
-    factor: float = 1.5           # 0: no spike test
-    intervals: int = 3
-    max_skipped: int = 25         # 0: no skip test
-    max_rollbacks: int = 3
-    lr_scale: float = 1.0         # each rollback multiplies the learning rate by this
+    """The guard's settings; their names are the flags' (PretrainConfig inherits them)."""
+    divergence_factor: float = knob(1.5, "Divergence guard: roll back to the last good checkpoint when the logged "
+                                    "loss stays above this x the median of the last 20 healthy intervals (0: off) "
+                                    "...")
+    divergence_intervals: int = knob(3, "... for this many logged intervals in a row.")
+    max_skipped_updates: int = knob(25, "Divergence guard: roll back when this many updates in a row were skipped "
+                                    "for non-finite gradients (0: off; checked at log steps).")
+    max_rollbacks: int = knob(3, "Stop after this many rollbacks.")
+    rollback_lr_scale: float = knob(1.0, "Multiply the learning rate by this at each rollback.")
 
     def validate(self):
-        if self.factor and self.factor <= 1:
-            raise ConfigError(f"--divergence_factor must be 0 (off) or > 1, got {self.factor}")
-        if self.intervals < 1 or self.max_skipped < 0 or self.max_rollbacks < 0:
+        if self.divergence_factor and self.divergence_factor <= 1:
+            raise ConfigError(f"--divergence_factor must be 0 (off) or > 1, got {self.divergence_factor}")
+        if self.divergence_intervals < 1 or self.max_skipped_updates < 0 or self.max_rollbacks < 0:
             raise ConfigError("--divergence_intervals must be >= 1, --max_skipped_updates and --max_rollbacks >= 0")
-        if not 0 < self.lr_scale <= 1:
-            raise ConfigError(f"--rollback_lr_scale must be in (0, 1], got {self.lr_scale}")
+        if not 0 < self.rollback_lr_scale <= 1:
+            raise ConfigError(f"--rollback_lr_scale must be in (0, 1], got {self.rollback_lr_scale}")
 
 
 class Guard:
@@ -62,22 +66,22 @@ class Guard:
         return self.high > 0 or self.skipping > 0
 
     def threshold(self):
-        if not self.config.factor or len(self.healthy) < MIN_HISTORY:
+        if not self.config.divergence_factor or len(self.healthy) < MIN_HISTORY:
             return None
-        return self.config.factor * float(np.median(self.healthy))
+        return self.config.divergence_factor * float(np.median(self.healthy))
 
     def observe(self, loss: float, consecutive_skips: int) -> str:
         """One logged interval's loss and the updates skipped in a row so far -> why to roll back, or ''."""
         c = self.config
         self.skipping = consecutive_skips
-        if c.max_skipped and consecutive_skips >= c.max_skipped:
+        if c.max_skipped_updates and consecutive_skips >= c.max_skipped_updates:
             return f"{consecutive_skips} consecutive updates skipped (non-finite gradients)"
         limit = self.threshold()
         if not math.isfinite(loss) or limit is not None and loss > limit:
             self.high += 1
-            if self.high >= c.intervals:
+            if self.high >= c.divergence_intervals:
                 median = float(np.median(self.healthy)) if self.healthy else float("nan")
-                return (f"loss {loss:.4f} above {c.factor:g} x the running median {median:.4f} "
+                return (f"loss {loss:.4f} above {c.divergence_factor:g} x the running median {median:.4f} "
                         f"for {self.high} logged intervals")
         else:
             self.high = 0

@@ -1,8 +1,8 @@
 """The pre-training run's settings: `PretrainConfig`, one field per flag of run/pretrain.py.
 
-Each field's comment is its flag's help text (bert_tf/cli.py generates the flags from them), so a
-knob has one name, one default and one description. Constructing a config checks its values and
-nothing else: no file, folder or interface is looked at here (train/startup.py's check_inputs does
+Each field is a `knob` holding its flag's default, help text and choices (bert_tf/cli.py generates the
+flags from them), so a knob has one name, one default and one description. Constructing a config checks
+its values and nothing else: no file, folder or interface is looked at here (train/startup.py's check_inputs does
 that, before anything is built).
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ from bert_tf.train.train_config import TrainConfig
 
 
 @dataclasses.dataclass
-class PretrainConfig(TrainConfig):
+class PretrainConfig(TrainConfig, divergence.GuardConfig):
     """Everything a run needs: train_config.TrainConfig's update settings (precision, xla,
     accumulation_steps, optimizer, learning_rate, warmup_steps, total_steps, decay_power,
     weight_decay, clip_norm, seed, comm) plus model, data, Horovod and output settings.
@@ -84,25 +84,12 @@ class PretrainConfig(TrainConfig):
                                   "the rank count (each rank's micro-batches per update follow from it).")
     elastic_commit_interval: int = knob(10, "Elastic mode: commit the state to memory every N updates (a lost rank "
                                         "costs the updates since the last commit).")
-    # the divergence guard (bert_tf/train/divergence.py)
-    divergence_factor: float = knob(1.5, "Divergence guard: roll back to the last good checkpoint when the logged "
-                                    "loss stays above this x the median of the last 20 healthy intervals (0: off) "
-                                    "...")
-    divergence_intervals: int = knob(3, "... for this many logged intervals in a row.")
-    max_skipped_updates: int = knob(25, "Divergence guard: roll back when this many updates in a row were skipped "
-                                    "for non-finite gradients (0: off; checked at log steps).")
-    max_rollbacks: int = knob(3, "Stop after this many rollbacks.")
-    rollback_lr_scale: float = knob(1.0, "Multiply the learning rate by this at each rollback.")
     # wall-clock (bert_tf/train/budget.py)
     time_budget_hours: float = knob(0.0, "End the run on the clock: the learning-rate schedule (the recipe's "
                                     "shape) is stretched over the updates this many hours hold, predicted from the "
                                     "measured rate; a restart spends what is left (0: end at --total_steps).")
     target_mlm_accuracy: float = knob(0.0, "Stop at the first evaluation (--eval_interval) whose held-out MLM "
                                       "accuracy reaches this, and log the time to train (0: off).")
-
-    def guard_config(self) -> divergence.GuardConfig:
-        return divergence.GuardConfig(self.divergence_factor, self.divergence_intervals, self.max_skipped_updates,
-                                      self.max_rollbacks, self.rollback_lr_scale)
 
     def _check_ladder_and_auto_exchange(self):
         if self.ladder_sequences_per_second < 0:
@@ -115,7 +102,7 @@ class PretrainConfig(TrainConfig):
 
     def validate(self):
         metrics.check_wandb(self.wandb_project, self.wandb_mode)
-        self.guard_config().validate()
+        divergence.GuardConfig.validate(self)
         if self.recompute not in model_config.RECOMPUTE:
             raise ConfigError(f"--recompute={self.recompute}: valid are {', '.join(model_config.RECOMPUTE)}")
         if self.time_budget_hours < 0:

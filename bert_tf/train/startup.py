@@ -251,7 +251,7 @@ def build(cfg: PretrainConfig, say, asked: PretrainConfig | None = None) -> Job:
                exchange_record=recorded_exchange(cfg) if cfg.elastic and rank == 0 else None,
                checkpoint_extra={"global_batch": global_batch, "model_config": model_config.to_dict(),
                                  "vocab_size": len(tokenizer)},
-               run_record=run_record, guard=divergence.Guard(cfg.guard_config()), clock=clock,
+               run_record=run_record, guard=divergence.Guard(cfg), clock=clock,
                warmup=warmup, outer=outer)
 
 
