@@ -105,7 +105,7 @@ def run_keras_hub(config, timing: rung.Timing, precision, xla, batch_size, accum
         b = rung.random_batch(batch_size, timing.max_seq_length, timing.max_predictions_per_seq, config.vocab_size, 0)
         x = {"token_ids": b["input_ids"], "segment_ids": b["segment_ids"], "padding_mask": b["input_mask"] > 0,
              "mask_positions": b["masked_lm_positions"]}
-        step = lambda: [float(model.train_on_batch(x, b["masked_lm_ids"], sample_weight=b["masked_lm_weights"]))  # noqa: E731
+        step = lambda: [float(model.train_on_batch(x, b["masked_lm_ids"], sample_weight=b["masked_lm_weights"]))
                         for _ in range(accumulation)]
         if profile_dir:
             return rung.traced_updates(step, profile_dir, timing)

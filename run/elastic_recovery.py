@@ -102,7 +102,7 @@ def main(argv):
     from bert_tf.studies import emulated_cluster as ec
     os.makedirs(work, exist_ok=True)
     figures = {}
-    train = lambda after, ranks=None: (lambda r: r["kind"] == "train" and r["time"] > after  # noqa: E731
+    train = lambda after, ranks=None: (lambda r: r["kind"] == "train" and r["time"] > after
                                        and (ranks is None or r.get("ranks") == ranks))
     with ec.EmulatedCluster(4, rate_gbit=10) as cluster, open(os.path.join(work, "log.txt"), "w") as log:
         cluster.set_live(cluster.hosts[:3])        # node 3: the replacement the elastic job takes in

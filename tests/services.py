@@ -222,7 +222,7 @@ def dockerfile_parts(dockerfile=REPO / "Dockerfile"):
         raise RuntimeError(f"{dockerfile}: after its COPY --from=source the final stage may only set settings")
     deps = preamble + [ins for s in stages if s is not source and s is not final for ins in s["instructions"]] \
         + final["instructions"][:cut]
-    text = lambda part: "".join(t for _, _, t in part)                       # noqa: E731
+    text = lambda part: "".join(t for _, _, t in part)
     return {"deps": text(deps), "source": text(source["instructions"]), "tail": text(tail), "final_stage": final["name"]}
 
 

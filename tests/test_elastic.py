@@ -510,7 +510,7 @@ def test_one_process_drives_the_elastic_loop_through_a_lost_rank_and_an_added_ho
         save_interval=10, eval_batches=1, ladder_sequences_per_second=1.0, checkpoint_dir=str(tmp_path))
     distributed.init()
     lines = []
-    log = lambda *a, **k: lines.append(" ".join(map(str, a)))  # noqa: E731
+    log = lambda *a, **k: lines.append(" ".join(map(str, a)))
     job = startup.build(cfg, log)
     world = FakeWorld(sizes=[2, 1, 2], fail_at_allreduce=7, grow_at_step=15)
     world.trainer = job.trainer
@@ -641,7 +641,7 @@ def test_the_budget_recipe_with_powersgd_on_elastic_ranks_through_a_failure_acro
             raise world.Failure("horovod: a peer was lost in update 7 (fake)")
         return real_next()
     job.input.next_update = next_update
-    log = lambda *a, **k: lines.append(" ".join(map(str, a)))  # noqa: E731
+    log = lambda *a, **k: lines.append(" ".join(map(str, a)))
     elastic.Elastic(cfg, job, log, world=world).run(lambda mode: pretraining.train(cfg, job, mode))
     trainer = job.trainer
     assert int(trainer.step.numpy()) == 20 and trainer.exchange.clock is trainer.optimizer.iterations
@@ -680,7 +680,7 @@ def test_diloco_on_elastic_ranks_commits_at_its_synchronisations_and_agrees_afte
     job = startup.build(cfg, lambda *a, **k: lines.append(" ".join(map(str, a))))
     world = ReformingWorld(sizes=[2, 1, 2], reform_at_commits=[4, 8])
     world.trainer = job.trainer
-    log = lambda *a, **k: lines.append(" ".join(map(str, a)))  # noqa: E731
+    log = lambda *a, **k: lines.append(" ".join(map(str, a)))
     elastic.Elastic(cfg, job, log, world=world).run(lambda mode: pretraining.train(cfg, job, mode))
     assert int(job.trainer.step.numpy()) == 12 and int(job.outer.rounds.numpy()) == 6
     records = read_metrics(tmp_path / "metrics.jsonl")
@@ -750,7 +750,7 @@ def test_auto_on_elastic_ranks_keeps_the_checkpoints_exchange_and_chooses_once_p
     cfg = _spot_config(tiny_data, tmp_path / "resumed", total_steps=8, comm=auto, ladder_sequences_per_second=10.0)
     distributed.init()
     lines = []
-    log = lambda *a, **k: lines.append(" ".join(map(str, a)))  # noqa: E731
+    log = lambda *a, **k: lines.append(" ".join(map(str, a)))
     job = startup.build(cfg, log)
     assert job.trainer.exchange is None                              # built with none, agreed at the start
     job.exchange_record = {"gradient_compression": "powersgd", "powersgd_rank": 2}    # as rank 0 read it

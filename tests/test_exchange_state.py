@@ -150,7 +150,7 @@ def test_auto_is_pinned_across_a_resume_and_a_change_of_method_or_rank_never_cra
     would choose none) and restores the rank's buffers; a resume naming rank 3 (Q of another shape) and then 1-bit
     starts the buffers afresh with a line, and every checkpoint records what it was trained with."""
     _, out = _run(tiny_data, tmp_path, 4, gradient_compression="powersgd", powersgd_rank=2)
-    record = lambda step: json.loads((tmp_path / f"ckpt-{step}.json").read_text())["exchange"]  # noqa: E731
+    record = lambda step: json.loads((tmp_path / f"ckpt-{step}.json").read_text())["exchange"]
     assert record(4) == {"gradient_compression": "powersgd", "powersgd_rank": 2}
     assert (tmp_path / "exchange" / "ckpt-4" / "rank-0-of-1.npz").exists()
     trainer, out = _run(tiny_data, tmp_path, 6, gradient_compression="auto")

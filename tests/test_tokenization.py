@@ -13,7 +13,7 @@ from conftest import REPO, mpi_env
 
 @pytest.fixture(scope="module")
 def agreement(tiny_data, corpus_dir, tmp_path_factory):
-    import transformers  # noqa: F401  the oracle (requirements-dev.txt): missing, the tests fail, not skip
+    import transformers  # noqa: F401  (the oracle, requirements-dev.txt: missing, the tests fail, not skip)
     out = tmp_path_factory.mktemp("agreement") / "agreement.json"
     files = [f"{corpus_dir}/lee_background.cor@documents", f"{corpus_dir}/pang_lee_polarity.cor",
              f"{corpus_dir}/enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"]

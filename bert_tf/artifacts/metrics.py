@@ -47,7 +47,7 @@ def check_wandb(project, mode):
     if mode not in WANDB_MODES:
         raise ConfigError(f"--wandb_mode={mode}: valid are {', '.join(WANDB_MODES)}")
     try:
-        import wandb  # noqa: F401
+        import wandb  # noqa: F401  (only whether it imports: --wandb_project needs it)
     except ImportError:
         raise ConfigError(f"--wandb_project={project} needs the wandb package: pip install wandb") from None
 

@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 
-from bert_tf import ConfigError, sha256  # noqa: F401  (pretraining_data.sha256: the shards' checksums)
+from bert_tf import ConfigError, sha256
 from bert_tf.data.instances import (Counts, InstanceConfig, create_instances, document_rng, pack_full_sentences,
                                     pack_instances)
 from bert_tf.data.records import ShardWriter, serialize, serialize_packed

@@ -90,7 +90,7 @@ def save(exchange, directory, step, rank, ranks, digest, keep=3) -> str:
 def _prune(directory, rank, keep):
     """This rank's files beyond the newest `keep` checkpoints (each rank its own: node-local disks too)."""
     mine = glob.glob(os.path.join(glob.escape(directory), FOLDER, "ckpt-*", f"rank-{rank}-of-*.npz"))
-    step = lambda p: int(os.path.basename(os.path.dirname(p))[len("ckpt-"):])  # noqa: E731
+    step = lambda p: int(os.path.basename(os.path.dirname(p))[len("ckpt-"):])
     steps = sorted({step(p) for p in mine}, reverse=True)
     for p in mine:
         if step(p) not in steps[:keep]:

@@ -89,7 +89,7 @@ def run_rung(config, timing: Timing, precision, xla, accumulation, batch_size, p
         return _on_records(trainer, timing, accumulation, batch_size, records)
     micro = [random_batch(batch_size, timing.max_seq_length, timing.max_predictions_per_seq, config.vocab_size,
                           i) for i in range(accumulation)]
-    step = lambda: float(trainer.train_step(micro)["loss"])  # noqa: E731
+    step = lambda: float(trainer.train_step(micro)["loss"])
     return traced_updates(step, profile_dir, timing) if profile_dir else timed_updates(step, timing)
 
 

@@ -14,7 +14,7 @@ from bert_tf.model import modeling
 from bert_tf.train import training
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from conftest import random_features  # noqa: E402
+from conftest import random_features  # noqa: E402  (tests/ on sys.path first)
 
 out_dir, train_glob = sys.argv[1], sys.argv[2]
 hvd = distributed.init()
@@ -126,8 +126,8 @@ result["record_hashes"] = [record_hash(b, i) for b in (
 # --gradient_compression=powersgd|onebit (bert_tf/parallel/compression.py): the exchange itself on gradients that
 # differ per rank (its inputs, outputs and buffers kept for a NumPy reference), a non-finite gradient on one
 # rank, the buffers' capture for a checkpoint, and trainer updates keeping the weights equal on both ranks
-from bert_tf.parallel import compression  # noqa: E402
-from bert_tf.parallel.comm import CommConfig  # noqa: E402
+from bert_tf.parallel import compression  # noqa: E402  (after the set-up above)
+from bert_tf.parallel.comm import CommConfig  # noqa: E402  (after the set-up above)
 
 
 def local_state(exchange):
@@ -153,7 +153,7 @@ for method in compression.METHODS:
     result[f"{method}_nonfinite_kept_state"] = bool(np.array_equal(before, local_state(exchange)))
     # what a checkpoint and a resume do: each rank writes its own buffers to its own file, then a fresh exchange
     # on each rank reads back only its own (and rank 0's Q is broadcast)
-    from bert_tf.parallel import exchange_state  # noqa: E402
+    from bert_tf.parallel import exchange_state  # noqa: E402  (after the set-up above)
     folder = os.path.join(out_dir, "exchange_files")
     weights = exchange_state.weights_digest(model.trainable_variables)
     written = exchange_state.save(exchange, folder, 10, rank, size, weights)
@@ -192,7 +192,7 @@ for method in compression.METHODS:
 
 # --local_updates (DiLoCo, bert_tf/parallel/local_sgd.py): two local updates (the ranks' weights part), then the
 # outer step (they agree again, on the reference's value)
-from bert_tf.parallel import local_sgd  # noqa: E402
+from bert_tf.parallel import local_sgd  # noqa: E402  (after the set-up above)
 
 model = tiny(1)
 trainer = training.Trainer(model, training.TrainConfig(learning_rate=1e-3, optimizer="adamw"), seed_offset=rank)
@@ -210,7 +210,7 @@ result["diloco_rounds"] = int(outer.rounds.numpy())
 
 # --gradient_compression=auto (bert_tf/parallel/auto_exchange.py): the link measured by both ranks together, rank 0's
 # figures on both, so both choose the same exchange
-from bert_tf.parallel import auto_exchange  # noqa: E402
+from bert_tf.parallel import auto_exchange  # noqa: E402  (after the set-up above)
 
 result["auto_link"] = auto_exchange.measure_link(elements=2 ** 16, repeats=2)
 said = []

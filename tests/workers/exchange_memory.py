@@ -38,10 +38,13 @@ def peak_during(fn):
     before, top, stop = rss(), [0], threading.Event()
     def sample():
         while not stop.is_set():
-            top[0] = max(top[0], rss()); time.sleep(0.001)
-    t = threading.Thread(target=sample); t.start()
+            top[0] = max(top[0], rss())
+            time.sleep(0.001)
+    t = threading.Thread(target=sample)
+    t.start()
     out = fn()
-    stop.set(); t.join()
+    stop.set()
+    t.join()
     top[0] = max(top[0], rss())
     return out, top[0] - before, hwm() - before
 

@@ -14,7 +14,7 @@ from bert_tf.train import startup
 from bert_tf.train.pretrain_config import PretrainConfig
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from conftest import random_features  # noqa: E402
+from conftest import random_features  # noqa: E402  (tests/ on sys.path first)
 
 out_dir = sys.argv[1]
 comm = CommConfig(local_updates=2, local_group="node")
