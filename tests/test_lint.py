@@ -1,5 +1,6 @@
-"""Lint in the unit tier: ruff (ruff.toml's rules) over bert_tf/, run/, tests/ and scripts/, its file list
-covering every module, and no `# noqa` without a reason on its line."""
+"""Lint and types in the unit tier: ruff (ruff.toml's rules) over bert_tf/, run/, tests/ and scripts/, its file
+list covering every module, mypy (mypy.ini) over bert_tf/ and run/, and no `# noqa` without a reason on its
+line."""
 import re
 import subprocess
 import sys
@@ -24,6 +25,13 @@ def test_the_linter_reads_every_module():
     read = {Path(line).resolve() for line in proc.stdout.split()}
     modules = {p.resolve() for folder in ("bert_tf", "run") for p in (REPO / folder).rglob("*.py")}
     assert modules and not modules - read, sorted(str(p.relative_to(REPO)) for p in modules - read)
+
+
+def test_mypy_passes():
+    """mypy.ini's settings over the library and the entry points (native packages' names are Any)."""
+    proc = subprocess.run([sys.executable, "-m", "mypy", "bert_tf", "run"], cwd=REPO, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
 
 
 def test_every_noqa_says_why():

@@ -185,7 +185,7 @@ class Checkpoints:
 
     def save(self, step, extra: dict | None = None):
         """Rank 0 only; other ranks return None. `extra` goes to a JSON file beside it."""
-        if not self.is_writer:
+        if not self.is_writer or self.manager is None:
             return None
         previous = self.manager.latest_checkpoint
         try:

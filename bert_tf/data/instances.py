@@ -303,7 +303,8 @@ def pack_instances(instances, config: InstanceConfig, rng=None):
     so that row length does not follow file order."""
     L, P = config.max_seq_length, config.max_predictions_per_seq
     order = sorted(range(len(instances)), key=lambda i: -len(instances[i].tokens))
-    rows, free = [], [[] for _ in range(L + 1)]      # free[s]: open rows with exactly s tokens free
+    rows: list[list] = []
+    free: list[list[int]] = [[] for _ in range(L + 1)]      # free[s]: open rows with exactly s tokens free
     for i in order:
         inst = instances[i]
         n, k = len(inst.tokens), len(inst.positions)

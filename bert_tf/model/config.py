@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from typing import Any
 
 from bert_tf import ConfigError
 
@@ -13,7 +14,7 @@ ACTIVATION_NAMES = ("gelu", "gelu_exact", "relu", "tanh")
 
 # (layers, hidden) of the standard sizes: google-research/bert and Turc et al. 2019.
 # heads = hidden / 64, intermediate = 4 * hidden.
-PRESETS = {
+PRESETS: dict[str, tuple[int, int]] = {
     "tiny": (2, 128),
     "mini": (4, 256),
     "small": (4, 512),
@@ -110,7 +111,7 @@ class BertConfig:
     def preset(cls, name: str, **overrides) -> "BertConfig":
         if name in MODERN_PRESETS:
             layers, hidden, intermediate = MODERN_PRESETS[name]
-            values = dict(MODERN_DEFAULTS, num_hidden_layers=layers, hidden_size=hidden,
+            values: dict[str, Any] = dict(MODERN_DEFAULTS, num_hidden_layers=layers, hidden_size=hidden,
                           num_attention_heads=hidden // 64, intermediate_size=intermediate)
             values.update(overrides)
             return cls(**values)
@@ -118,7 +119,7 @@ class BertConfig:
             raise ConfigError(f"unknown model preset {name!r}; valid presets: "
                               f"{', '.join(list(PRESETS) + list(MODERN_PRESETS))}")
         layers, hidden = PRESETS[name]
-        values = dict(num_hidden_layers=layers, hidden_size=hidden,
+        values = dict[str, Any](num_hidden_layers=layers, hidden_size=hidden,
                       num_attention_heads=hidden // 64, intermediate_size=4 * hidden)
         values.update(overrides)
         return cls(**values)

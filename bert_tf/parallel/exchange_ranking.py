@@ -4,6 +4,7 @@ that accuracy. Arithmetic only: the planner (tools/planner.py) and auto_exchange
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from bert_tf.parallel.comm import CommConfig
 
@@ -12,7 +13,7 @@ from bert_tf.parallel.comm import CommConfig
 # the update at the first evaluation at or above float16's final accuracy over float16's updates, the worst of
 # the seeds and node counts; a method given 2x the updates that never got there counts 2.0, a lower bound).
 # None: it never reached that accuracy there: never chosen.
-MEASURED_UPDATE_FACTORS = {"none": 1.0, "fp16": 1.0, "powersgd": {4: 2.0, 8: 1.4}, "onebit": None}
+MEASURED_UPDATE_FACTORS: dict[str, Any] = {"none": 1.0, "fp16": 1.0, "powersgd": {4: 2.0, 8: 1.4}, "onebit": None}
 
 
 def update_factor(comm: CommConfig, factors=None):

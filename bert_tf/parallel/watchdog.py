@@ -75,8 +75,8 @@ class Watchdog:
         self._exit, self._clock, self._sleep, self._wall = exit, clock, sleep, wall
         self.place = ""                       # where the loop is (e.g. "update 13"), for the message
         self.seq, self.last = 0, ""           # watched waits entered (the same on every rank); the last one left
-        self._current = None                  # (what, since, limit, seq) while in a collective
-        self._ended = None                    # (seq, when) of the last wait left
+        self._current: tuple | None = None    # (what, since, limit, seq) while in a collective
+        self._ended: tuple | None = None                    # (seq, when) of the last wait left
         self._lock = threading.Lock()
         self.fired = None
         self.grace = min(60.0, max(5.0, self.limit / 10))   # for the other waiting ranks to say so too
@@ -191,6 +191,7 @@ class Watchdog:
         return found
 
     def _heartbeat_path(self, rank) -> str:
+        assert self.heartbeats is not None, "called only while heartbeats are written"
         return os.path.join(self.heartbeats, f"rank-{rank}.json")
 
     def beat(self, grace=0.0):

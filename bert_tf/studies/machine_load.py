@@ -55,7 +55,7 @@ def between(a: Reading, b: Reading, ticks_per_second: float | None = None) -> di
 
 
 def busy(load: dict | None) -> bool:
-    return bool(load) and load["other_cores"] + load["steal_cores"] > BUSY_WARNING_CORES
+    return load is not None and bool(load) and load["other_cores"] + load["steal_cores"] > BUSY_WARNING_CORES
 
 
 def describe(load: dict | None) -> str:

@@ -234,17 +234,19 @@ def compressed_exchange_seconds(shapes, cluster: Cluster, comm: CommConfig):
     payload, as allreduce_seconds models any allreduce. onebit: an alltoall and an allgather of the signs
     (and of one scale per rank) over all N ranks, no hierarchy: each node's link carries its d ranks'
     (N - d)/N of both, and every rank exchanges with N - 1 others twice for each of the two tensors."""
+    comm = comm.resolved()
+    cycle_ms = comm.cycle_time_ms or 0.0        # resolved: never None
     N, n, d = cluster.devices, cluster.nodes, cluster.devices_per_node
     payload = payload_bytes(comm.gradient_compression, shapes, N, comm.powersgd_rank)
     if comm.gradient_compression == "powersgd":
-        return allreduce_seconds(payload, cluster, 2, comm.cycle_time_ms), payload, 2
+        return allreduce_seconds(payload, cluster, 2, cycle_ms), payload, 2
     if N == 1:
         return 0.0, payload, 4
     inter_bw, intra_bw = cluster.inter_gbps * 1e9 / 8, cluster.intra_gbps * 1e9 / 8
     inter = d * 2 * (N - d) / N * payload / inter_bw if n > 1 else 0.0
     intra = 2 * (d - 1) / N * payload / intra_bw
     lat = cluster.inter_latency_us * 1e-6 if n > 1 else cluster.intra_latency_us * 1e-6
-    wait = comm.cycle_time_ms * 1e-3 / 2 + 4 * cluster.message_overhead_us * 1e-6
+    wait = cycle_ms * 1e-3 / 2 + 4 * cluster.message_overhead_us * 1e-6
     return inter + intra + 4 * (N - 1) * lat + wait, payload, 4
 
 

@@ -206,7 +206,7 @@ class Static:
         k = warmup.micro_batches(step)
         if k != trainer.rank_micro_batches:
             trainer.set_share(range(k), k, trainer.allreduce_fn, trainer.seed_offset)
-            self.job.input.rank_micro_batches = k
+            setattr(self.job.input, "rank_micro_batches", k)   # static runs read a PerRankInput: it has one
             trainer.batch_lr_scale.assign(warmup.lr_scale(step))
         return k * warmup.per_micro_batch
 
@@ -248,7 +248,7 @@ class Static:
             self.say(exchange_state.restore(job.trainer, job.ckpts.directory, int(job.trainer.step.numpy()),
                                             distributed.rank(), distributed.size(), distributed.gather_bytes,
                                             distributed.broadcast_variables))
-        return os.path.basename(path) if rank0 else "rank 0's checkpoint"
+        return os.path.basename(path) if rank0 and path is not None else "rank 0's checkpoint"
 
 
 def train(cfg: PretrainConfig, job: Job, mode: Mode) -> dict:
