@@ -711,7 +711,8 @@ def test_the_spot_cluster_run_whole(tmp_path, tiny_data, exchange):
     from bert_tf.studies import spot_run
     ckpt = tmp_path / "run"
     # a 10 ms cycle time: with Horovod's response cache on, a rejoining node aborted every time (configure)
-    flags = tiny_data["flags"] + ["--elastic", "--global_batch_size=32", "--elastic_commit_interval=10",
+    flags = tiny_data["flags"] + ["--elastic", "--elastic_verify_commits", "--global_batch_size=32",
+                                  "--elastic_commit_interval=10",
                                   "--save_interval=10", "--total_steps=60", "--batch_warmup_sequences=320",
                                   "--cycle_time_ms=10", f"--checkpoint_dir={ckpt}", *SPOT_EXCHANGES[exchange]]
     with ec.EmulatedCluster(4, rate_gbit=1) as cluster:
@@ -729,6 +730,8 @@ def test_the_spot_cluster_run_whole(tmp_path, tiny_data, exchange):
     assert any(s >= 40 and when > t_stop for s, _, when in starts), starts       # the second job went on from 40
     ends = [r for r in records if r.get("event") == "end"]
     assert ends and ends[-1]["step"] == 60 and trains[-1]["step"] == 60
+    commits = {r["step"] for r in records if r.get("event") == "commit"}   # every rank's digest, compared by check()
+    assert {10, 20, 30, 40, 50, 60} <= commits, commits
     if exchange != "diloco":
         assert "restarted at zero" in first, first[-4000:]
         assert "restored its own error buffers" in last or "start at zero" in last or "starts at zero" in last, \
@@ -771,3 +774,39 @@ def test_auto_on_elastic_ranks_keeps_the_checkpoints_exchange_and_chooses_once_p
     elastic.Elastic(cfg, job, log, world=world).run(lambda mode: pretraining.train(cfg, job, mode))
     assert sum("--gradient_compression=auto on one rank" in line for line in lines) == 1, "\n".join(lines)
     assert json.loads((tmp_path / "fresh" / "ckpt-8.json").read_text())["exchange"]["gradient_compression"] == "none"
+
+
+class SplitBrainWorld(ReformingWorld):
+    """A formation whose second rank reports other weights from the commit at `split_at` on."""
+
+    def __init__(self, split_at):
+        super().__init__(sizes=[2], reform_at_commits=[])
+        self.split_at = split_at
+
+    def gather_bytes(self, data):
+        if int(self.trainer.step.numpy()) >= self.split_at:
+            return [data, b"0123456789abcdef"]
+        return [data] * self.size()
+
+
+@pytest.mark.slow
+def test_elastic_verify_commits_compares_every_ranks_weights_at_each_commit(tiny_data, tmp_path):
+    """--elastic_verify_commits: each commit writes an "elastic" record with every rank's digest; ranks that
+    disagree stop the job at that commit, naming it."""
+    from bert_tf.parallel import distributed
+    from bert_tf.train import pretraining
+    distributed.init()
+    for verify, split_at, folder in ((True, 99, "agree"), (False, 99, "unchecked"), (True, 8, "split")):
+        cfg = _spot_config(tiny_data, tmp_path / folder, total_steps=12, elastic_verify_commits=verify)
+        job = startup.build(cfg, lambda *a, **k: None)
+        world = SplitBrainWorld(split_at)
+        world.trainer = job.trainer
+        run = lambda: elastic.Elastic(cfg, job, lambda *a, **k: None, world=world).run(
+            lambda mode: pretraining.train(cfg, job, mode))
+        if folder == "split":
+            with pytest.raises(RuntimeError, match="ranks disagree on the weights after commit at step 8"):
+                run()
+            continue
+        run()
+        commits = [r["step"] for r in read_metrics(tmp_path / folder / "metrics.jsonl") if r.get("event") == "commit"]
+        assert commits == ([4, 8, 12] if verify else []), commits

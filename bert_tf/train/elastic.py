@@ -307,6 +307,8 @@ class Elastic:
     def commit(self, step, samples_seen):
         if step % self.cfg.elastic_commit_interval == 0 or step == self.cfg.total_steps:
             self.state.commit(samples_seen)   # may raise world.HostsUpdated: the ranks re-form
+            if self.cfg.elastic_verify_commits:
+                self._agree(step, "commit")
 
     def end(self, step):
         self._agree(step, "end")

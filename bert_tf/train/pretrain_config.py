@@ -84,6 +84,9 @@ class PretrainConfig(TrainConfig, divergence.GuardConfig):
                                   "the rank count (each rank's micro-batches per update follow from it).")
     elastic_commit_interval: int = knob(10, "Elastic mode: commit the state to memory every N updates (a lost rank "
                                         "costs the updates since the last commit).")
+    elastic_verify_commits: bool = knob(False, "Elastic mode: after every commit, gather every rank's weights digest "
+                                        "and stop if they differ (an \"elastic\" record \"commit\" in "
+                                        "metrics.jsonl); costs a hash of the weights per commit, about 1 s per GB.")
     # wall-clock (bert_tf/train/budget.py)
     time_budget_hours: float = knob(0.0, "End the run on the clock: the learning-rate schedule (the recipe's "
                                     "shape) is stretched over the updates this many hours hold, predicted from the "
