@@ -730,8 +730,11 @@ def test_the_spot_cluster_run_whole(tmp_path, tiny_data, exchange):
     assert any(s >= 40 and when > t_stop for s, _, when in starts), starts       # the second job went on from 40
     ends = [r for r in records if r.get("event") == "end"]
     assert ends and ends[-1]["step"] == 60 and trains[-1]["step"] == 60
-    commits = {r["step"] for r in records if r.get("event") == "commit"}   # every rank's digest, compared by check()
-    assert {10, 20, 30, 40, 50, 60} <= commits, commits
+    # every rank's digest at every commit, compared by check(); a commit that finds the hosts changed re-forms
+    # instead (node 3 back at 20), and the new formation's start compares them at that step
+    commits = {r["step"] for r in records if r.get("event") == "commit"}
+    restarts = {r["step"] for r in records if r.get("event") == "start"}
+    assert commits and {10, 20, 30, 40, 50, 60} <= commits | restarts, (commits, restarts)
     if exchange != "diloco":
         assert "restarted at zero" in first, first[-4000:]
         assert "restored its own error buffers" in last or "start at zero" in last or "starts at zero" in last, \
