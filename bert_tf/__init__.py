@@ -24,8 +24,12 @@ def sha256(path) -> str:
     return digest.hexdigest()
 
 
-def knob(default, help, choices=None):
+def knob(default, help, choices=None, required=False, multi=False):
     """A config dataclass field that is also a flag: its default, help text and (for an enum) choices
-    in one place. bert_tf.cli.define_config_flags turns every such field into a flag of that name."""
+    in one place. bert_tf.cli.define_config_flags turns every such field into a flag of that name.
+    required: the flag must be given (its default is None); multi: a repeatable flag (a list, one per use)."""
     import dataclasses
-    return dataclasses.field(default=default, metadata={"help": help, "choices": tuple(choices) if choices else None})
+    meta = {"help": help, "choices": tuple(choices) if choices else None, "required": required, "multi": multi}
+    if isinstance(default, list):        # a list flag's default: each config its own copy
+        return dataclasses.field(default_factory=lambda: list(default), metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)

@@ -29,46 +29,25 @@ bert_tf's speed as a ratio to keras-hub's; writes ladder.json and ladder.png to 
 --flagfile` takes after the recipe's flagfile, with the measured sequences/s (pretrain logs its
 own figure next to it). keras-hub is a benchmark-only dependency (requirements-dev.txt).
 
-The ladder itself is bert_tf/studies/ladder.py (one rung: bert_tf/studies/rung.py); the peer stays here,
-since the library never imports Keras.
+The ladder itself is bert_tf/studies/ladder.py (one rung: bert_tf/studies/rung.py; the flags: its
+BenchmarkConfig); the peer stays here, since the library never imports Keras. Renamed in this release, the
+old names working for one release with a warning: --input_files (TFRecords here, corpus text elsewhere) is
+--train_files, --records is --rung_train_files.
 """
+
+import dataclasses
 
 from absl import flags
 
 from bert_tf import ConfigError, cli
 from bert_tf.studies import ladder, rung
-from bert_tf.studies.ladder import default_rungs
+from bert_tf.studies.ladder import BenchmarkConfig, default_rungs
 
-cli.define_model_preset("base")
-cli.define_sequence()
-flags.DEFINE_integer("vocab_size", 30522, "Vocabulary size.")
-flags.DEFINE_integer("micro_batch_size", 8, "Sequences per forward/backward pass (one micro-batch).")
+cli.define_config_flags(BenchmarkConfig)
 cli.define_renamed("batch_size", "micro_batch_size")
-flags.DEFINE_list("tune_micro_batch_sizes", [], "Also time the fastest bert_tf rung at these micro-batches "
-                  "(the flagfile then names the fastest per sequence).")
 cli.define_renamed("tune_batch_sizes", "tune_micro_batch_sizes")
-flags.DEFINE_integer("accumulation_steps", 4, "Micro-batches per update on the accumulation rung.")
-flags.DEFINE_integer("warmup_updates", 2, "Updates not timed (compilation).")
-flags.DEFINE_integer("updates", 5, "Timed updates per rung.")
-flags.DEFINE_list("rungs", None, "Rungs to run (default: the CPU ladder, or the GPU ladder where TensorFlow sees a "
-                  "GPU; see CPU_RUNGS and GPU_RUNGS in bert_tf/studies/ladder.py).")
-flags.DEFINE_float("peak_seconds", 3.0, "Seconds per matmul-peak measurement (each dtype, both ways).")
-flags.DEFINE_integer("peak_size", 2048, "n of the n x n x n matmul the peak is measured with.")
-flags.DEFINE_integer("peak_repeats", 3, "Times each matmul peak is measured (the best counts; the spread is reported).")
-flags.DEFINE_string("output_dir", "runs/benchmark", "Where ladder.json and ladder.png go.")
-flags.DEFINE_string("input_files", "", "Also measure input_pipeline.make_dataset alone on these TFRecords (static and "
-                    "dynamic masking, sequences/s per rank) next to the model's consumption; needs --vocab_file.")
-flags.DEFINE_string("vocab_file", "", "vocab.txt of --input_files (dynamic masking's special and [MASK] ids).")
-flags.DEFINE_list("records", [], "After the ladder, train the fastest bert_tf rung on batches of these TFRecord globs "
-                  "(each glob a rung: one made without and one with create_pretraining_data.py --pack) and report "
-                  "useful (non-padding) tokens/s and instances/s next to rows/s.")
-flags.DEFINE_float("input_seconds", 5.0, "Seconds per input-pipeline measurement.")
-flags.DEFINE_string("profile_dir", "", "After the ladder, trace 3 updates of the fastest bert_tf rung and of "
-                    "keras-hub's fastest with the TensorFlow profiler into DIR/bert_tf and DIR/keras-hub (TensorBoard's "
-                    "profile tab reads them) and print where each spends its time, by kind of op.")
-flags.DEFINE_string("write_flagfile", "", "Write the fastest bert_tf configuration here as run/pretrain.py flags.")
-flags.DEFINE_string("device_figures", "", "Add the fastest bert_tf rung's sequences/s to this JSON as the device's "
-                    "phase-1 (sequence 128) or phase-2 (512) speed, for run/plan.py --device_figures.")
+cli.define_renamed("input_files", "train_files")          # TFRecords: --input_files is corpus text elsewhere
+cli.define_renamed("records", "rung_train_files")
 FLAGS = flags.FLAGS
 
 
@@ -120,17 +99,19 @@ def run_keras_hub(config, timing: rung.Timing, precision, xla, batch_size, accum
 
 
 def main(_):
+    cfg = cli.config_from_flags(BenchmarkConfig)
+    if cfg.train_files and not cfg.vocab_file:     # named as given: --input_files until this release
+        raise ConfigError(f"--{'input_files' if FLAGS['input_files'].present else 'train_files'} needs --vocab_file")
     import tensorflow as tf
 
     from bert_tf.train import training
     gpu = bool(tf.config.list_physical_devices("GPU"))
     fusion = training.fusion_enabled()
-    rungs = FLAGS.rungs if FLAGS.rungs is not None else default_rungs(gpu, fusion)
-    if FLAGS.rungs is None and not fusion and not gpu:
+    rungs = cfg.rungs if cfg.rungs is not None else default_rungs(gpu, fusion)
+    if cfg.rungs is None and not fusion and not gpu:
         print(f"not timed: the +fuse rungs (start the benchmark with {training.FUSION_ENV} to time them)")
     check_rungs(rungs, gpu, fusion)
-    names = [name for name in ladder.Settings.__dataclass_fields__ if name != "rungs"]
-    ladder.run(ladder.Settings(rungs=rungs, **{name: FLAGS[name].value for name in names}), run_keras_hub, fusion)
+    ladder.run(dataclasses.replace(cfg, rungs=rungs), run_keras_hub, fusion)
 
 
 if __name__ == "__main__":

@@ -1,14 +1,16 @@
 """Scale benchmark of pre-training data creation (issue 14): generates a corpus of --size_mb in
 each format from the bundled text (documents shuffled and perturbed: sentences dropped and
 reordered, numbers changed, so it is not copies of one file), runs run/create_pretraining_data.py
-on 1 and 2 ranks, and prints wall time, MB/s and instances/s per rank, peak RSS per rank, the
-2-rank speed-up, and the time extrapolated to the English Wikipedia on 16 ranks.
+on 1 and 2 ranks (--rank_counts; --ranks, its old name, works for one release), and prints wall time,
+MB/s and instances/s per rank, peak RSS per rank, the 2-rank speed-up, and the time extrapolated to the
+English Wikipedia on 16 ranks.
 
     python run/data_benchmark.py --vocab_file=vocab.txt --size_mb=1000 --work_dir=/tmp/data_bench
     python run/data_benchmark.py --resume_files='data/seq128/train-*' --resume_positions=10,100000
 
 Generated files and outputs live under --work_dir and are deleted at the end (--keep to keep them).
 """
+import dataclasses
 import json
 import os
 import random
@@ -19,30 +21,38 @@ import sys
 import time
 from xml.sax.saxutils import escape
 
-from absl import flags
+from bert_tf import ConfigError, cli, knob, knobs
 
-from bert_tf import cli
-
-flags.DEFINE_string("vocab_file", "", "WordPiece vocab.txt (the creation benchmark).")
-flags.DEFINE_integer("size_mb", 1000, "Size of each generated corpus, MB.")
-flags.DEFINE_list("formats", ["sentences", "documents", "jsonl", "mediawiki"], "Formats to generate and time.")
-flags.DEFINE_list("ranks", ["1", "2"], "Rank counts to time.")
-flags.DEFINE_string("work_dir", "/tmp/bert_tf_data_benchmark", "Scratch space (needs about 3 x size_mb per format).")
-flags.DEFINE_integer("dupe_factor", 1, "Passed to creation.")
-flags.DEFINE_list("tokenizers", ["rust"], "Creation's --tokenizer values to time (each format, each rank count).")
-flags.DEFINE_list("vocab_learners", [], "Also time learning a --vocab_size vocabulary from the first format's "
-                  "corpus with these run/learn_vocab.py --learner values, and compare held-out UNK rates.")
-flags.DEFINE_integer("vocab_size", 30522, "Vocabulary size for --vocab_learners.")
-flags.DEFINE_integer("max_seq_length", 128, "Passed to creation.")
-flags.DEFINE_float("wikipedia_gb", 20.0, "Size of the English Wikipedia XML dump used for the extrapolation.")
-flags.DEFINE_bool("keep", False, "Keep the generated corpora and outputs.")
-flags.DEFINE_string("resume_files", "", "Instead of the creation benchmark: time restoring the training input "
-                    "position (InputPosition) in these TFRecords at each of --resume_positions batches.")
-flags.DEFINE_list("resume_positions", ["10", "100000"], "Batches consumed before the position is saved.")
-flags.DEFINE_integer("resume_max_seq_length", 128, "Sequence length of --resume_files.")
-flags.DEFINE_integer("resume_max_predictions", 20, "max_predictions_per_seq of --resume_files.")
-FLAGS = flags.FLAGS
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GENERATED = ("sentences", "documents", "jsonl", "mediawiki")     # the formats generate() writes
+
+
+@dataclasses.dataclass(frozen=True)
+class DataBenchmarkConfig:
+    """run/data_benchmark.py's flags."""
+    vocab_file: str = knobs.vocab_file("", detail="the creation benchmark's.")
+    size_mb: int = knob(1000, "Size of each generated corpus, MB.")
+    formats: list[str] = knob(list(GENERATED), "Formats to generate and time.", choices=GENERATED)
+    rank_counts: list[int] = knob([1, 2], "Rank counts to time.")
+    work_dir: str = knob("/tmp/bert_tf_data_benchmark", "Scratch space (needs about 3 x size_mb per format).")
+    dupe_factor: int = knob(1, "Passed to creation.")
+    tokenizers: list[str] = knob(["rust"], "Creation's --tokenizer values to time (each format, each rank count).")
+    vocab_learners: list[str] = knob([], "Also time learning a --vocab_size vocabulary from the first format's "
+                                         "corpus with these run/learn_vocab.py --learner values, and compare held-out "
+                                         "UNK rates.")
+    vocab_size: int = knob(30522, "Vocabulary size for --vocab_learners.")
+    max_seq_length: int = knob(128, "Tokens per sequence, with [CLS] and [SEP]s (passed to creation).")
+    wikipedia_gb: float = knob(20.0, "Size of the English Wikipedia XML dump used for the extrapolation.")
+    keep: bool = knob(False, "Keep the generated corpora and outputs.")
+    resume_files: str = knob("", "Instead of the creation benchmark: time restoring the training input position "
+                                 "(InputPosition) in these TFRecords at each of --resume_positions batches.")
+    resume_positions: list[int] = knob([10, 100000], "Batches consumed before the position is saved.")
+    resume_max_seq_length: int = knob(128, "Sequence length of --resume_files.")
+    resume_max_predictions: int = knob(20, "max_predictions_per_seq of --resume_files.")
+
+
+cli.define_config_flags(DataBenchmarkConfig)
+cli.define_renamed("ranks", "rank_counts")
 
 
 def bundled_documents():
@@ -88,13 +98,13 @@ def generate(fmt, path, size_bytes, docs, seed=1):
     return os.path.getsize(path)
 
 
-def create(path, fmt, ranks, out, tokenizer):
+def create(cfg, path, fmt, ranks, out, tokenizer):
     cmd = ["mpirun", "-np", str(ranks), "--oversubscribe", "--bind-to", "none"]
     if os.geteuid() == 0:
         cmd.append("--allow-run-as-root")
     cmd += [sys.executable, os.path.join(REPO, "run", "create_pretraining_data.py"), f"--input_files={path}",
-            f"--input_format={fmt}", f"--vocab_file={FLAGS.vocab_file}", f"--output_dir={out}",
-            f"--max_seq_length={FLAGS.max_seq_length}", f"--dupe_factor={FLAGS.dupe_factor}", "--heldout_fraction=0",
+            f"--input_format={fmt}", f"--vocab_file={cfg.vocab_file}", f"--output_dir={out}",
+            f"--max_seq_length={cfg.max_seq_length}", f"--dupe_factor={cfg.dupe_factor}", "--heldout_fraction=0",
             f"--tokenizer={tokenizer}"]
     start = time.time()
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
@@ -104,7 +114,7 @@ def create(path, fmt, ranks, out, tokenizer):
     return wall, summary
 
 
-def learn_vocabularies(path, fmt, size):
+def learn_vocabularies(cfg, path, fmt, size):
     """Each --vocab_learners value on the generated corpus (5% of documents held out for the UNK rate)."""
     from bert_tf.data import corpus, pretraining_data, tokenization
     docs = list(corpus.read_documents([path], fmt))
@@ -114,8 +124,8 @@ def learn_vocabularies(path, fmt, size):
     rows = []
     print("| vocabulary learner | MB | vocab | learn s | MB/s | held-out UNK rate | held-out pieces per word |")
     print("|---|---|---|---|---|---|---|")
-    for learner in FLAGS.vocab_learners:
-        vocab, report = tokenization.learn_and_report(train, test, FLAGS.vocab_size, learner=learner)
+    for learner in cfg.vocab_learners:
+        vocab, report = tokenization.learn_and_report(train, test, cfg.vocab_size, learner=learner)
         rows.append({"learner": learner, "mb": size / 1e6, **report})
         print(f"| {learner} | {size / 1e6:.0f} | {report['vocab_size']} | {report['learn_seconds']:.1f} | "
               f"{size / 1e6 / report['learn_seconds']:.2f} | {report['heldout_unk_rate']:.4%} | "
@@ -123,19 +133,19 @@ def learn_vocabularies(path, fmt, size):
     return rows
 
 
-def time_resume():
+def time_resume(cfg):
     """Restore time of the input position after few and after many batches (batch 32, the
     training pipeline's default shuffle buffer), and what decoding and skipping would cost."""
     from bert_tf.data import input_pipeline
-    files = input_pipeline.list_files(FLAGS.resume_files)
+    files = input_pipeline.list_files(cfg.resume_files)
 
     def pipeline():
-        return input_pipeline.make_dataset(files, 32, FLAGS.resume_max_seq_length, FLAGS.resume_max_predictions,
+        return input_pipeline.make_dataset(files, 32, cfg.resume_max_seq_length, cfg.resume_max_predictions,
                                            seed=1)
     it, consumed = iter(pipeline()), 0
     print("| batches consumed | save s | state MB | restore + first batch s | skip + first batch s (old way) |")
     print("|---|---|---|---|---|")
-    for target in sorted(map(int, FLAGS.resume_positions)):
+    for target in sorted(cfg.resume_positions):
         while consumed < target:
             next(it)
             consumed += 1
@@ -155,58 +165,60 @@ def time_resume():
         print(f"| {consumed} | {save:.2f} | {mb:.1f} | {restore:.2f} | {skip:.2f} |", flush=True)
 
 
+def time_creation(cfg, fmt, path, size):
+    """Creation from one generated corpus with each tokenizer on each rank count: a row each."""
+    rows = []
+    for tokenizer in cfg.tokenizers:
+        base = None
+        for ranks in cfg.rank_counts:
+            out = os.path.join(cfg.work_dir, f"out-{fmt}-{ranks}")
+            shutil.rmtree(out, ignore_errors=True)
+            wall, summary = create(cfg, path, fmt, ranks, out, tokenizer)
+            per_rank = summary["per_rank"]
+            mb_s = [s["bytes_read"] / 1e6 / s["seconds"] for s in per_rank]
+            inst_s = summary["total"]["per_rank_instances_per_second"]
+            rss = [s["peak_rss_mb"] for s in per_rank]
+            base = base or wall
+            rows.append({"format": fmt, "tokenizer": tokenizer, "mb": size / 1e6, "ranks": ranks, "wall": wall,
+                         "mb_s": mb_s, "instances_s": inst_s, "rss": rss, "speedup": base / wall})
+            print(f"| {fmt} | {tokenizer} | {size / 1e6:.0f} | {ranks} | {wall:.1f} | "
+                  f"{', '.join(f'{x:.2f}' for x in mb_s)} | {', '.join(f'{x:.0f}' for x in inst_s)} | "
+                  f"{', '.join(f'{x:.0f}' for x in rss)} | {base / wall:.2f} |", flush=True)
+            if not cfg.keep:
+                shutil.rmtree(out, ignore_errors=True)
+    return rows
+
+
 def main(_):
-    from bert_tf import ConfigError
-    from bert_tf.data import corpus
-    if FLAGS.resume_files:
-        return time_resume()
-    if not os.path.isfile(FLAGS.vocab_file):
-        raise ConfigError(f"--vocab_file={FLAGS.vocab_file}: no such file")
-    unknown = set(FLAGS.formats) - set(corpus.FORMATS)
-    if unknown:
-        raise ConfigError(f"--formats: unknown {', '.join(sorted(unknown))}; valid: {', '.join(corpus.FORMATS)}")
-    os.makedirs(FLAGS.work_dir, exist_ok=True)
+    cfg = cli.config_from_flags(DataBenchmarkConfig)
+    if cfg.resume_files:
+        return time_resume(cfg)
+    if not os.path.isfile(cfg.vocab_file):
+        raise ConfigError(f"--vocab_file={cfg.vocab_file}: no such file")
+    os.makedirs(cfg.work_dir, exist_ok=True)
     docs = bundled_documents()
     rows = []
-    print(f"{len(docs)} bundled documents; corpora of {FLAGS.size_mb} MB in {FLAGS.work_dir}")
+    print(f"{len(docs)} bundled documents; corpora of {cfg.size_mb} MB in {cfg.work_dir}")
     print("| format | tokenizer | MB | ranks | wall s | MB/s per rank | instances/s per rank | peak RSS per rank MB "
           "| speed-up |")
     print("|---|---|---|---|---|---|---|---|---|")
-    for fmt in FLAGS.formats:
-        path = os.path.join(FLAGS.work_dir, f"corpus.{fmt}")
-        size = generate(fmt, path, FLAGS.size_mb * 1e6, docs)
-        for tokenizer in FLAGS.tokenizers:
-            base = None
-            for ranks in map(int, FLAGS.ranks):
-                out = os.path.join(FLAGS.work_dir, f"out-{fmt}-{ranks}")
-                shutil.rmtree(out, ignore_errors=True)
-                wall, summary = create(path, fmt, ranks, out, tokenizer)
-                per_rank = summary["per_rank"]
-                mb_s = [s["bytes_read"] / 1e6 / s["seconds"] for s in per_rank]
-                inst_s = summary["total"]["per_rank_instances_per_second"]
-                rss = [s["peak_rss_mb"] for s in per_rank]
-                base = base or wall
-                rows.append({"format": fmt, "tokenizer": tokenizer, "mb": size / 1e6, "ranks": ranks, "wall": wall,
-                             "mb_s": mb_s, "instances_s": inst_s, "rss": rss, "speedup": base / wall})
-                print(f"| {fmt} | {tokenizer} | {size / 1e6:.0f} | {ranks} | {wall:.1f} | "
-                      f"{', '.join(f'{x:.2f}' for x in mb_s)} | {', '.join(f'{x:.0f}' for x in inst_s)} | "
-                      f"{', '.join(f'{x:.0f}' for x in rss)} | {base / wall:.2f} |", flush=True)
-                if not FLAGS.keep:
-                    shutil.rmtree(out, ignore_errors=True)
-        if FLAGS.vocab_learners and fmt == FLAGS.formats[0]:
-            rows += learn_vocabularies(path, fmt, size)
-        if not FLAGS.keep:
+    for fmt in cfg.formats:
+        path = os.path.join(cfg.work_dir, f"corpus.{fmt}")
+        size = generate(fmt, path, cfg.size_mb * 1e6, docs)
+        rows += time_creation(cfg, fmt, path, size)
+        if cfg.vocab_learners and fmt == cfg.formats[0]:
+            rows += learn_vocabularies(cfg, path, fmt, size)
+        if not cfg.keep:
             os.remove(path)
     for row in rows:
-        if row.get("format") == "mediawiki" and row["ranks"] == max(map(int, FLAGS.ranks)):
+        if row.get("format") == "mediawiki" and row["ranks"] == max(cfg.rank_counts):
             rate = min(row["mb_s"])           # the slowest rank sets the pace
-            hours = FLAGS.wikipedia_gb * 1e3 / (rate * 16) / 3600
-            print(f"extrapolated: English Wikipedia ({FLAGS.wikipedia_gb:.0f} GB of XML) on 16 ranks at "
+            hours = cfg.wikipedia_gb * 1e3 / (rate * 16) / 3600
+            print(f"extrapolated: English Wikipedia ({cfg.wikipedia_gb:.0f} GB of XML) on 16 ranks at "
                   f"{rate:.2f} MB/s per rank (this machine's slowest rank, {row['ranks']} ranks): {hours:.1f} h "
                   f"(if ranks scale linearly; the dump must be decompressed or split so 16 ranks can share it)")
-    with open(os.path.join(FLAGS.work_dir, "data_benchmark.json"), "w") as f:
+    with open(os.path.join(cfg.work_dir, "data_benchmark.json"), "w") as f:
         json.dump(rows, f, indent=1)
-
 
 if __name__ == "__main__":
     cli.run(main)

@@ -7,22 +7,18 @@
 In Python, `with bert_tf.studies.emulated_cluster.EmulatedCluster(2, rate_gbit=1) as c:` brings it down
 whatever happens. Addresses: 198.18.0.0/24 (benchmarking range) only, no route out.
 """
+import dataclasses
 import shlex
 import sys
 
-from absl import flags
-
 from bert_tf import ConfigError, cli
+from bert_tf.studies import emulated_cluster as ec
 
-flags.DEFINE_integer("nodes", 2, "Emulated nodes.")
-flags.DEFINE_float("rate_gbit", 10.0, "Link rate of each node, Gbit/s.")
-flags.DEFINE_float("delay_ms", 0.0, "One-way delay (needs tc netem in the kernel).")
-flags.DEFINE_integer("slots", 1, "Ranks per node in the hostfile.")
-FLAGS = flags.FLAGS
+cli.define_config_flags(ec.EmulatedClusterConfig)
 
 
 def main(argv):
-    from bert_tf.studies import emulated_cluster as ec
+    cfg = cli.config_from_flags(ec.EmulatedClusterConfig)
     action = argv[1] if len(argv) > 1 else "status"
     if action == "down":
         print("down" if ec.down() else f"still there: {ec.existing_namespaces()}")
@@ -30,11 +26,11 @@ def main(argv):
         print("namespaces: " + (" ".join(ec.existing_namespaces()) or "none"))
     elif action == "up":
         try:
-            cluster = ec.EmulatedCluster(FLAGS.nodes, FLAGS.rate_gbit, FLAGS.delay_ms, FLAGS.slots).up()
+            cluster = ec.EmulatedCluster(**dataclasses.asdict(cfg)).up()
         except ec.ClusterError as e:          # the machine cannot host it: say what is missing
             sys.exit(f"error: {e}")
-        print(f"up: {FLAGS.nodes} nodes at {FLAGS.rate_gbit:g} Gbit/s; hostfile {cluster.hostfile}")
-        print("run ranks with:  " + shlex.join(cluster.mpirun_prefix(FLAGS.nodes * FLAGS.slots)) + " python ...")
+        print(f"up: {cfg.nodes} nodes at {cfg.rate_gbit:g} Gbit/s; hostfile {cluster.hostfile}")
+        print("run ranks with:  " + shlex.join(cluster.mpirun_prefix(cfg.nodes * cfg.slots)) + " python ...")
         print("bring down with: python run/emulated_cluster.py down")
     else:
         raise ConfigError(f"unknown action {action!r}; valid: up, down, status")

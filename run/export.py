@@ -15,47 +15,52 @@ model, which has no google layout):
 --checkpoint takes any format run/pretrain.py --init_checkpoint takes (this project's checkpoints, google's,
 a Hugging Face directory), so this also converts between them.
 """
+import dataclasses
 import os
 import shlex
 import sys
 
-from absl import flags
-
-from bert_tf import ConfigError, cli
+from bert_tf import ConfigError, cli, knob, knobs
 
 FORMATS = ("google", "huggingface", "saved_model")
-flags.DEFINE_string("checkpoint", None, "Checkpoint: a pre-training run's folder (its latest) or checkpoint path, "
-                    "a google-research/bert bert_model.ckpt, or a Hugging Face directory.")
-flags.DEFINE_string("bert_config_file", "", "Default: the checkpoint's own (bert_config.json / config.json).")
-flags.DEFINE_string("vocab_file", None, "The vocab.txt the model was pre-trained with.")
-flags.DEFINE_bool("do_lower_case", True, "Written to tokenizer_config.json (Hugging Face).")
-flags.DEFINE_list("format", [], f"Formats to write: any of {', '.join(FORMATS)} (default: every format the "
-                  f"model has).")
-flags.DEFINE_string("output_dir", None, "Export folder.")
-flags.mark_flags_as_required(["checkpoint", "vocab_file", "output_dir"])
-flags.register_validator("format", lambda v: set(v) <= set(FORMATS),
-                         f"--format takes a comma-separated subset of {', '.join(FORMATS)}")
-FLAGS = flags.FLAGS
+
+
+@dataclasses.dataclass(frozen=True)
+class ExportConfig:
+    """run/export.py's flags: the checkpoint to read, its vocabulary, and the formats to write where."""
+    checkpoint: str | None = knob(None, "Checkpoint: a pre-training run's folder (its latest) or checkpoint path, "
+                                        "a google-research/bert bert_model.ckpt, or a Hugging Face directory.",
+                                  required=True)
+    bert_config_file: str = knob("", "Default: the checkpoint's own (bert_config.json / config.json).")
+    vocab_file: str | None = knobs.vocab_file(required=True)
+    do_lower_case: bool = knob(True, "Written to tokenizer_config.json (Hugging Face).")
+    format: list[str] = knob([], f"Formats to write: any of {', '.join(FORMATS)} (default: every format the "
+                                 f"model has).", choices=FORMATS)
+    output_dir: str | None = knobs.output_dir("the export's files (--format)", required=True)
+
+
+cli.define_config_flags(ExportConfig)
 
 
 def main(_):
+    cfg = cli.config_from_flags(ExportConfig)     # checked before TensorFlow loads
     import tensorflow as tf
 
     from bert_tf.artifacts import checkpoint_formats, model_card
     from bert_tf.data import tokenization
     from bert_tf.model import modeling
     from bert_tf.tasks import classification
-    vocab = tokenization.load_vocab(FLAGS.vocab_file)
-    ckpt = checkpoint_formats.read(FLAGS.checkpoint)
-    config = (modeling.BertConfig.from_json_file(FLAGS.bert_config_file) if FLAGS.bert_config_file
+    vocab = tokenization.load_vocab(cfg.vocab_file)
+    ckpt = checkpoint_formats.read(cfg.checkpoint)
+    config = (modeling.BertConfig.from_json_file(cfg.bert_config_file) if cfg.bert_config_file
               else ckpt.config)
     if config is None:
         raise ConfigError(f"{ckpt.path}: no bert_config.json beside it: give --bert_config_file")
-    checkpoint_formats.check_fits(ckpt, config, len(vocab), FLAGS.vocab_file)
+    checkpoint_formats.check_fits(ckpt, config, len(vocab), cfg.vocab_file)
     model = modeling.BertPretrainer(config, use_nsp="nsp/kernel" in ckpt.weights)
     checkpoint_formats.assign(model, ckpt)
     weights = checkpoint_formats.to_numpy(model)
-    formats = FLAGS.format or [f for f in FORMATS if not (config.modern and f == "google")]
+    formats = cfg.format or [f for f in FORMATS if not (config.modern and f == "google")]
     if "google" in formats and config.modern:
         raise ConfigError(f"--format=google: {ckpt.path} is a modern (ModernBERT) model, which google-research/bert's "
                           f"layout cannot hold: use --format=huggingface,saved_model")
@@ -64,17 +69,17 @@ def main(_):
                           f"use --format=huggingface,saved_model")
     written = []
     if "google" in formats:
-        written += checkpoint_formats.write_google(weights, config, FLAGS.vocab_file, FLAGS.output_dir)
+        written += checkpoint_formats.write_google(weights, config, cfg.vocab_file, cfg.output_dir)
     if "huggingface" in formats:
-        written += checkpoint_formats.write_huggingface(weights, config, FLAGS.vocab_file, FLAGS.output_dir,
-                                                        FLAGS.do_lower_case)
+        written += checkpoint_formats.write_huggingface(weights, config, cfg.vocab_file, cfg.output_dir,
+                                                        cfg.do_lower_case)
         heads = "masked-LM and next-sentence heads" if "nsp/kernel" in weights else "a masked-LM head"
-        written.append(model_card.write(FLAGS.output_dir, config, sum(v.size for v in weights.values()), ckpt.path,
+        written.append(model_card.write(cfg.output_dir, config, sum(v.size for v in weights.values()), ckpt.path,
                                         ckpt.format, "python " + shlex.join(sys.argv), heads))
     if "saved_model" in formats:
-        tf.saved_model.save(classification.ServingEncoder(model.encoder), os.path.join(FLAGS.output_dir, "saved_model"))
+        tf.saved_model.save(classification.ServingEncoder(model.encoder), os.path.join(cfg.output_dir, "saved_model"))
         written.append("saved_model/")
-    print(f"exported {ckpt.path} ({ckpt.format}) -> {FLAGS.output_dir}: {', '.join(sorted(set(written)))}")
+    print(f"exported {ckpt.path} ({ckpt.format}) -> {cfg.output_dir}: {', '.join(sorted(set(written)))}")
 
 
 if __name__ == "__main__":

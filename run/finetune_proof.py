@@ -10,31 +10,39 @@ its place), over several seeds.
 Prints, per task and start, the dev metric as mean ± standard deviation over the seeds (pair tasks: accuracy;
 span tasks: SQuAD v1.1 F1 and exact match, as the official script computes them).
 """
+import dataclasses
 import json
 
-from absl import flags
-
-from bert_tf import ConfigError, cli
+from bert_tf import ConfigError, cli, knob, knobs
 from bert_tf.tasks import proof
 
-flags.DEFINE_string("init_checkpoint", None, "The pre-trained model (a run's folder, an export, ...).")
-flags.DEFINE_string("vocab_file", None, "Its vocab.txt.")
-flags.DEFINE_list("corpus", ["data/corpus/lee_background.cor@documents"], "Documents to make the tasks from.")
-flags.DEFINE_list("tasks", list(proof.TASKS), "Tasks (bert_tf/tasks/corpus_tasks.py).")
-flags.DEFINE_list("seeds", ["1", "2", "3"], "Seeds (the tasks' examples, the heads, the order, dropout).")
-flags.DEFINE_integer("train_examples", 1600, "Examples per task to train on.")
-flags.DEFINE_integer("dev_examples", 200, "Examples per task to score (from documents not trained on).")
-flags.DEFINE_float("learning_rate", 1e-3, "AdamW peak learning rate (a tiny model needs more than BERT-base's 2e-5; "
-                   "1e-4 moved neither start off chance here).")
-flags.DEFINE_integer("global_batch_size", 32, "Examples per update, all ranks.")
+@dataclasses.dataclass(frozen=True)
+class ProofConfig:
+    """run/finetune_proof.py's flags: the pre-trained model, the corpus and tasks, the seeds and the recipe."""
+    init_checkpoint: str | None = knobs.init_checkpoint("the pre-trained model's (any format run/glue.py takes).",
+                                                        default=None, required=True)
+    vocab_file: str | None = knobs.vocab_file(required=True)
+    input_files: list[str] = knobs.input_files(["data/corpus/lee_background.cor@documents"],
+                                               "The documents the tasks are made from.")
+    tasks: list[str] = knob(list(proof.TASKS), "Tasks (bert_tf/tasks/corpus_tasks.py).", choices=proof.TASKS)
+    seeds: list[int] = knob([1, 2, 3], "Seeds (the tasks' examples, the heads, the order, dropout).")
+    train_examples: int = knob(1600, "Examples per task to train on.")
+    dev_examples: int = knob(200, "Examples per task to score (from documents not trained on).")
+    learning_rate: float = knob(1e-3, "AdamW peak learning rate (a tiny model needs more than BERT-base's 2e-5; "
+                                      "1e-4 moved neither start off chance here).")
+    global_batch_size: int = knob(32, "Examples per update, all ranks.")
+    epochs: float = knobs.epochs(5.0)
+    max_seq_length: int = knob(128, "Tokens per example or window.")
+    output_json: str = knobs.output_json("every run's figures")
+
+    def __post_init__(self):
+        if not self.tasks:
+            raise ConfigError(f"--tasks takes a comma-separated subset of {', '.join(proof.TASKS)}")
+
+
+cli.define_config_flags(ProofConfig)
 cli.define_renamed("batch_size", "global_batch_size")
-flags.DEFINE_float("epochs", 5.0, "Passes over the training examples.")
-flags.DEFINE_integer("max_seq_length", 128, "Tokens per example or window.")
-flags.DEFINE_string("output_json", "", "Every run's figures.")
-flags.mark_flags_as_required(["init_checkpoint", "vocab_file"])
-flags.register_validator("tasks", lambda v: bool(v) and set(v) <= set(proof.TASKS),
-                         f"--tasks takes a comma-separated subset of {', '.join(proof.TASKS)}")
-FLAGS = flags.FLAGS
+cli.define_renamed("corpus", "input_files")
 
 
 def main(argv):
@@ -44,31 +52,32 @@ def main(argv):
     from bert_tf.tasks import corpus_tasks
     if len(argv) > 1:
         raise ConfigError(f"unexpected arguments {argv[1:]}")
+    cfg = cli.config_from_flags(ProofConfig)
     distributed.init()
-    tokenizer = tokenization.Tokenizer.from_file(FLAGS.vocab_file)
-    init = checkpoint_formats.read(FLAGS.init_checkpoint)
+    tokenizer = tokenization.Tokenizer.from_file(cfg.vocab_file)
+    init = checkpoint_formats.read(cfg.init_checkpoint)
     if init.config is None:
         raise ConfigError(f"{init.path}: no bert_config.json beside it")
-    checkpoint_formats.check_fits(init, init.config, len(tokenizer), FLAGS.vocab_file, FLAGS.max_seq_length)
-    documents = list(corpus.read_documents(FLAGS.corpus))
-    recipe = proof.ProofRecipe(FLAGS.train_examples, FLAGS.dev_examples, FLAGS.learning_rate,
-                               FLAGS.global_batch_size, FLAGS.epochs, FLAGS.max_seq_length)
+    checkpoint_formats.check_fits(init, init.config, len(tokenizer), cfg.vocab_file, cfg.max_seq_length)
+    documents = list(corpus.read_documents(cfg.input_files))
+    recipe = proof.ProofRecipe(cfg.train_examples, cfg.dev_examples, cfg.learning_rate,
+                               cfg.global_batch_size, cfg.epochs, cfg.max_seq_length)
     runs = []
-    for seed in map(int, FLAGS.seeds):
+    for seed in cfg.seeds:
         train_docs, dev_docs = corpus_tasks.split_documents(documents, 0.2, seed)
-        for task in FLAGS.tasks:
+        for task in cfg.tasks:
             for start, checkpoint in (("pre-trained", init), ("random", None)):
                 figures = proof.run_task(task, train_docs, dev_docs, seed, checkpoint, tokenizer, init.config, recipe)
                 runs.append({"task": task, "start": start, "seed": seed, **figures})
                 print(json.dumps(runs[-1]), flush=True)
-    print(f"\n{len(FLAGS.seeds)} seeds; {FLAGS.train_examples} training and {FLAGS.dev_examples} dev examples per task; "
+    print(f"\n{len(cfg.seeds)} seeds; {cfg.train_examples} training and {cfg.dev_examples} dev examples per task; "
           f"pre-trained: {init.path}")
-    print(proof.table(runs, FLAGS.tasks))
-    if FLAGS.output_json:
-        with open(FLAGS.output_json, "w") as f:
-            json.dump({"init": init.path, "flags": {k: FLAGS[k].value for k in (
-                "tasks", "corpus", "seeds", "train_examples", "dev_examples", "learning_rate", "global_batch_size",
-                "epochs")}, "runs": runs}, f, indent=1)
+    print(proof.table(runs, cfg.tasks))
+    if cfg.output_json:
+        with open(cfg.output_json, "w") as f:
+            json.dump({"init": init.path, "flags": {k: getattr(cfg, k) for k in (
+                "tasks", "input_files", "seeds", "train_examples", "dev_examples", "learning_rate",
+                "global_batch_size", "epochs")}, "runs": runs}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -1,16 +1,29 @@
 """Loss, accuracy and throughput curves from a run's metrics.jsonl, as one PNG.
 
-    python run/plot_metrics.py --metrics=runs/demo/metrics.jsonl --output=runs/demo/metrics.png
+    python run/plot_metrics.py --metrics=runs/demo/metrics.jsonl --output_png=runs/demo/metrics.png
 """
-from absl import app, flags
+import dataclasses
 
-flags.DEFINE_string("metrics", None, "metrics.jsonl written by run/pretrain.py.")
-flags.DEFINE_string("output", None, "PNG to write.")
-flags.mark_flags_as_required(["metrics", "output"])
-FLAGS = flags.FLAGS
+from bert_tf import ConfigError, cli, knob
 
 
-def plot(records, output):
+@dataclasses.dataclass(frozen=True)
+class PlotConfig:
+    """run/plot_metrics.py's flags: the metrics to read and the PNG to write."""
+    metrics: str | None = knob(None, "metrics.jsonl written by run/pretrain.py.", required=True)
+    # required, but checked here rather than by the flag parser: the old name --output may give it
+    output_png: str = knob("", "PNG file to write the curves to.")
+
+    def __post_init__(self):
+        if not self.output_png:
+            raise ConfigError("--output_png is required (the PNG to write)")
+
+
+cli.define_config_flags(PlotConfig)
+cli.define_renamed("output", "output_png")
+
+
+def plot(records, output, source):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -19,7 +32,7 @@ def plot(records, output):
     evals = [r for r in records if r.get("kind") == "eval"]
     probes = [r for r in records if r.get("kind") == "probe"]
     if not train:
-        raise SystemExit(f"error: no training records in {FLAGS.metrics}")
+        raise ConfigError(f"no training records in {source}")
     panels = 4 if probes else 3
     fig, axes = plt.subplots(1, panels, figsize=(5 * panels, 4))
     steps = [r["step"] for r in train]
@@ -52,9 +65,10 @@ def plot(records, output):
 
 def main(_):
     from bert_tf.artifacts import metrics
-    plot(metrics.read_metrics(FLAGS.metrics), FLAGS.output)
-    print(f"wrote {FLAGS.output}")
+    cfg = cli.config_from_flags(PlotConfig)
+    plot(metrics.read_metrics(cfg.metrics), cfg.output_png, cfg.metrics)
+    print(f"wrote {cfg.output_png}")
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

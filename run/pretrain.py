@@ -15,31 +15,37 @@ rule: the learning rate is NOT scaled with the number of ranks; it belongs to th
 change the global batch by a factor k, scale --learning_rate by sqrt(k) for LAMB (You et al. 2019)
 or by k for AdamW (linear rule), and keep warmup as a fraction of --total_steps.
 """
+import dataclasses
 import sys
 
-from absl import flags
-
-from bert_tf import cli
+from bert_tf import cli, knob
 from bert_tf.train import pretraining, startup
 from bert_tf.train.pretrain_config import PretrainConfig
 
-cli.define_config_flags(PretrainConfig)     # every field is a flag: its type, default and help live there
+
+@dataclasses.dataclass(frozen=True)
+class PretrainRun:
+    """run/pretrain.py's flags: the run's settings (PretrainConfig, a flag per field) and whether to run it."""
+    # no default run (--checkpoint_dir and --vocab_file have none): the flags give the config, or a test does
+    config: PretrainConfig = None  # type: ignore[assignment]
+    dry_run: bool = knob(False, "Check the flags, vocabulary, --init_checkpoint, every record file and that "
+                                "--checkpoint_dir can be written, print what the run would be, and exit: no Horovod, "
+                                "no model, nothing written.")
+
+
+cli.define_config_flags(PretrainRun)    # every field is a flag: its type, default and help live there
 cli.define_renamed("batch_size", "micro_batch_size")
 cli.define_renamed("global_batch", "global_batch_size")
-flags.DEFINE_bool("dry_run", False, "Check the flags, vocabulary, --init_checkpoint, every record file and that "
-                  "--checkpoint_dir can be written, print what the run would be, and exit: no Horovod, no model, "
-                  "nothing written.")
-FLAGS = flags.FLAGS
 
 
 def main(argv):
     if len(argv) > 1:
         sys.exit(f"error: unexpected arguments {argv[1:]}")
-    cfg = cli.config_from_flags(PretrainConfig)
-    if FLAGS.dry_run:
-        startup.dry_run(cfg)
+    run = cli.config_from_flags(PretrainRun)
+    if run.dry_run:
+        startup.dry_run(run.config)
         return
-    _, last = pretraining.run(cfg)
+    _, last = pretraining.run(run.config)
     from bert_tf.parallel import distributed
     if distributed.rank() == 0 and "eval_mlm_accuracy" in last:
         print(f"held-out MLM accuracy {last['eval_mlm_accuracy']:.4f}  vs  always the most frequent masked token "

@@ -6,24 +6,21 @@ per sequence, and what 1.3x the peer would need.
 """
 import json
 
-from absl import flags
-
 from bert_tf import ConfigError, cli
+from bert_tf.studies import op_profile
 
-flags.DEFINE_string("ladder", None, "ladder.json of a run/benchmark.py run made with --profile_dir.")
-flags.mark_flag_as_required("ladder")
-FLAGS = flags.FLAGS
+cli.define_config_flags(op_profile.ProfileReport)
 
 
 def main(_):
-    from bert_tf.studies import op_profile
+    cfg = cli.config_from_flags(op_profile.ProfileReport)
     try:
-        with open(FLAGS.ladder) as f:
+        with open(cfg.ladder) as f:
             profiles = json.load(f).get("profiles") or {}
     except (OSError, ValueError) as e:
-        raise ConfigError(f"--ladder={FLAGS.ladder}: {e}") from None
+        raise ConfigError(f"--ladder={cfg.ladder}: {e}") from None
     if "bert_tf" not in profiles:
-        raise ConfigError(f"--ladder={FLAGS.ladder}: no profiles (run the benchmark with --profile_dir)")
+        raise ConfigError(f"--ladder={cfg.ladder}: no profiles (run the benchmark with --profile_dir)")
     sides = {side: op_profile.report(p["rung"], p["profile_dir"], p["wall_seconds"], p["sequences"])
              for side, p in profiles.items() if side in ("bert_tf", "keras-hub")}
     op_profile.print_comparison(sides["bert_tf"], sides.get("keras-hub"))

@@ -24,26 +24,10 @@ import json
 import os
 import sys
 
-from absl import flags
-
 from bert_tf import ConfigError, cli
+from bert_tf.studies.recipe_race import RaceConfig
 
-flags.DEFINE_list("recipes", None, "name=flagfile pairs, comma-separated, raced in this order.")
-flags.DEFINE_string("output_dir", None, "A folder per recipe, race.json and race.png.")
-flags.DEFINE_integer("ranks", 2, "Processes per recipe on this machine.")
-flags.DEFINE_bool("report_only", False, "Only the report, from runs already in --output_dir.")
-flags.DEFINE_float("time_budget_hours", 0, "Override every recipe's --time_budget_hours (0: each flagfile's own).",
-                   lower_bound=0)
-flags.DEFINE_string("title", "", "The plot's title (default: the recipes and this machine's CPU).")
-flags.DEFINE_multi_string("pretrain_flag", [], "A flag for every recipe's run/pretrain.py, e.g. "
-                          "--pretrain_flag=--seed=2 (repeat it for more).")
-flags.DEFINE_integer("nodes", 0, "Race on this many emulated nodes, one rank each, joined by shaped links "
-                     "(bert_tf/studies/emulated_cluster.py; root); 0: --ranks processes on this machine.", lower_bound=0)
-flags.DEFINE_float("link_gbit", 1.0, "--nodes: each node's link rate, Gbit/s.", lower_bound=0.001)
-flags.DEFINE_float("target_accuracy", 0.0, "Also report when each recipe first reaches this held-out MLM accuracy.",
-                   lower_bound=0)
-flags.mark_flags_as_required(["recipes", "output_dir"])
-FLAGS = flags.FLAGS
+cli.define_config_flags(RaceConfig)
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -59,59 +43,60 @@ def parse_recipes(pairs):
     return recipes
 
 
-def race_on(recipes):
+def race_on(cfg, recipes):
     """Runs the recipes (unless --report_only); with --nodes on an emulated cluster, then probes its link once
     (the planner's measured bandwidth and per-message cost, as the communication study does) into
     link.json, which it returns."""
     from bert_tf.studies import comm_study, emulated_cluster, recipe_race
-    extra = [f"--time_budget_hours={FLAGS.time_budget_hours}"] if FLAGS.time_budget_hours else []
-    extra += FLAGS.pretrain_flag + (["--network_interface=eth0"] if FLAGS.nodes else [])
-    link_path = os.path.join(FLAGS.output_dir, "link.json")
-    if not FLAGS.nodes:
+    extra = [f"--time_budget_hours={cfg.time_budget_hours}"] if cfg.time_budget_hours else []
+    extra += cfg.pretrain_flag + (["--network_interface=eth0"] if cfg.nodes else [])
+    link_path = os.path.join(cfg.output_dir, "link.json")
+    if not cfg.nodes:
         cluster = contextlib.nullcontext()
-    elif FLAGS.report_only and os.path.exists(link_path):
+    elif cfg.report_only and os.path.exists(link_path):
         return json.load(open(link_path))
     else:
-        cluster = emulated_cluster.EmulatedCluster(FLAGS.nodes, FLAGS.link_gbit)
+        cluster = emulated_cluster.EmulatedCluster(cfg.nodes, cfg.link_gbit)
     with cluster:
-        mpirun = cluster.mpirun_prefix(FLAGS.nodes) if FLAGS.nodes else None
-        for name, path in recipes.items() if not FLAGS.report_only else ():
-            recipe_race.launch(os.path.abspath(path), os.path.abspath(os.path.join(FLAGS.output_dir, name)),
-                               FLAGS.nodes or FLAGS.ranks, extra, mpirun=mpirun)
-        if not FLAGS.nodes:
+        mpirun = cluster.mpirun_prefix(cfg.nodes) if cfg.nodes else None
+        for name, path in recipes.items() if not cfg.report_only else ():
+            recipe_race.launch(os.path.abspath(path), os.path.abspath(os.path.join(cfg.output_dir, name)),
+                               cfg.nodes or cfg.ranks, extra, mpirun=mpirun)
+        if not cfg.nodes:
             return None
         probe = [sys.executable, os.path.join(REPO, "run", "comm_study.py"), "--probe"]
-        link = comm_study.run_probe(cluster, FLAGS.nodes, probe, os.path.join(FLAGS.output_dir, "probe.txt"), 1200)
+        link = comm_study.run_probe(cluster, cfg.nodes, probe, os.path.join(cfg.output_dir, "probe.txt"), 1200)
     with open(link_path, "w") as f:
         json.dump(link, f)
-    print(f"link probe, {FLAGS.nodes} nodes at {FLAGS.link_gbit:g} Gbit/s: {json.dumps(link)}", flush=True)
+    print(f"link probe, {cfg.nodes} nodes at {cfg.link_gbit:g} Gbit/s: {json.dumps(link)}", flush=True)
     return link
 
 
 def main(_):
+    cfg = cli.config_from_flags(RaceConfig)
     from bert_tf.parallel import device
     from bert_tf.studies import recipe_race
-    recipes = parse_recipes(FLAGS.recipes)
+    recipes = parse_recipes(cfg.recipes)
     settings = {name: recipe_race.read_flagfile(path, REPO) for name, path in recipes.items()}
     shared = {name: (s.get("eval_files"), s.get("eval_batches")) for name, s in settings.items()}
     if len(set(shared.values())) > 1 or not all(all(v) for v in shared.values()):
         raise ConfigError(f"--recipes must evaluate on the same held-out records (--eval_files, --eval_batches): "
                           f"{shared}")
-    os.makedirs(FLAGS.output_dir, exist_ok=True)
-    link = race_on(recipes)
+    os.makedirs(cfg.output_dir, exist_ok=True)
+    link = race_on(cfg, recipes)
     runs = {}
     for name in recipes:
-        runs[name] = recipe_race.curve(os.path.join(FLAGS.output_dir, name))
-        if FLAGS.nodes:
-            runs[name]["planner"] = recipe_race.planned_vs_measured(os.path.join(FLAGS.output_dir, name), FLAGS.nodes,
-                                                                    FLAGS.link_gbit, link)
+        runs[name] = recipe_race.curve(os.path.join(cfg.output_dir, name))
+        if cfg.nodes:
+            runs[name]["planner"] = recipe_race.planned_vs_measured(os.path.join(cfg.output_dir, name), cfg.nodes,
+                                                                    cfg.link_gbit, link)
     cpu = device.device_description()
-    where = (f"{FLAGS.nodes} emulated nodes at {FLAGS.link_gbit:g} Gbit/s" if FLAGS.nodes else f"{FLAGS.ranks} ranks")
-    title = FLAGS.title or (f"{' vs '.join(recipes)}: {where} on {cpu.get('cpu', 'a GPU node')} "
-                            f"({cpu.get('cpu_count', '?')} cores; {', '.join(cpu.get('cpu_features', []))})")
-    summary = recipe_race.write_report(runs, FLAGS.output_dir, title, FLAGS.target_accuracy)
+    where = (f"{cfg.nodes} emulated nodes at {cfg.link_gbit:g} Gbit/s" if cfg.nodes else f"{cfg.ranks} ranks")
+    title = cfg.title or (f"{' vs '.join(recipes)}: {where} on {cpu.get('cpu', 'a GPU node')} "
+                          f"({cpu.get('cpu_count', '?')} cores; {', '.join(cpu.get('cpu_features', []))})")
+    summary = recipe_race.write_report(runs, cfg.output_dir, title, cfg.target_accuracy)
     print("\n".join(recipe_race.describe(summary)))
-    print(f"wrote {os.path.join(FLAGS.output_dir, 'race.json')} and race.png")
+    print(f"wrote {os.path.join(cfg.output_dir, 'race.json')} and race.png")
 
 
 if __name__ == "__main__":

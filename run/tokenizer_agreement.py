@@ -10,23 +10,29 @@ shows as different ids rather than hiding behind [UNK] on both sides.
     python run/tokenizer_agreement.py --vocab_file=data/demo/vocab.txt
     python run/tokenizer_agreement.py --vocab_file=... --output_json=agreement.json
 """
+import dataclasses
 import json
 import time
 import unicodedata
 
-from absl import app, flags
+from bert_tf import cli, knob, knobs
 
-flags.DEFINE_string("vocab_file", None, "A do_lower_case WordPiece vocab.txt.")
-flags.DEFINE_list("input_files", ["data/corpus/lee_background.cor@documents", "data/corpus/pang_lee_polarity.cor",
-                                  "data/corpus/enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"],
-                  "Corpus files (as run/create_pretraining_data.py takes them).")
-flags.DEFINE_bool("do_lower_case", True, "Lower-case (both tokenizers).")
-flags.DEFINE_string("output_json", "", "Write the figures here.")
-flags.DEFINE_bool("write_departures", False, "Instead: scan every code point for where tensorflow-text's and the "
-                  "`tokenizers` library's rules depart from google's (about 2 min, 5 GB) and write "
-                  "bert_tf/data/tokenizer_departures.py.")
-flags.mark_flag_as_required("vocab_file")
-FLAGS = flags.FLAGS
+
+@dataclasses.dataclass(frozen=True)
+class AgreementConfig:
+    """run/tokenizer_agreement.py's flags: the vocabulary and corpus to compare the tokenizers on."""
+    vocab_file: str | None = knobs.vocab_file(required=True)
+    input_files: list[str] = knob(["data/corpus/lee_background.cor@documents", "data/corpus/pang_lee_polarity.cor",
+                                   "data/corpus/enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"],
+                                  knobs.MEANINGS["input_files"] + ": the files the tokenizers are compared on.")
+    do_lower_case: bool = knob(True, "Lower-case (both tokenizers).")
+    output_json: str = knobs.output_json("the figures")
+    write_departures: bool = knob(False, "Instead: scan every code point for where tensorflow-text's and the "
+                                         "`tokenizers` library's rules depart from google's (about 2 min, 5 GB) and "
+                                         "write bert_tf/data/tokenizer_departures.py.")
+
+
+cli.define_config_flags(AgreementConfig)
 
 ADVERSARIAL = [
     "The ﬁnal ﬂight was ﬃcient: ﬀ ﬅ ﬆ.",                          # Latin ligatures (NFKC would expand them)
@@ -112,7 +118,7 @@ def compare(tokenizer, sentences, expected):
     return len(sentences) - len(differing), differing, sum(map(len, ours)) / seconds, ours
 
 
-def compare_export(vocab_file, tmp, parts, exact):
+def compare_export(vocab_file, tmp, parts, exact, lower_case):
     """What an export's tokenizer files give through transformers' AutoTokenizer (the Rust tokenizer.json),
     against google's ids (our exact tokenizer); differences explained as for the oracle."""
     import os
@@ -121,7 +127,7 @@ def compare_export(vocab_file, tmp, parts, exact):
 
     from bert_tf.data import tokenization
     export_dir = os.path.join(tmp, "export")
-    tokenization.write_tokenizer_files(vocab_file, export_dir, FLAGS.do_lower_case)
+    tokenization.write_tokenizer_files(vocab_file, export_dir, lower_case)
     hf = AutoTokenizer.from_pretrained(export_dir)
     report = {"export_tokenizer_class": type(hf).__name__, "export_is_fast": hf.is_fast}
     for part, sample in parts.items():
@@ -167,15 +173,16 @@ def main(_):
     import os
     import tempfile
 
+    cfg = cli.config_from_flags(AgreementConfig)
     from bert_tf.data import tokenization
-    if FLAGS.write_departures:
+    if cfg.write_departures:
         return write_departures()
-    sentences = corpus_sentences(FLAGS.input_files)
-    vocab = vocab_with_sample_characters(tokenization.load_vocab(FLAGS.vocab_file), ADVERSARIAL, FLAGS.do_lower_case)
+    sentences = corpus_sentences(cfg.input_files)
+    vocab = vocab_with_sample_characters(tokenization.load_vocab(cfg.vocab_file), ADVERSARIAL, cfg.do_lower_case)
     with tempfile.TemporaryDirectory() as tmp:
         vocab_file = os.path.join(tmp, "vocab.txt")
         tokenization.write_vocab(vocab, vocab_file)
-        hf = oracle(vocab_file, FLAGS.do_lower_case)
+        hf = oracle(vocab_file, cfg.do_lower_case)
         report = {"vocab_size": len(vocab), "corpus_sentences": len(sentences),
                   "adversarial_sentences": len(ADVERSARIAL)}
         parts = {"corpus": sentences, "adversarial": ADVERSARIAL}
@@ -183,7 +190,7 @@ def main(_):
         report["oracle_tokens_per_second"] = expected["corpus"][1]
         mine = {}
         for name in tokenization.BACKENDS:
-            tok = tokenization.Tokenizer(vocab, FLAGS.do_lower_case, backend=name)
+            tok = tokenization.Tokenizer(vocab, cfg.do_lower_case, backend=name)
             tok.tokenize(["warm up"])
             for part, sample in parts.items():
                 same, differing, ours_tps, mine[name, part] = compare(tok, sample, expected[part][0])
@@ -211,11 +218,12 @@ def main(_):
             print(f"{name} vs python rules: identical ids on {report[f'{name}_python_identical']}/{total} sentences")
         print(f"oracle (transformers BertTokenizer): {report['oracle_tokens_per_second']:,.0f} tokens/s")
         report.update(compare_export(vocab_file, tmp, parts,
-                                     tokenization.Tokenizer(vocab, FLAGS.do_lower_case, backend="python")))
-    if FLAGS.output_json:
-        with open(FLAGS.output_json, "w") as f:
+                                     tokenization.Tokenizer(vocab, cfg.do_lower_case, backend="python"),
+                                     cfg.do_lower_case))
+    if cfg.output_json:
+        with open(cfg.output_json, "w") as f:
             json.dump(report, f, indent=1, ensure_ascii=False)
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

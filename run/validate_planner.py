@@ -12,30 +12,27 @@ Prints both tables (markdown) with the relative error; exits 1 when a row misses
 import json
 import os
 
-from absl import flags
-
 from bert_tf import ConfigError, cli
-from bert_tf.model import modeling
+from bert_tf.model.config import BertConfig
 from bert_tf.tools import planner
 from bert_tf.studies import comm_study
 
-flags.DEFINE_string("study", "runs/comm_study/study.json", "study.json of run/comm_study.py ('' to skip).")
-flags.DEFINE_float("tolerance", 0.25, "Allowed relative error for the rows the goal covers.")
-FLAGS = flags.FLAGS
+cli.define_config_flags(comm_study.PlannerValidation)
 
 
 def main(_):
-    rows = comm_study.nvidia_rows(planner.gradient_tensor_sizes(modeling.BertConfig.preset("large", vocab_size=30522)))
+    cfg = cli.config_from_flags(comm_study.PlannerValidation)
+    rows = comm_study.nvidia_rows(planner.gradient_tensor_sizes(BertConfig.preset("large", vocab_size=30522)))
     print("| DGX-2H nodes | seq | precision | accumulation | published seq/s | planner seq/s | error |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['nodes']} | {r['seq']} | {r['precision']} | {r['accumulation']} | {r['published']:,.0f} | "
               f"{r['predicted']:,.0f} | {r['error']:+.1%} |")
-    misses = comm_study.nvidia_misses(rows, FLAGS.tolerance)
-    if FLAGS.study:
-        if not os.path.exists(FLAGS.study):
-            raise ConfigError(f"--study={FLAGS.study} not found (run run/comm_study.py first)")
-        with open(FLAGS.study) as f:
+    misses = comm_study.nvidia_misses(rows, cfg.tolerance)
+    if cfg.study:
+        if not os.path.exists(cfg.study):
+            raise ConfigError(f"--study={cfg.study} not found (run run/comm_study.py first)")
+        with open(cfg.study) as f:
             study = json.load(f)
         print(f"\nEmulated cluster, BERT-{study['model_preset']} ({study['parameters'] / 1e6:.1f}M parameters), "
               f"per-rank speed without communication {study.get('device_seq_s', float('nan')):.2f} seq/s")
@@ -47,9 +44,9 @@ def main(_):
                 print(f"| {r['nodes']} | {r['rate_gbit']:g} | {r['config']} | {r['sequences_per_second']:.2f} | "
                       f"{r['predicted_sequences_per_second']:.2f} | {r['prediction_error']:+.1%} | "
                       f"{comm_study.study_error(r):+.1%} |")
-        misses += comm_study.study_misses(study, FLAGS.tolerance)
+        misses += comm_study.study_misses(study, cfg.tolerance)
     if misses:
-        raise SystemExit(f"outside {FLAGS.tolerance:.0%}: " + "; ".join(misses))
+        raise SystemExit(f"outside {cfg.tolerance:.0%}: " + "; ".join(misses))
 
 
 if __name__ == "__main__":

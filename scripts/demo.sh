@@ -34,5 +34,5 @@ fi
 echo "== pre-training tiny BERT on 2 ranks ($(grep -v '^#' "$node_flags" | tr '\n' ' '))"
 rm -rf runs/demo
 "${mpi[@]}" python run/pretrain.py --flagfile=configs/demo.flags --flagfile="$node_flags" "$@"
-python run/plot_metrics.py --metrics=runs/demo/metrics.jsonl --output=runs/demo/metrics.png
+python run/plot_metrics.py --metrics=runs/demo/metrics.jsonl --output_png=runs/demo/metrics.png
 echo "demo finished in $((SECONDS - start)) s after setup; curves: runs/demo/metrics.png"

@@ -197,7 +197,7 @@ def test_the_records_rung_counts_the_useful_tokens_of_the_rows_it_timed(tmp_path
         out = benchmark(["--model_preset=tiny", "--vocab_size=300", "--max_seq_length=64",
                          "--max_predictions_per_seq=10", "--micro_batch_size=2", "--updates=30", "--warmup_updates=1",
                          "--peak_seconds=0.2", "--peak_size=32", "--peak_repeats=1", "--rungs=fp32",
-                         f"--records={tmp_path / 'short.tfrecord'}", f"--output_dir={tmp_path / 'out'}"], tmp_path)
+                         f"--rung_train_files={tmp_path / 'short.tfrecord'}", f"--output_dir={tmp_path / 'out'}"], tmp_path)
     finally:
         neighbour.kill()
     assert out.returncode == 0, out.stderr[-2000:]

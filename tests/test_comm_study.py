@@ -132,7 +132,7 @@ def test_planner_predicts_the_emulated_study_within_25_percent(tiny_data, tmp_pa
         [sys.executable, str(REPO / "run" / "comm_study.py"), "--model_preset=small",
          f"--vocab_file={tiny_data['vocab_file']}", f"--train_files={tiny_data['train']}", "--max_seq_length=64",
          "--max_predictions_per_seq=10", "--micro_batch_size=4", "--accumulation_steps=4", "--warmup_updates=1",
-         "--updates=5", "--noxla", "--rates=1", "--fusion_threshold_mb=", "--cycle_time_ms=",
+         "--updates=5", "--noxla", "--rates=1", "--sweep_fusion_threshold_mb=", "--sweep_cycle_time_ms=",
          "--rungs=fp32/every-mb,fp32/accum,fp16/accum", f"--output_dir={out}"],
         env=mpi_env(), capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from bert_tf import ConfigError
+from bert_tf.parallel.exchange import Local
 from bert_tf.train import elastic, shares
 from bert_tf.artifacts.metrics import read_metrics, wait_for_record
 from bert_tf.studies import emulated_cluster as ec
@@ -68,7 +69,7 @@ def test_an_updates_dropout_masks_do_not_depend_on_the_rank_count():
         seeds = {}
         for rank in range(size):
             trainer = trainers[rank]
-            trainer.set_share(shares.rank_indices(micro, rank, size), micro, training.identity_allreduce)
+            trainer.set_share(shares.rank_indices(micro, rank, size), micro, Local())
             assert trainer.rank_micro_batches == shares.rank_share(micro, rank, size)[0]
             assert trainer.indices == list(shares.rank_indices(micro, rank, size))
             trainer.step.assign(7)
@@ -758,7 +759,7 @@ def test_auto_on_elastic_ranks_keeps_the_checkpoints_exchange_and_chooses_once_p
     lines = []
     log = lambda *a, **k: lines.append(" ".join(map(str, a)))
     job = startup.build(cfg, log)
-    assert job.trainer.exchange is None                              # built with none, agreed at the start
+    assert job.trainer.exchange.method == "none" and not job.trainer.exchange.own()   # built with none, agreed at the start
     job.exchange_record = {"gradient_compression": "powersgd", "powersgd_rank": 2}    # as rank 0 read it
     world = ReformingWorld(sizes=[2, 1], reform_at_commits=[4])
     world.trainer = job.trainer

@@ -97,7 +97,7 @@ def _trainer(method="powersgd", warmup=3, precision="float32"):
     comm = CommConfig(gradient_compression=method, powersgd_rank=2, compression_warmup_steps=warmup)
     exchange = compression.CompressedExchange(method, model.trainable_variables, 2, warmup, seed=7)
     return training.Trainer(model, training.TrainConfig(optimizer="adamw", comm=comm, precision=precision),
-                            allreduce=exchange)
+                            exchange=exchange)
 
 
 def test_the_warmup_follows_the_optimizers_updates_through_a_newcomer_and_a_rollback():

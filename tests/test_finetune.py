@@ -200,7 +200,7 @@ def test_finetune_proof_runs_every_task_from_both_starts(pretrained, tmp_path, c
     folder, _ = pretrained
     out = tmp_path / "proof.json"
     proc = subprocess.run([sys.executable, str(REPO / "run" / "finetune_proof.py"), f"--init_checkpoint={folder}",
-                           f"--vocab_file={folder / 'vocab.txt'}", f"--corpus={corpus_dir / 'lee_background.cor'}"
+                           f"--vocab_file={folder / 'vocab.txt'}", f"--input_files={corpus_dir / 'lee_background.cor'}"
                            "@documents", "--seeds=1", "--train_examples=32", "--dev_examples=16", "--epochs=1",
                            "--learning_rate=1e-3", f"--output_json={out}"],
                           env=mpi_env(), capture_output=True, text=True, timeout=600)

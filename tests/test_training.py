@@ -11,6 +11,7 @@ from bert_tf.artifacts import checkpointing
 from bert_tf.model import modeling
 from bert_tf.train import optimization, training
 from bert_tf.parallel.comm import CommConfig
+from bert_tf.parallel.exchange import Stateless
 from conftest import random_features
 
 NO_DROPOUT = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
@@ -225,19 +226,20 @@ def test_allreduce_every_micro_batch_calls_the_allreduce_n_times_with_the_same_r
     for key, every in (("once", False), ("each", True)):
         count, waited = tf.Variable(0, dtype=tf.int64), tf.Variable(0, dtype=tf.int64)
 
-        def allreduce(grads, count=count):   # traced once, runs at every call: counts them
-            count.assign_add(1)
-            return [g * 1.0 for g in grads]
+        class Counting(Stateless):
+            def __call__(self, grads, scale=None, count=count):   # traced once, runs at every call: counts them
+                count.assign_add(1)
+                return [g * 1.0 for g in grads]
 
-        def wait_for_ranks(waited=waited):   # a straggler 50 ms late at every barrier
-            waited.assign_add(1)
-            tf.py_function(lambda: time.sleep(0.05), [], [])
-        allreduce.wait_for_ranks = wait_for_ranks
+            def wait_for_ranks(self, waited=waited):   # a straggler 50 ms late at every barrier
+                waited.assign_add(1)
+                tf.py_function(lambda: time.sleep(0.05), [], [])
+        allreduce = Counting()
 
         model = tiny_model()
         trainer = Recording(model, training.TrainConfig(accumulation_steps=4, learning_rate=1e-3,
                                                         comm=CommConfig(allreduce_every_micro_batch=every)),
-                            allreduce=allreduce)
+                            exchange=allreduce)
         trainer.applied = [tf.Variable(tf.zeros_like(v)) for v in model.trainable_variables]
         trainer.train_step(micro)                # untimed (and traces): no barrier, no extra collective
         assert int(waited.numpy()) == 0 and trainer.timing == {}

@@ -211,7 +211,7 @@ def serialized_records(files, seed=0, training=True, shuffle_buffer=10000, read=
     return ds
 
 
-def make_dataset(files, batch_size, max_seq_length, max_predictions_per_seq, rank=0, size=1, seed=0,
+def make_dataset(files, micro_batch, max_seq_length, max_predictions_per_seq, rank=0, size=1, seed=0,
                  training=True, masker=None, shuffle_buffer=10000, read=tf.data.TFRecordDataset, pack=0):
     """Batches of google-format features (int32 ids) for one rank (packed rows: pack = instances per row).
 
@@ -223,7 +223,7 @@ def make_dataset(files, batch_size, max_seq_length, max_predictions_per_seq, ran
     spec = record_spec(max_seq_length, max_predictions_per_seq, masked=masker is None, pack=pack)
     ds = serialized_records(my_files, seed, training, shuffle_buffer, read, record_shard)
     ds = ds.map(lambda record: parse_features(record, spec), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    ds = ds.batch(batch_size, drop_remainder=training)
+    ds = ds.batch(micro_batch, drop_remainder=training)
     if masker is not None:
         ds = ds.map(masker, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     options = tf.data.Options()

@@ -49,7 +49,7 @@ def google_reserved_tokens(num_unused=99):
 LEARNERS = ("tokenizers", "tensorflow_text")
 
 
-def learn_vocab(sentences, vocab_size, lower_case=True, num_unused=99, batch_size=1024, learner="tokenizers"):
+def learn_vocab(sentences, vocab_size, lower_case=True, num_unused=99, chunk=1024, learner="tokenizers"):
     """Learns a WordPiece vocabulary (list of tokens, google's layout) from an iterable of sentences:
     tensorflow-text's bert_vocab_from_dataset, or the `tokenizers` library's WordPieceTrainer (Rust,
     on the text as huggingface_tokenizer normalises and splits it)."""
@@ -71,7 +71,7 @@ def learn_vocab(sentences, vocab_size, lower_case=True, num_unused=99, batch_siz
     from tensorflow_text.tools.wordpiece_vocab import bert_vocab_from_dataset as learner_module
     dataset = tf.data.Dataset.from_generator(lambda: iter(sentences), output_signature=tf.TensorSpec([], tf.string))
     vocab = learner_module.bert_vocab_from_dataset(
-        dataset.batch(batch_size), vocab_size=vocab_size, reserved_tokens=reserved,
+        dataset.batch(chunk), vocab_size=vocab_size, reserved_tokens=reserved,
         bert_tokenizer_params={"lower_case": lower_case},
         learn_params={"max_input_tokens": 10_000_000})
     return vocab
@@ -145,7 +145,7 @@ class Tokenizer:
             max_bytes_per_word=self.max_chars_per_word)
         return lambda batch: tf_tok.tokenize(tf.constant(batch)).to_list()
 
-    def tokenize(self, sentences, batch_size=4096):
+    def tokenize(self, sentences, chunk=4096):
         """list[str] -> list[list[int]] (word-piece ids, no special tokens)."""
         if self.backend == "python":
             return [self.ids(s) for s in sentences]
@@ -161,9 +161,9 @@ class Tokenizer:
                 easy.append(i)
             else:
                 out[i] = self.ids(s)           # holds a character the library treats otherwise
-        for k in range(0, len(easy), batch_size):
-            chunk = easy[k:k + batch_size]
-            for i, ids in zip(chunk, self._library([sentences[i] for i in chunk])):
+        for k in range(0, len(easy), chunk):
+            part = easy[k:k + chunk]
+            for i, ids in zip(part, self._library([sentences[i] for i in part])):
                 out[i] = list(ids)
         return out
 

@@ -1,6 +1,6 @@
 """The building blocks both encoders share (modeling.py's BERT, modern.py's ModernBERT): activations, dense
 and norm layers, stateless dropout, scaled dot-product attention, the attention mask, and running a stack
-of layers with optional recomputation.
+of layers with optional recomputation; and `Encoder`, the contract both encoders keep.
 
 Precision: variables are float32 and cast to the compute dtype where used; softmax, LayerNorm and the
 activations' transcendental parts run in float32. Shapes: B batch, S sequence, H hidden, N heads, D = H / N.
@@ -8,10 +8,34 @@ activations' transcendental parts run in float32. Shapes: B batch, S sequence, H
 from __future__ import annotations
 
 import math
+from typing import Protocol, runtime_checkable
 
 import tensorflow as tf
 
-from bert_tf.model.config import ACTIVATION_NAMES
+from bert_tf.model.config import ACTIVATION_NAMES, BertConfig
+
+
+@runtime_checkable
+class Encoder(Protocol):
+    """What a task head and a checkpoint reader may use of an encoder (modeling.BertEncoder, modern.ModernEncoder):
+
+        sequence, pooled = encoder(input_ids, input_mask, segment_ids, dtype=, seed=, training=,
+                                   position_ids=None, instance_ids=None)    # [B, S, H], [B, H]; compute dtype
+        encoder.pool(sequence, positions=None)     # the pooler on [CLS]: [B, H], or [B, K, H] at positions [B, K]
+        encoder.config                             # the BertConfig it was built from
+        encoder.trainable_variables                # (tf.Module's) what a checkpoint holds, in a fixed order
+
+    segment_ids are taken by both and ignored by the modern one (no token types); packed rows pass position_ids
+    and instance_ids [B, S] (1, 2, ... per instance, 0 for padding) and attention stays within an instance."""
+    config: BertConfig
+
+    def __call__(self, input_ids, input_mask, segment_ids, *, dtype=tf.float32, seed=None, training=False,
+                 position_ids=None, instance_ids=None) -> tuple: ...
+
+    def pool(self, sequence_output, positions=None): ...
+
+    @property
+    def trainable_variables(self): ...
 
 
 def _float32(activation):

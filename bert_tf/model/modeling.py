@@ -27,7 +27,7 @@ from bert_tf import ConfigError
 from bert_tf.model.config import (  # noqa: F401  (modeling.BertConfig: the names users know)
     ACTIVATION_NAMES, ARCHITECTURES, MODERN_PRESETS, PRESET_NAMES, PRESETS, RECOMPUTE, BertConfig)
 from bert_tf.model.layers import (  # noqa: F401  (modeling.Dense, ...: where they were)
-    ACTIVATIONS, Dense, LayerNorm, attend, dropout, mask_bias_for, run_layers, truncated_normal)
+    ACTIVATIONS, Dense, Encoder, LayerNorm, attend, dropout, mask_bias_for, run_layers, truncated_normal)
 
 
 class Embeddings(tf.Module):
@@ -150,8 +150,8 @@ class BertEncoder(tf.Module):
         return tf.tanh(self.pooler(tf.gather(sequence_output, positions, batch_dims=1)))
 
 
-def encoder(config: BertConfig, recompute="none"):
-    """The encoder of config.architecture: BertEncoder or modern.ModernEncoder (the same call and pool)."""
+def encoder(config: BertConfig, recompute="none") -> Encoder:
+    """The encoder of config.architecture: BertEncoder or modern.ModernEncoder (the same contract: layers.Encoder)."""
     if config.modern:
         from bert_tf.model import modern
         return modern.ModernEncoder(config, recompute=recompute)

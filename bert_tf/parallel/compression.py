@@ -37,6 +37,7 @@ import math
 import tensorflow as tf
 
 from bert_tf import ConfigError
+from bert_tf.parallel import exchange
 from bert_tf.parallel.comm import METHODS, onebit_chunk, powersgd_plan, wire_bytes
 
 _BITS = tf.constant([1, 2, 4, 8, 16, 32, 64, 128], tf.int32)
@@ -68,10 +69,10 @@ def _compress(x):
 
 
 class CompressedExchange(tf.Module):
-    """Callable like distributed.make_gradient_allreduce's function: exchange(grads, scale=None) -> the
-    averaged (compressed) gradients, the same on every rank. scale: the loss scale the gradients carry (the
-    error buffers keep unscaled values, so a changing scale does not corrupt them). weight: this rank's
-    gradients are multiplied by it first (elastic mode's uneven shares)."""
+    """A GradientExchange (bert_tf/parallel/exchange.py): exchange(grads, scale=None) -> the averaged (compressed)
+    gradients, the same on every rank. scale: the loss scale the gradients carry (the error buffers keep unscaled
+    values, so a changing scale does not corrupt them). weight: this rank's gradients are multiplied by it first
+    (elastic mode's uneven shares)."""
 
     def __init__(self, method, variables, rank=4, warmup_steps=0, seed=0, size=1, name="grad", alone=False, clock=None):
         super().__init__(name=f"{name}_exchange")
@@ -129,6 +130,9 @@ class CompressedExchange(tf.Module):
     def shared(self) -> list:
         """The state every rank holds alike: PowerSGD's Q (rank 0's is broadcast on a resume)."""
         return list(self.qs) if self.method == "powersgd" else []
+
+    def wait_for_ranks(self):
+        return None if self.alone else exchange.wait_for_ranks(self.tag)
 
     def wire_bytes(self, size) -> float:
         return wire_bytes(self.method, self.shapes, size, self.rank)

@@ -186,41 +186,17 @@ def node_process_set():
 
 
 def make_gradient_allreduce(fp16_compression=False, name="grad", weight=1.0, process_set=None):
-    """Returns allreduce(grads) -> grads averaged over ranks, sent as float16 when asked.
-
-    One allreduce op per tensor: Horovod's background thread fuses those that are ready in
-    the same cycle into buffers of HOROVOD_FUSION_THRESHOLD bytes (tensor fusion).
+    """The gradients averaged over ranks by Horovod, sent as float16 when asked (exchange.Allreduce).
     weight: this rank's gradients are multiplied by it first (elastic mode's uneven shares).
-    process_set: average over these ranks only (node_process_set), not all.
-    """
-    import horovod.tensorflow as hvd
-    compression = hvd.Compression.fp16 if fp16_compression else hvd.Compression.none
-    process_set = process_set or hvd.global_process_set
-
-    def allreduce(grads):
-        if weight != 1.0:
-            grads = [g * weight for g in grads]
-        if process_set.size() == 1:
-            return list(grads)
-        return [hvd.allreduce(g, op=hvd.Average, compression=compression, name=f"{name}_{i}",
-                              process_set=process_set) for i, g in enumerate(grads)]
-
-    def wait_for_ranks():
-        """A one-float allreduce: returns once every rank (of the set) has reached it (Trainer's timed updates
-        time it apart from the gradients' allreduce, so a straggler shows as waiting, not as link)."""
-        if process_set.size() > 1:
-            return hvd.allreduce(tf.zeros([1]), op=hvd.Sum, name=f"{name}_wait", process_set=process_set)
-        return None
-
-    allreduce.wait_for_ranks = wait_for_ranks
-    return allreduce
+    process_set: average over these ranks only (node_process_set), not all."""
+    from bert_tf.parallel.exchange import Allreduce
+    return Allreduce(fp16_compression, name=name, weight=weight, process_set=process_set)
 
 
 def make_gradient_exchange(comm: CommConfig, variables, seed=0, name="grad"):
-    """The update's gradient exchange for --gradient_compression (comm.method): a Horovod allreduce
-    (none, fp16: make_gradient_allreduce) or a compressed exchange with error feedback (powersgd, onebit:
-    compression.CompressedExchange, a tf.Module the trainer checkpoints). variables: the trainer's, in its
-    order."""
+    """The update's gradient exchange (exchange.GradientExchange) for --gradient_compression (comm.method): a
+    Horovod allreduce (none, fp16: exchange.Allreduce) or a compressed exchange with error feedback (powersgd,
+    onebit: compression.CompressedExchange). variables: the trainer's, in its order."""
     if comm.method == "auto":
         raise ConfigError("--gradient_compression=auto is chosen by run/pretrain.py at start-up "
                           "(bert_tf/parallel/auto_exchange.py); here, give the method")

@@ -163,5 +163,5 @@ def restore(trainer, directory, step, rank, size, gather, broadcast_variables) -
 
 def save_own(trainer, directory, step, rank, size, keep) -> None:
     """Before checkpoint `step`: this rank's own error buffers to its own file (every rank; no collective)."""
-    if trainer.exchange is not None:
+    if trainer.exchange.own():
         save(trainer.exchange, directory, step, rank, size, weights_digest(trainer.variables), keep)

@@ -17,15 +17,21 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from bert_tf.parallel import watchdog
+from bert_tf.parallel import exchange, watchdog
 
 
 class OuterStep(tf.Module):
-    """DiLoCo's outer optimizer over `variables` (the trainer's), synchronising every `every` updates."""
+    """DiLoCo's outer optimizer over `variables` (the trainer's), synchronising every `every` updates. As the
+    trainer's GradientExchange (bert_tf/parallel/exchange.py) an update's gradients go through `inner` (exchange.Local:
+    each rank its own; an Allreduce over a node's ranks with --local_group=node); the anchor and the momentum are
+    its shared state."""
 
-    def __init__(self, variables, learning_rate=0.7, momentum=0.9, every=1):
+    method = "diloco"
+
+    def __init__(self, variables, learning_rate=0.7, momentum=0.9, every=1, inner=None):
         super().__init__(name="outer_step")
         self.learning_rate, self.momentum, self.every = learning_rate, momentum, every
+        self.inner = exchange.Local() if inner is None else inner
         self.anchor = [tf.Variable(tf.zeros_like(v), trainable=False, name=f"anchor_{i}")
                        for i, v in enumerate(variables)]
         self.velocity = [tf.Variable(tf.zeros_like(v), trainable=False, name=f"velocity_{i}")
@@ -33,6 +39,36 @@ class OuterStep(tf.Module):
         self.anchored = tf.Variable(False, trainable=False, name="anchored")
         self.rounds = tf.Variable(0, dtype=tf.int64, trainable=False, name="rounds")
         self._sync = tf.function(self._sync_impl, jit_compile=False)    # Horovod's op: never compiled
+
+    # -- the exchange contract: per update, the inner exchange's; the outer step is `sync`
+    @property
+    def weight(self) -> float:
+        return self.inner.weight
+
+    @weight.setter
+    def weight(self, value):
+        self.inner.weight = value
+
+    def __call__(self, grads, scale=None):
+        return self.inner(grads, scale)
+
+    def wait_for_ranks(self):
+        return self.inner.wait_for_ranks()
+
+    def own(self) -> list:
+        return self.inner.own()
+
+    def shared(self) -> list:
+        return [*self.anchor, *self.velocity, self.anchored, self.rounds]
+
+    def reset(self, size) -> str:
+        return self.inner.reset(size)
+
+    def attach_clock(self, clock) -> None:
+        self.inner.attach_clock(clock)
+
+    def describe(self) -> dict:
+        return {"gradient_compression": self.method, "powersgd_rank": 0, "local_updates": self.every}
 
     def anchor_to(self, variables):
         """A fresh start (after the broadcast of the initial weights): the first round starts from them."""

@@ -11,6 +11,7 @@ on the AMX Xeon), and that error isolates the communication model from the sprea
 """
 from __future__ import annotations
 
+import dataclasses
 import glob
 import json
 import os
@@ -19,6 +20,7 @@ import signal
 import statistics
 import subprocess
 
+from bert_tf import ConfigError, knob, knobs
 from bert_tf.artifacts import metrics
 from bert_tf.tools import planner
 from bert_tf.studies import emulated_cluster
@@ -42,6 +44,67 @@ def rungs(fusion_thresholds_mb=(), cycle_times_ms=(), compressed=()):
     out += [(method, CommConfig(gradient_compression=method, compression_warmup_steps=int(method == "onebit")))
             for method in compressed]
     return [(label, comm.resolved()) for label, comm in out]
+
+
+@dataclasses.dataclass(frozen=True)
+class StudyConfig:
+    """run/comm_study.py's flags; constructing one checks them (counts, rates, rung labels)."""
+    model_preset: str = knobs.model_preset("small")
+    vocab_file: str = knobs.vocab_file("data/demo/vocab.txt", detail="of the records (scripts/demo.sh makes it).")
+    train_files: str = knobs.train_files("data/demo/seq128/train-*", "comma-separated globs (scripts/demo.sh makes "
+                                                                     "the default).")
+    sequence: knobs.Sequence = knobs.Sequence()
+    micro_batch_size: int = knob(2, "Sequences per rank per forward/backward pass (one micro-batch).")
+    accumulation_steps: int = knob(8, "Micro-batches per update.")
+    updates: int = knob(4, "Measured updates per job.")
+    warmup_updates: int = knob(1, "Updates dropped from the measurement (compilation).")
+    node_counts: list[int] = knob([2], "Emulated node counts (one rank each).")
+    rates: list[float] = knob([1.0, 10.0, 25.0], "Link rates, Gbit/s.")
+    sweep_fusion_threshold_mb: list[float] = knob([0.0, 1.0, 16.0, 64.0], "Fusion thresholds to sweep on "
+                                                  "fp16/accum (128 = Horovod's default is the fp16/accum rung itself).")
+    sweep_cycle_time_ms: list[float] = knob([5.0, 10.0], "Cycle times to sweep on fp16/accum (1 ms is Horovod's "
+                                                         "default).")
+    compressed: list[str] = knob([], "Compressed exchanges to add to the ladder (--gradient_compression): "
+                                     "powersgd, onebit.", choices=["powersgd", "onebit"])
+    rungs: list[str] = knob([], "Run only these rungs (labels as printed, e.g. fp32/every-mb,fp16/accum); "
+                                "default: all.")
+    xla: bool = knob(True, "Compile forward/backward and the update with XLA.")
+    device_seq_s: float = knob(0.0, "Without an emulated cluster: per-rank sequences/s for the planner.")
+    job_timeout: int = knob(1800, "Seconds before a job is killed (and recorded as failed).")
+    output_dir: str = knobs.output_dir("study.json, study.png and the jobs' folders", default="runs/comm_study")
+    compression_cost: bool = knob(False, "Only measure what each --compressed exchange (default: both) adds to an "
+                                         "update of --model_preset on this machine, in one process, and print it "
+                                         "(the planner's overhead).")
+    probe: bool = knob(False, "Internal: run the link probe as one rank of an emulated job.")
+
+    def __post_init__(self):
+        for name in ("micro_batch_size", "accumulation_steps", "updates"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"--{name} must be >= 1, got {getattr(self, name)}")
+        if not self.node_counts or min(self.node_counts) < 2:
+            raise ConfigError(f"--node_counts must list counts >= 2, got {self.node_counts}")
+        if not self.rates or min(self.rates) <= 0:
+            raise ConfigError(f"--rates must list positive Gbit/s, got {self.rates}")
+        valid = [label for label, _ in self.all_rungs()]
+        unknown = [r for r in self.rungs if r not in valid]
+        if unknown:
+            raise ConfigError(f"--rungs: unknown {unknown}; valid: {', '.join(valid)}")
+
+    def all_rungs(self):
+        return rungs(self.sweep_fusion_threshold_mb, self.sweep_cycle_time_ms, self.compressed)
+
+    def ladder(self):
+        """The rungs to run: all of them, or those --rungs names."""
+        return [r for r in self.all_rungs() if r[0] in self.rungs] if self.rungs else self.all_rungs()
+
+    def settings(self):
+        """What makes two studies' measurements comparable; the micro-batch keeps its old key "batch_size", so
+        a study.json written before --micro_batch_size was renamed still has the same settings."""
+        return {"model_preset": self.model_preset, "vocab_file": self.vocab_file, "train_files": self.train_files,
+                "max_seq_length": self.sequence.max_seq_length,
+                "max_predictions_per_seq": self.sequence.max_predictions_per_seq,
+                "batch_size": self.micro_batch_size, "accumulation_steps": self.accumulation_steps,
+                "updates": self.updates, "warmup_updates": self.warmup_updates, "xla": self.xla}
 
 
 # -- measuring --------------------------------------------------------------------------------
@@ -313,3 +376,10 @@ def nvidia_misses(rows, tolerance):
     """The rows the goal covers (32 nodes, mixed precision) that miss by more than `tolerance`."""
     return [f"DGX-2H 32 nodes seq {r['seq']}" for r in rows
             if r["nodes"] == 32 and r["precision"] == "mixed" and abs(r["error"]) > tolerance]
+
+
+@dataclasses.dataclass(frozen=True)
+class PlannerValidation:
+    """run/validate_planner.py's flags: the study to check the planner against, and the error allowed."""
+    study: str = knob("runs/comm_study/study.json", "study.json of run/comm_study.py ('' to skip).")
+    tolerance: float = knob(0.25, "Allowed relative error for the rows the goal covers.")

@@ -24,6 +24,7 @@ link down (the bridge port, as if the cable were pulled) or up.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import glob
 import shutil
@@ -31,7 +32,7 @@ import socket
 import subprocess
 import tempfile
 
-from bert_tf import ConfigError
+from bert_tf import ConfigError, knob
 
 PREFIX = "btc"
 SUBNET = "198.18.0"
@@ -96,6 +97,15 @@ def down():
     for folder in glob.glob(os.path.join(tempfile.gettempdir(), "bert_tf_cluster_*")):
         shutil.rmtree(folder, ignore_errors=True)
     return existing_namespaces() == []
+
+
+@dataclasses.dataclass(frozen=True)
+class EmulatedClusterConfig:
+    """run/emulated_cluster.py's flags: the cluster `up` brings up (EmulatedCluster's arguments, by name)."""
+    nodes: int = knob(2, "Emulated nodes.")
+    rate_gbit: float = knob(10.0, "Link rate of each node, Gbit/s.")
+    delay_ms: float = knob(0.0, "One-way delay (needs tc netem in the kernel).")
+    slots: int = knob(1, "Ranks per node in the hostfile.")
 
 
 class EmulatedCluster:

@@ -11,7 +11,7 @@ import dataclasses
 import os
 import resource
 
-from bert_tf import ConfigError
+from bert_tf import ConfigError, knob, knobs
 from bert_tf.studies import machine_load
 from bert_tf.studies.rung import TRACED_UPDATES, Timing, run_rung
 
@@ -28,32 +28,44 @@ GPU_RUNGS = ["fp16+xla", "bf16+xla", "tf32+xla", "fp32+xla", "fp16", "best+accum
 
 
 @dataclasses.dataclass(frozen=True)
-class Settings:
-    """run/benchmark.py's flags, by the same names (rungs: the ladder to climb, defaults resolved)."""
-    model_preset: str = "base"
-    max_seq_length: int = 128
-    max_predictions_per_seq: int = 20
-    vocab_size: int = 30522
-    micro_batch_size: int = 8
-    tune_micro_batch_sizes: list = dataclasses.field(default_factory=list)
-    accumulation_steps: int = 4
-    warmup_updates: int = 2
-    updates: int = 5
-    rungs: list = dataclasses.field(default_factory=lambda: list(CPU_RUNGS))
-    peak_seconds: float = 3.0
-    peak_size: int = 2048
-    peak_repeats: int = 3
-    output_dir: str = "runs/benchmark"
-    input_files: str = ""
-    vocab_file: str = ""
-    records: list = dataclasses.field(default_factory=list)
-    input_seconds: float = 5.0
-    profile_dir: str = ""
-    write_flagfile: str = ""
-    device_figures: str = ""
+class BenchmarkConfig:
+    """run/benchmark.py's flags. rungs: the ladder to climb (None: the device's, default_rungs; run/benchmark.py
+    resolves it before ladder.run)."""
+    model_preset: str = knobs.model_preset("base")
+    sequence: knobs.Sequence = knobs.Sequence()
+    vocab_size: int = knob(30522, "Vocabulary size.")
+    micro_batch_size: int = knob(8, "Sequences per forward/backward pass (one micro-batch).")
+    tune_micro_batch_sizes: list[int] = knob([], "Also time the fastest bert_tf rung at these micro-batches "
+                                                 "(the flagfile then names the fastest per sequence).")
+    accumulation_steps: int = knob(4, "Micro-batches per update on the accumulation rung.")
+    warmup_updates: int = knob(2, "Updates not timed (compilation).")
+    updates: int = knob(5, "Timed updates per rung.")
+    rungs: list[str] | None = knob(None, "Rungs to run (default: the CPU ladder, or the GPU ladder where TensorFlow "
+                                         "sees a GPU; see CPU_RUNGS and GPU_RUNGS in bert_tf/studies/ladder.py).")
+    peak_seconds: float = knob(3.0, "Seconds per matmul-peak measurement (each dtype, both ways).")
+    peak_size: int = knob(2048, "n of the n x n x n matmul the peak is measured with.")
+    peak_repeats: int = knob(3, "Times each matmul peak is measured (the best counts; the spread is reported).")
+    output_dir: str = knobs.output_dir("ladder.json and ladder.png", default="runs/benchmark")
+    train_files: str = knobs.train_files("", "comma-separated globs; also measure input_pipeline.make_dataset "
+                                             "alone on them (static and dynamic masking, sequences/s per rank) next "
+                                             "to the model's consumption; needs --vocab_file.")
+    vocab_file: str = knobs.vocab_file("", detail="of --train_files (dynamic masking's special and [MASK] ids).")
+    rung_train_files: list[str] = knob([], "After the ladder, train the fastest bert_tf rung on batches of these "
+                                           "TFRecord globs (each glob a rung: one made without and one with "
+                                           "create_pretraining_data.py --pack) and report useful (non-padding) "
+                                           "tokens/s and instances/s next to rows/s.")
+    input_seconds: float = knob(5.0, "Seconds per input-pipeline measurement.")
+    profile_dir: str = knob("", "After the ladder, trace 3 updates of the fastest bert_tf rung and of keras-hub's "
+                                "fastest with the TensorFlow profiler into DIR/bert_tf and DIR/keras-hub "
+                                "(TensorBoard's profile tab reads them) and print where each spends its time, by "
+                                "kind of op.")
+    write_flagfile: str = knob("", "Write the fastest bert_tf configuration here as run/pretrain.py flags.")
+    device_figures: str = knob("", "Add the fastest bert_tf rung's sequences/s to this JSON as the device's phase-1 "
+                                   "(sequence 128) or phase-2 (512) speed, for run/plan.py --device_figures.")
 
     def timing(self) -> Timing:
-        return Timing(self.max_seq_length, self.max_predictions_per_seq, self.warmup_updates, self.updates)
+        return Timing(self.sequence.max_seq_length, self.sequence.max_predictions_per_seq, self.warmup_updates,
+                      self.updates)
 
 
 def default_rungs(gpu: bool, fusion: bool):
@@ -89,15 +101,14 @@ def check_writable(path, flag="write_flagfile"):
         raise ConfigError(f"--{flag}={path}: not writable")
 
 
-def check_settings(s: Settings):
+def check_settings(s: BenchmarkConfig):
     """(tuned micro-batches, [(records glob, instances per row)]), after every check that can fail before
     an hour of measuring: micro-batches, output files, the plan's sequence lengths, input files."""
     from bert_tf.data import input_pipeline
     from bert_tf.tools import planner
-    try:
-        batch_sizes = [int(b) for b in s.tune_micro_batch_sizes]
-    except ValueError:
-        raise ConfigError(f"--tune_micro_batch_sizes: not integers: {','.join(s.tune_micro_batch_sizes)}") from None
+    if s.rungs is None:
+        raise ValueError("the ladder needs its rungs resolved (default_rungs): run/benchmark.py does it")
+    batch_sizes = list(s.tune_micro_batch_sizes)
     if any(b < 1 for b in batch_sizes) or s.micro_batch_size < 1:
         raise ConfigError(f"--micro_batch_size/--tune_micro_batch_sizes must be >= 1, got {s.micro_batch_size}, "
                           f"{batch_sizes}")
@@ -107,27 +118,28 @@ def check_settings(s: Settings):
             if not any(r in PRECISION_RUNGS for r in s.rungs):
                 raise ConfigError(f"--{flag} needs at least one bert_tf precision rung in --rungs")
     if s.device_figures:
-        if s.max_seq_length not in planner.DEVICE_FIGURES.values():
+        if s.sequence.max_seq_length not in planner.DEVICE_FIGURES.values():
             raise ConfigError(f"--device_figures: the plan's phases run at sequence 128 and 512, not "
-                              f"--max_seq_length={s.max_seq_length}")
+                              f"--max_seq_length={s.sequence.max_seq_length}")
         if os.path.exists(s.device_figures):
             planner.read_device_figures(s.device_figures, s.model_preset)   # one it can add to
+    seq = s.sequence
     records = []
-    for pattern in s.records:       # (glob, instances per row), checked before an hour of measuring
+    for pattern in s.rung_train_files:     # (glob, instances per row), checked before an hour of measuring
         files = input_pipeline.list_files(pattern)
-        records.append((pattern, input_pipeline.check_files(files, s.max_seq_length, s.max_predictions_per_seq)))
-    if s.input_files:
+        records.append((pattern, input_pipeline.check_files(files, seq.max_seq_length, seq.max_predictions_per_seq)))
+    if s.train_files:
         if not s.vocab_file:
-            raise ConfigError("--input_files needs --vocab_file")
-        input_pipeline.check_files(input_pipeline.list_files(s.input_files), s.max_seq_length,
-                                   s.max_predictions_per_seq)
+            raise ConfigError("--train_files needs --vocab_file")
+        input_pipeline.check_files(input_pipeline.list_files(s.train_files), seq.max_seq_length,
+                                   seq.max_predictions_per_seq)
     return batch_sizes, records
 
 
 class Ladder:
     """The rows measured so far (ladder.json's "rungs"), each with its MFU against the measured peaks."""
 
-    def __init__(self, config, s: Settings, peaks, flops_per_seq, peer, fusion):
+    def __init__(self, config, s: BenchmarkConfig, peaks, flops_per_seq, peer, fusion):
         from bert_tf.studies import matmul_peaks
         self.config, self.s, self.timing, self.peer, self.fusion = config, s, s.timing(), peer, fusion
         self.peaks, self.flops_per_seq = peaks, flops_per_seq
@@ -139,7 +151,7 @@ class Ladder:
         seqs = batch_size * accumulation / result["update_seconds"]
         achieved = seqs * self.flops_per_seq
         dtype_peak = max(self.peaks[DTYPE_NAME[precision]].values())
-        seq = self.s.max_seq_length
+        seq = self.s.sequence.max_seq_length
         row = {"rung": rung, "precision": precision, "tf32": tf32, "xla": xla, "fuse": fuse,
                "accumulation_steps": accumulation,
                "batch_size": batch_size, "peer": peer, "diagnostic": diagnostic,
@@ -261,7 +273,7 @@ class Ladder:
         return profiles
 
 
-def measure_peaks(s: Settings):
+def measure_peaks(s: BenchmarkConfig):
     """(peaks, every sample, what else ran during each): the matmul peaks MFU is taken against."""
     from bert_tf.studies import matmul_peaks
     if s.peak_repeats < 1:
@@ -299,13 +311,13 @@ def print_best(best, peer, peak_rss_gb):
     print(f"peak host memory {peak_rss_gb:.2f} GB")
 
 
-def input_headroom(s: Settings, best):
-    """With --input_files, what the input pipeline delivers alone next to the fastest rung's consumption."""
-    if not s.input_files:
+def input_headroom(s: BenchmarkConfig, best):
+    """With --train_files, what the input pipeline delivers alone next to the fastest rung's consumption."""
+    if not s.train_files:
         return None
     from bert_tf.studies import input_headroom
-    headroom = input_headroom.measure(s.input_files, s.vocab_file, s.micro_batch_size, s.max_seq_length,
-                                      s.max_predictions_per_seq, s.input_seconds)
+    headroom = input_headroom.measure(s.train_files, s.vocab_file, s.micro_batch_size, s.sequence.max_seq_length,
+                                      s.sequence.max_predictions_per_seq, s.input_seconds)
     consumed = best["sequences_per_second"] if best else float("nan")
     for kind, rate in headroom.items():
         print(f"input pipeline alone, {kind} masking: {rate:.0f} seq/s per rank = {rate / consumed:.1f}x the "
@@ -313,7 +325,7 @@ def input_headroom(s: Settings, best):
     return headroom
 
 
-def run(s: Settings, peer, fusion):
+def run(s: BenchmarkConfig, peer, fusion):
     """The whole ladder: every check first, then the peaks, the rungs, the tuned micro-batches, the records
     and the profiles; ladder.json, ladder.png and the flagfile and device figures asked for."""
     from bert_tf.parallel import device
@@ -322,10 +334,11 @@ def run(s: Settings, peer, fusion):
     from bert_tf.studies import ladder_report
     batch_sizes, records = check_settings(s)
     config = modeling.BertConfig.preset(s.model_preset, vocab_size=s.vocab_size)
-    flops_per_seq = flops.training_flops_per_sequence(config, s.max_seq_length, s.max_predictions_per_seq)
+    seq = s.sequence
+    flops_per_seq = flops.training_flops_per_sequence(config, seq.max_seq_length, seq.max_predictions_per_seq)
     described = device.device_description()
     print(f"device: {described}")
-    print(f"{s.model_preset}: {config.num_hidden_layers} layers, hidden {config.hidden_size}; seq {s.max_seq_length}, "
+    print(f"{s.model_preset}: {config.num_hidden_layers} layers, hidden {config.hidden_size}; seq {seq.max_seq_length}, "
           f"micro-batch {s.micro_batch_size}; {flops_per_seq / 1e9:.2f} GFLOP per sequence (train)", flush=True)
     peaks, peak_samples, peak_loads = measure_peaks(s)
     ladder = Ladder(config, s, peaks, flops_per_seq, peer, fusion)

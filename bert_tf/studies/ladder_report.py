@@ -9,11 +9,13 @@ import os
 
 
 def report(s, ladder, peak_samples, peak_loads, device, batch_sizes, headroom, profiles, peak_rss_gb) -> dict:
-    """ladder.json's content: `s` the ladder's Settings, `ladder` its Ladder (rows, peaks, FLOPs per sequence)."""
+    """ladder.json's content: `s` the ladder's BenchmarkConfig, `ladder` its Ladder (rows, peaks, FLOPs per
+    sequence)."""
     from bert_tf.studies import matmul_peaks
     hw_peak, hw_dtype, hw_way = matmul_peaks.hardware_peak(ladder.peaks)
     best, peer = ladder.fastest(), ladder.fastest(peer=True)
-    return {"model_preset": s.model_preset, "seq_length": s.max_seq_length, "batch_size": s.micro_batch_size,
+    seq = s.sequence.max_seq_length
+    return {"model_preset": s.model_preset, "seq_length": seq, "batch_size": s.micro_batch_size,
             "flops_per_sequence": ladder.flops_per_seq, "device": device, "matmul_peak_flops": ladder.peaks,
             "matmul_peak_samples": peak_samples, "matmul_peak_machine_load": peak_loads,
             "hardware_peak_flops": hw_peak, "hardware_peak_from": [hw_dtype, hw_way], "rungs": ladder.rows,
@@ -22,9 +24,9 @@ def report(s, ladder, peak_samples, peak_loads, device, batch_sizes, headroom, p
             "input_pipeline_sequences_per_second": headroom, "peak_host_memory_gb": peak_rss_gb,
             "cpu_count": os.cpu_count(), "tune_batch_sizes": batch_sizes, "profiles": profiles,
             "command": "python run/benchmark.py " + " ".join(
-                f"--{k}={v if not isinstance(v, list) else ','.join(v)}" for k, v in (
-                    *((k, getattr(s, k)) for k in ("model_preset", "max_seq_length", "micro_batch_size",
-                                                   "accumulation_steps", "updates")),
+                f"--{k}={v if not isinstance(v, list) else ','.join(map(str, v))}" for k, v in (
+                    ("model_preset", s.model_preset), ("max_seq_length", seq),
+                    *((k, getattr(s, k)) for k in ("micro_batch_size", "accumulation_steps", "updates")),
                     ("rungs", s.rungs), ("tune_micro_batch_sizes", s.tune_micro_batch_sizes)))}
 
 
@@ -41,12 +43,13 @@ def save(report, s, best):
               f"({best['sequences_per_second']:.2f} seq/s)")
     if s.device_figures:
         from bert_tf.tools import planner
-        planner.record_device_figures(s.device_figures, s.model_preset, s.max_seq_length,
+        seq = s.sequence.max_seq_length
+        planner.record_device_figures(s.device_figures, s.model_preset, seq,
                                       best["sequences_per_second"], device=report["device"].get("gpus", [
                                           report["device"].get("cpu")])[0], **{
-                                          f"rung_{s.max_seq_length}": best["rung"],
-                                          f"command_{s.max_seq_length}": report["command"]})
-        print(f"wrote {s.device_figures}: {best['sequences_per_second']:.2f} seq/s at {s.max_seq_length} "
+                                          f"rung_{seq}": best["rung"],
+                                          f"command_{seq}": report["command"]})
+        print(f"wrote {s.device_figures}: {best['sequences_per_second']:.2f} seq/s at {seq} "
               f"({best['rung']}); python run/plan.py --model_preset={s.model_preset} "
               f"--device_figures={s.device_figures} takes it")
 

@@ -25,9 +25,12 @@ Kinds, the first whose pattern matches the op type or HLO name (XLA's prefixed "
 from __future__ import annotations
 
 import collections
+import dataclasses
 import glob
 import os
 import re
+
+from bert_tf import knob
 
 EXECUTOR = "(executor)"
 KINDS = (
@@ -175,3 +178,9 @@ def print_comparison(ours: dict, peer: dict | None, log=print, goal: float = 1.3
         f"{c['ours_rest_ms']:.1f} to {c['rest_needed_ms']:.1f} ms per sequence ({c['rest_cut_needed']:.0%} less); "
         f"with no time outside its matmuls at all it would be {c['matmul_only_ratio']:.2f}x")
     return c
+
+
+@dataclasses.dataclass(frozen=True)
+class ProfileReport:
+    """run/profile_report.py's flags: the speed ladder whose traces to read again."""
+    ladder: str | None = knob(None, "ladder.json of a run/benchmark.py run made with --profile_dir.", required=True)

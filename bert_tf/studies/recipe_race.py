@@ -8,6 +8,7 @@ update, so compilation counts) to each evaluation, evaluations included: what a 
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -15,9 +16,32 @@ import sys
 import textwrap
 import time
 
-from bert_tf import ConfigError
+from bert_tf import ConfigError, knob, knobs
 from bert_tf.artifacts import metrics
 from bert_tf.studies import emulated_cluster
+
+
+@dataclasses.dataclass(frozen=True)
+class RaceConfig:
+    """run/recipe_race.py's flags; constructing one checks their ranges."""
+    recipes: list[str] | None = knob(None, "name=flagfile pairs, comma-separated, raced in this order.",
+                                     required=True)
+    output_dir: str | None = knobs.output_dir("a folder per recipe, race.json and race.png", required=True)
+    ranks: int = knob(2, "Processes per recipe on this machine.")
+    report_only: bool = knob(False, "Only the report, from runs already in --output_dir.")
+    time_budget_hours: float = knob(0.0, "Override every recipe's --time_budget_hours (0: each flagfile's own).")
+    title: str = knob("", "The plot's title (default: the recipes and this machine's CPU).")
+    pretrain_flag: list[str] = knob([], "A flag for every recipe's run/pretrain.py, e.g. --pretrain_flag=--seed=2 "
+                                        "(repeat it for more).", multi=True)
+    nodes: int = knob(0, "Race on this many emulated nodes, one rank each, joined by shaped links "
+                         "(bert_tf/studies/emulated_cluster.py; root); 0: --ranks processes on this machine.")
+    link_gbit: float = knob(1.0, "--nodes: each node's link rate, Gbit/s.")
+    target_accuracy: float = knob(0.0, "Also report when each recipe first reaches this held-out MLM accuracy.")
+
+    def __post_init__(self):
+        for name, low in (("time_budget_hours", 0), ("nodes", 0), ("link_gbit", 0.001), ("target_accuracy", 0)):
+            if getattr(self, name) < low:
+                raise ConfigError(f"--{name} must be >= {low}, got {getattr(self, name)}")
 
 
 def read_flagfile(path: str, root: str = ".") -> dict:

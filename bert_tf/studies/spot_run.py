@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 
+from bert_tf import ConfigError, knob, knobs
 from bert_tf.artifacts.metrics import read_metrics, wait_for_record
 from bert_tf.studies import emulated_cluster as ec
 
@@ -35,6 +36,31 @@ def parse_events(texts) -> list:
             raise ValueError(f"event {text!r}: write kill:NODE@STEP or stop@STEP")
         events.append(Event(int(step), "stop" if what == "stop" else int(what[5:])))
     return events
+
+
+@dataclasses.dataclass(frozen=True)
+class SpotRunConfig:
+    """run/spot_run.py's flags; constructing one checks them (the events parse, at least 2 nodes)."""
+    output_dir: str | None = knobs.output_dir("faults/, clean/ and spot.json", required=True)
+    flagfile_for_pretrain: str = knob("configs/spot_budget.flags", "run/pretrain.py's flagfile (--elastic).")
+    pretrain_flag: list[str] = knob([], "More run/pretrain.py flags, e.g. --pretrain_flag=--seed=2.", multi=True)
+    events: list[str] = knob(["kill:3@15", "kill:2@47", "stop@63"], "kill:NODE@UPDATE or stop@UPDATE, in order.")
+    nodes: int = knob(4, "Emulated nodes, one rank each.")
+    link_gbit: float = knob(1.0, "Each node's link, Gbit/s.")
+    skip_clean: bool = knob(False, "Only the run with faults.")
+
+    def __post_init__(self):
+        if self.nodes < 2:
+            raise ConfigError(f"--nodes must be >= 2, got {self.nodes}")
+        if self.link_gbit < 0.001:
+            raise ConfigError(f"--link_gbit must be >= 0.001, got {self.link_gbit}")
+        self.parsed_events()
+
+    def parsed_events(self) -> list:
+        try:
+            return parse_events(self.events)
+        except ValueError as e:
+            raise ConfigError(f"--events: {e}") from None
 
 
 def _start(command, flags, log_path, env):

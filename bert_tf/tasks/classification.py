@@ -9,7 +9,9 @@ Empty or unlabelled lines are skipped and counted; a file with nothing left is a
 The classifier is `BertClassifier`: the encoder of `modeling.py` (loaded from a pre-training
 checkpoint, an export, google-research/bert or Hugging Face; heads dropped) + dropout + a dense
 layer. Like the pre-training model it returns a dict of float32 scalars with a "loss" (and counts:
-correct, count), so `training.Trainer` (AdamW, warmup, precision, allreduce) trains it unchanged.
+correct, count), so `training.Trainer` (AdamW, warmup, precision, the gradient exchange) trains it unchanged.
+`Classification` is the finetuning.FinetuningTask of encoded examples (run/finetune.py's files, a fold or a
+held-out file): finetuning.run fine-tunes and scores it.
 """
 from __future__ import annotations
 
@@ -22,6 +24,8 @@ import tensorflow as tf
 
 from bert_tf import ConfigError
 from bert_tf.model import modeling
+from bert_tf.tasks import finetuning
+from bert_tf.tasks.finetuning import load_encoder as load_encoder   # its old home: callers and tests import it here
 
 
 @dataclasses.dataclass
@@ -131,15 +135,6 @@ class BertClassifier(tf.Module):
         return {"loss": loss, "correct": correct, "count": count}
 
 
-def load_encoder(encoder: modeling.BertEncoder, checkpoint, vocab_size: int | None = None, vocab_file: str = ""):
-    """Loads encoder weights (heads ignored) from any checkpoint `checkpoint_formats.read` takes: a
-    pre-training run, an export, google-research/bert's or a Hugging Face directory (path or read)."""
-    from bert_tf.artifacts import checkpoint_formats
-    ckpt = checkpoint if isinstance(checkpoint, checkpoint_formats.Checkpoint) else checkpoint_formats.read(checkpoint)
-    checkpoint_formats.check_fits(ckpt, encoder.config, vocab_size, vocab_file)
-    checkpoint_formats.assign(encoder, ckpt)
-
-
 def kfold_splits(n, k, seed):
     """k (train, test) index arrays: test folds are disjoint and cover range(n)."""
     order = np.random.RandomState(seed).permutation(n)
@@ -155,30 +150,76 @@ def binary_f1(labels, predictions, positive=1):
     return 2 * tp / max(2 * tp + fp + fn, 1)
 
 
+@dataclasses.dataclass
+class Labelled:
+    """Encoded examples (`encode`): the model's features and their label indices [N]."""
+    features: dict[str, np.ndarray]
+    labels: np.ndarray
+
+    def rows(self, index) -> Labelled:
+        return Labelled({k: v[index] for k, v in self.features.items()}, self.labels[index])
+
+
+@dataclasses.dataclass
+class Predicted:
+    """A classification's predictions: the label index predicted for every evaluation example, and its label."""
+    predicted: np.ndarray
+    labels: np.ndarray
+
+
+@dataclasses.dataclass
+class Classification:
+    """finetuning.FinetuningTask: sentence(-pair) classification of encoded examples (the tokenizer is not
+    needed again), a BertClassifier over `label_names`; accuracy, and the F1 of label 1 with two labels."""
+    label_names: list
+    train: Labelled
+    evaluation: Labelled
+    name: str = "classification"
+
+    def build_model(self, config: modeling.BertConfig) -> BertClassifier:
+        return BertClassifier(config, len(self.label_names))
+
+    def train_features(self, tokenizer=None) -> dict[str, np.ndarray]:
+        return {**self.train.features, "label": self.train.labels}
+
+    def predict(self, model, tokenizer=None) -> Predicted:
+        return Predicted(finetuning.predict(model.predict, self.evaluation.features), self.evaluation.labels)
+
+    def metrics(self, predictions: Predicted) -> dict[str, float]:
+        metrics = {"accuracy": float(np.mean(predictions.predicted == predictions.labels)),
+                   "eval_examples": int(len(predictions.labels))}
+        if len(self.label_names) == 2:
+            metrics["f1"] = binary_f1(predictions.labels, predictions.predicted)
+        return metrics
+
+
+def report(outcome: finetuning.Outcome) -> dict:
+    """A classification run's figures as run/finetune.py writes them (each fold's): its metrics and training."""
+    metrics = dict(outcome.metrics)
+    first = {k: metrics.pop(k) for k in ("accuracy", "eval_examples")}
+    return {**first, "train_steps": outcome.train_steps, "final_train_loss": outcome.final_train_loss, **metrics}
+
+
 def train_and_evaluate(model_config, label_names, train, evaluation, init_checkpoint=None, vocab_size=None,
                        epochs=3, batch_size=32, learning_rate=2e-5, warmup_fraction=0.1, seed=0,
                        precision="float32", allreduce=None, broadcast=None, rank=0, size=1):
-    """Fine-tunes a fresh classifier (encoder from `init_checkpoint`, else random) with
-    finetuning.fine_tune and evaluates it. batch_size: examples per rank per update.
-
-    train / evaluation: (features dict of numpy arrays, labels). Returns (metrics, model).
-    """
-    from bert_tf.tasks import finetuning
-
-    tf.random.set_seed(seed)
-    model = BertClassifier(model_config, len(label_names))
+    """finetuning.run on a Classification (encoder from `init_checkpoint`, else random), for callers of the
+    older shape. train / evaluation: (features dict of numpy arrays, labels). batch_size: examples per rank per
+    update. allreduce: the gradient exchange (a GradientExchange), broadcast: rank 0's variables to all, for a
+    finetuning.Distributed. vocab_size: checked against the checkpoint's. Returns (report's metrics, model)."""
+    from bert_tf.artifacts import checkpoint_formats
+    init = None
     if init_checkpoint:
-        load_encoder(model.encoder, init_checkpoint, vocab_size)
-    (x, y), (ex, ey) = train, evaluation
-    recipe = finetuning.Recipe(learning_rate=learning_rate, epochs=epochs, warmup_fraction=warmup_fraction,
-                               seed=seed, precision=precision)
-    run = finetuning.fine_tune(model, {**x, "label": y}, recipe, rank, size, allreduce, broadcast,
-                               per_rank_batch=batch_size)
-    predictions = finetuning.predict(model.predict, ex)
-    metrics = {"accuracy": float(np.mean(predictions == ey)), "eval_examples": int(len(ey)), **run}
-    if len(label_names) == 2:
-        metrics["f1"] = binary_f1(ey, predictions)
-    return metrics, model
+        init = init_checkpoint if isinstance(init_checkpoint, checkpoint_formats.Checkpoint) else \
+            checkpoint_formats.read(init_checkpoint)
+        if vocab_size is not None:
+            checkpoint_formats.check_fits(init, model_config, vocab_size)
+    task = Classification(label_names, Labelled(*train), Labelled(*evaluation))
+    recipe = finetuning.Recipe(learning_rate=learning_rate, batch_size=batch_size * size, epochs=epochs,
+                               warmup_fraction=warmup_fraction, seed=seed, precision=precision)
+    outcome = finetuning.run(task, None, model_config, init, recipe,
+                             finetuning.Distributed(rank, size, allreduce, broadcast))
+    return report(outcome), outcome.model
 
 
 class ServingEncoder(tf.Module):

@@ -1,24 +1,100 @@
-"""Fine-tuning: the one loop that trains a head on the pre-trained encoder, for run/finetune.py and
-run/glue.py, with the recipe BERT papers fine-tune with as its defaults.
+"""Fine-tuning: one loop, `run`, over one contract, `FinetuningTask`, which GLUE (glue.GlueTask), SQuAD
+(squad.SquadTask), labelled text files (classification.Classification) and the tasks made from a corpus
+(proof.CorpusPairTask, proof.CorpusSpanTask) implement; the recipe BERT papers fine-tune with as its defaults.
 
-The model is any tf.Module whose call returns a dict with a float32 "loss" (classification.
-BertClassifier: classification or regression), so `training.Trainer` (AdamW, warmup and linear
-decay, precision, XLA, the allreduce hook) trains it unchanged. Data-parallel like pre-training:
-every epoch all ranks draw the same permutation of the examples and rank r trains on rows r, r +
-size, ...; the gradients are averaged over ranks, so the weights stay equal (rank 0's initial
-weights are broadcast first).
+A task builds its model (a head on `modeling.encoder(config)`: `FinetuningModel`), gives its training
+features, predicts (its own typed predictions: label indices, answers) and scores them; `run` seeds, builds,
+loads the encoder from `init`, trains with `fine_tune` and returns an `Outcome`. The model's call returns
+training.Trainer's dict of float32 scalars with a "loss", so the Trainer (AdamW, warmup and linear decay,
+precision, XLA, the gradient exchange) trains it unchanged. Data-parallel like pre-training (`Distributed`):
+every epoch all ranks draw the same permutation of the examples and rank r trains on rows r, r + size, ...;
+the gradients are averaged over ranks, so the weights stay equal (rank 0's initial weights are broadcast first).
+The pattern is TF Model Garden's `Task`, without its registries.
 """
 from __future__ import annotations
 
 import dataclasses
 import math
 import statistics
+from typing import Any, Callable, Generic, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 import tensorflow as tf
 
 from bert_tf import ConfigError
+from bert_tf.model import modeling
+from bert_tf.parallel.exchange import GradientExchange
 from bert_tf.train import training
+
+Features = dict[str, np.ndarray]           # numpy arrays with the same first dimension, by the name the model reads
+P = TypeVar("P")                           # a task's predictions
+
+
+@runtime_checkable
+class FinetuningModel(Protocol):
+    """What the loop trains: a tf.Module with a head on `encoder` (modeling.encoder(config), whose weights `run`
+    loads from `init`). Called on a batch of training features (the labels among them) it returns
+    training.Trainer's dict of float32 scalars with the "loss"; predict(features) is the head's output [B, ...] for
+    a batch without labels (finetuning.predict batches it)."""
+    config: modeling.BertConfig
+    encoder: modeling.Encoder
+    trainable_variables: Any
+
+    def __call__(self, features, *, dtype=tf.float32, seed=None, training=False) -> dict: ...
+
+    def predict(self, features) -> tf.Tensor: ...
+
+
+@runtime_checkable
+class FinetuningTask(Protocol[P]):
+    """A fine-tuning task, all the loop knows of it:
+
+    name                              what logs and results call it
+    build_model(config)               a FinetuningModel: its head on modeling.encoder(config)
+    train_features(tokenizer)         Features to train on, labels included (None: predict with the untrained head)
+    predict(model, tokenizer)         its predictions (P, a dataclass of the task's own): the task encodes what it
+                                      predicts (dev and test splits, SQuAD's windows) and maps the model's output
+                                      back to its answers
+    metrics(predictions)              {name: value} of those predictions (empty when there is nothing to score)
+    """
+    name: str
+
+    def build_model(self, config: modeling.BertConfig) -> FinetuningModel: ...
+
+    def train_features(self, tokenizer) -> Features | None: ...
+
+    def predict(self, model: FinetuningModel, tokenizer) -> P: ...
+
+    def metrics(self, predictions: P) -> dict[str, float]: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Distributed:
+    """How the ranks train together: this rank, the rank count, the exchange that makes every rank's gradients
+    the update's (None: exchange.Local, one process) and the function that makes every rank's variables rank
+    0's (None: none, one process)."""
+    rank: int = 0
+    size: int = 1
+    exchange: GradientExchange | None = None
+    broadcast: Callable[[list], Any] | None = None
+
+
+@dataclasses.dataclass
+class Trained:
+    """What `fine_tune` did: its updates and the last one's loss."""
+    train_steps: int
+    final_train_loss: float
+
+
+@dataclasses.dataclass
+class Outcome(Generic[P]):
+    """What `run` returns: the task's metrics of its predictions, the predictions, the updates trained and the
+    last update's loss (0 and None: untrained), and the model."""
+    metrics: dict[str, float]
+    predictions: P
+    train_steps: int
+    final_train_loss: float | None
+    model: FinetuningModel
 
 
 @dataclasses.dataclass
@@ -42,13 +118,41 @@ class Recipe:
         return self.batch_size // size
 
 
-def fine_tune(model, features: dict, recipe: Recipe, rank=0, size=1, allreduce=None, broadcast=None,
-              per_rank_batch=None) -> dict:
-    """Trains `model` in place. features: numpy arrays with the same first dimension (the labels
-    among them, under the name the model reads). per_rank_batch: overrides recipe.batch_size / size.
-    Returns {"train_steps", "final_train_loss"}."""
+def run(task: FinetuningTask[P], tokenizer, model_config: modeling.BertConfig, init, recipe: Recipe,
+        distributed: Distributed | None = None) -> Outcome[P]:
+    """THE fine-tuning loop: `task`'s model (the TF seed recipe.seed first), its encoder loaded from `init` (a read
+    checkpoint_formats.Checkpoint or a path; None: random weights), trained on the task's features with
+    `fine_tune` (unless it has none), then the task's predictions and their metrics. tokenizer: what the task
+    encodes with, and the vocabulary `init` must have (None: a task whose features are encoded already, unchecked)."""
+    distributed = distributed or Distributed()
+    recipe.per_rank_batch(distributed.size)          # the batch splits between the ranks: checked before any work
+    tf.random.set_seed(recipe.seed)
+    model = task.build_model(model_config)
+    if init is not None:
+        load_encoder(model.encoder, init, len(tokenizer) if tokenizer is not None else None)
+    features = task.train_features(tokenizer)
+    trained = fine_tune(model, features, recipe, distributed) if features is not None else None
+    predictions = task.predict(model, tokenizer)
+    return Outcome(task.metrics(predictions), predictions, trained.train_steps if trained else 0,
+                   trained.final_train_loss if trained else None, model)
+
+
+def load_encoder(encoder: modeling.Encoder, checkpoint, vocab_size: int | None = None, vocab_file: str = ""):
+    """Loads encoder weights (heads ignored) from any checkpoint `checkpoint_formats.read` takes: a
+    pre-training run, an export, google-research/bert's or a Hugging Face directory (path or read)."""
+    from bert_tf.artifacts import checkpoint_formats
+    ckpt = checkpoint if isinstance(checkpoint, checkpoint_formats.Checkpoint) else checkpoint_formats.read(checkpoint)
+    checkpoint_formats.check_fits(ckpt, encoder.config, vocab_size, vocab_file)
+    checkpoint_formats.assign(encoder, ckpt)
+
+
+def fine_tune(model, features: Features, recipe: Recipe, distributed: Distributed | None = None) -> Trained:
+    """Trains `model` in place on `features` (the labels among them, under the name the model reads), each rank
+    recipe.batch_size / size rows per update."""
+    distributed = distributed or Distributed()
+    rank, size = distributed.rank, distributed.size
     n = len(next(iter(features.values())))
-    batch = per_rank_batch or recipe.per_rank_batch(size)
+    batch = recipe.per_rank_batch(size)
     steps_per_epoch = n // (batch * size)
     if steps_per_epoch < 1:
         raise ConfigError(f"{n} training examples are fewer than one global batch of {batch * size}")
@@ -56,13 +160,13 @@ def fine_tune(model, features: dict, recipe: Recipe, rank=0, size=1, allreduce=N
     config = training.TrainConfig(optimizer="adamw", learning_rate=recipe.learning_rate, precision=recipe.precision,
                                   xla=recipe.xla, warmup_steps=int(total * recipe.warmup_fraction),
                                   total_steps=total, weight_decay=recipe.weight_decay, seed=recipe.seed)
-    trainer = training.Trainer(model, config, allreduce or training.identity_allreduce, seed_offset=rank)
-    if broadcast:
-        broadcast(trainer.variables)
+    trainer = training.Trainer(model, config, exchange=distributed.exchange, seed_offset=rank)
+    if distributed.broadcast:
+        distributed.broadcast(trainer.variables)
     out = {}
     for rows in batch_rows(n, batch, total, recipe.seed, rank, size):
         out = trainer.train_step([{k: tf.constant(v[rows]) for k, v in features.items()}])
-    return {"train_steps": total, "final_train_loss": float(out["loss"])}
+    return Trained(total, float(out["loss"]))
 
 
 def batch_rows(n, batch, total, seed, rank=0, size=1):

@@ -15,6 +15,9 @@ the rest (MNLI on matched and mismatched dev). A task's score is the mean of its
 matched and mismatched accuracy); the GLUE score is the mean over tasks (`glue_score`), and
 `glue_score(..., without=("wnli",))` is the average BERT-style papers report (WNLI left out:
 its dev set is adversarial, and BERT predicts the majority class).
+
+`TaskInfo` is a task's metadata (`TASKS`); `GlueTask`, a task's splits read from the download, is the
+finetuning.FinetuningTask that finetuning.run fine-tunes, and `run_task` sweeps it over settings and seeds.
 """
 from __future__ import annotations
 
@@ -23,12 +26,17 @@ import csv
 import dataclasses
 import math
 import os
+from typing import TYPE_CHECKING
 
 from bert_tf import ConfigError
 
+if TYPE_CHECKING:
+    from bert_tf.tasks import finetuning
+
 
 @dataclasses.dataclass(frozen=True)
-class Task:
+class TaskInfo:
+    """A GLUE task's metadata: where its files are, their columns, its labels and metrics."""
     name: str                   # the flag's name: cola, sst2, ...
     folder: str                 # its folder in the GLUE download
     labels: tuple               # label strings as in the files (and in submissions); () for regression
@@ -48,18 +56,18 @@ class Task:
 
 
 TASKS = {t.name: t for t in (
-    Task("cola", "CoLA", ("0", "1"), (3, None), 1, 4, (1, None), header=False, submission=("CoLA",),
+    TaskInfo("cola", "CoLA", ("0", "1"), (3, None), 1, 4, (1, None), header=False, submission=("CoLA",),
          metrics=("matthews_corr",)),
-    Task("sst2", "SST-2", ("0", "1"), (0, None), 1, 2, (1, None), submission=("SST-2",)),
-    Task("mrpc", "MRPC", ("0", "1"), (3, 4), 0, 5, (3, 4), submission=("MRPC",), metrics=("f1", "accuracy")),
-    Task("stsb", "STS-B", (), (7, 8), -1, 10, (7, 8), submission=("STS-B",), metrics=("pearson", "spearman")),
-    Task("qqp", "QQP", ("0", "1"), (3, 4), 5, 6, (1, 2), submission=("QQP",), metrics=("f1", "accuracy")),
-    Task("mnli", "MNLI", ("contradiction", "entailment", "neutral"), (8, 9), -1, 0, (8, 9),
+    TaskInfo("sst2", "SST-2", ("0", "1"), (0, None), 1, 2, (1, None), submission=("SST-2",)),
+    TaskInfo("mrpc", "MRPC", ("0", "1"), (3, 4), 0, 5, (3, 4), submission=("MRPC",), metrics=("f1", "accuracy")),
+    TaskInfo("stsb", "STS-B", (), (7, 8), -1, 10, (7, 8), submission=("STS-B",), metrics=("pearson", "spearman")),
+    TaskInfo("qqp", "QQP", ("0", "1"), (3, 4), 5, 6, (1, 2), submission=("QQP",), metrics=("f1", "accuracy")),
+    TaskInfo("mnli", "MNLI", ("contradiction", "entailment", "neutral"), (8, 9), -1, 0, (8, 9),
          dev_splits=("dev_matched", "dev_mismatched"), test_splits=("test_matched", "test_mismatched"),
          submission=("MNLI-m", "MNLI-mm")),
-    Task("qnli", "QNLI", ("entailment", "not_entailment"), (1, 2), 3, 4, (1, 2), submission=("QNLI",)),
-    Task("rte", "RTE", ("entailment", "not_entailment"), (1, 2), 3, 4, (1, 2), submission=("RTE",)),
-    Task("wnli", "WNLI", ("0", "1"), (1, 2), 3, 4, (1, 2), submission=("WNLI",)),
+    TaskInfo("qnli", "QNLI", ("entailment", "not_entailment"), (1, 2), 3, 4, (1, 2), submission=("QNLI",)),
+    TaskInfo("rte", "RTE", ("entailment", "not_entailment"), (1, 2), 3, 4, (1, 2), submission=("RTE",)),
+    TaskInfo("wnli", "WNLI", ("0", "1"), (1, 2), 3, 4, (1, 2), submission=("WNLI",)),
 )}
 
 
@@ -87,11 +95,11 @@ class Split:
     skipped: int = 0            # QQP's rows with missing fields, reported
 
 
-def split_path(task: Task, data_dir: str, split: str) -> str:
+def split_path(task: TaskInfo, data_dir: str, split: str) -> str:
     return os.path.join(data_dir, task.folder, f"{split}.tsv")
 
 
-def missing_tests(task: Task, data_dir: str) -> list:
+def missing_tests(task: TaskInfo, data_dir: str) -> list:
     """The task's test splits whose file is not in `data_dir` (no submission for them; dev is scored)."""
     return [split for split in task.test_splits if not os.path.exists(split_path(task, data_dir, split))]
 
@@ -111,7 +119,7 @@ def check_files(names, data_dir) -> dict:
     return missing
 
 
-def read_split(task: Task, data_dir: str, split: str) -> Split:
+def read_split(task: TaskInfo, data_dir: str, split: str) -> Split:
     """One split's examples. A row of the wrong shape or with a label outside the task's set stops
     with the file and line, except QQP's rows with missing fields, which are skipped and counted
     (the distributed train file has a few; the caller reports the count)."""
@@ -149,7 +157,7 @@ def read_split(task: Task, data_dir: str, split: str) -> Split:
     return out
 
 
-def _label(task: Task, value: str, where: str):
+def _label(task: TaskInfo, value: str, where: str):
     if task.is_regression:
         try:
             return float(value)
@@ -210,14 +218,14 @@ METRICS = {"accuracy": accuracy, "f1": f1, "matthews_corr": matthews_corr, "pear
            "spearman": spearman}
 
 
-def score(task: Task, labels, predictions) -> dict:
+def score(task: TaskInfo, labels, predictions) -> dict:
     """{metric: value} of one dev split; labels and predictions as label indices (STS-B: floats)."""
     if len(labels) != len(predictions) or not labels:
         raise ValueError(f"{task.name}: {len(predictions)} predictions for {len(labels)} labels")
     return {name: METRICS[name](labels, predictions) for name in task.metrics}
 
 
-def task_score(task: Task, results: dict) -> float:
+def task_score(task: TaskInfo, results: dict) -> float:
     """One number per task: the mean of its metrics over its dev splits. results: {split: {metric: v}}."""
     values = [v for split in task.dev_splits for v in results[split].values()]
     return sum(values) / len(values)
@@ -231,13 +239,13 @@ def glue_score(results: dict, without=()) -> float:
     return sum(task_score(TASKS[n], results[n]) for n in names) / len(names)
 
 
-def write_submissions(task: Task, data_dir, result: dict, out_dir) -> list:
+def write_submissions(task: TaskInfo, data_dir, result: dict, out_dir) -> list:
     """The server's files for the test splits `result` (run_task's) has predictions for: their paths."""
     return [write_submission(task, split, read_split(task, data_dir, split).examples, predictions, out_dir)
             for split, predictions in result["test_predictions"].items()]
 
 
-def write_submission(task: Task, split: str, examples, predictions, out_dir) -> str:
+def write_submission(task: TaskInfo, split: str, examples, predictions, out_dir) -> str:
     """The GLUE server's file for one test split: `index` and `prediction`, label names as in the
     task's files (STS-B: the score, clipped to [0, 5])."""
     name = task.submission[task.test_splits.index(split)]
@@ -267,7 +275,7 @@ def sweep(learning_rates, batch_sizes, epochs) -> list:
     return [Setting(lr, b, e) for lr in learning_rates for b in batch_sizes for e in epochs]
 
 
-def encode_split(task: Task, split: Split, tokenizer, max_seq_length):
+def encode_split(task: TaskInfo, split: Split, tokenizer, max_seq_length):
     """-> (features with "label" where the split has labels, number of truncated examples)."""
     from bert_tf.tasks import classification
     import numpy as np
@@ -279,13 +287,80 @@ def encode_split(task: Task, split: Split, tokenizer, max_seq_length):
     return features, truncated
 
 
+@dataclasses.dataclass
+class GluePredictions:
+    """A GlueTask's predictions (label indices; STS-B: scores) per dev split with its labels, and per test split."""
+    dev: dict[str, list]
+    labels: dict[str, list]
+    test: dict[str, list]
+
+
+class GlueTask:
+    """One GLUE task as a finetuning.FinetuningTask: its splits (the test splits whose file exists) encoded once per
+    tokenizer; a BertClassifier (STS-B: a regressor); dev metrics as GLUE defines them and the task's "score"."""
+
+    def __init__(self, info: TaskInfo, splits: dict[str, Split], max_seq_length: int, missing_test_files=()):
+        self.info, self.name, self.splits, self.max_seq_length = info, info.name, splits, max_seq_length
+        self.tests = [name for name in info.test_splits if name in splits]
+        self.missing_test_files = list(missing_test_files)
+        self._encoded: tuple | None = None        # (tokenizer, {split: (features, truncated)})
+
+    @classmethod
+    def read(cls, info: TaskInfo, data_dir: str, max_seq_length: int, log=print) -> GlueTask:
+        """The task's files in `data_dir`; QQP's train rows with missing fields skipped (and said)."""
+        missing = missing_tests(info, data_dir)
+        names = ("train", *info.dev_splits, *(name for name in info.test_splits if name not in missing))
+        splits = {name: read_split(info, data_dir, name) for name in names}
+        if splits["train"].skipped:
+            log(f"{info.name}: {splits['train'].skipped} rows of {split_path(info, data_dir, 'train')} have missing "
+                f"fields: skipped")
+        for name in names[1:]:
+            if splits[name].skipped:
+                raise ConfigError(f"{split_path(info, data_dir, name)}: {splits[name].skipped} rows have missing "
+                                  f"fields (a score on the rest would not be the task's)")
+        return cls(info, splits, max_seq_length, [split_path(info, data_dir, name) for name in missing])
+
+    def encoded(self, tokenizer) -> dict:
+        """{split: (features, truncated examples)}, "label" among the features of the splits with labels."""
+        if self._encoded is None or self._encoded[0] is not tokenizer:
+            self._encoded = (tokenizer, {name: encode_split(self.info, split, tokenizer, self.max_seq_length)
+                                         for name, split in self.splits.items()})
+        return self._encoded[1]
+
+    def build_model(self, config):
+        from bert_tf.tasks import classification
+        regression = self.info.is_regression
+        return classification.BertClassifier(config, 1 if regression else len(self.info.labels), regression=regression)
+
+    def train_features(self, tokenizer) -> dict:
+        return self.encoded(tokenizer)["train"][0]
+
+    def predict(self, model, tokenizer) -> GluePredictions:
+        from bert_tf.tasks import finetuning
+        features = {name: f for name, (f, _) in self.encoded(tokenizer).items()}
+        out = {name: finetuning.predict(model.predict, {k: v for k, v in features[name].items() if k != "label"})
+               for name in (*self.info.dev_splits, *self.tests)}
+        dev = self.info.dev_splits
+        return GluePredictions({n: out[n].tolist() for n in dev}, {n: features[n]["label"].tolist() for n in dev},
+                               {n: out[n].tolist() for n in self.tests})
+
+    def scores(self, p: GluePredictions) -> dict:
+        """{dev split: {metric: value}}."""
+        return {name: score(self.info, p.labels[name], p.dev[name]) for name in self.info.dev_splits}
+
+    def metrics(self, predictions: GluePredictions) -> dict[str, float]:
+        scores = self.scores(predictions)
+        return {**{f"{name}/{m}": v for name, d in scores.items() for m, v in d.items()},
+                "score": task_score(self.info, scores)}
+
+
 def select(summaries: list) -> dict:
     """The setting to report: the best median dev score over its seeds (a median, so one lucky seed
     does not pick it); the first of equals."""
     return max(summaries, key=lambda s: s["score"]["median"])
 
 
-def _summaries(task: Task, runs):
+def _summaries(task: TaskInfo, runs):
     """(a summary per setting: its score and dev metrics over the seeds, {Setting: its runs})."""
     from bert_tf.tasks import finetuning
     by_setting = {}
@@ -300,60 +375,46 @@ def _summaries(task: Task, runs):
     return summaries, by_setting
 
 
-def run_task(task: Task, data_dir, tokenizer, model_config, init, settings, seeds, recipe, distributed=None,
-             log=print, keep_model=False) -> dict:
-    """Fine-tunes `task` once per setting and seed, scores every dev split, and keeps the test
-    predictions of the selected run (for the test splits whose file exists; the others are listed in
-    "missing_test_files"): the setting with the best median dev score over the seeds, and
+def run_task(task: TaskInfo, data_dir, tokenizer, model_config, init, settings, seeds, recipe,
+             distributed: finetuning.Distributed | None = None, log=print, keep_model=False) -> dict:
+    """Fine-tunes `task` (a GlueTask through finetuning.run) once per setting and seed, scores every dev split,
+    and keeps the test predictions of the selected run (for the test splits whose file exists; the others are
+    listed in "missing_test_files"): the setting with the best median dev score over the seeds, and
     within it the seed with the best dev score (selection on dev, as papers report dev results).
     init: a read checkpoint (checkpoint_formats.read) or None for random initialisation. recipe: the
-    other fine-tuning settings (finetuning.Recipe). distributed: (rank, size, allreduce, broadcast).
+    other fine-tuning settings (finetuning.Recipe). distributed: finetuning.Distributed (None: one process).
     keep_model: the selected run's model is returned too ("model"), for finetuning.export."""
-    from bert_tf.tasks import classification, finetuning
-    import tensorflow as tf
-    rank, size, allreduce, broadcast = distributed or (0, 1, None, None)
-    missing = missing_tests(task, data_dir)
-    tests = [name for name in task.test_splits if name not in missing]
-    splits = {name: read_split(task, data_dir, name) for name in ("train", *task.dev_splits, *tests)}
-    if splits["train"].skipped:
-        log(f"{task.name}: {splits['train'].skipped} rows of {split_path(task, data_dir, 'train')} have missing "
-            f"fields: skipped")
-    for name in (*task.dev_splits, *tests):
-        if splits[name].skipped:
-            raise ConfigError(f"{split_path(task, data_dir, name)}: {splits[name].skipped} rows have missing fields "
-                              f"(a score on the rest would not be the task's)")
-    encoded = {name: encode_split(task, s, tokenizer, recipe.max_seq_length) for name, s in splits.items()}
-    truncated = {name: t for name, (_, t) in encoded.items() if t}
+    from bert_tf.tasks import finetuning
+    glue_task = GlueTask.read(task, data_dir, recipe.max_seq_length, log)
+    glue_task.encoded(tokenizer)                # every split encoded before any training
     runs, kept = [], {}       # kept: the best seed's model of each setting (keep_model)
     for setting in settings:
         for seed in seeds:
             r = dataclasses.replace(recipe, learning_rate=setting.learning_rate, batch_size=setting.batch_size,
                                     epochs=setting.epochs, seed=seed)
-            tf.random.set_seed(seed)
-            model = classification.BertClassifier(model_config, 1 if task.is_regression else len(task.labels),
-                                                  regression=task.is_regression)
-            if init is not None:
-                classification.load_encoder(model.encoder, init, len(tokenizer))
-            trained = finetuning.fine_tune(model, encoded["train"][0], r, rank, size, allreduce, broadcast)
-            dev = {}
-            for name in task.dev_splits:
-                features = encoded[name][0]
-                predictions = finetuning.predict(model.predict, {k: v for k, v in features.items() if k != "label"})
-                dev[name] = score(task, features["label"].tolist(), predictions.tolist())
-            test = {name: finetuning.predict(model.predict, encoded[name][0]).tolist() for name in tests}
+            outcome = finetuning.run(glue_task, tokenizer, model_config, init, r, distributed)
+            dev = glue_task.scores(outcome.predictions)
             runs.append({"setting": dataclasses.asdict(setting), "seed": seed, "dev": dev,
-                         "score": task_score(task, dev), **trained, "test_predictions": test})
+                         "score": outcome.metrics["score"], "train_steps": outcome.train_steps,
+                         "final_train_loss": outcome.final_train_loss, "test_predictions": outcome.predictions.test})
             if keep_model and (setting not in kept or runs[-1]["score"] > kept[setting][0]):
-                kept[setting] = (runs[-1]["score"], model)
+                kept[setting] = (runs[-1]["score"], outcome.model)
             log(f"{task.name}: {setting.label()}, seed {seed}: " + "; ".join(
                 f"{name} " + ", ".join(f"{m} {v:.4f}" for m, v in d.items()) for name, d in dev.items()))
-    summaries, by_setting = _summaries(task, runs)
+    return _result(glue_task, tokenizer, runs, kept if keep_model else None)
+
+
+def _result(glue_task: GlueTask, tokenizer, runs: list, kept: dict | None) -> dict:
+    """run_task's result: the summaries, the selected setting and seed, the runs, the selected test predictions."""
+    summaries, by_setting = _summaries(glue_task.info, runs)
     best = select(summaries)
     chosen = max(by_setting[Setting(**best["setting"])], key=lambda g: g["score"])
-    out = {"model": kept[Setting(**best["setting"])][1]} if keep_model else {}
-    return {**out, "task": task.name, "examples": {name: len(s.examples) for name, s in splits.items()},
-            "truncated": truncated, "train_rows_skipped": splits["train"].skipped, "settings": summaries,
-            "missing_test_files": [split_path(task, data_dir, name) for name in missing],
+    out = {"model": kept[Setting(**best["setting"])][1]} if kept is not None else {}
+    encoded = glue_task.encoded(tokenizer)
+    return {**out, "task": glue_task.name, "examples": {name: len(s.examples) for name, s in glue_task.splits.items()},
+            "truncated": {name: t for name, (_, t) in encoded.items() if t},
+            "train_rows_skipped": glue_task.splits["train"].skipped, "settings": summaries,
+            "missing_test_files": glue_task.missing_test_files,
             "selected": {"setting": best["setting"], "seed": chosen["seed"], "by": "best median dev score over "
                          "the seeds; test predictions from its best seed on dev"},
             "runs": [{k: v for k, v in run.items() if k != "test_predictions"} for run in runs],

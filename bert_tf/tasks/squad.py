@@ -16,6 +16,9 @@ google-research/bert's run_squad.py (Devlin et al. 2019):
   no-answer score is the smallest [CLS] start + end logit over the windows, and a question is
   answered "" when that score exceeds the best span's by more than --null_score_diff_threshold;
   null_odds.json holds the difference, for squad_scoring's best thresholds.
+
+`SquadTask` is the finetuning.FinetuningTask: finetuning.run fine-tunes it and returns its `Answers`, scored
+as the official scripts score them.
 """
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ import dataclasses
 import json
 import math
 import os
+from typing import Callable
 
 import numpy as np
 import tensorflow as tf
@@ -31,6 +35,7 @@ import tensorflow as tf
 from bert_tf import ConfigError
 from bert_tf.data import tokenization
 from bert_tf.model import modeling
+from bert_tf.tasks import finetuning, squad_scoring
 
 
 @dataclasses.dataclass
@@ -339,32 +344,70 @@ def write_predictions(out_dir, predictions, null_odds, nbest, version):
             json.dump(value, f, indent=1, ensure_ascii=False)
 
 
-def train_and_predict(train_examples, predict_examples, tokenizer, config, init, recipe, window_flags,
-                      version="1.1", n_best_size=20, max_answer_length=30, null_score_diff_threshold=0.0,
-                      distributed=None, log=print):
-    """A span model (encoder from `init`, a read checkpoint, else random) fine-tuned on train_examples
-    (None: left untrained) with finetuning.fine_tune, then predictions for predict_examples.
-    window_flags: make_windows' max_seq_length, doc_stride, max_query_length. distributed: (rank, size,
-    allreduce, broadcast). Returns (model, predictions, null_odds, nbest, report)."""
-    from bert_tf.tasks import classification, finetuning
-    rank, size, allreduce, broadcast = distributed or (0, 1, None, None)
-    predict_windows, predict_counts = make_windows(predict_examples, tokenizer, training=False, **window_flags)
-    report = {"predict": dataclasses.asdict(predict_counts)}
-    if train_examples is not None:
-        recipe.per_rank_batch(size)
-        train_windows, train_counts = make_windows(train_examples, tokenizer, training=True, **window_flags)
-        report["train"] = dataclasses.asdict(train_counts)
-        log(f"training: {len(train_examples)} questions, {train_counts.windows} windows "
-            f"({train_counts.split_contexts} contexts longer than one window, {train_counts.questions_cut} "
-            f"questions cut to --max_query_length={window_flags.get('max_query_length', 64)})")
-    tf.random.set_seed(recipe.seed)
-    model = BertSpanExtractor(config)
-    if init is not None:
-        classification.load_encoder(model.encoder, init, len(tokenizer))
-    if train_examples is not None:
-        report.update(finetuning.fine_tune(model, features(train_windows, window_flags["max_seq_length"], training=True),
-                                           recipe, rank, size, allreduce, broadcast))
-    logits = finetuning.predict(model.predict, features(predict_windows, window_flags["max_seq_length"]))
-    predictions, null_odds, nbest = predict_answers(predict_examples, predict_windows, logits, tokenizer, version,
-                                                    n_best_size, max_answer_length, null_score_diff_threshold)
-    return model, predictions, null_odds, nbest, report
+@dataclasses.dataclass(frozen=True)
+class Windowing:
+    """make_windows' settings: tokens per window, the stride between a context's windows, the longest question."""
+    max_seq_length: int = 384
+    doc_stride: int = 128
+    max_query_length: int = 64
+
+
+@dataclasses.dataclass
+class Answers:
+    """A SquadTask's predictions: every question's answer ("": none, v2.0), the no-answer score's lead over the
+    best span's (v2.0; null_odds.json) and the n best answers (nbest_predictions.json)."""
+    text: dict[str, str]
+    null_odds: dict[str, float]
+    nbest: dict[str, list]
+
+
+@dataclasses.dataclass
+class SquadTask:
+    """finetuning.FinetuningTask: SQuAD v1.1 or v2.0 questions cut into windows, a BertSpanExtractor, answers from
+    the windows' logits, and the official scripts' scores of `dataset` (the official JSON's "data" the questions
+    come from; no metrics without it). train: questions to fine-tune on (None: predict with the untrained head).
+    `counts` holds the windows made of each ("train", "predict")."""
+    questions: list
+    train: list | None = None
+    windowing: Windowing = Windowing()
+    version: str = "1.1"
+    n_best_size: int = 20
+    max_answer_length: int = 30
+    null_score_diff_threshold: float = 0.0
+    dataset: list | None = None
+    log: Callable = print
+    name: str = "squad"
+    counts: dict = dataclasses.field(default_factory=dict)
+
+    def build_model(self, config: modeling.BertConfig) -> BertSpanExtractor:
+        return BertSpanExtractor(config)
+
+    def train_features(self, tokenizer) -> dict | None:
+        if self.train is None:
+            return None
+        windows, counts = make_windows(self.train, tokenizer, training=True, **dataclasses.asdict(self.windowing))
+        self.counts["train"] = counts
+        self.log(f"training: {len(self.train)} questions, {counts.windows} windows ({counts.split_contexts} contexts "
+                 f"longer than one window, {counts.questions_cut} questions cut to --max_query_length="
+                 f"{self.windowing.max_query_length})")
+        return features(windows, self.windowing.max_seq_length, training=True)
+
+    def predict(self, model, tokenizer) -> Answers:
+        windows, self.counts["predict"] = make_windows(self.questions, tokenizer, **dataclasses.asdict(self.windowing))
+        logits = finetuning.predict(model.predict, features(windows, self.windowing.max_seq_length))
+        return Answers(*predict_answers(self.questions, windows, logits, tokenizer, self.version, self.n_best_size,
+                                        self.max_answer_length, self.null_score_diff_threshold))
+
+    def metrics(self, answers: Answers) -> dict[str, float]:
+        if self.dataset is None:
+            return {}
+        null_odds = answers.null_odds if self.version == "2.0" else None
+        return squad_scoring.evaluate(self.dataset, answers.text, null_odds, version=self.version)
+
+    def report(self, outcome: finetuning.Outcome) -> dict:
+        """The windows made (eval.json's "predict" and "train") and, when it trained, the updates and last loss."""
+        out: dict = {name: dataclasses.asdict(self.counts[name]) for name in ("predict", "train")
+                     if name in self.counts}
+        if outcome.train_steps:
+            out.update(train_steps=outcome.train_steps, final_train_loss=outcome.final_train_loss)
+        return out

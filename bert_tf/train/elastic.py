@@ -28,7 +28,7 @@ It reaches Horovod only through distributed.ElasticWorld (a test passes a stand-
   `per_update` of it and rank r parses and trains on its share. All ranks' streams are at the same
   position after every update, so one state (the committed one, or the one in the checkpoint) puts any
   number of ranks at the same place. Guarantee: the micro-batches behind the committed weights are
-  exactly the stream's first `samples_seen / batch_size`, in order, each in one update; a failure
+  exactly the stream's first `samples_seen / micro_batch`, in order, each in one update; a failure
   rolls weights and stream back to the commit together, so the lost updates' micro-batches are read
   again, none skipped, none counted twice. The price: every rank reads (not parses) all records,
   `size` times the I/O of sharded files.
@@ -47,7 +47,7 @@ from bert_tf import ConfigError
 from bert_tf.artifacts import metrics
 from bert_tf.data import input_pipeline
 from bert_tf.parallel import distributed, exchange_state
-from bert_tf.train import training
+from bert_tf.parallel.exchange import Local
 from bert_tf.train.shares import describe_share, micro_batches_per_update, rank_indices, rank_share
 
 # A TensorFlow error from a collective: Horovod's own words, or Gloo's (a peer's recv timing out names
@@ -73,12 +73,12 @@ def check_launch(environ=None, gloo_built=None):
                           f"HOROVOD_CONTROLLER={environ.get('HOROVOD_CONTROLLER', '(unset)')}")
 
 
-def make_shared_stream(files, batch_size, seed=0, shuffle_buffer=10000, read=tf.data.TFRecordDataset):
-    """The shared stream's dataset: serialized micro-batches of `batch_size` records, the files
+def make_shared_stream(files, micro_batch, seed=0, shuffle_buffer=10000, read=tf.data.TFRecordDataset):
+    """The shared stream's dataset: serialized micro-batches of `micro_batch` records, the files
     reshuffled every pass and the records through a seeded buffer, repeated forever. It has no rank
     or size in it, so every rank builds the same one."""
     ds = input_pipeline.serialized_records(sorted(files), seed, True, shuffle_buffer, read)
-    return ds.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+    return ds.batch(micro_batch, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
 
 
 class SharedStream:
@@ -229,10 +229,10 @@ class Elastic:
         self.samples_seen, self.start_step = self.state.samples_seen, step
         self._agree_exchange()
         exchange = job.trainer.exchange
-        if exchange is not None and self.state.from_checkpoint:     # rank 0's view, the same on every rank
+        if exchange.own() and self.state.from_checkpoint:     # rank 0's view, the same on every rank
             self.say(exchange_state.restore(job.trainer, self.cfg.checkpoint_dir, step, self.rank, self.size,
                                             self.world.gather_bytes, self.world.broadcast_variables))
-        elif exchange is not None:
+        elif exchange.own():
             self.say(exchange.reset(self.size))
         self.state.from_checkpoint = False
         if job.outer is not None and not bool(job.outer.anchored.numpy()):
@@ -253,9 +253,9 @@ class Elastic:
         changed = exchange_state.record(trainer.config.comm) != self.state.exchange
         if note and (changed or self.state.from_checkpoint):      # a re-form keeps it silently
             self.say(note)
-        if changed:
+        if changed:      # an allreduce is made for each share (update_batch): this formation's, with its weight
             exchange = distributed.make_gradient_exchange(comm, trainer.variables, seed=cfg.seed) \
-                if comm.compressed else None
+                if comm.compressed else Local()
             trainer.use_exchange(exchange, comm)
 
     def _choose(self):
@@ -273,14 +273,12 @@ class Elastic:
         if micro != self.micro:
             self.micro = micro
             _, self.loss_weight = rank_share(micro, self.rank, self.size)
-            if trainer.exchange is not None:
-                trainer.exchange.weight = self.loss_weight
-                allreduce = trainer.exchange
-            elif self.job.outer is not None:       # DiLoCo: each rank its own inner updates, nothing exchanged
-                allreduce = training.identity_allreduce
-            else:
-                allreduce = self.world.gradient_allreduce(trainer.config.comm.method == "fp16", self.loss_weight)
-            trainer.set_share(rank_indices(micro, self.rank, self.size), self.per_update, allreduce)
+            exchange = trainer.exchange
+            if exchange.own() or exchange.shared():    # one with state keeps it (DiLoCo: each rank its own updates)
+                exchange.weight = self.loss_weight
+            else:                                      # an allreduce: this formation's, with this rank's weight
+                exchange = self.world.gradient_allreduce(trainer.config.comm.method == "fp16", self.loss_weight)
+            trainer.set_share(rank_indices(micro, self.rank, self.size), self.per_update, exchange)
             self.job.input.set_share(self.rank, self.size, micro)
             trainer.batch_lr_scale.assign((micro / self.per_update) ** 0.5)
         return micro * self.cfg.micro_batch_size
@@ -317,7 +315,7 @@ class Elastic:
         """The divergence guard: every rank back to its copy of the last commit (they are equal); there is
         only one, so `before_step` cannot take it further back."""
         self.state.restore_weights()
-        if self.job.trainer.exchange is not None:      # its residuals belong to the updates undone
+        if self.job.trainer.exchange.own():      # its residuals belong to the updates undone
             self.say(self.job.trainer.exchange.reset(self.size))
         return "the last elastic commit"
 

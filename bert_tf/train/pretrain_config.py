@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from bert_tf import ConfigError, knob
+from bert_tf import ConfigError, knob, knobs
 from bert_tf.artifacts import metrics
 from bert_tf.model import config as model_config
 from bert_tf.train import divergence, shares
@@ -28,10 +28,10 @@ class PretrainConfig(TrainConfig, divergence.GuardConfig):
     model_preset: str = knob("base", "Standard model size (google-research/bert and Turc et al. 2019).",
                              choices=model_config.PRESET_NAMES)
     bert_config_file: str = knob("", "google-format bert_config.json (instead of a preset).")
-    vocab_file: str = knob("", "WordPiece vocab.txt; its size sets the model's vocab_size for presets.")
+    vocab_file: str = knobs.vocab_file("", detail="its size sets the model's vocab_size for presets.")
     do_lower_case: bool = knob(True, "Tokeniser lower-cases (must match the data).")
-    train_files: str = knob("", "Comma-separated globs of training TFRecords.")
-    eval_files: str = knob("", "Comma-separated globs of held-out TFRecords.")
+    train_files: str = knobs.train_files()
+    eval_files: str = knobs.eval_files()
     max_seq_length: int = knob(128, "Tokens per sequence, with [CLS] and [SEP]s.")
     max_predictions_per_seq: int = knob(20, "Masked positions per sequence.")
     dynamic_masking: bool = knob(False, "Records are unmasked; mask in tf.data each epoch.")
@@ -61,9 +61,9 @@ class PretrainConfig(TrainConfig, divergence.GuardConfig):
     intra_op_threads: int = knob(0, "CPU threads per rank for one op (0: the node's cores / its ranks).")
     inter_op_threads: int = knob(0, "CPU threads per rank running ops side by side (0: 2).")
     # outputs
-    checkpoint_dir: str = knob("", "Checkpoints, metrics.jsonl, TensorBoard; resumes from here.")
-    init_checkpoint: str = knob("", "Start the model from this checkpoint (phase 2); fresh optimizer and schedule. "
-                                "Ignored when --checkpoint_dir has a checkpoint.")
+    checkpoint_dir: str = knobs.checkpoint_dir("checkpoints, metrics.jsonl, TensorBoard; resumes from here.")
+    init_checkpoint: str = knobs.init_checkpoint("the model's, from this checkpoint (phase 2); fresh optimizer and "
+                                                 "schedule. Ignored when --checkpoint_dir has a checkpoint.")
     save_interval: int = knob(1000, "Save every N updates (and at the end and on SIGTERM/SIGINT).")
     keep_last: int = knob(3, "Checkpoints to keep.")
     log_interval: int = knob(100, "Progress line every N updates.")

@@ -205,7 +205,7 @@ class Static:
             return self.job.global_batch
         k = warmup.micro_batches(step)
         if k != trainer.rank_micro_batches:
-            trainer.set_share(range(k), k, trainer.allreduce_fn, trainer.seed_offset)
+            trainer.set_share(range(k), k, trainer.exchange, trainer.seed_offset)
             setattr(self.job.input, "rank_micro_batches", k)   # static runs read a PerRankInput: it has one
             trainer.batch_lr_scale.assign(warmup.lr_scale(step))
         return k * warmup.per_micro_batch
@@ -244,7 +244,7 @@ class Static:
                                       "(--save_interval) and keep more (--keep_last)")
         outer = list(job.outer.variables) if job.outer is not None else []
         distributed.broadcast_variables(job.trainer.state_variables() + outer, root_rank=0)
-        if job.trainer.exchange is not None:    # each rank its own buffers of that checkpoint (or zeros, and why)
+        if job.trainer.exchange.own():    # each rank its own buffers of that checkpoint (or zeros, and why)
             self.say(exchange_state.restore(job.trainer, job.ckpts.directory, int(job.trainer.step.numpy()),
                                             distributed.rank(), distributed.size(), distributed.gather_bytes,
                                             distributed.broadcast_variables))

@@ -5,10 +5,10 @@ from __future__ import annotations
 from bert_tf import ConfigError
 
 
-def micro_batches_per_update(global_batch, batch_size):
-    if global_batch < 1 or global_batch % batch_size:
-        raise ConfigError(f"--global_batch_size={global_batch} must be a positive multiple of --micro_batch_size={batch_size}")
-    return global_batch // batch_size
+def micro_batches_per_update(global_batch, micro_batch):
+    if global_batch < 1 or global_batch % micro_batch:
+        raise ConfigError(f"--global_batch_size={global_batch} must be a positive multiple of --micro_batch_size={micro_batch}")
+    return global_batch // micro_batch
 
 
 def rank_indices(per_update, rank, size):
@@ -26,11 +26,11 @@ def rank_share(per_update, rank, size):
     return mine, mine * size / per_update
 
 
-def describe_share(per_update, batch_size, size):
+def describe_share(per_update, micro_batch, size):
     """One log line: how the global batch is split at this size."""
     counts = [len(rank_indices(per_update, r, size)) for r in range(size)]
     split = f"{counts[0]} micro-batches per rank" if len(set(counts)) == 1 else \
         f"{max(counts)} micro-batches on ranks 0-{counts.count(max(counts)) - 1}, {min(counts)} on the others " \
         f"(their gradients weighted to an exact mean)"
-    return (f"{size} ranks: global batch {per_update * batch_size} = {per_update} micro-batches of "
-            f"{batch_size}, {split}")
+    return (f"{size} ranks: global batch {per_update * micro_batch} = {per_update} micro-batches of "
+            f"{micro_batch}, {split}")

@@ -284,18 +284,18 @@ def resolve_exchange(cfg: PretrainConfig, model_config, say):
 
 
 def make_trainer(cfg: PretrainConfig, model, rank):
-    """The trainer with its gradient exchange (--gradient_compression), and DiLoCo's outer step when
-    --local_updates (the inner updates then exchange nothing)."""
+    """The trainer with its gradient exchange (--gradient_compression), or DiLoCo's outer step when
+    --local_updates (the inner updates then exchange nothing, or only inside a node: --local_group=node).
+    Returns (trainer, the outer step or None)."""
     if cfg.comm.local_updates:
-        outer = local_sgd.OuterStep(model.trainable_variables, cfg.comm.outer_learning_rate, cfg.comm.outer_momentum,
-                                    cfg.comm.local_updates)
         node = distributed.node_process_set() if cfg.comm.local_group == "node" else None
-        if node is not None:        # the node's ranks: one worker, its gradients averaged inside the node
-            inner = distributed.make_gradient_allreduce(name="node_grad", process_set=node)
-            return training.Trainer(model, cfg, allreduce=inner, seed_offset=rank), outer
-        return training.Trainer(model, cfg, seed_offset=rank), outer
+        # the node's ranks: one worker, its gradients averaged inside the node
+        inner = distributed.make_gradient_allreduce(name="node_grad", process_set=node) if node is not None else None
+        outer = local_sgd.OuterStep(model.trainable_variables, cfg.comm.outer_learning_rate, cfg.comm.outer_momentum,
+                                    cfg.comm.local_updates, inner)
+        return training.Trainer(model, cfg, exchange=outer, seed_offset=rank), outer
     exchange = distributed.make_gradient_exchange(cfg.comm, model.trainable_variables, seed=cfg.seed)
-    return training.Trainer(model, cfg, allreduce=exchange, seed_offset=rank), None
+    return training.Trainer(model, cfg, exchange=exchange, seed_offset=rank), None
 
 
 def settle(cfg, trainer, outer, samples_seen, say):
@@ -303,7 +303,7 @@ def settle(cfg, trainer, outer, samples_seen, say):
     from its own file beside the checkpoint (--gradient_compression); DiLoCo's first round starts from the
     shared weights."""
     distributed.broadcast_variables(trainer.state_variables() + (list(outer.variables) if outer else []), root_rank=0)
-    if trainer.exchange is not None and samples_seen:
+    if trainer.exchange.own() and samples_seen:
         say(exchange_state.restore(trainer, cfg.checkpoint_dir, int(trainer.step.numpy()), distributed.rank(),
                              distributed.size(), distributed.gather_bytes, distributed.broadcast_variables))
     if outer is not None and not bool(outer.anchored.numpy()):

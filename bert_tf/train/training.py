@@ -1,4 +1,4 @@
-"""One optimizer update: precision policy, loss scaling, gradient accumulation, the allreduce hook.
+"""One optimizer update: precision policy, loss scaling, gradient accumulation, the gradient exchange.
 
 `train_step` is one update over this rank's `rank_micro_batches` micro-batches (--accumulation_steps;
 elastic mode sets its share with `set_share`); its public pieces are `gradients` and `apply`:
@@ -6,7 +6,7 @@ elastic mode sets its share with `set_share`); its public pieces are `gradients`
     gradients(micro_batches):
       for each micro-batch but the last:  accumulate   (XLA when --xla) grads summed into variables
       on the last micro-batch:            finish       (XLA when --xla) returns (sum + grads) / N
-    allreduce(grads)                    plain tf.function: Horovod's collectives cannot be
+    exchange(grads)                     plain tf.function: Horovod's collectives cannot be
                                         compiled by XLA, so the gradients leave the compiled
                                         code here, ONCE per update, after accumulation
     apply(grads)                        (XLA always: no matmul in it) unscale, skip if not finite, clip, step
@@ -24,8 +24,8 @@ The hot loop never waits for the device: the dropout seed of each micro-batch is
 device from the step variable, and the outputs are tensors the caller sums on the device and
 fetches when it logs. `train_step(..., timed=True)` (the loop asks for it once per log interval)
 fills `Trainer.timing` with the wall-clock split of that update: compute (forward/backward), wait
-(for the slowest rank to reach the allreduce, where the allreduce hook has a `wait_for_ranks`
-barrier), allreduce (the gradients on the link) and update seconds; it waits for the device before
+(for the slowest rank to reach the exchange: its `wait_for_ranks` barrier, bert_tf/parallel/exchange.py),
+allreduce (the gradients on the link) and update seconds; it waits for the device before
 each clock read, so the split stays honest where kernels run asynchronously (GPUs).
 
 Variables, losses and the update are float32; gradients are float32 out of the compiled code (with
@@ -42,6 +42,7 @@ import time
 import tensorflow as tf
 
 from bert_tf import ConfigError
+from bert_tf.parallel.exchange import Local, as_exchange
 from bert_tf.train import optimization
 from bert_tf.parallel import watchdog
 from bert_tf.train.train_config import PRECISIONS, TrainConfig  # noqa: F401  (training.TrainConfig: its old home)
@@ -89,19 +90,15 @@ def fusion_enabled() -> bool:
     return all(f in os.environ.get("TF_XLA_FLAGS", "").split() for f in FUSION_FLAGS)
 
 
-def identity_allreduce(grads):
-    return grads
-
-
 class Trainer:
     """Holds the model, optimizer and loss scale, and runs updates.
 
-    `allreduce(list_of_grads) -> list_of_grads` averages gradients across workers; the
-    default (one process) returns them unchanged. `seed_offset` separates the dropout
-    streams of different ranks.
+    `exchange` (a GradientExchange, bert_tf/parallel/exchange.py; a plain function of the gradients
+    also does) makes every rank's gradients the update's; the default (one process, exchange.Local)
+    returns them unchanged. `seed_offset` separates the dropout streams of different ranks.
     """
 
-    def __init__(self, model, config: TrainConfig, allreduce=identity_allreduce, seed_offset=0):
+    def __init__(self, model, config: TrainConfig, exchange=None, seed_offset=0):
         self.model = model
         self.config = config
         self.dtype = compute_dtype(config.precision)
@@ -125,8 +122,7 @@ class Trainer:
         self.schedule = tf.Variable([float(config.warmup_steps), float(config.total_steps)], trainable=False,
                                     name="schedule")
         self.accumulators = []
-        self.exchange = None
-        self.use_exchange(allreduce)
+        self.use_exchange(Local() if exchange is None else exchange)
         self.rank_micro_batches = 0          # this rank's micro-batches per update: set_share
         self._compiled = {}                  # rank_micro_batches -> its compiled forward/backward pieces
         if config.fuse and not fusion_enabled():
@@ -134,15 +130,15 @@ class Trainer:
                               "reads it once, early): export it, and pass it on (mpirun -x TF_XLA_FLAGS)")
         # the update has no matmul: always compiled, XLA fuses LAMB's per-variable element-wise work
         self.apply = tf.function(self._apply, jit_compile=True)
-        self.set_share(range(config.accumulation_steps), config.accumulation_steps, allreduce, seed_offset)
+        self.set_share(range(config.accumulation_steps), config.accumulation_steps, self.exchange, seed_offset)
         self.timing = {}
 
-    def use_exchange(self, allreduce, comm=None):
-        """A compressed exchange (error buffers, Q) counts its warmup on the optimizer's updates, the clock every
-        rank agrees on (compression.py). comm: settings replacing the config's (elastic mode's agreed choice)."""
-        self.exchange = allreduce if isinstance(allreduce, tf.Module) else None
-        if self.exchange is not None:
-            self.exchange.attach_clock(self.optimizer.iterations)
+    def use_exchange(self, exchange, comm=None):
+        """The trainer's exchange from now on (set_share puts it to work). A compressed exchange counts its warmup on
+        the optimizer's updates, the clock every rank agrees on (compression.py). comm: settings replacing the
+        config's (elastic mode's agreed choice)."""
+        self.exchange = as_exchange(exchange)
+        self.exchange.attach_clock(self.optimizer.iterations)
         if comm is not None and comm != self.config.comm:
             onebit = comm.gradient_compression == "onebit"
             self.optimizer.freeze_variance_after = comm.compression_warmup_steps if onebit else 0
@@ -159,9 +155,9 @@ class Trainer:
         it on: the ladder times plain rungs beside --fuse ones."""
         return tf.xla.experimental.jit_scope(compile_ops=False) if self.jit is False else contextlib.nullcontext()
 
-    def set_share(self, indices, per_update, allreduce, seed_offset=0):
+    def set_share(self, indices, per_update, exchange, seed_offset=0):
         """This rank's share of an update: it trains micro-batches `indices` of the update's
-        `per_update`, and `allreduce` averages gradients across ranks. Dropout is keyed by
+        `per_update`, and `exchange` (a GradientExchange) averages gradients across ranks. Dropout is keyed by
         (seed + seed_offset, update x per_update + index): the constructor passes every index of its
         --accumulation_steps and seed_offset=rank (each rank its own stream); elastic mode passes
         the micro-batches' places in the global update and 0, so an update draws the same masks at
@@ -188,10 +184,9 @@ class Trainer:
                 self._local, self._add, self._mean = compiled[2:]
         for acc in self.accumulators:
             acc.assign(tf.zeros_like(acc))
-        self._allreduce = tf.function(allreduce, jit_compile=False)   # Horovod's ops: never compiled
-        self.allreduce_fn = allreduce
-        barrier = getattr(allreduce, "wait_for_ranks", None)
-        self._wait_for_ranks = tf.function(barrier, jit_compile=False) if barrier else None
+        self.exchange = as_exchange(exchange)
+        self._allreduce = tf.function(self.exchange, jit_compile=False)   # Horovod's ops: never compiled
+        self._wait_for_ranks = tf.function(self.exchange.wait_for_ranks, jit_compile=False)
         self.indices, self.per_update, self.seed_offset = indices, per_update, seed_offset
         # micro-batch indices as device tensors made once: no Python value enters the hot loop
         self._index_tensors = [tf.constant(i, tf.int64) for i in indices]
@@ -203,7 +198,7 @@ class Trainer:
                  "skipped_steps": self.skipped_steps}
         if self.loss_scale is not None:
             items["loss_scale"] = self.loss_scale
-        return items     # a compressed exchange's buffers are each rank's own: exchange_state.py writes them
+        return items     # an exchange's own buffers are each rank's own: exchange_state.py writes them
 
     def state_variables(self) -> list:
         """Every variable of checkpoint_items(), for the broadcast from rank 0."""
@@ -315,7 +310,7 @@ class Trainer:
             grads, outs = self.gradients(micro_batches)
             wait, comm_start = self._wait(clock, timed), clock()
             with watchdog.watching("the gradient allreduce"):
-                if self.exchange is not None and self.loss_scale is not None:  # its buffers keep unscaled values
+                if self.loss_scale is not None:      # an exchange's buffers keep unscaled values
                     grads = self._allreduce(grads, self.loss_scale.scale.read_value())
                 else:
                     grads = self._allreduce(grads)  # <- the one allreduce per update, after accumulation
@@ -340,7 +335,7 @@ class Trainer:
     def _wait(self, clock, timed):
         """Seconds spent waiting for every rank to reach the allreduce (timed updates only: the
         barrier is one more collective, which untimed updates do not pay)."""
-        if not timed or self._wait_for_ranks is None:
+        if not timed:
             return 0.0
         start = clock()
         with watchdog.watching("the barrier before the gradient allreduce"):
