@@ -20,48 +20,59 @@ import functools
 import sys
 import types
 import typing
+from collections.abc import Callable, Container
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from absl import app, flags
 
 from bert_tf import ConfigError
 from bert_tf.parallel import comm
 
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+    from bert_tf import knobs
+    from bert_tf.artifacts.checkpoint_formats import Checkpoint
+    from bert_tf.data.tokenization import Tokenizer
+    from bert_tf.model.modeling import BertConfig
+
 FLAGS = flags.FLAGS
+T = TypeVar("T")
+C = TypeVar("C", bound="DataclassInstance")     # a config dataclass
 
 
-def finetune_start(start, max_seq_length):
+def finetune_start(start: knobs.FinetuneStart,
+                   max_seq_length: int | None) -> tuple[Tokenizer, Checkpoint | None, BertConfig]:
     """(tokenizer, read checkpoint or None, model config) from a knobs.FinetuneStart, checked against each other
     (vocabulary size, sequence length) before any training."""
     from bert_tf.artifacts import checkpoint_formats
     from bert_tf.data import tokenization
     from bert_tf.model import modeling
     tokenizer = tokenization.Tokenizer.from_file(start.vocab_file, start.do_lower_case)
-    init = None
     if start.random_init:
         if not start.bert_config_file:
             raise ConfigError("--random_init needs --bert_config_file")
-    elif start.init_checkpoint:
-        init = checkpoint_formats.read(start.init_checkpoint)
-    else:
+        return tokenizer, None, modeling.BertConfig.from_json_file(start.bert_config_file)
+    if not start.init_checkpoint:
         raise ConfigError("give --init_checkpoint, or --random_init for the baseline")
+    init = checkpoint_formats.read(start.init_checkpoint)
     config = modeling.BertConfig.from_json_file(start.bert_config_file) if start.bert_config_file else init.config
     if config is None:
         raise ConfigError(f"{init.path} has no model config beside it: give --bert_config_file")
-    if init is not None:
-        checkpoint_formats.check_fits(init, config, len(tokenizer), start.vocab_file, max_seq_length)
+    checkpoint_formats.check_fits(init, config, len(tokenizer), start.vocab_file or "", max_seq_length)
     return tokenizer, init, config
 
 
-def define_comm(defaults: comm.CommConfig = comm.CommConfig(), flag_values=FLAGS):
+def define_comm(defaults: comm.CommConfig = comm.CommConfig(), flag_values: flags.FlagValues = FLAGS) -> None:
     """The fields of comm.CommConfig, one flag each (defaults: this script's); read them back with comm_config()."""
     define_config_flags(comm.CommConfig, flag_values, defaults=defaults)
 
 
-def comm_config(flag_values=FLAGS) -> comm.CommConfig:
+def comm_config(flag_values: flags.FlagValues = FLAGS) -> comm.CommConfig:
     return config_from_flags(comm.CommConfig, flag_values)
 
 
-def _flag_kind(hint):
+def _flag_kind(hint: Any) -> tuple[str, type]:
     """(kind, item type) of a field's annotation: kind in bool, int, float, str, list; None-able scalars allowed."""
     args = [a for a in typing.get_args(hint) if a is not type(None)]
     if typing.get_origin(hint) in (typing.Union, types.UnionType) and len(args) == 1:
@@ -73,11 +84,12 @@ def _flag_kind(hint):
     raise TypeError(f"no flag type for {hint}")
 
 
-_DEFINE = {"bool": flags.DEFINE_bool, "int": flags.DEFINE_integer, "float": flags.DEFINE_float,
-           "str": flags.DEFINE_string}
+_DEFINE: dict[str, Callable[..., Any]] = {"bool": flags.DEFINE_bool, "int": flags.DEFINE_integer,
+                                          "float": flags.DEFINE_float, "str": flags.DEFINE_string}
 
 
-def define_config_flags(cls, flag_values=FLAGS, defaults=None, skip=()):
+def define_config_flags(cls: type[DataclassInstance], flag_values: flags.FlagValues = FLAGS, defaults: Any = None,
+                        skip: Container[str] = ()) -> None:
     """One flag per field of the config dataclass `cls`, named as the field, with its type, default (or
     `defaults`' value), help and choices (bert_tf.knob). A field holding another config dataclass (a group:
     CommConfig, CorpusInput, ...) gives that group's flags under their own names. Read them back with
@@ -86,7 +98,7 @@ def define_config_flags(cls, flag_values=FLAGS, defaults=None, skip=()):
     for field in dataclasses.fields(cls):
         if field.name in skip:
             continue
-        default = getattr(defaults, field.name) if defaults is not None else \
+        default: Any = getattr(defaults, field.name) if defaults is not None else \
             field.default_factory() if field.default_factory is not dataclasses.MISSING else field.default
         if dataclasses.is_dataclass(hints[field.name]):
             define_config_flags(hints[field.name], flag_values, defaults=default)
@@ -107,7 +119,7 @@ def define_config_flags(cls, flag_values=FLAGS, defaults=None, skip=()):
             flags.mark_flag_as_required(field.name, flag_values=flag_values)
 
 
-def _flag_value(field, hint, flag_values):
+def _flag_value(field: dataclasses.Field, hint: Any, flag_values: flags.FlagValues) -> Any:
     value = flag_values[field.name].value
     kind, item = _flag_kind(hint)
     if kind != "list" or value is None:
@@ -122,7 +134,7 @@ def _flag_value(field, hint, flag_values):
     return items
 
 
-def config_from_flags(cls, flag_values=FLAGS, skip=()):
+def config_from_flags(cls: type[C], flag_values: flags.FlagValues = FLAGS, skip: Container[str] = ()) -> C:
     """An instance of `cls` (which checks its values) from define_config_flags' flags."""
     hints = typing.get_type_hints(cls)
     values = {f.name: (config_from_flags(hints[f.name], flag_values) if dataclasses.is_dataclass(hints[f.name])
@@ -134,7 +146,7 @@ def config_from_flags(cls, flag_values=FLAGS, skip=()):
 _RENAMED = []   # (old name, new name, flag values)
 
 
-def define_renamed(old, new, flag_values=FLAGS):
+def define_renamed(old: str, new: str, flag_values: flags.FlagValues = FLAGS) -> None:
     """--old, the name --new had until this release: it keeps working for one release, with a
     warning naming --new; giving both is a start-up error naming both (apply_renamed)."""
     target = flag_values[new]
@@ -143,7 +155,7 @@ def define_renamed(old, new, flag_values=FLAGS):
     _RENAMED.append((old, new, flag_values))
 
 
-def apply_renamed(warn=None):
+def apply_renamed(warn: Callable[[str], object] | None = None) -> None:
     """Moves each renamed flag's value to its new name (a warning each); both given: ConfigError."""
     warn = warn or (lambda message: print(message, file=sys.stderr, flush=True))
     for old, new, flag_values in _RENAMED:
@@ -157,11 +169,11 @@ def apply_renamed(warn=None):
         flag_values[new].value = flag_values[old].value
 
 
-def one_line_errors(main):
+def one_line_errors(main: Callable[[list[str]], T]) -> Callable[[list[str]], T]:
     """main, with a ConfigError turned into `error: <message>` and exit status 1. Every other
     exception propagates with its traceback."""
     @functools.wraps(main)
-    def wrapped(argv):
+    def wrapped(argv: list[str]) -> T:
         try:
             apply_renamed()
             return main(argv)
@@ -170,6 +182,6 @@ def one_line_errors(main):
     return wrapped
 
 
-def run(main):
+def run(main: Callable[[list[str]], Any]) -> None:
     """absl's app.run(main) with one_line_errors."""
     app.run(one_line_errors(main))

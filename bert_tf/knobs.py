@@ -15,6 +15,7 @@ Names and what they mean, in every script:
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from bert_tf import knob
 from bert_tf.data.corpus import FORMATS
@@ -36,49 +37,51 @@ MEANINGS = {
 FIXED_MEANINGS = tuple(MEANINGS)
 
 
-def _help(name, detail):
+# Each knob below returns bert_tf.knob's dataclasses.field, typed Any: a field's default stands for its value.
+def _help(name: str, detail: str) -> str:
     return f"{MEANINGS[name]}: {detail}" if detail else f"{MEANINGS[name]}."
 
 
-def vocab_file(default=None, required=False, detail="one token per line (google-research/bert's layout)."):
+def vocab_file(default: str | None = None, required: bool = False,
+               detail: str = "one token per line (google-research/bert's layout).") -> Any:
     return knob(default, _help("vocab_file", detail), required=required)
 
 
-def input_files(default=None, detail=""):
+def input_files(default: list[str] | None = None, detail: str = "") -> Any:
     return knob(default, _help("input_files", "files or globs, comma-separated; .gz/.bz2/.zst read transparently; "
                                               "PATH@FORMAT gives one file its own format, e.g. news.txt@documents."
                                + (f" {detail}" if detail else "")))
 
 
-def train_files(default="", detail="comma-separated globs."):
+def train_files(default: str = "", detail: str = "comma-separated globs.") -> Any:
     return knob(default, _help("train_files", detail))
 
 
-def eval_files(default="", detail="comma-separated globs."):
+def eval_files(default: str = "", detail: str = "comma-separated globs.") -> Any:
     return knob(default, _help("eval_files", detail))
 
 
-def output_dir(what: str, default=None, required=False):
+def output_dir(what: str, default: str | None = None, required: bool = False) -> Any:
     return knob(default, _help("output_dir", f"{what}."), required=required)
 
 
-def output_json(what: str = "the figures"):
+def output_json(what: str = "the figures") -> Any:
     return knob("", _help("output_json", f"{what} (empty: none)."))
 
 
-def checkpoint_dir(detail: str, default=""):
+def checkpoint_dir(detail: str, default: str = "") -> Any:
     return knob(default, _help("checkpoint_dir", detail))
 
 
-def init_checkpoint(detail: str, default="", required=False):
+def init_checkpoint(detail: str, default: str | None = "", required: bool = False) -> Any:
     return knob(default, _help("init_checkpoint", detail), required=required)
 
 
-def epochs(default: float):
+def epochs(default: float) -> Any:
     return knob(default, _help("epochs", "fractions allowed."))
 
 
-def model_preset(default: str):
+def model_preset(default: str) -> Any:
     return knob(default, "Standard model size (google-research/bert and Turc et al. 2019).", choices=PRESET_NAMES)
 
 

@@ -53,7 +53,7 @@ def cross_validate(cfg, model_config, tokenizer, examples, checkpoint, hvd, labe
     else:
         data = [(labelled.rows(tr), labelled.rows(te)) for tr, te in classification.kfold_splits(len(y), cfg.kfold,
                                                                                                   cfg.seed)]
-    recipe = finetuning.Recipe(learning_rate=cfg.learning_rate, batch_size=cfg.global_batch_size, epochs=cfg.epochs,
+    recipe = finetuning.Recipe(learning_rate=cfg.learning_rate, global_batch=cfg.global_batch_size, epochs=cfg.epochs,
                                max_seq_length=cfg.max_seq_length, seed=cfg.seed)
     dist = finetuning.Distributed(hvd.rank(), hvd.size(), distributed.make_gradient_allreduce(False, name="ft"),
                                   distributed.broadcast_variables)

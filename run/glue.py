@@ -63,7 +63,7 @@ def main(argv):
     tokenizer, init, config = cli.finetune_start(cfg.start, cfg.max_seq_length)
     hvd = distributed.init()
     for s in settings:
-        finetuning.Recipe(batch_size=s.batch_size).per_rank_batch(hvd.size())   # divisible: checked up front
+        finetuning.Recipe(global_batch=s.batch_size).per_rank_batch(hvd.size())   # divisible: checked up front
     rank = hvd.rank()
     log = print if rank == 0 else (lambda *a, **k: None)
     for name, paths in no_test.items():

@@ -56,7 +56,7 @@ def main(argv):
         raise ConfigError(f"unexpected arguments {argv[1:]}")
     cfg = cli.config_from_flags(SquadConfig)
     tokenizer, init, config = cli.finetune_start(cfg.start, cfg.max_seq_length)
-    recipe = finetuning.Recipe(learning_rate=cfg.learning_rate, batch_size=cfg.global_batch_size, epochs=cfg.epochs,
+    recipe = finetuning.Recipe(learning_rate=cfg.learning_rate, global_batch=cfg.global_batch_size, epochs=cfg.epochs,
                                warmup_fraction=cfg.warmup_fraction, max_seq_length=cfg.max_seq_length,
                                seed=cfg.seed, precision=cfg.precision, xla=cfg.xla)
     hvd = distributed.init()

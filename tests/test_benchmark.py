@@ -156,7 +156,7 @@ def test_input_headroom_measures_static_and_dynamic_masking(tiny_data, monkeypat
         pipelines.append((masker, next(iter(dataset))))
         return dataset
     monkeypatch.setattr(input_pipeline, "make_dataset", recording)
-    rates = input_headroom.measure(tiny_data["train"], tiny_data["vocab_file"], batch_size=4, max_seq_length=64,
+    rates = input_headroom.measure(tiny_data["train"], tiny_data["vocab_file"], micro_batch=4, max_seq_length=64,
                                    max_predictions_per_seq=10, seconds=2.5)
     assert rates == {"static": 3.0, "dynamic": 3.0}
     (static, static_batch), (masker, dynamic_batch) = pipelines

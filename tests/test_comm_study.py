@@ -72,7 +72,7 @@ def test_predictions_use_the_median_compute_speed_or_the_jobs_own_and_the_probed
     rows, sizes = study_rows(), [10 ** 6] * 3
     links = [{"nodes": 2, "rate_gbit": 1.0, "effective_gbit": 0.5, "message_seconds": 1e-4}]
     comms = dict(comm_study.rungs())
-    speed = comm_study.add_predictions(rows, links, comms, sizes, batch_size=2, accumulation_steps=4, seq_length=64)
+    speed = comm_study.add_predictions(rows, links, comms, sizes, micro_batch=2, accumulation_steps=4, seq_length=64)
     # median of 8/1.25, 8/2.0, 8/1.0 sequences/s per rank: compute + the wait for the other rank + update
     assert speed == pytest.approx(8 / 1.25)
     cluster = planner.Cluster(2, 1, 0.5, inter_latency_us=0, message_overhead_us=100)

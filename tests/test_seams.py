@@ -161,7 +161,7 @@ def test_the_fine_tuning_loop_uses_only_the_task_contract():
             return {**rows, "target": target} if self.trains else None
 
         def predict(self, model, tokenizer):
-            return finetuning.predict(model.predict, rows, batch_size=5)
+            return finetuning.predict(model.predict, rows, chunk=5)
 
         def metrics(self, predictions):
             return {"mean": float(np.mean(predictions)), "rows": len(predictions)}
@@ -172,7 +172,7 @@ def test_the_fine_tuning_loop_uses_only_the_task_contract():
         updates.assign_add(1)
         return grads
     config = modeling.BertConfig.preset("tiny", vocab_size=100)
-    recipe = finetuning.Recipe(learning_rate=1e-3, batch_size=4, epochs=1.5, seed=3)   # 3 updates an epoch: 5
+    recipe = finetuning.Recipe(learning_rate=1e-3, global_batch=4, epochs=1.5, seed=3)   # 3 updates an epoch: 5
     tokenizer, task = object(), Regression()
     assert isinstance(task, finetuning.FinetuningTask) and isinstance(Head(config), finetuning.FinetuningModel)
     outcome = finetuning.run(task, tokenizer, config, None, recipe,

@@ -21,7 +21,7 @@ and elastic re-forms use only what the contract names:
 """
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import Any, Callable, Protocol, runtime_checkable
 
 
 @runtime_checkable
@@ -29,9 +29,9 @@ class GradientExchange(Protocol):
     method: str
     weight: float
 
-    def __call__(self, grads: list, scale=None) -> list: ...
+    def __call__(self, grads: list, scale: Any = None) -> list: ...
 
-    def wait_for_ranks(self): ...
+    def wait_for_ranks(self) -> Any: ...
 
     def own(self) -> list: ...
 
@@ -39,7 +39,7 @@ class GradientExchange(Protocol):
 
     def reset(self, size: int) -> str: ...
 
-    def attach_clock(self, clock) -> None: ...
+    def attach_clock(self, clock: Any) -> None: ...
 
     def describe(self) -> dict: ...
 
@@ -58,7 +58,7 @@ class Stateless:
     def reset(self, size: int) -> str:
         return ""
 
-    def attach_clock(self, clock) -> None:
+    def attach_clock(self, clock: Any) -> None:
         pass
 
     def describe(self) -> dict:
@@ -69,10 +69,10 @@ class Local(Stateless):
     """No collective: the gradients stay this rank's own (one process; DiLoCo's inner updates), whatever
     its share of the update."""
 
-    def __call__(self, grads: list, scale=None) -> list:
+    def __call__(self, grads: list, scale: Any = None) -> list:
         return list(grads)
 
-    def wait_for_ranks(self):
+    def wait_for_ranks(self) -> None:
         return None
 
 
@@ -81,16 +81,16 @@ class Allreduce(Stateless):
     tensor: Horovod's background thread fuses those ready in the same cycle into buffers of
     HOROVOD_FUSION_THRESHOLD bytes (tensor fusion). fp16: sent, summed and divided in float16."""
 
-    def __init__(self, fp16=False, name="grad", weight=1.0, process_set=None):
+    def __init__(self, fp16: bool = False, name: str = "grad", weight: float = 1.0, process_set: Any = None) -> None:
         self.method, self.name, self.weight, self._process_set = ("fp16" if fp16 else "none"), name, weight, \
             process_set
 
     @property
-    def process_set(self):
+    def process_set(self) -> Any:
         import horovod.tensorflow as hvd
         return self._process_set or hvd.global_process_set
 
-    def __call__(self, grads: list, scale=None) -> list:
+    def __call__(self, grads: list, scale: Any = None) -> list:
         import horovod.tensorflow as hvd
         if self.weight != 1.0:
             grads = [g * self.weight for g in grads]
@@ -100,24 +100,24 @@ class Allreduce(Stateless):
         return [hvd.allreduce(g, op=hvd.Average, compression=compression, name=f"{self.name}_{i}",
                               process_set=self.process_set) for i, g in enumerate(grads)]
 
-    def wait_for_ranks(self):
+    def wait_for_ranks(self) -> Any:
         return wait_for_ranks(self.name, self._process_set)
 
 
 class Function(Stateless):
     """A plain function grads -> grads taken as an exchange without state (tests' fake worlds)."""
 
-    def __init__(self, function):
+    def __init__(self, function: Callable[[list], list]) -> None:
         self.function = function
 
-    def __call__(self, grads: list, scale=None) -> list:
+    def __call__(self, grads: list, scale: Any = None) -> list:
         return self.function(grads)
 
-    def wait_for_ranks(self):
+    def wait_for_ranks(self) -> None:
         return None
 
 
-def as_exchange(exchange) -> GradientExchange:
+def as_exchange(exchange: GradientExchange | Callable[[list], list]) -> GradientExchange:
     """`exchange` itself when it keeps the contract; a plain function wrapped in Function."""
     if isinstance(exchange, GradientExchange):
         return exchange
@@ -126,7 +126,7 @@ def as_exchange(exchange) -> GradientExchange:
     raise TypeError(f"{exchange!r} is neither a GradientExchange nor a function of the gradients")
 
 
-def wait_for_ranks(name, process_set=None):
+def wait_for_ranks(name: str, process_set: Any = None) -> Any:
     """A one-float allreduce: returns once every rank of the set has reached it (None: no other rank)."""
     import horovod.tensorflow as hvd
     import tensorflow as tf

@@ -245,7 +245,7 @@ def compression_seconds(shapes, method, powersgd_rank=4, repeats=5) -> float:
 
 
 # -- predicting -------------------------------------------------------------------------------
-def predict(tensor_sizes, nodes, rate_gbit, comm, device_seq_s, batch_size, accumulation_steps, seq_length,
+def predict(tensor_sizes, nodes, rate_gbit, comm, device_seq_s, micro_batch, accumulation_steps, seq_length,
             link=None, overhead_seconds=0.0):
     """The planner's figures for one rung on `nodes` emulated nodes (one rank each). `link` (from
     the probe) calibrates the emulated link: its measured bandwidth and per-message cost replace
@@ -254,7 +254,7 @@ def predict(tensor_sizes, nodes, rate_gbit, comm, device_seq_s, batch_size, accu
         cluster = planner.probed_cluster(nodes, link, rate_gbit)
     else:
         cluster = planner.Cluster(nodes, 1, rate_gbit, inter_latency_us=0)
-    batch = batch_size * accumulation_steps * nodes
+    batch = micro_batch * accumulation_steps * nodes
     phase = planner.Phase("study", seq_length, batch, batch, device_seq_s)
     return planner.plan_phase(tensor_sizes, phase, cluster, comm, accumulation_steps, overhead_seconds)
 
@@ -268,7 +268,7 @@ def device_seq_s(rows, sequences_per_rank_update):
                                                           + r["update_seconds"]) for r in rows)
 
 
-def add_predictions(rows, links, comms, tensor_sizes, batch_size, accumulation_steps, seq_length):
+def add_predictions(rows, links, comms, tensor_sizes, micro_batch, accumulation_steps, seq_length):
     """Adds to each measured row the planner's prediction and its error, the speed-up over the
     baseline and fp16's bytes relative to fp32/accum; returns the calibrated device_seq_s (None
     without measurements). prediction_error_own_compute: the same prediction fed the row's own
@@ -276,16 +276,16 @@ def add_predictions(rows, links, comms, tensor_sizes, batch_size, accumulation_s
     ok = [r for r in rows if "error" not in r]
     if not ok:
         return None
-    speed = device_seq_s(ok, batch_size * accumulation_steps)
+    speed = device_seq_s(ok, micro_batch * accumulation_steps)
     links = {(link["nodes"], link["rate_gbit"]): link for link in links}
     for r in ok:
-        p = predict(tensor_sizes, r["nodes"], r["rate_gbit"], comms[r["config"]], speed, batch_size,
+        p = predict(tensor_sizes, r["nodes"], r["rate_gbit"], comms[r["config"]], speed, micro_batch,
                     accumulation_steps, seq_length, links.get((r["nodes"], r["rate_gbit"])))
         r["predicted_sequences_per_second"] = p["sequences_per_second"]
         r["predicted_allreduce_seconds"] = p["allreduce_seconds"]
         r["prediction_error"] = p["sequences_per_second"] / r["sequences_per_second"] - 1
-        own = device_seq_s([r], batch_size * accumulation_steps)
-        p = predict(tensor_sizes, r["nodes"], r["rate_gbit"], comms[r["config"]], own, batch_size,
+        own = device_seq_s([r], micro_batch * accumulation_steps)
+        p = predict(tensor_sizes, r["nodes"], r["rate_gbit"], comms[r["config"]], own, micro_batch,
                     accumulation_steps, seq_length, links.get((r["nodes"], r["rate_gbit"])))
         r["prediction_error_own_compute"] = p["sequences_per_second"] / r["sequences_per_second"] - 1
     for r in ok:

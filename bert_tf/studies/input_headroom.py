@@ -10,11 +10,11 @@ import time
 from bert_tf.data import input_pipeline, tokenization
 
 
-def sequences_per_second(files, batch_size, max_seq_length, max_predictions_per_seq, masker=None, seconds=5.0,
+def sequences_per_second(files, micro_batch, max_seq_length, max_predictions_per_seq, masker=None, seconds=5.0,
                          warmup_batches=10) -> float:
     """Sequences/s one rank's training dataset yields with nothing consuming it (shuffle, parse,
     batch and, with `masker`, dynamic masking), after `warmup_batches` fill the buffers."""
-    batches = iter(input_pipeline.make_dataset(files, batch_size, max_seq_length, max_predictions_per_seq,
+    batches = iter(input_pipeline.make_dataset(files, micro_batch, max_seq_length, max_predictions_per_seq,
                                                masker=masker))
     for _ in range(warmup_batches):
         next(batches)
@@ -22,17 +22,17 @@ def sequences_per_second(files, batch_size, max_seq_length, max_predictions_per_
     while count == 0 or time.perf_counter() - start < seconds:
         next(batches)
         count += 1
-    return count * batch_size / (time.perf_counter() - start)
+    return count * micro_batch / (time.perf_counter() - start)
 
 
-def measure(patterns, vocab_file, batch_size, max_seq_length, max_predictions_per_seq, seconds=5.0) -> dict:
+def measure(patterns, vocab_file, micro_batch, max_seq_length, max_predictions_per_seq, seconds=5.0) -> dict:
     """{"static": seq/s, "dynamic": seq/s}: the records as written, and re-masked each batch
     (dynamic masking parses only the unmasked fields, so any record file measures its cost)."""
     files = input_pipeline.list_files(patterns)
     tokenizer = tokenization.Tokenizer.from_file(vocab_file)
     masker = input_pipeline.dynamic_masker(len(tokenizer), [tokenizer.cls_id, tokenizer.sep_id, tokenizer.pad_id],
                                            max_predictions_per_seq, mask_id=tokenizer.mask_id)
-    return {"static": sequences_per_second(files, batch_size, max_seq_length, max_predictions_per_seq,
+    return {"static": sequences_per_second(files, micro_batch, max_seq_length, max_predictions_per_seq,
                                            seconds=seconds),
-            "dynamic": sequences_per_second(files, batch_size, max_seq_length, max_predictions_per_seq, masker,
+            "dynamic": sequences_per_second(files, micro_batch, max_seq_length, max_predictions_per_seq, masker,
                                             seconds=seconds)}

@@ -72,7 +72,7 @@ def traced_updates(step, profile_dir, timing: Timing):
     return seconds
 
 
-def run_rung(config, timing: Timing, precision, xla, accumulation, batch_size, profile_dir="", tf32=False, fuse=False,
+def run_rung(config, timing: Timing, precision, xla, accumulation, micro_batch, profile_dir="", tf32=False, fuse=False,
              records=None):
     """One rung's timing (timed_updates) on random full rows, or with records=(glob, instances per row) on
     the records' own batches, a new update's worth each call, read before the clock starts; then
@@ -86,19 +86,19 @@ def run_rung(config, timing: Timing, precision, xla, accumulation, batch_size, p
     trainer = training.Trainer(model, training.TrainConfig(precision=precision, xla=xla, tf32=tf32, fuse=fuse,
                                                            accumulation_steps=accumulation, total_steps=10 ** 6))
     if records:
-        return _on_records(trainer, timing, accumulation, batch_size, records)
-    micro = [random_batch(batch_size, timing.max_seq_length, timing.max_predictions_per_seq, config.vocab_size,
+        return _on_records(trainer, timing, accumulation, micro_batch, records)
+    micro = [random_batch(micro_batch, timing.max_seq_length, timing.max_predictions_per_seq, config.vocab_size,
                           i) for i in range(accumulation)]
     step = lambda: float(trainer.train_step(micro)["loss"])
     return traced_updates(step, profile_dir, timing) if profile_dir else timed_updates(step, timing)
 
 
-def _on_records(trainer, timing: Timing, accumulation, batch_size, records):
+def _on_records(trainer, timing: Timing, accumulation, micro_batch, records):
     import tensorflow as tf
 
     from bert_tf.data import input_pipeline
     pattern, pack = records
-    batches = iter(input_pipeline.make_dataset(input_pipeline.list_files(pattern), batch_size,
+    batches = iter(input_pipeline.make_dataset(input_pipeline.list_files(pattern), micro_batch,
                                                timing.max_seq_length, timing.max_predictions_per_seq, pack=pack))
     updates = [[next(batches) for _ in range(accumulation)] for _ in range(timing.warmup_updates + timing.updates)]
     queue = list(updates)

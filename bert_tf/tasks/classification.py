@@ -215,7 +215,7 @@ def train_and_evaluate(model_config, label_names, train, evaluation, init_checkp
         if vocab_size is not None:
             checkpoint_formats.check_fits(init, model_config, vocab_size)
     task = Classification(label_names, Labelled(*train), Labelled(*evaluation))
-    recipe = finetuning.Recipe(learning_rate=learning_rate, batch_size=batch_size * size, epochs=epochs,
+    recipe = finetuning.Recipe(learning_rate=learning_rate, global_batch=batch_size * size, epochs=epochs,
                                warmup_fraction=warmup_fraction, seed=seed, precision=precision)
     outcome = finetuning.run(task, None, model_config, init, recipe,
                              finetuning.Distributed(rank, size, allreduce, broadcast))

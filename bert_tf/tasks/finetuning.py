@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
-from typing import Any, Callable, Generic, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, Callable, Generic, Iterable, Iterator, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 import tensorflow as tf
@@ -25,6 +25,9 @@ from bert_tf import ConfigError
 from bert_tf.model import modeling
 from bert_tf.parallel.exchange import GradientExchange
 from bert_tf.train import training
+
+if TYPE_CHECKING:
+    from bert_tf.artifacts.checkpoint_formats import Checkpoint
 
 Features = dict[str, np.ndarray]           # numpy arrays with the same first dimension, by the name the model reads
 P = TypeVar("P")                           # a task's predictions
@@ -40,9 +43,10 @@ class FinetuningModel(Protocol):
     encoder: modeling.Encoder
     trainable_variables: Any
 
-    def __call__(self, features, *, dtype=tf.float32, seed=None, training=False) -> dict: ...
+    def __call__(self, features: dict[str, tf.Tensor], *, dtype: tf.DType = tf.float32, seed: int | None = None,
+                 training: bool = False) -> dict[str, tf.Tensor]: ...
 
-    def predict(self, features) -> tf.Tensor: ...
+    def predict(self, features: dict[str, tf.Tensor]) -> tf.Tensor: ...
 
 
 @runtime_checkable
@@ -61,9 +65,9 @@ class FinetuningTask(Protocol[P]):
 
     def build_model(self, config: modeling.BertConfig) -> FinetuningModel: ...
 
-    def train_features(self, tokenizer) -> Features | None: ...
+    def train_features(self, tokenizer: Any) -> Features | None: ...
 
-    def predict(self, model: FinetuningModel, tokenizer) -> P: ...
+    def predict(self, model: FinetuningModel, tokenizer: Any) -> P: ...
 
     def metrics(self, predictions: P) -> dict[str, float]: ...
 
@@ -102,7 +106,7 @@ class Recipe:
     """Devlin et al. (2019), appendix A.3, as most BERT papers report GLUE: AdamW, peak learning
     rate 2e-5 (the paper sweeps 5e-5, 3e-5, 2e-5), batch 32, 3 epochs, 10% linear warmup, sequence 128."""
     learning_rate: float = 2e-5
-    batch_size: int = 32              # sequences per update over all ranks
+    global_batch: int = 32            # sequences per update over all ranks
     epochs: float = 3.0
     warmup_fraction: float = 0.1
     weight_decay: float = 0.01
@@ -112,14 +116,14 @@ class Recipe:
     xla: bool = False
 
     def per_rank_batch(self, size: int) -> int:
-        if self.batch_size < 1 or self.batch_size % size:
-            raise ConfigError(f"batch size {self.batch_size} (sequences per update) is not a positive multiple of "
+        if self.global_batch < 1 or self.global_batch % size:
+            raise ConfigError(f"batch size {self.global_batch} (sequences per update) is not a positive multiple of "
                               f"the {size} ranks")
-        return self.batch_size // size
+        return self.global_batch // size
 
 
-def run(task: FinetuningTask[P], tokenizer, model_config: modeling.BertConfig, init, recipe: Recipe,
-        distributed: Distributed | None = None) -> Outcome[P]:
+def run(task: FinetuningTask[P], tokenizer: Any, model_config: modeling.BertConfig, init: Checkpoint | str | None,
+        recipe: Recipe, distributed: Distributed | None = None) -> Outcome[P]:
     """THE fine-tuning loop: `task`'s model (the TF seed recipe.seed first), its encoder loaded from `init` (a read
     checkpoint_formats.Checkpoint or a path; None: random weights), trained on the task's features with
     `fine_tune` (unless it has none), then the task's predictions and their metrics. tokenizer: what the task
@@ -137,7 +141,8 @@ def run(task: FinetuningTask[P], tokenizer, model_config: modeling.BertConfig, i
                    trained.final_train_loss if trained else None, model)
 
 
-def load_encoder(encoder: modeling.Encoder, checkpoint, vocab_size: int | None = None, vocab_file: str = ""):
+def load_encoder(encoder: modeling.Encoder, checkpoint: Checkpoint | str, vocab_size: int | None = None,
+                 vocab_file: str = "") -> None:
     """Loads encoder weights (heads ignored) from any checkpoint `checkpoint_formats.read` takes: a
     pre-training run, an export, google-research/bert's or a Hugging Face directory (path or read)."""
     from bert_tf.artifacts import checkpoint_formats
@@ -146,9 +151,10 @@ def load_encoder(encoder: modeling.Encoder, checkpoint, vocab_size: int | None =
     checkpoint_formats.assign(encoder, ckpt)
 
 
-def fine_tune(model, features: Features, recipe: Recipe, distributed: Distributed | None = None) -> Trained:
+def fine_tune(model: FinetuningModel, features: Features, recipe: Recipe,
+              distributed: Distributed | None = None) -> Trained:
     """Trains `model` in place on `features` (the labels among them, under the name the model reads), each rank
-    recipe.batch_size / size rows per update."""
+    recipe.global_batch / size rows per update."""
     distributed = distributed or Distributed()
     rank, size = distributed.rank, distributed.size
     n = len(next(iter(features.values())))
@@ -169,7 +175,7 @@ def fine_tune(model, features: Features, recipe: Recipe, distributed: Distribute
     return Trained(total, float(out["loss"]))
 
 
-def batch_rows(n, batch, total, seed, rank=0, size=1):
+def batch_rows(n: int, batch: int, total: int, seed: int, rank: int = 0, size: int = 1) -> Iterator[np.ndarray]:
     """This rank's rows for each of `total` updates: every epoch all ranks draw the same permutation of
     the n examples and rank r takes rows r, r + size, ... of it, in batches (a last partial batch of
     an epoch is dropped, as google's run_classifier.py does)."""
@@ -182,14 +188,14 @@ def batch_rows(n, batch, total, seed, rank=0, size=1):
             step += 1
 
 
-def predict(fn, features: dict, batch_size=64) -> np.ndarray:
+def predict(fn: Callable[[dict[str, tf.Tensor]], tf.Tensor], features: Features, chunk: int = 64) -> np.ndarray:
     """fn(features of a batch) -> [B, ...] tensor, over all rows in order, concatenated."""
     n = len(next(iter(features.values())))
-    return np.concatenate([fn({k: tf.constant(v[i:i + batch_size]) for k, v in features.items()}).numpy()
-                           for i in range(0, n, batch_size)])
+    return np.concatenate([fn({k: tf.constant(v[i:i + chunk]) for k, v in features.items()}).numpy()
+                           for i in range(0, n, chunk)])
 
 
-def summarize(values) -> dict:
+def summarize(values: Iterable[float]) -> dict[str, float]:
     """Mean, median, standard deviation (sample, n - 1; 0 for one value), min and max over seeds."""
     values = [float(v) for v in values]
     return {"mean": statistics.fmean(values), "median": statistics.median(values),
@@ -197,7 +203,8 @@ def summarize(values) -> dict:
             "n": len(values)}
 
 
-def export(model, vocab_file, out_dir, labels=None, do_lower_case=True) -> list:
+def export(model: FinetuningModel, vocab_file: str, out_dir: str, labels: list[str] | None = None,
+           do_lower_case: bool = True) -> list[str]:
     """A fine-tuned model in google-research/bert's names (run_classifier.py's output_weights, run_squad.py's
     cls/squad/...) and as a transformers directory that BertForSequenceClassification (id2label /
     label2id; STS-B: regression) or BertForQuestionAnswering loads without conversion. model: a

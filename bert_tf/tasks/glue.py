@@ -390,7 +390,7 @@ def run_task(task: TaskInfo, data_dir, tokenizer, model_config, init, settings, 
     runs, kept = [], {}       # kept: the best seed's model of each setting (keep_model)
     for setting in settings:
         for seed in seeds:
-            r = dataclasses.replace(recipe, learning_rate=setting.learning_rate, batch_size=setting.batch_size,
+            r = dataclasses.replace(recipe, learning_rate=setting.learning_rate, global_batch=setting.batch_size,
                                     epochs=setting.epochs, seed=seed)
             outcome = finetuning.run(glue_task, tokenizer, model_config, init, r, distributed)
             dev = glue_task.scores(outcome.predictions)

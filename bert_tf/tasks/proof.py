@@ -33,7 +33,7 @@ def run_task(task, train_docs, dev_docs, seed, checkpoint, tokenizer, model_conf
     """The dev figures of `task` fine-tuned from `checkpoint` (None: random weights) with `seed`."""
     from bert_tf.tasks import finetuning
     kind = CorpusSpanTask if task in SPAN_TASKS else CorpusPairTask
-    finetuning_recipe = finetuning.Recipe(learning_rate=recipe.learning_rate, batch_size=recipe.global_batch_size,
+    finetuning_recipe = finetuning.Recipe(learning_rate=recipe.learning_rate, global_batch=recipe.global_batch_size,
                                           epochs=recipe.epochs, max_seq_length=recipe.max_seq_length, seed=seed)
     outcome = finetuning.run(kind(task, train_docs, dev_docs, seed, recipe), tokenizer, model_config, checkpoint,
                              finetuning_recipe)
