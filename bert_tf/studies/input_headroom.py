@@ -1,5 +1,5 @@
 """Input-pipeline headroom: what `input_pipeline.make_dataset` delivers alone, per rank, so it can be
-set next to what the model consumes (run/benchmark.py --input_files). A pipeline that cannot run
+set next to what the model consumes (run/benchmark.py --train_files). A pipeline that cannot run
 well ahead of the model starves GPUs: plan for >= 10x the fastest rung's sequences/s.
 Measurement only; the pipeline itself lives in input_pipeline.py.
 """
