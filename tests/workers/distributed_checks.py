@@ -43,7 +43,7 @@ for compression in (False, True):
     tag = "fp16" if compression else "fp32"
     model = tiny(1)
     trainer = training.Trainer(model, training.TrainConfig(learning_rate=1e-4, optimizer="lamb"),
-                               allreduce=distributed.make_gradient_allreduce(compression, name=f"{tag}grad"),
+                               exchange=distributed.make_gradient_allreduce(compression, name=f"{tag}grad"),
                                seed_offset=rank)
     distributed.broadcast_variables(model.trainable_variables)
     result[f"initial_digest_{tag}"] = digest(model)
@@ -175,7 +175,7 @@ for method in compression.METHODS:
         CommConfig(gradient_compression=method, powersgd_rank=2, compression_warmup_steps=1),
         model.trainable_variables, seed=7, name=f"t{method}")
     trainer = training.Trainer(model, training.TrainConfig(learning_rate=1e-3, optimizer="adamw"),
-                               allreduce=exchange, seed_offset=rank)
+                               exchange=exchange, seed_offset=rank)
     distributed.broadcast_variables(model.trainable_variables)
     initial = digest(model)
     for _ in range(4):
