@@ -82,8 +82,8 @@ class Allreduce(Stateless):
     HOROVOD_FUSION_THRESHOLD bytes (tensor fusion). fp16: sent, summed and divided in float16."""
 
     def __init__(self, fp16: bool = False, name: str = "grad", weight: float = 1.0, process_set: Any = None) -> None:
-        self.method, self.name, self.weight, self._process_set = ("fp16" if fp16 else "none"), name, weight, \
-            process_set
+        self.method = "fp16" if fp16 else "none"
+        self.name, self.weight, self._process_set = name, weight, process_set
 
     @property
     def process_set(self) -> Any:
