@@ -1,7 +1,7 @@
 """What the run/ scripts share: flags generated from config dataclasses (`define_config_flags`: each
 field made with bert_tf.knob carries its default, help and choices; a field holding another config is a
 group of flags, e.g. bert_tf.knobs.CorpusInput), renamed flags that keep working for one release
-(`define_renamed`), and the start-up that turns the project's own configuration errors into one-line
+(`define_renamed`; a bool flag that stood for another's value: `define_synonym`), and the start-up that turns the project's own configuration errors into one-line
 messages. No run/ script defines a flag by hand.
 
     from bert_tf import cli
@@ -155,8 +155,20 @@ def define_renamed(old: str, new: str, flag_values: flags.FlagValues = FLAGS) ->
     _RENAMED.append((old, new, flag_values))
 
 
+_SYNONYMS = []  # (old bool flag, new name, the value the old flag stands for, flag values)
+
+
+def define_synonym(old: str, new: str, value: str, flag_values: flags.FlagValues = FLAGS) -> None:
+    """--old, a bool flag (already defined) that meant --new=value until this release: it keeps working for one
+    release, with a warning naming --new=value, and sets --new to value when --new is not given (apply_renamed)."""
+    if old not in flag_values or new not in flag_values:
+        raise KeyError(f"define --{old} and --{new} first")
+    _SYNONYMS.append((old, new, value, flag_values))
+
+
 def apply_renamed(warn: Callable[[str], object] | None = None) -> None:
-    """Moves each renamed flag's value to its new name (a warning each); both given: ConfigError."""
+    """Moves each renamed flag's value to its new name (a warning each); both given: ConfigError. Then each
+    synonym given (define_synonym): a warning, and its value to the new name unless that is given."""
     warn = warn or (lambda message: print(message, file=sys.stderr, flush=True))
     for old, new, flag_values in _RENAMED:
         if not flag_values[old].present:
@@ -167,6 +179,13 @@ def apply_renamed(warn: Callable[[str], object] | None = None) -> None:
         warn(f"warning: --{old} is deprecated and goes in the next release: use --{new} "
              f"({flag_values[new].help.split('.')[0]})")
         flag_values[new].value = flag_values[old].value
+    for old, new, value, flag_values in _SYNONYMS:
+        if not (flag_values[old].present and flag_values[old].value):
+            continue
+        warn(f"warning: --{old} is deprecated and goes in the next release: use --{new}={value}")
+        if not flag_values[new].present and not any(flag_values[o].present for o, n, v in _RENAMED
+                                                    if n == new and v is flag_values):
+            flag_values[new].value = value      # given too: the config's own check says whether they agree
 
 
 def one_line_errors(main: Callable[[list[str]], T]) -> Callable[[list[str]], T]:

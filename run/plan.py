@@ -32,6 +32,8 @@ cli.define_renamed("phase1_global_batch", "phase1_global_batch_size")
 cli.define_renamed("phase2_global_batch", "phase2_global_batch_size")
 cli.define_renamed("phase1_micro_batch", "phase1_micro_batch_size")
 cli.define_renamed("phase2_micro_batch", "phase2_micro_batch_size")
+cli.define_renamed("gradient_compression", "exchange")
+cli.define_synonym("fp16_allreduce", "exchange", "fp16")   # the old bool flag: --exchange=fp16
 
 
 def with_device_figures(cfg: PlanConfig) -> PlanConfig:
@@ -57,7 +59,7 @@ def main(_):
     cluster, phases, accumulation, settings = cfg.cluster(), cfg.phases(), cfg.accumulation(), cfg.comm
     overheads = {"powersgd": cfg.powersgd_seconds, "onebit": cfg.onebit_seconds}
     ranking = planner.exchange_ranking(shapes, phases, cluster, settings, accumulation, overheads)
-    asked = settings.gradient_compression
+    asked = settings.exchange
     if asked == "auto":
         settings = auto_exchange.exchange_choices(settings)[ranking[0]["method"]]
     factor, note = auto_exchange.update_factor(settings)
@@ -75,7 +77,7 @@ def main(_):
              if factor not in (None, 1.0) else "")
           + (f"; {settings.method} never reached float16's held-out accuracy in the race" if factor is None else ""))
     print(f"gradient exchange for this link, fastest to the same held-out accuracy first: "
-          f"{auto_exchange.describe_ranking(ranking)}" + (f"; --gradient_compression=auto: {ranking[0]['method']}"
+          f"{auto_exchange.describe_ranking(ranking)}" + (f"; --exchange=auto: {ranking[0]['method']}"
                                                           if asked == "auto" else ""))
     print_memory(cfg, config, phases, memory.exchange_state_bytes(shapes, settings, cluster.devices))
     print("single changes, best first: " + "; ".join(f"{name}: {days:.2f} days" for days, name in knobs))

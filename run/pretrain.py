@@ -36,6 +36,8 @@ class PretrainRun:
 cli.define_config_flags(PretrainRun)    # every field is a flag: its type, default and help live there
 cli.define_renamed("batch_size", "micro_batch_size")
 cli.define_renamed("global_batch", "global_batch_size")
+cli.define_renamed("gradient_compression", "exchange")
+cli.define_synonym("fp16_allreduce", "exchange", "fp16")   # the old bool flag: --exchange=fp16
 
 
 def main(argv):

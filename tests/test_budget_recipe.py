@@ -132,7 +132,7 @@ def test_dynamic_masking_at_30_percent_is_evaluated_on_the_masked_15_percent_rec
     for features in input_pipeline.make_dataset(files, 4, 64, 10, 0, 1, training=False).take(3):
         out = trainer.model(features)
         for key in sums:    # the loss is a batch mean: weighted by the batch, as the evaluator does
-            sums[key] += float(out[key]) * (4 if key == "mlm_loss" else 1)
+            sums[key] += float(getattr(out, key)) * (4 if key == "mlm_loss" else 1)
     assert sums["mlm_weight"] < 0.2 * 12 * 64          # 15% of the real tokens at most, not 30%
     assert evals[-1]["eval_mlm_accuracy"] == pytest.approx(sums["mlm_correct"] / sums["mlm_weight"], abs=1e-6)
     # (after 3 updates the accuracy may be 0 whatever the masks: the loss tells them apart)

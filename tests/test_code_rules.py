@@ -41,7 +41,7 @@ def imported_modules(path):
 def test_training_imports_neither_data_creation_nor_tooling():
     """The training path (bert_tf/train, bert_tf/parallel, bert_tf/model) reads records; it does not make them,
     and measurement tools are not imported for its log lines. The exceptions ask the cost planner, lazily: a
-    time-budgeted run how long its updates take (train/budget.py), --gradient_compression=auto which exchange is
+    time-budgeted run how long its updates take (train/budget.py), --exchange=auto which exchange is
     fastest (parallel/auto_exchange.py)."""
     creation = {"bert_tf.data.pretraining_data", "bert_tf.data.instances", "bert_tf.data.corpus",
                 "bert_tf.data.dedup"}

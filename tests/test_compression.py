@@ -40,14 +40,14 @@ def test_bytes_on_the_wire_per_method():
 
 
 def test_flags_that_cannot_work_fail_at_start_up_naming_them():
-    with pytest.raises(ConfigError, match="--fp16_allreduce with --gradient_compression=powersgd"):
-        CommConfig(fp16_allreduce=True, gradient_compression="powersgd")
-    assert CommConfig(fp16_allreduce=True, gradient_compression="fp16").method == "fp16"
+    with pytest.raises(ConfigError, match="--fp16_allreduce with --exchange=powersgd"):
+        CommConfig(fp16_allreduce=True, exchange="powersgd")
+    assert CommConfig(fp16_allreduce=True, exchange="fp16").method == "fp16"
     assert CommConfig(fp16_allreduce=True).method == "fp16" and CommConfig().method == "none"
     with pytest.raises(ConfigError, match="--allreduce_every_micro_batch"):
-        CommConfig(gradient_compression="onebit", allreduce_every_micro_batch=True)
-    with pytest.raises(ConfigError, match="--gradient_compression=zip"):
-        CommConfig(gradient_compression="zip")
+        CommConfig(exchange="onebit", allreduce_every_micro_batch=True)
+    with pytest.raises(ConfigError, match="--exchange=zip"):
+        CommConfig(exchange="zip")
     with pytest.raises(ConfigError, match=r"--powersgd_rank=200 is larger than the smaller side of a \d+ x 128 weight matrix: give at most 128"):
         compression.powersgd_plan(shapes("tiny", 100), 200)
     chosen = compression.powersgd_plan(shapes("tiny", 100), 4)
@@ -56,26 +56,26 @@ def test_flags_that_cannot_work_fail_at_start_up_naming_them():
 
 
 def test_auto_is_checked_at_start_up_and_one_rank_sends_nothing(monkeypatch):
-    """--gradient_compression=auto: run/pretrain.py resolves it (two ranks: tests/test_distributed.py); without the
+    """--exchange=auto: run/pretrain.py resolves it (two ranks: tests/test_distributed.py); without the
     per-rank speed it weighs the link against, with --fp16_allreduce or elsewhere: an error naming them."""
     from bert_tf.parallel import auto_exchange
     from bert_tf.train.pretrain_config import PretrainConfig
-    auto = CommConfig(gradient_compression="auto")
-    with pytest.raises(ConfigError, match="--gradient_compression=auto needs --ladder_sequences_per_second"):
+    auto = CommConfig(exchange="auto")
+    with pytest.raises(ConfigError, match="--exchange=auto needs --ladder_sequences_per_second"):
         PretrainConfig(checkpoint_dir="x", vocab_file="v", comm=auto)
     # elastic mode chooses at its first start and keeps it (tests/test_elastic.py)
     PretrainConfig(checkpoint_dir="x", vocab_file="v", comm=auto, ladder_sequences_per_second=10.0, elastic=True,
                    global_batch_size=64)
     PretrainConfig(checkpoint_dir="x", vocab_file="v", comm=auto, ladder_sequences_per_second=10.0)
-    with pytest.raises(ConfigError, match="--fp16_allreduce with --gradient_compression=auto"):
-        CommConfig(fp16_allreduce=True, gradient_compression="auto")
-    with pytest.raises(ConfigError, match="--gradient_compression=auto is chosen by run/pretrain.py at start-up"):
+    with pytest.raises(ConfigError, match="--fp16_allreduce with --exchange=auto"):
+        CommConfig(fp16_allreduce=True, exchange="auto")
+    with pytest.raises(ConfigError, match="--exchange=auto is chosen by run/pretrain.py at start-up"):
         distributed.make_gradient_exchange(auto, [])
     said = []
     monkeypatch.setattr(distributed, "size", lambda: 1)
     tiny = modeling.BertConfig.preset("tiny", vocab_size=100)
     assert auto_exchange.resolve(auto, tiny, True, 4, 1, 16, 10.0, said.append).method == "none"
-    assert said == ["gradients: --gradient_compression=auto on one rank: nothing crosses a link, none"]
+    assert said == ["gradients: --exchange=auto on one rank: nothing crosses a link, none"]
 
 
 @pytest.fixture(scope="module")
@@ -138,6 +138,6 @@ def test_onebit_without_an_alltoall_transport_fails_at_start_up(one_rank, monkey
     monkeypatch.setattr(hvd, "size", lambda: 2)
     monkeypatch.setattr(hvd, "mpi_enabled", lambda: False)
     monkeypatch.setattr(hvd, "gloo_enabled", lambda: False)
-    with pytest.raises(ConfigError, match="--gradient_compression=onebit needs Horovod's alltoall over MPI or Gloo"):
-        distributed.make_gradient_exchange(CommConfig(gradient_compression="onebit"), one_rank)
-    assert distributed.make_gradient_exchange(CommConfig(gradient_compression="powersgd"), one_rank) is not None
+    with pytest.raises(ConfigError, match="--exchange=onebit needs Horovod's alltoall over MPI or Gloo"):
+        distributed.make_gradient_exchange(CommConfig(exchange="onebit"), one_rank)
+    assert distributed.make_gradient_exchange(CommConfig(exchange="powersgd"), one_rank) is not None

@@ -170,13 +170,13 @@ def test_compressed_training_keeps_ranks_equal(checks):
 
 
 def test_auto_exchange_measures_the_link_together_and_every_rank_chooses_the_same(checks):
-    """--gradient_compression=auto in a job: rank 0's link figures on both ranks, one choice, said on rank 0."""
+    """--exchange=auto in a job: rank 0's link figures on both ranks, one choice, said on rank 0."""
     results, _, _ = checks
     assert results[0]["auto_link"] == results[1]["auto_link"] and results[0]["auto_link"]["effective_gbit"] > 0
     chosen = results[0]["auto_chosen"]
     assert chosen == results[1]["auto_chosen"] and chosen in ("none", "fp16", "powersgd")
     line = results[0]["auto_said"][-1]
-    assert line.startswith(f"gradients: --gradient_compression=auto chose {chosen}") and "(measured now)" in line
+    assert line.startswith(f"gradients: --exchange=auto chose {chosen}") and "(measured now)" in line
     assert "powersgd rank 4 computation " in line and "onebit: " in line and "never reached" in line
 
 
@@ -408,10 +408,10 @@ def test_the_other_ranks_wait_for_a_slow_save_under_the_save_timeout(tmp_path, t
 
 
 def test_a_compressed_run_resumes_bit_exactly(tmp_path, tiny_data):
-    """--gradient_compression=onebit: each rank's error buffers are in its own file beside the checkpoint
+    """--exchange=onebit: each rank's error buffers are in its own file beside the checkpoint
     (exchange_state.py): 6 updates straight, and 3 + 3 resumed from the step-3 checkpoint and the ranks' files,
     give the same weights to the bit."""
-    flags = tiny_data["flags"] + ["--gradient_compression=onebit", "--compression_warmup_steps=1", "--total_steps=6",
+    flags = tiny_data["flags"] + ["--exchange=onebit", "--compression_warmup_steps=1", "--total_steps=6",
                                   "--save_interval=3", "--optimizer=adamw", "--cycle_time_ms=10"]
     straight = tmp_path / "straight"
     first = mpirun(2, [PRETRAIN, *flags, f"--checkpoint_dir={straight}"])

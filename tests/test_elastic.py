@@ -627,7 +627,7 @@ def test_the_budget_recipe_with_powersgd_on_elastic_ranks_through_a_failure_acro
     from bert_tf.parallel.comm import CommConfig
     from bert_tf.train import batch_warmup, pretraining
     cfg = _spot_config(tiny_data, tmp_path, batch_warmup_sequences=96,
-                       comm=CommConfig(gradient_compression="powersgd", powersgd_rank=2, compression_warmup_steps=6))
+                       comm=CommConfig(exchange="powersgd", powersgd_rank=2, compression_warmup_steps=6))
     distributed.init()
     lines = []
     job = startup.build(cfg, lambda *a, **k: lines.append(" ".join(map(str, a))))
@@ -693,8 +693,8 @@ def test_diloco_on_elastic_ranks_commits_at_its_synchronisations_and_agrees_afte
 
 
 SPOT_EXCHANGES = {
-    "powersgd": ["--gradient_compression=powersgd", "--powersgd_rank=2", "--compression_warmup_steps=22"],
-    "onebit": ["--gradient_compression=onebit", "--compression_warmup_steps=22", "--optimizer=adamw"],
+    "powersgd": ["--exchange=powersgd", "--powersgd_rank=2", "--compression_warmup_steps=22"],
+    "onebit": ["--exchange=onebit", "--compression_warmup_steps=22", "--optimizer=adamw"],
     "diloco": ["--local_updates=5", "--outer_learning_rate=1.0", "--outer_momentum=0.0"],
 }
 
@@ -746,14 +746,14 @@ def test_the_spot_cluster_run_whole(tmp_path, tiny_data, exchange):
 
 @pytest.mark.slow
 def test_auto_on_elastic_ranks_keeps_the_checkpoints_exchange_and_chooses_once_per_job(tiny_data, tmp_path):
-    """--gradient_compression=auto with --elastic: every rank builds with none (no collective before the first
+    """--exchange=auto with --elastic: every rank builds with none (no collective before the first
     sync), then the formation agrees at its start: a resumed job keeps the exchange its checkpoint recorded
     (here PowerSGD rank 2: the trainer's exchange is switched, the optimizer's clock attached); a fresh one
     measures once (on one real rank: none) and every re-form keeps that choice, measuring nothing again."""
     from bert_tf.parallel import distributed
     from bert_tf.parallel.comm import CommConfig
     from bert_tf.train import pretraining
-    auto = CommConfig(gradient_compression="auto")
+    auto = CommConfig(exchange="auto")
     cfg = _spot_config(tiny_data, tmp_path / "resumed", total_steps=8, comm=auto, ladder_sequences_per_second=10.0)
     distributed.init()
     lines = []
@@ -776,7 +776,7 @@ def test_auto_on_elastic_ranks_keeps_the_checkpoints_exchange_and_chooses_once_p
     world = ReformingWorld(sizes=[2, 1], reform_at_commits=[4])
     world.trainer = job.trainer
     elastic.Elastic(cfg, job, log, world=world).run(lambda mode: pretraining.train(cfg, job, mode))
-    assert sum("--gradient_compression=auto on one rank" in line for line in lines) == 1, "\n".join(lines)
+    assert sum("--exchange=auto on one rank" in line for line in lines) == 1, "\n".join(lines)
     assert json.loads((tmp_path / "fresh" / "ckpt-8.json").read_text())["exchange"]["gradient_compression"] == "none"
 
 

@@ -17,14 +17,14 @@ def _measured():
 
 
 def test_auto_keeps_the_recorded_exchange_and_a_named_one_starts_afresh():
-    auto = CommConfig(gradient_compression="auto", powersgd_rank=4)
+    auto = CommConfig(exchange="auto", powersgd_rank=4)
     recorded = {"gradient_compression": "powersgd", "powersgd_rank": 8}
     kept, note = exchange_state.settle_choice(auto, recorded, _measured)
-    assert (kept.gradient_compression, kept.powersgd_rank) == ("powersgd", 8)
+    assert (kept.exchange, kept.powersgd_rank) == ("powersgd", 8)
     assert "the resumed checkpoint's exchange, powersgd rank 8, is kept" in note
-    chosen = CommConfig(gradient_compression="fp16")
+    chosen = CommConfig(exchange="fp16")
     assert exchange_state.settle_choice(auto, None, lambda: chosen) == (chosen, "")      # fresh: measured
-    named = CommConfig(gradient_compression="powersgd", powersgd_rank=4)
+    named = CommConfig(exchange="powersgd", powersgd_rank=4)
     same, note = exchange_state.settle_choice(named, recorded, _measured)
     assert same is named and "trained with powersgd rank 8, this run names powersgd rank 4" in note
     assert exchange_state.settle_choice(named, exchange_state.record(named), _measured) == (named, "")
@@ -94,7 +94,7 @@ def _trainer(method="powersgd", warmup=3, precision="float32"):
     distributed.init()                  # one rank: the exchange's collectives are its own
     tf.random.set_seed(5)
     model = modeling.BertPretrainer(modeling.BertConfig.preset("tiny", vocab_size=100))
-    comm = CommConfig(gradient_compression=method, powersgd_rank=2, compression_warmup_steps=warmup)
+    comm = CommConfig(exchange=method, powersgd_rank=2, compression_warmup_steps=warmup)
     exchange = compression.CompressedExchange(method, model.trainable_variables, 2, warmup, seed=7)
     return training.Trainer(model, training.TrainConfig(optimizer="adamw", comm=comm, precision=precision),
                             exchange=exchange)
@@ -149,17 +149,17 @@ def test_auto_is_pinned_across_a_resume_and_a_change_of_method_or_rank_never_cra
     """A run with PowerSGD rank 2 saves; a resume under `auto` keeps PowerSGD rank 2 (on one rank a fresh `auto`
     would choose none) and restores the rank's buffers; a resume naming rank 3 (Q of another shape) and then 1-bit
     starts the buffers afresh with a line, and every checkpoint records what it was trained with."""
-    _, out = _run(tiny_data, tmp_path, 4, gradient_compression="powersgd", powersgd_rank=2)
+    _, out = _run(tiny_data, tmp_path, 4, exchange="powersgd", powersgd_rank=2)
     record = lambda step: json.loads((tmp_path / f"ckpt-{step}.json").read_text())["exchange"]
     assert record(4) == {"gradient_compression": "powersgd", "powersgd_rank": 2}
     assert (tmp_path / "exchange" / "ckpt-4" / "rank-0-of-1.npz").exists()
-    trainer, out = _run(tiny_data, tmp_path, 6, gradient_compression="auto")
+    trainer, out = _run(tiny_data, tmp_path, 6, exchange="auto")
     assert "the resumed checkpoint's exchange, powersgd rank 2, is kept" in out, out
     assert "each of the 1 ranks restored its own error buffers from its own file" in out, out
     assert trainer.exchange.method == "powersgd" and trainer.exchange.rank == 2 and record(6) == record(4)
-    trainer, out = _run(tiny_data, tmp_path, 8, gradient_compression="powersgd", powersgd_rank=3)
+    trainer, out = _run(tiny_data, tmp_path, 8, exchange="powersgd", powersgd_rank=3)
     assert "trained with powersgd rank 2, this run names powersgd rank 3" in out, out
     assert "was written by powersgd rank 2 on 1 ranks, this run uses powersgd rank 3" in out, out
     assert int(trainer.step.numpy()) == 8 and record(8)["powersgd_rank"] == 3
-    _, out = _run(tiny_data, tmp_path, 10, gradient_compression="onebit", compression_warmup_steps=1)
+    _, out = _run(tiny_data, tmp_path, 10, exchange="onebit", compression_warmup_steps=1)
     assert "this run names onebit" in out and record(10)["gradient_compression"] == "onebit"

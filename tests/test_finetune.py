@@ -12,7 +12,7 @@ import tensorflow as tf
 from bert_tf.artifacts import checkpointing
 from bert_tf.data import tokenization
 from bert_tf.model import modeling
-from bert_tf.tasks import classification
+from bert_tf.tasks import classification, finetuning
 from bert_tf.train import training
 from conftest import REPO, WORKERS, mpi_env, mpirun, read_rank_results
 
@@ -174,7 +174,8 @@ def test_finetuning_on_two_ranks_keeps_identical_weights(tmp_path, monkeypatch):
                                        ["a very good movie", "good plot", "a bad movie", "very bad plot"] * 8,
                                        [None] * 32)
     x, y, _ = classification.encode(examples, tokenization.Tokenizer(vocab), 8, ["neg", "pos"])
-    monkeypatch.setattr(training.Trainer, "train_step", lambda self, batches: {"loss": tf.constant(0.0)})
+    monkeypatch.setattr(training.Trainer, "train_step",
+                        lambda self, batches: finetuning.FinetuneOutput(loss=tf.constant(0.0)))
     _, untrained = classification.train_and_evaluate(modeling.BertConfig.preset("tiny", vocab_size=len(vocab)),
                                                      ["neg", "pos"], (x, y), (x, y), epochs=3, batch_size=4, seed=0)
     initial = hashlib.sha256(b"".join(v.numpy().tobytes() for v in untrained.trainable_variables)).hexdigest()

@@ -60,7 +60,7 @@ def test_an_update_fetches_nothing_from_the_device(precision, comm):
         assert n[0] == 0 and trainer.timing == {}
         trainer.train_step(micro, timed=True)                  # waits for the device, fetches nothing
         assert n[0] == 0 and set(trainer.timing) == {"compute_seconds", "wait_seconds", "allreduce_seconds", "update_seconds"}
-    assert int(trainer.step.numpy()) == 5 and out["loss"].shape == ()
+    assert int(trainer.step.numpy()) == 5 and out.loss.shape == ()
 
 
 def test_dropout_seeds_differ_per_micro_batch_update_and_rank():

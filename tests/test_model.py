@@ -77,8 +77,8 @@ def test_output_shapes_of_each_head(tiny):
     assert tiny.nsp(pooled).shape == (3, 2)
     out = tiny(f)
     for key in ("loss", "mlm_loss", "nsp_loss", "mlm_correct", "mlm_weight", "nsp_correct", "nsp_count"):
-        assert out[key].shape == () and out[key].dtype == tf.float32
-    assert float(out["mlm_weight"]) == 12 and float(out["nsp_count"]) == 3
+        assert getattr(out, key).shape == () and getattr(out, key).dtype == tf.float32
+    assert float(out.mlm_weight) == 12 and float(out.nsp_count) == 3
 
 
 def test_only_masked_positions_feed_the_mlm_loss(tiny):
@@ -98,8 +98,8 @@ def test_only_masked_positions_feed_the_mlm_loss(tiny):
 def test_mlm_only_model_has_no_nsp_head():
     model = modeling.BertPretrainer(modeling.BertConfig.preset("tiny", vocab_size=100), use_nsp=False)
     out = model({k: tf.constant(v) for k, v in random_features().items()})
-    assert "nsp_loss" not in out and not hasattr(model, "nsp")
-    assert float(out["loss"]) == float(out["mlm_loss"])
+    assert out.nsp_loss is None and not hasattr(model, "nsp")
+    assert float(out.loss) == float(out.mlm_loss)
 
 
 def test_features_that_do_not_fit_fail_before_training():
@@ -152,7 +152,7 @@ def test_layer_recomputation_gives_the_plain_gradients_and_runs_each_layer_again
 
         def gradients():
             with tf.GradientTape() as tape:                      # dropout on: the masks must be redrawn alike
-                loss = model(features, seed=tf.constant([1, 2]), training=True)["loss"]
+                loss = model(features, seed=tf.constant([1, 2]), training=True).loss
             return loss, [tf.convert_to_tensor(g) for g in tape.gradient(loss, model.trainable_variables)]
         calls["n"] = 0
         loss, grads = (tf.function(gradients) if compiled else gradients)()

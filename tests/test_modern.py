@@ -180,7 +180,7 @@ def test_the_modern_encoder_fine_tunes_from_the_export(exported):
     features = {"input_ids": tf.constant(ids), "input_mask": tf.constant(mask), "segment_ids": tf.zeros_like(ids),
                 "label": tf.constant([0, 1, 2])}
     with tf.GradientTape() as tape:
-        loss = classifier(features, training=True)["loss"]
+        loss = classifier(features, training=True).loss
     grads = tape.gradient(loss, classifier.trainable_variables)
     assert all(g is not None and np.abs(tf.convert_to_tensor(g).numpy()).max() > 0 for g in grads)
 

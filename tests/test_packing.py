@@ -67,12 +67,13 @@ def test_a_packed_batch_has_the_losses_and_gradients_of_its_instances_unpacked()
     def run(features):
         with tf.GradientTape() as tape:
             out = model(features, training=False)
-        return out, tape.gradient(out["loss"], model.trainable_variables)
+        return out, tape.gradient(out.loss, model.trainable_variables)
 
     (out_packed, g_packed), (out_plain, g_plain) = run(packed), run(plain)
     for key in ("loss", "mlm_loss", "nsp_loss", "mlm_correct", "mlm_weight", "nsp_correct", "nsp_count"):
-        np.testing.assert_allclose(out_packed[key].numpy(), out_plain[key].numpy(), rtol=2e-5, atol=1e-6, err_msg=key)
-    assert float(out_packed["nsp_count"]) == len(instances)
+        np.testing.assert_allclose(getattr(out_packed, key).numpy(), getattr(out_plain, key).numpy(), rtol=2e-5,
+                                   atol=1e-6, err_msg=key)
+    assert float(out_packed.nsp_count) == len(instances)
     g_packed = [tf.convert_to_tensor(g).numpy() for g in g_packed]
     g_plain = [tf.convert_to_tensor(g).numpy() for g in g_plain]
     # relative to the largest gradient: the key biases' gradients are zero in exact arithmetic (softmax

@@ -29,7 +29,7 @@ def test_diloco_sends_the_float16_weights_change_once_every_h_updates():
     shapes = planner.gradient_tensor_shapes(modeling.BertConfig.preset("mini", vocab_size=30522))
     phase = planner.Phase("p", 128, 1e6, 512, 100.0)
     cluster = planner.Cluster(4, 1, 1.0, inter_latency_us=0)
-    fp16 = planner.plan_phase(shapes, phase, cluster, CommConfig(gradient_compression="fp16", cycle_time_ms=0), 1)
+    fp16 = planner.plan_phase(shapes, phase, cluster, CommConfig(exchange="fp16", cycle_time_ms=0), 1)
     diloco = planner.plan_phase(shapes, phase, cluster, CommConfig(local_updates=8, cycle_time_ms=0), 1)
     assert diloco["allreduce_seconds"] == pytest.approx(fp16["allreduce_seconds"] / 8)
     assert diloco["gradient_bytes"] == pytest.approx(fp16["gradient_bytes"] / 8)
@@ -51,8 +51,8 @@ def test_the_exchange_fastest_to_the_same_accuracy_depends_on_the_link():
     from bert_tf.parallel import auto_exchange
     shapes = planner.gradient_tensor_shapes(modeling.BertConfig.preset("base", vocab_size=30522))
     phases = [planner.Phase("p", 128, 4096 * 1000, 4096, 1400.0)]
-    comm = CommConfig(gradient_compression="auto", cycle_time_ms=0)
-    factor = auto_exchange.update_factor(CommConfig(gradient_compression="powersgd"))[0]
+    comm = CommConfig(exchange="auto", cycle_time_ms=0)
+    factor = auto_exchange.update_factor(CommConfig(exchange="powersgd"))[0]
     assert factor > 1
     for gbit, best in ((1.0, "powersgd rank "), (100.0, "fp16")):
         rows = planner.exchange_ranking(shapes, phases, planner.Cluster(4, 4, gbit), comm, [4])
@@ -68,7 +68,7 @@ def test_the_exchange_fastest_to_the_same_accuracy_depends_on_the_link():
     slow = planner.exchange_ranking(shapes, phases, planner.Cluster(4, 4, 1.0), comm, [4], {"powersgd": 60.0})
     assert slow[0]["method"] == "fp16"
     # a rank not measured takes the nearest measured one's factor, and says so
-    assert auto_exchange.update_factor(CommConfig(gradient_compression="powersgd", powersgd_rank=32)) == \
+    assert auto_exchange.update_factor(CommConfig(exchange="powersgd", powersgd_rank=32)) == \
         (auto_exchange.MEASURED_UPDATE_FACTORS["powersgd"][8], " (rank 8's)")
     with pytest.raises(ConfigError, match="resolve it first"):
         planner.plan(shapes, phases, planner.Cluster(4, 4, 1.0), comm, [4])
@@ -77,20 +77,20 @@ def test_the_exchange_fastest_to_the_same_accuracy_depends_on_the_link():
     mini = planner.gradient_tensor_shapes(modeling.BertConfig.preset("mini", vocab_size=30522))
     cost = {"powersgd rank 4": 0.01, "powersgd rank 8": 0.02}
     chosen, rows = auto_exchange.choose(comm, mini, 4, link, cost, 50.0, 16, 1, 128)
-    assert chosen.gradient_compression == "powersgd" and rows[0]["method"] == f"powersgd rank {chosen.powersgd_rank}"
+    assert chosen.exchange == "powersgd" and rows[0]["method"] == f"powersgd rank {chosen.powersgd_rank}"
     assert chosen.cycle_time_ms == 0
     fast = dict(link, effective_gbit=100.0)
     assert auto_exchange.choose(comm, mini, 4, fast, cost, 50.0, 16, 1, 128)[0].method == "fp16"
 
 
 def test_compressed_exchanges_by_hand():
-    """The plan of --gradient_compression=powersgd|onebit: the bytes comm.wire_bytes counts, sent at the link's
+    """The plan of --exchange=powersgd|onebit: the bytes comm.wire_bytes counts, sent at the link's
     rate; 1-bit's alltoall puts every rank of a node on its link, PowerSGD's allreduces do not."""
     shapes = planner.gradient_tensor_shapes(modeling.BertConfig.preset("base", vocab_size=30522))
     elements = sum(planner.gradient_tensor_sizes(modeling.BertConfig.preset("base", vocab_size=30522)))
     phase = planner.Phase("p", 128, 1e6, 4096, 1000.0)
     flat = planner.Cluster(4, 1, 10.0, inter_latency_us=0)
-    comms = {m: CommConfig(gradient_compression=m, cycle_time_ms=0) for m in ("fp16", "powersgd", "onebit")}
+    comms = {m: CommConfig(exchange=m, cycle_time_ms=0) for m in ("fp16", "powersgd", "onebit")}
     rows = {m: planner.plan_phase(shapes, phase, flat, c, 1) for m, c in comms.items()}
     bw = 10e9 / 8
     assert rows["fp16"]["allreduce_seconds"] == pytest.approx(1.5 * 2 * elements / bw, rel=1e-3)
@@ -286,24 +286,24 @@ def test_exchange_state_per_rank_by_hand():
     every rank after a resume; the new per-rank files hold one rank's own, whatever the rank count."""
     shapes = [(100, 20), (20,), (2, 20), (30, 40)]               # (2, 20): thinner than comm.MIN_SIDE, sent whole
     elements = 2000 + 20 + 40 + 1200
-    psgd = memory.exchange_state_bytes(shapes, CommConfig(gradient_compression="powersgd", powersgd_rank=4), 8)
+    psgd = memory.exchange_state_bytes(shapes, CommConfig(exchange="powersgd", powersgd_rank=4), 8)
     assert psgd["own"] == 4 * (2000 + 1200) and psgd["shared"] == 4 * 4 * (20 + 40)
     assert psgd["steady"] == psgd["own"] + psgd["shared"]
     assert psgd["save_host"] == psgd["file"] == psgd["resume_host"] == psgd["own"]
     assert psgd["resume_device"] == 4 * 2000                    # one buffer at a time: the largest
     assert psgd["old_save_rank0"] == psgd["old_resume"] == 8 * psgd["own"]
     for ranks in (1, 8, 64):
-        onebit = memory.exchange_state_bytes(shapes, CommConfig(gradient_compression="onebit"), ranks)
+        onebit = memory.exchange_state_bytes(shapes, CommConfig(exchange="onebit"), ranks)
         chunk = 8 * math.ceil(elements / (8 * ranks))             # whole bytes of signs: on 1 rank, > elements
         assert onebit["own"] == 4 * (elements + chunk) and onebit["shared"] == 0
         assert onebit["resume_device"] == 4 * max(elements, chunk)
         assert onebit["old_resume"] == ranks * onebit["own"]
     diloco = memory.exchange_state_bytes(shapes, CommConfig(local_updates=4), 8)
     assert diloco["own"] == 0 and diloco["shared"] == diloco["checkpoint"] == diloco["steady"] == 2 * 4 * elements
-    for plain in (CommConfig(), CommConfig(gradient_compression="fp16"), CommConfig(fp16_allreduce=True)):
+    for plain in (CommConfig(), CommConfig(exchange="fp16"), CommConfig(fp16_allreduce=True)):
         assert set(memory.exchange_state_bytes(shapes, plain, 8).values()) == {0, 8}    # nothing but "ranks"
     with pytest.raises(ConfigError, match="resolve it first"):
-        memory.exchange_state_bytes(shapes, CommConfig(gradient_compression="auto"), 8)
+        memory.exchange_state_bytes(shapes, CommConfig(exchange="auto"), 8)
     # the issue's estimate of the old gather: about 7 GB per rank for BERT-base on 16 ranks, 85 GB for large on 64
     rows = {}
     for preset, ranks in (("base", 16), ("large", 64)):
@@ -321,7 +321,7 @@ def test_exchange_state_per_rank_by_hand():
 def test_memory_per_device_counts_the_exchange_state_and_warns_past_the_device():
     config = modeling.BertConfig.preset("base", vocab_size=30522)
     shapes = planner.gradient_tensor_shapes(config)
-    exchange = memory.exchange_state_bytes(shapes, CommConfig(gradient_compression="onebit"), 16)["steady"]
+    exchange = memory.exchange_state_bytes(shapes, CommConfig(exchange="onebit"), 16)["steady"]
     plain = memory.memory_bytes(config, 128, 32, "mixed_float16", "none", accumulation=4)
     onebit = memory.memory_bytes(config, 128, 32, "mixed_float16", "none", accumulation=4, exchange=exchange)
     assert onebit["total"] == plain["total"] + exchange and onebit["exchange"] == exchange > 0
@@ -339,10 +339,10 @@ def test_memory_per_device_counts_the_exchange_state_and_warns_past_the_device()
 def test_plan_cli_warns_when_the_exchange_state_overflows_the_device_and_prints_the_table():
     config = modeling.BertConfig.preset("base", vocab_size=30522)
     shapes = planner.gradient_tensor_shapes(config)
-    exchange = memory.exchange_state_bytes(shapes, CommConfig(gradient_compression="powersgd"), 16)["steady"]
+    exchange = memory.exchange_state_bytes(shapes, CommConfig(exchange="powersgd"), 16)["steady"]
     plain = memory.memory_bytes(config, 128, 64, "mixed_float16", "none", accumulation=64)["total"]
     between = round((plain + exchange / 2) / 2 ** 30, 3)            # phase 1 fits without the exchange only
-    command = [sys.executable, str(REPO / "run" / "plan.py"), "--model_preset=base", "--gradient_compression=powersgd"]
+    command = [sys.executable, str(REPO / "run" / "plan.py"), "--model_preset=base", "--exchange=powersgd"]
     proc = subprocess.run(command + [f"--device_memory_gb={between}"], env=mpi_env(), capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -381,7 +381,7 @@ def test_measured_device_figures_are_recorded_per_phase_checked_and_taken_by_the
     out = tmp_path / "plan.json"
     proc = subprocess.run([sys.executable, str(REPO / "run" / "plan.py"), "--model_preset=base",
                            f"--device_figures={path}", "--phase2_device_seq_s=50", f"--output_json={out}",
-                           "--gradient_compression=auto"],
+                           "--exchange=auto"],
                           env=mpi_env(), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert f"measured figures from {path} (NVIDIA A100): phase1_device_seq_s=512.5" in proc.stdout
@@ -390,10 +390,10 @@ def test_measured_device_figures_are_recorded_per_phase_checked_and_taken_by_the
     # compute time per update = global batch / (ranks x device speed): the file's 512.5 at 128, the flag's 50 at 512
     assert phases["phase1"]["compute_seconds"] == pytest.approx(61440 / 16 / 512.5)
     assert phases["phase2"]["compute_seconds"] == pytest.approx(30720 / 16 / 50)
-    # --gradient_compression=auto at LAMB's large batches on 10 Gbit/s: float16 allreduce, and the ranking says why
+    # --exchange=auto at LAMB's large batches on 10 Gbit/s: float16 allreduce, and the ranking says why
     exchanges = json.loads(out.read_text())["exchanges"]
     methods = [r["method"] for r in exchanges]
     assert methods[0] == "fp16" and methods[-1] == "onebit", methods
     assert sorted(methods[1:-1]) == ["none", "powersgd rank 4", "powersgd rank 8"], methods
     assert "fastest to the same held-out accuracy first: fp16: " in proc.stdout
-    assert proc.stdout.rstrip().count("--gradient_compression=auto: fp16") == 1
+    assert proc.stdout.rstrip().count("--exchange=auto: fp16") == 1

@@ -40,11 +40,11 @@ BAD_CONFIGURATIONS = [
     (dict(accumulation_steps=0), "--accumulation_steps must be >= 1, got 0"),
     (dict(comm=dict(cycle_time_ms=-1)), "--cycle_time_ms must be >= 0, got -1"),
     (dict(inter_op_threads=-2), "--inter_op_threads must be >= 0 \\(0: the default\\), got -2"),
-    (dict(comm=dict(gradient_compression="powersgd", fp16_allreduce=True)),
-     "--fp16_allreduce with --gradient_compression=powersgd: they disagree"),
+    (dict(comm=dict(exchange="powersgd", fp16_allreduce=True)),
+     "--fp16_allreduce with --exchange=powersgd: they disagree"),
     (dict(comm=dict(local_updates=4), save_interval=6),
      "--save_interval=6 and --eval_interval=0 must be multiples of --local_updates=4"),
-    (dict(comm=dict(local_updates=2, gradient_compression="onebit")), "--local_updates=2 exchanges no gradients"),
+    (dict(comm=dict(local_updates=2, exchange="onebit")), "--local_updates=2 exchanges no gradients"),
     (dict(comm=dict(local_updates=4), elastic=True, global_batch_size=64, micro_batch_size=4,
           elastic_commit_interval=10, save_interval=20, eval_interval=20), "must be a multiple of --local_updates=4"),
     (dict(comm=dict(local_updates=2, local_group="node"), elastic=True, global_batch_size=64, micro_batch_size=4),
@@ -209,6 +209,45 @@ def test_the_old_and_the_new_name_of_a_flag_together_fail_at_start_up_naming_bot
     assert fv.micro_batch_size == 8 and said == [
         "warning: --batch_size is deprecated and goes in the next release: use --micro_batch_size (Sequences per "
         "rank per forward/backward pass (one micro-batch))"]
+
+
+def test_the_old_exchange_flags_still_work_with_a_warning_and_the_old_and_new_name_together_fail(monkeypatch):
+    """--gradient_compression and --fp16_allreduce were --exchange's names until this release (issue 48)."""
+    from absl import flags as absl_flags
+    from bert_tf import cli
+    from bert_tf.train.pretrain_config import PretrainConfig
+    monkeypatch.setattr(cli, "_RENAMED", [])        # only this test's flags, none another test left
+    monkeypatch.setattr(cli, "_SYNONYMS", [])
+    fv = absl_flags.FlagValues()
+    cli.define_config_flags(PretrainConfig, fv)
+    for script in ("pretrain.py", "plan.py"):        # as the scripts that take the exchange flags register them
+        source = (REPO / "run" / script).read_text()
+        assert 'cli.define_renamed("gradient_compression", "exchange")' in source, script
+        assert 'cli.define_synonym("fp16_allreduce", "exchange", "fp16")' in source, script
+    cli.define_renamed("gradient_compression", "exchange", fv)
+    cli.define_synonym("fp16_allreduce", "exchange", "fp16", fv)
+    base = ["pretrain.py", "--vocab_file=v", "--checkpoint_dir=c"]
+    said = []
+    fv([*base, "--gradient_compression=powersgd"])
+    cli.apply_renamed(warn=said.append)
+    assert cli.config_from_flags(PretrainConfig, fv).comm.exchange == "powersgd"
+    assert len(said) == 1 and said[0].startswith(
+        "warning: --gradient_compression is deprecated and goes in the next release: use --exchange")
+    fv.unparse_flags()
+    fv([*base, "--gradient_compression=powersgd", "--exchange=onebit"])
+    with pytest.raises(ConfigError, match="--gradient_compression and --exchange both given"):
+        cli.apply_renamed(warn=said.append)
+    fv.unparse_flags()
+    said.clear()
+    fv([*base, "--fp16_allreduce"])
+    cli.apply_renamed(warn=said.append)
+    assert cli.config_from_flags(PretrainConfig, fv).comm.exchange == "fp16"
+    assert said == ["warning: --fp16_allreduce is deprecated and goes in the next release: use --exchange=fp16"]
+    fv.unparse_flags()
+    fv([*base, "--fp16_allreduce", "--exchange=powersgd"])
+    cli.apply_renamed(warn=said.append)
+    with pytest.raises(ConfigError, match="--fp16_allreduce with --exchange=powersgd: they disagree"):
+        cli.config_from_flags(PretrainConfig, fv)
 
 
 def test_every_pretraining_flag_is_a_config_field_with_its_help_and_the_config_round_trips():

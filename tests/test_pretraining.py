@@ -37,20 +37,24 @@ def test_stop_signal_remembers_a_signal_and_puts_the_old_handlers_back():
 def test_interval_metrics_average_losses_and_count_accuracies_over_the_interval():
     distributed.init()
     interval = pretraining.IntervalMetrics(global_batch=8, seq_length=16)
-    out = {"learning_rate": 0.5, "grad_norm": 2.0}
-    interval.add({"loss": 3.0, "mlm_loss": 2.0, "mlm_correct": 3, "mlm_weight": 10, **out}, {"compute_seconds": 1.0})
-    interval.add({"loss": 5.0, "mlm_loss": 4.0, "mlm_correct": 5, "mlm_weight": 10, **out}, {"compute_seconds": 3.0})
+
+    def update(loss, mlm_loss, mlm_correct):      # one update of 8 sequences of 16 tokens (training.UpdateOutput)
+        output = modeling.PretrainOutput(loss=loss, mlm_loss=mlm_loss, mlm_correct=mlm_correct, mlm_weight=10)
+        return training.UpdateOutput(output=output, learning_rate=0.5, grad_norm=2.0, finite=True, sequences=8,
+                                     useful_tokens=128)
+    interval.add(update(3.0, 2.0, 3), {"compute_seconds": 1.0})
+    interval.add(out := update(5.0, 4.0, 5), {"compute_seconds": 3.0})
     record = interval.record(step=2, out=out)
-    assert (record["loss"], record["mlm_loss"], record["mlm_accuracy"]) == (4.0, 3.0, 0.4)
-    assert record["compute_seconds"] == 2.0 and "nsp_loss" not in record
-    assert record["sequences_per_second"] > 0
-    assert record["tokens_per_second"] == pytest.approx(16 * record["sequences_per_second"])
+    assert (record.loss, record.mlm_loss, record.mlm_accuracy) == (4.0, 3.0, 0.4)
+    assert record.compute_seconds == 2.0 and record.nsp_loss is None
+    assert record.sequences_per_second > 0
+    assert record.tokens_per_second == pytest.approx(16 * record.sequences_per_second)
     assert interval.updates == 0 and interval.sums == {}                 # the next interval starts empty
     # elastic mode, uneven shares: losses weighted like the gradients (x 0.5 here), counts as they are
     interval = pretraining.IntervalMetrics(global_batch=8, seq_length=16, loss_weight=0.5)
-    interval.add({"loss": 3.0, "mlm_correct": 3, "mlm_weight": 10, **out}, {})
+    interval.add(out := update(3.0, 3.0, 3), {})
     record = interval.record(step=3, out=out)
-    assert (record["loss"], record["mlm_accuracy"]) == (1.5, 0.3)
+    assert (record.loss, record.mlm_accuracy) == (1.5, 0.3)
 
 
 def test_wait_for_record_returns_the_first_match_and_says_why_it_gave_up(tmp_path):

@@ -113,7 +113,7 @@ def test_the_emulated_race_measures_between_evaluations_and_asks_the_planner(tmp
     from bert_tf.parallel.comm import CommConfig
     from bert_tf.model import modeling
     from bert_tf.tools import planner
-    comm = dataclasses.asdict(CommConfig(gradient_compression="fp16", cycle_time_ms=0))
+    comm = dataclasses.asdict(CommConfig(exchange="fp16", cycle_time_ms=0))
     sent = {"tx_bytes_per_update": 4e5}
     records = [train(10, 1.0), train(20, 20.0, **sent), {"kind": "eval", "step": 20, "time": 21.0,
                "eval_mlm_accuracy": 0.1}, train(30, 2.0, **sent), train(40, 30.0, **sent)]
@@ -137,12 +137,12 @@ def test_the_emulated_race_measures_between_evaluations_and_asks_the_planner(tmp
     lines = recipe_race.describe(summary)
     assert "  0.40 MB sent per update by rank 0's node" in lines and "  reaches 0.1000 in 0.3 min" in lines
     # a compressed run: the intervals of its float32 warmup are not its speed
-    comm = dataclasses.asdict(CommConfig(gradient_compression="powersgd", compression_warmup_steps=15))
+    comm = dataclasses.asdict(CommConfig(exchange="powersgd", compression_warmup_steps=15))
     write_timed_run(tmp_path / "powersgd", comm, [train(10, 1.0), train(20, 5.0), train(30, 40.0)])
     got = recipe_race.planned_vs_measured(str(tmp_path / "powersgd"), nodes=2, rate_gbit=0.1)
     assert got["measured"] == 40.0 and got["compression_seconds"] > 0
-    # --gradient_compression=auto: the planner takes the exchange the run chose
-    write_timed_run(tmp_path / "auto", dataclasses.asdict(CommConfig(gradient_compression="auto")),
+    # --exchange=auto: the planner takes the exchange the run chose
+    write_timed_run(tmp_path / "auto", dataclasses.asdict(CommConfig(exchange="auto")),
                     [train(10, 1.0), train(20, 5.0), train(30, 40.0)], resolved=comm)
     assert recipe_race.planned_vs_measured(str(tmp_path / "auto"), nodes=2, rate_gbit=0.1)["compression_seconds"] > 0
 
@@ -154,7 +154,7 @@ def test_a_race_on_emulated_nodes_counts_the_bytes_each_exchange_sends(tiny_data
     bytes rank 0's node sent per update (its link's counter) and the planner's prediction beside each."""
     common = [f for f in tiny_data["flags"] if not f.startswith("--log_interval")]
     common += ["--total_steps=8", "--eval_interval=4", "--log_interval=2", "--save_interval=100"]
-    (tmp_path / "fp16.flags").write_text("\n".join(common + ["--gradient_compression=fp16"]) + "\n")
+    (tmp_path / "fp16.flags").write_text("\n".join(common + ["--exchange=fp16"]) + "\n")
     (tmp_path / "diloco.flags").write_text("\n".join(common + ["--local_updates=2"]) + "\n")
     out = tmp_path / "race"
     proc = subprocess.run([sys.executable, str(REPO / "run" / "recipe_race.py"), f"--output_dir={out}", "--nodes=2",

@@ -144,7 +144,8 @@ def test_the_fine_tuning_loop_uses_only_the_task_contract():
             return tf.cast(self.out(pooled), tf.float32)[:, 0]
 
         def __call__(self, features, *, dtype=tf.float32, seed=None, training=False):
-            return {"loss": tf.reduce_mean(tf.square(self.predict(features, dtype, seed, training) - features["target"]))}
+            return finetuning.FinetuneOutput(
+                loss=tf.reduce_mean(tf.square(self.predict(features, dtype, seed, training) - features["target"])))
 
     class Regression:
         name = "stand-in"

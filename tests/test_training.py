@@ -58,7 +58,7 @@ def test_lamb_update_matches_numpy_reference():
 
 @pytest.mark.parametrize("kind", ["adamw", "lamb"])
 def test_a_frozen_variance_stays_as_it_was_after_the_float32_updates(kind):
-    """freeze_variance_after=K (1-bit Adam, under --gradient_compression=onebit): updates K+1.. move m and the
+    """freeze_variance_after=K (1-bit Adam, under --exchange=onebit): updates K+1.. move m and the
     weights as a NumPy AdamW with v and its bias correction held at update K's; without it, v keeps moving."""
     rng = np.random.RandomState(1)
     w0 = rng.randn(4, 3).astype(np.float32)
@@ -86,7 +86,7 @@ def test_a_frozen_variance_stays_as_it_was_after_the_float32_updates(kind):
 
 
 def test_onebit_freezes_the_variance_after_its_float32_updates_and_needs_one():
-    comm = lambda method, warmup: CommConfig(gradient_compression=method, compression_warmup_steps=warmup)
+    comm = lambda method, warmup: CommConfig(exchange=method, compression_warmup_steps=warmup)
     trainer = training.Trainer(tiny_model(), training.TrainConfig(comm=comm("onebit", 3)))
     assert trainer.optimizer.freeze_variance_after == 3
     assert training.Trainer(tiny_model(), training.TrainConfig(comm=comm("powersgd", 3))).optimizer \
@@ -141,7 +141,7 @@ def test_loss_decreases_when_overfitting_a_fixed_batch(precision):
     trainer = training.Trainer(model, training.TrainConfig(precision=precision, learning_rate=5e-2,
                                                            warmup_steps=5, total_steps=50, weight_decay=0.0))
     batch = features(batch=8, seq=16, preds=3)
-    losses = [float(trainer.train_step([batch])["loss"]) for _ in range(50)]
+    losses = [float(trainer.train_step([batch]).loss) for _ in range(50)]
     assert losses[-1] < 0.5 * losses[0], (precision, losses[0], losses[-1])
     assert int(trainer.skipped_steps.numpy()) <= 1
 
@@ -152,7 +152,7 @@ def test_xla_and_plain_function_agree():
     results = []
     for xla in (False, True):
         trainer = training.Trainer(tiny_model(), training.TrainConfig(xla=xla, learning_rate=1e-3))
-        results.append([float(trainer.train_step([batch])["loss"]) for _ in range(3)])
+        results.append([float(trainer.train_step([batch]).loss) for _ in range(3)])
     np.testing.assert_allclose(results[0], results[1], rtol=1e-4)
 
 
@@ -274,12 +274,12 @@ def test_checkpoint_round_trip_reproduces_the_next_step(tmp_path):
     trainer.train_step([batch_a, batch_b])
     ckpt = checkpointing.Checkpoints(str(tmp_path), trainer.checkpoint_items())
     path = ckpt.save(1)
-    expected = float(trainer.train_step([batch_b, batch_a])["loss"])
+    expected = float(trainer.train_step([batch_b, batch_a]).loss)
     tf.random.set_seed(99)                         # different initial weights, restored over
     other = training.Trainer(modeling.BertPretrainer(modeling.BertConfig.preset("tiny", vocab_size=100)), config)
     checkpointing.Checkpoints(str(tmp_path), other.checkpoint_items()).restore(path)
     assert int(other.step.numpy()) == 1
-    assert float(other.train_step([batch_b, batch_a])["loss"]) == expected
+    assert float(other.train_step([batch_b, batch_a]).loss) == expected
 
 
 def test_restoring_a_different_model_shape_names_both_shapes(tmp_path):
@@ -414,7 +414,7 @@ out, clustered = {}, {}
 for fuse in (False, True):
     trainer = training.Trainer(tiny_model(), training.TrainConfig(fuse=fuse, learning_rate=1e-3))
     before = set(glob.glob(os.path.join(os.environ["TF_DUMP_GRAPH_PREFIX"], "mark_for_compilation_*.pbtxt")))
-    out[str(fuse)] = [float(trainer.train_step([batch])["loss"]) for _ in range(3)]
+    out[str(fuse)] = [float(trainer.train_step([batch]).loss) for _ in range(3)]
     out["weights" + str(fuse)] = float(sum(tf.reduce_sum(tf.abs(v)) for v in trainer.variables))
     ops = clustered[str(fuse)] = {}
     from google.protobuf import text_format

@@ -3,11 +3,13 @@ lines (rank 0 only).
 
 Each record is one dict with a `kind` and a `step`: "run" (a run's settings, at every start),
 "train" (at log steps), "eval", "elastic" (elastic mode's weights digests) and, from
-run/finetune.py, "probe".
+run/finetune.py, "probe". The two the training loop writes over and over are typed (TrainRecord, EvalRecord:
+their fields are the file's keys, in its order); the rest are dicts.
 Data-dependent values arrive already summed over ranks (see distributed.sum_across_ranks).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -27,6 +29,58 @@ def accuracies(sums: dict) -> dict:
     if sums.get("nsp_count"):
         out["nsp_accuracy"] = sums["nsp_correct"] / sums["nsp_count"]
     return out
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TrainRecord:
+    """A "train" record: one log interval of pre-training (pretraining.IntervalMetrics), over all ranks unless
+    said. The fields are metrics.jsonl's keys in its order; None: not written (no such head, timing or setting)."""
+    kind: str = dataclasses.field(default="train", init=False)
+    step: int
+    loss: float                                     # means over the interval's updates and the ranks
+    mlm_loss: float | None = None
+    nsp_loss: float | None = None
+    mlm_accuracy: float | None = None               # exact: from counts summed over the interval
+    nsp_accuracy: float | None = None
+    learning_rate: float                            # the interval's last update's
+    grad_norm: float
+    sequences_per_second: float
+    tokens_per_second: float                        # sequences x max_seq_length per second, padding included
+    sequences: int | None = None                    # sequences trained on in the interval
+    useful_tokens_per_second: float | None = None   # non-padding tokens
+    instances_per_second: float | None = None       # packed rows: their instances
+    compute_seconds: float | None = None            # this rank's split of its timed updates (Trainer.timing)
+    wait_seconds: float | None = None
+    allreduce_seconds: float | None = None
+    update_seconds: float | None = None
+    tx_bytes_per_update: float | None = None        # --network_interface
+    loss_scale: float | None = None                 # mixed_float16
+    skipped_steps: int | None = None                # these four: set at the log step (pretraining._log_interval)
+    samples_seen: int | None = None
+    ranks: int | None = None
+    budget_predicted_steps: float | None = None     # --time_budget_hours: the run's predicted updates
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EvalRecord:
+    """An "eval" record: held-out masked-LM (and NSP) figures over every rank's share (train/evaluation.py);
+    losses are means per sequence. The fields are metrics.jsonl's keys in its order; None: not written."""
+    kind: str = dataclasses.field(default="eval", init=False)
+    step: int
+    eval_mlm_loss: float
+    eval_sequences: float
+    eval_mlm_accuracy: float | None = None
+    eval_nsp_accuracy: float | None = None
+    eval_nsp_loss: float | None = None
+    eval_most_frequent_token: int | None = None     # the data-only baseline: always predicting this token
+    eval_most_frequent_token_accuracy: float | None = None
+
+
+def as_dict(record: TrainRecord | EvalRecord | dict) -> dict:
+    """A record as metrics.jsonl holds it: a typed one's fields in order, None left out; a dict as it is."""
+    if isinstance(record, dict):
+        return record
+    return {k: v for k, v in dataclasses.asdict(record).items() if v is not None}
 
 
 # The low-level summary op with the "scalars" plugin tag: TensorBoard shows these as scalar
@@ -86,11 +140,11 @@ class MetricsWriter:
             self._open()
         self.active = active
 
-    def write(self, record: dict):
+    def write(self, record: TrainRecord | EvalRecord | dict):
         if not self.active:
             return
         record = {k: (float(v) if hasattr(v, "__float__") and not isinstance(v, (int, bool)) else v)
-                  for k, v in record.items()}
+                  for k, v in as_dict(record).items()}
         record.setdefault("time", time.time())
         with open(self.path, "a") as f:
             f.write(json.dumps(record) + "\n")
@@ -112,21 +166,21 @@ class MetricsWriter:
             self.wandb_run.finish()
             self.wandb_run = None
 
-    def progress(self, step, total_steps, record: dict, start_step=0):
+    def progress(self, step, total_steps, record: TrainRecord, start_step=0):
         """One human line: step, loss, accuracies, lr, loss scale, throughput, elapsed, ETA."""
         if not self.active:
             return
         elapsed = time.time() - self.start
         done = max(step - start_step, 1)
         eta = elapsed / done * (total_steps - step)
-        parts = [f"step {step}/{total_steps}", f"loss {record['loss']:.4f}"]
-        for key, label in (("mlm_accuracy", "mlm_acc"), ("nsp_accuracy", "nsp_acc")):
-            if key in record:
-                parts.append(f"{label} {record[key]:.4f}")
-        parts.append(f"lr {record['learning_rate']:.3g}")
-        if "loss_scale" in record:
-            parts.append(f"loss_scale {record['loss_scale']:.0f}")
-        parts += [f"{record['sequences_per_second']:.1f} seq/s", f"{record['tokens_per_second']:.0f} tok/s",
+        parts = [f"step {step}/{total_steps}", f"loss {record.loss:.4f}"]
+        for value, label in ((record.mlm_accuracy, "mlm_acc"), (record.nsp_accuracy, "nsp_acc")):
+            if value is not None:
+                parts.append(f"{label} {value:.4f}")
+        parts.append(f"lr {record.learning_rate:.3g}")
+        if record.loss_scale is not None:
+            parts.append(f"loss_scale {record.loss_scale:.0f}")
+        parts += [f"{record.sequences_per_second:.1f} seq/s", f"{record.tokens_per_second:.0f} tok/s",
                   f"elapsed {hms(elapsed)}", f"ETA {hms(eta)}"]
         print("  ".join(parts), flush=True)
 

@@ -19,7 +19,9 @@ leaves the rank out, so an update draws the same masks at any rank count).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
+from typing import Any, TypeVar
 
 import tensorflow as tf
 
@@ -158,6 +160,44 @@ def encoder(config: BertConfig, recompute="none") -> Encoder:
     return BertEncoder(config, recompute=recompute)
 
 
+R = TypeVar("R", bound="TensorRecord")
+
+
+@dataclasses.dataclass(frozen=True, eq=False)     # eq: tensors compare element-wise, not as one value
+class TensorRecord:
+    """Base of a model's output record: a frozen dataclass that tf.nest takes apart and rebuilds (TensorFlow's
+    CustomNestProtocol, `__tf_flatten__` / `__tf_unflatten__`), so it leaves a tf.function (XLA-compiled or not;
+    checked in TF 2.21) as it went in. A plain dataclass is one opaque leaf to tf.nest; a NamedTuple would work, but it iterates its
+    values and `in` tests them, where the dict-era code iterated names. Fields left None (a head the model lacks)
+    are not components: they stay None through the tf.function."""
+
+    def __tf_flatten__(self) -> tuple[tuple[str, ...], tuple]:
+        present = self.present()
+        return tuple(present), tuple(present.values())
+
+    @classmethod
+    def __tf_unflatten__(cls: type[R], metadata: tuple[str, ...], components: tuple) -> R:
+        return cls(**dict(zip(metadata, components)))
+
+    def present(self) -> dict[str, Any]:
+        """{field: value} of the fields that are not None, in declaration order."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if getattr(self, f.name) is not None}
+
+
+@dataclasses.dataclass(frozen=True, eq=False, kw_only=True)
+class PretrainOutput(TensorRecord):
+    """BertPretrainer's output: float32 scalars [] (batch means and sums, for exact cross-batch rates). Names
+    ending in "loss" are means, the rest counts (training.is_mean); the nsp_ ones are None without the NSP head
+    (use_nsp=False: --mlm_only, ModernBERT's recipes)."""
+    loss: tf.Tensor                     # mlm_loss + nsp_loss (mlm_loss alone without NSP): what is trained
+    mlm_loss: tf.Tensor                 # mean cross-entropy over the masked tokens
+    mlm_correct: tf.Tensor              # masked tokens predicted right (weighted)
+    mlm_weight: tf.Tensor               # masked tokens (the sum of masked_lm_weights)
+    nsp_loss: tf.Tensor | None = None   # mean next-sentence cross-entropy over the instances
+    nsp_correct: tf.Tensor | None = None
+    nsp_count: tf.Tensor | None = None  # instances (packed rows: every instance, not every row)
+
+
 class BertPretrainer(tf.Module):
     """The encoder plus the masked-LM and next-sentence heads, and their losses.
 
@@ -189,12 +229,11 @@ class BertPretrainer(tf.Module):
         logits = tf.einsum("bph,vh->bpv", x, tf.cast(self.encoder.embeddings.word_embeddings, x.dtype))
         return tf.cast(logits, tf.float32) + self.mlm_output_bias
 
-    def __call__(self, features, *, dtype=tf.float32, seed=None, training=False):
+    def __call__(self, features, *, dtype=tf.float32, seed=None, training=False) -> PretrainOutput:
         """features: google's pre-training feature dict, or a packed one (records.PACKED_FEATURES
-        as well). Returns a dict of float32 scalars: loss, mlm_loss, nsp_loss, and sums for exact
-        cross-batch accuracies (mlm_correct, mlm_weight, nsp_correct, nsp_count); the nsp_ ones only
-        with the NSP head. A packed batch's losses are those of its instances unpacked: masked-LM over
-        every masked token, next-sentence over every instance."""
+        as well). Returns a PretrainOutput (the nsp_ fields only with the NSP head). A packed batch's losses
+        are those of its instances unpacked: masked-LM over every masked token, next-sentence over every
+        instance."""
         packed = "instance_ids" in features
         sequence_output, pooled = self.encoder(
             features["input_ids"], features["input_mask"], features["segment_ids"],
@@ -207,25 +246,23 @@ class BertPretrainer(tf.Module):
         mlm_weight = tf.reduce_sum(weights)
         mlm_loss = tf.reduce_sum(token_loss * weights) / (mlm_weight + 1e-5)
         mlm_hits = tf.cast(tf.equal(tf.argmax(logits, -1, output_type=labels.dtype), labels), tf.float32)
-        out = {"mlm_loss": mlm_loss, "mlm_correct": tf.reduce_sum(mlm_hits * weights), "mlm_weight": mlm_weight}
-        if self.use_nsp:
-            if packed:   # one [CLS] and label per instance slot, weight 0 for empty slots
-                pooled = self.encoder.pool(sequence_output, features["next_sentence_positions"])   # [B, K, H]
-                nsp_weights = tf.reshape(tf.cast(features["next_sentence_weights"], tf.float32), [-1])
-            nsp_logits = tf.reshape(tf.cast(self.nsp(pooled), tf.float32), [-1, 2])
-            nsp_labels = tf.reshape(features["next_sentence_labels"], [-1])
-            if not packed:
-                nsp_weights = tf.ones_like(nsp_labels, tf.float32)
-            nsp_count = tf.reduce_sum(nsp_weights)
-            out["nsp_loss"] = tf.reduce_sum(nsp_weights * tf.nn.sparse_softmax_cross_entropy_with_logits(
-                labels=nsp_labels, logits=nsp_logits)) / tf.maximum(nsp_count, 1.0)
-            nsp_pred = tf.argmax(nsp_logits, -1, output_type=nsp_labels.dtype)
-            out["nsp_correct"] = tf.reduce_sum(tf.cast(tf.equal(nsp_pred, nsp_labels), tf.float32) * nsp_weights)
-            out["nsp_count"] = nsp_count
-            out["loss"] = mlm_loss + out["nsp_loss"]
-        else:
-            out["loss"] = mlm_loss
-        return out
+        mlm_correct = tf.reduce_sum(mlm_hits * weights)
+        if not self.use_nsp:
+            return PretrainOutput(loss=mlm_loss, mlm_loss=mlm_loss, mlm_correct=mlm_correct, mlm_weight=mlm_weight)
+        if packed:   # one [CLS] and label per instance slot, weight 0 for empty slots
+            pooled = self.encoder.pool(sequence_output, features["next_sentence_positions"])   # [B, K, H]
+            nsp_weights = tf.reshape(tf.cast(features["next_sentence_weights"], tf.float32), [-1])
+        nsp_logits = tf.reshape(tf.cast(self.nsp(pooled), tf.float32), [-1, 2])
+        nsp_labels = tf.reshape(features["next_sentence_labels"], [-1])
+        if not packed:
+            nsp_weights = tf.ones_like(nsp_labels, tf.float32)
+        nsp_count = tf.reduce_sum(nsp_weights)
+        nsp_loss = tf.reduce_sum(nsp_weights * tf.nn.sparse_softmax_cross_entropy_with_logits(
+            labels=nsp_labels, logits=nsp_logits)) / tf.maximum(nsp_count, 1.0)
+        nsp_pred = tf.argmax(nsp_logits, -1, output_type=nsp_labels.dtype)
+        nsp_correct = tf.reduce_sum(tf.cast(tf.equal(nsp_pred, nsp_labels), tf.float32) * nsp_weights)
+        return PretrainOutput(loss=mlm_loss + nsp_loss, mlm_loss=mlm_loss, mlm_correct=mlm_correct,
+                              mlm_weight=mlm_weight, nsp_loss=nsp_loss, nsp_correct=nsp_correct, nsp_count=nsp_count)
 
 
 def check_features_fit(config: BertConfig, max_seq_length: int, vocab_size: int | None = None) -> None:

@@ -1,4 +1,4 @@
-"""--gradient_compression=auto: the gradient exchange the planner predicts fastest to the same held-out accuracy.
+"""--exchange=auto: the gradient exchange the planner predicts fastest to the same held-out accuracy.
 
 Time to a quality = updates x update factor x seconds per update. Seconds per update come from the planner
 (bert_tf/tools/planner.py): compute at the run's measured per-rank speed (--ladder_sequences_per_second), the
@@ -75,14 +75,14 @@ def choose(comm, shapes, ranks, link, overheads, device_seq_s, micro_batch, accu
 
 
 def resolve(comm, model_config, nsp, micro_batch, accumulation, seq_length, device_seq_s, say):
-    """--gradient_compression=auto in a running job (after hvd.init; every rank calls it and gets the same
+    """--exchange=auto in a running job (after hvd.init; every rank calls it and gets the same
     answer): measures the link and, on rank 0, each candidate's computation on the model's gradient shapes; says
     the ranking; returns the comm with the chosen exchange."""
     from bert_tf.parallel import distributed
     from bert_tf.tools import planner
     if distributed.size() == 1:
-        say("gradients: --gradient_compression=auto on one rank: nothing crosses a link, none")
-        return dataclasses.replace(comm, gradient_compression="none")
+        say("gradients: --exchange=auto on one rank: nothing crosses a link, none")
+        return dataclasses.replace(comm, exchange="none")
     import horovod.tensorflow as hvd
     shapes = planner.gradient_tensor_shapes(model_config, nsp=nsp)
     link = measure_link()
@@ -93,7 +93,7 @@ def resolve(comm, model_config, nsp, micro_batch, accumulation, seq_length, devi
     overheads = hvd.broadcast_object(overheads, root_rank=0, name="auto_exchange_overheads")
     chosen, rows = choose(comm, shapes, distributed.size(), link, overheads, device_seq_s, micro_batch, accumulation,
                           seq_length)
-    say(f"gradients: --gradient_compression=auto chose {rows[0]['method']}: link {link['effective_gbit']:.3g} Gbit/s, "
+    say(f"gradients: --exchange=auto chose {rows[0]['method']}: link {link['effective_gbit']:.3g} Gbit/s, "
         f"{link['message_seconds'] * 1e3:.2g} ms per message (measured now), "
         + ", ".join(f"{m} computation {s:.3g} s" for m, s in overheads.items())
         + f"; seconds per sequence to the same held-out accuracy: {describe_ranking(rows, 's')}")

@@ -16,16 +16,20 @@ from bert_tf import ConfigError, knob
 # Horovod 0.28's own values, in force when a field is None and the environment sets nothing.
 HOROVOD_FUSION_THRESHOLD_MB = 128.0
 HOROVOD_CYCLE_TIME_MS = 1.0
-# --gradient_compression: none and fp16 are Horovod allreduces; powersgd and onebit are
-# bert_tf/parallel/compression.py's exchanges with error feedback; auto is resolved to one of them at start-up
+# --exchange (until this release --gradient_compression): none and fp16 are Horovod allreduces; powersgd and onebit
+# are bert_tf/parallel/compression.py's exchanges with error feedback; auto is resolved to one of them at start-up
 # (bert_tf/parallel/auto_exchange.py)
-COMPRESSIONS = ("none", "fp16", "powersgd", "onebit", "auto")
+EXCHANGES = ("none", "fp16", "powersgd", "onebit", "auto")
+# The key a metrics record, a checkpoint's JSON and an exchange-state file hold the exchange under: the flag's old
+# name, which older versions wrote and read (and tests/test_pretraining.py, test_exchange_state.py and
+# test_elastic.py check); readers take "exchange" too (from_record, exchange_state.method_of).
+RECORD_KEY = "gradient_compression"
 
 
 @dataclasses.dataclass(frozen=True)
 class CommConfig:
-    fp16_allreduce: bool = knob(False, "Send gradients as float16 (Horovod compression): the same as "
-                                "--gradient_compression=fp16.")
+    fp16_allreduce: bool = knob(False, "Deprecated, goes in the next release: the old synonym of --exchange=fp16 "
+                                "(float16 allreduce); use --exchange=fp16.")
     allreduce_every_micro_batch: bool = knob(
         False, "The naive baseline: allreduce each micro-batch's gradients (accumulation_steps allreduces per "
         "update instead of one, after accumulation).")
@@ -36,16 +40,17 @@ class CommConfig:
     cycle_time_ms: float | None = knob(
         None, f"Horovod cycle time, ms (HOROVOD_CYCLE_TIME). Unset: Horovod's {HOROVOD_CYCLE_TIME_MS:g} ms; the "
         "environment wins over the flag.")
-    gradient_compression: str = knob(
-        "none", "How gradients cross ranks, once per update: none (float32 allreduce), fp16 (float16 allreduce), "
-        "powersgd (each weight matrix as rank --powersgd_rank factors, error feedback; Vogels et al. 2019) or "
-        "onebit (signs and one scale per chunk, error feedback on both sides, alltoall + allgather; 1/32 of "
-        "float32's bytes; the optimizer's variance frozen after --compression_warmup_steps, as 1-bit Adam's). "
-        "bert_tf/parallel/compression.py. auto: the one the planner predicts fastest to the same "
-        "held-out accuracy on this job's link, measured at start-up with the compression's own computation and each "
-        "method's extra updates as measured (bert_tf/parallel/auto_exchange.py; needs --ladder_sequences_per_second).",
-        choices=COMPRESSIONS)
-    powersgd_rank: int = knob(4, "--gradient_compression=powersgd: the rank of each matrix's factors.")
+    exchange: str = knob(
+        "none", "How gradients cross ranks, once per update: none, fp16, powersgd, onebit or auto. none: a float32 "
+        "allreduce. fp16: a float16 allreduce (half the bytes). powersgd: each weight matrix as rank --powersgd_rank "
+        "factors, error feedback (Vogels et al. 2019). onebit: signs and one scale per chunk, error feedback on both "
+        "sides, alltoall + allgather; 1/32 of float32's bytes; the optimizer's variance frozen after "
+        "--compression_warmup_steps, as 1-bit Adam's. powersgd and onebit: bert_tf/parallel/compression.py. auto: "
+        "the one the planner predicts fastest to the same held-out accuracy on this job's link, measured at start-up "
+        "with the compression's own computation and each method's extra updates as measured "
+        "(bert_tf/parallel/auto_exchange.py; needs --ladder_sequences_per_second).",
+        choices=EXCHANGES)
+    powersgd_rank: int = knob(4, "--exchange=powersgd: the rank of each matrix's factors.")
     compression_warmup_steps: int = knob(
         0, "Updates exchanged uncompressed (float32) before powersgd or onebit starts (1-bit Adam's warmup; "
         "onebit needs >= 1: the optimizer's variance comes from them).")
@@ -69,14 +74,13 @@ class CommConfig:
         "--collective_timeout_minutes; 0: wait for ever). Static runs.")
 
     def __post_init__(self):
-        if self.gradient_compression not in COMPRESSIONS:
-            raise ConfigError(f"--gradient_compression={self.gradient_compression}: valid are "
-                              f"{', '.join(COMPRESSIONS)}")
-        if self.fp16_allreduce and self.gradient_compression not in ("none", "fp16"):
-            raise ConfigError(f"--fp16_allreduce with --gradient_compression={self.gradient_compression}: they "
-                              "disagree (--fp16_allreduce is --gradient_compression=fp16); give one")
-        if self.gradient_compression in ("powersgd", "onebit", "auto") and self.allreduce_every_micro_batch:
-            raise ConfigError(f"--gradient_compression={self.gradient_compression} with "
+        if self.exchange not in EXCHANGES:
+            raise ConfigError(f"--exchange={self.exchange}: valid are {', '.join(EXCHANGES)}")
+        if self.fp16_allreduce and self.exchange not in ("none", "fp16"):
+            raise ConfigError(f"--fp16_allreduce with --exchange={self.exchange}: they disagree (--fp16_allreduce is "
+                              "--exchange=fp16); give one")
+        if self.exchange in ("powersgd", "onebit", "auto") and self.allreduce_every_micro_batch:
+            raise ConfigError(f"--exchange={self.exchange} with "
                               "--allreduce_every_micro_batch: error feedback works on one exchange per update")
         if self.local_updates < 0 or self.outer_learning_rate <= 0 or not 0 <= self.outer_momentum < 1:
             raise ConfigError(f"--local_updates must be >= 0, --outer_learning_rate > 0 and --outer_momentum in "
@@ -84,7 +88,7 @@ class CommConfig:
                               f"{self.outer_momentum:g}")
         if self.local_updates and (self.method != "none" or self.allreduce_every_micro_batch):
             raise ConfigError(f"--local_updates={self.local_updates} exchanges no gradients (the outer step sends the "
-                              "weights' change in float16): drop --gradient_compression, --fp16_allreduce and "
+                              "weights' change in float16): drop --exchange, --fp16_allreduce and "
                               "--allreduce_every_micro_batch")
         if self.local_group not in ("rank", "node") or (self.local_group == "node" and not self.local_updates):
             raise ConfigError(f"--local_group={self.local_group}: valid are rank and node, and node is for "
@@ -105,13 +109,13 @@ class CommConfig:
 
     @property
     def method(self) -> str:
-        """The gradient exchange in force: --gradient_compression, with --fp16_allreduce read as fp16."""
-        return "fp16" if self.fp16_allreduce else self.gradient_compression
+        """The gradient exchange in force: --exchange, with the old --fp16_allreduce read as fp16."""
+        return "fp16" if self.fp16_allreduce else self.exchange
 
     @property
     def compressed(self) -> bool:
         """An exchange with error feedback (state to checkpoint), not a Horovod allreduce."""
-        return self.gradient_compression in ("powersgd", "onebit")
+        return self.exchange in ("powersgd", "onebit")
 
     def resolved(self) -> "CommConfig":
         """None replaced by Horovod's default (what a run gets when the environment sets nothing)."""
@@ -133,6 +137,18 @@ class CommConfig:
             elif value is not None:
                 out.append(f"--{f.name}={value}")
         return out
+
+    def as_record(self) -> dict:
+        """The fields as a JSON record holds them: dataclasses.asdict, `exchange` under RECORD_KEY."""
+        return {(RECORD_KEY if k == "exchange" else k): v for k, v in dataclasses.asdict(self).items()}
+
+    @classmethod
+    def from_record(cls, values: dict) -> "CommConfig":
+        """The CommConfig of a record's dict: as_record's (or an older version's), or dataclasses.asdict's."""
+        values = dict(values)
+        if RECORD_KEY in values:
+            values.setdefault("exchange", values.pop(RECORD_KEY))
+        return cls(**values)
 
 
 # -- what each method sends (plain Python: the planner uses it without TensorFlow) --------------------------
@@ -164,7 +180,7 @@ def payload_bytes(method: str, shapes, size: int, rank: int = 4) -> float:
         return 4 * sum(rank * sum(s) if i in chosen else math.prod(s) for i, s in enumerate(shapes))
     if method == "onebit":
         return size * (onebit_chunk(elements, size) / 8 + 4)
-    raise ConfigError(f"unknown gradient compression {method!r}")
+    raise ConfigError(f"unknown exchange {method!r}")
 
 
 def wire_bytes(method: str, shapes, size: int, rank: int = 4) -> float:

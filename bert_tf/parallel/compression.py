@@ -1,4 +1,4 @@
-"""Compressed gradient exchange with error feedback (--gradient_compression=powersgd|onebit): what replaces
+"""Compressed gradient exchange with error feedback (--exchange=powersgd|onebit): what replaces
 the one allreduce per update (training.Trainer's hook) when the link, not the device, sets the pace.
 
 Both send far fewer bytes than the gradient and keep what the compression left out in an error buffer that
@@ -38,7 +38,7 @@ import tensorflow as tf
 
 from bert_tf import ConfigError
 from bert_tf.parallel import exchange
-from bert_tf.parallel.comm import METHODS, onebit_chunk, powersgd_plan, wire_bytes
+from bert_tf.parallel.comm import METHODS, RECORD_KEY, onebit_chunk, powersgd_plan, wire_bytes
 
 _BITS = tf.constant([1, 2, 4, 8, 16, 32, 64, 128], tf.int32)
 
@@ -77,7 +77,7 @@ class CompressedExchange(tf.Module):
     def __init__(self, method, variables, rank=4, warmup_steps=0, seed=0, size=1, name="grad", alone=False, clock=None):
         super().__init__(name=f"{name}_exchange")
         if method not in METHODS:
-            raise ConfigError(f"--gradient_compression={method}: valid compressed methods are {', '.join(METHODS)}")
+            raise ConfigError(f"--exchange={method}: valid compressed methods are {', '.join(METHODS)}")
         self.method, self.rank, self.warmup_steps, self.seed, self.tag = method, rank, warmup_steps, seed, name
         self.alone = alone          # the computation only, no collective (its cost, measured in one rank of a job)
         self.shapes = [tuple(int(d) for d in v.shape) for v in variables]
@@ -105,7 +105,7 @@ class CompressedExchange(tf.Module):
 
     def describe(self) -> dict:
         """What the exchange is, as a checkpoint records it (exchange_state): a resume keeps or compares it."""
-        return {"gradient_compression": self.method, "powersgd_rank": self.rank if self.method == "powersgd" else 0}
+        return {RECORD_KEY: self.method, "powersgd_rank": self.rank if self.method == "powersgd" else 0}
 
     def _initial_q(self, k):
         shape = self.shapes[self.compressed[k]]

@@ -194,21 +194,21 @@ def make_gradient_allreduce(fp16_compression=False, name="grad", weight=1.0, pro
 
 
 def make_gradient_exchange(comm: CommConfig, variables, seed=0, name="grad"):
-    """The update's gradient exchange (exchange.GradientExchange) for --gradient_compression (comm.method): a
+    """The update's gradient exchange (exchange.GradientExchange) for --exchange (comm.method): a
     Horovod allreduce (none, fp16: exchange.Allreduce) or a compressed exchange with error feedback (powersgd,
     onebit: compression.CompressedExchange). variables: the trainer's, in its order."""
     if comm.method == "auto":
-        raise ConfigError("--gradient_compression=auto is chosen by run/pretrain.py at start-up "
+        raise ConfigError("--exchange=auto is chosen by run/pretrain.py at start-up "
                           "(bert_tf/parallel/auto_exchange.py); here, give the method")
     if not comm.compressed:
         return make_gradient_allreduce(comm.method == "fp16", name=name)
     from bert_tf.parallel import compression
-    if comm.gradient_compression == "onebit":
+    if comm.exchange == "onebit":
         import horovod.tensorflow as hvd
         if hvd.size() > 1 and not (hvd.mpi_enabled() or hvd.gloo_enabled()):
-            raise ConfigError("--gradient_compression=onebit needs Horovod's alltoall over MPI or Gloo, and this "
+            raise ConfigError("--exchange=onebit needs Horovod's alltoall over MPI or Gloo, and this "
                               "job runs neither")
-    return compression.CompressedExchange(comm.gradient_compression, variables, comm.powersgd_rank,
+    return compression.CompressedExchange(comm.exchange, variables, comm.powersgd_rank,
                                           comm.compression_warmup_steps, seed, size(), name)
 
 

@@ -16,12 +16,14 @@ and elastic re-forms use only what the contract names:
     exchange.reset(size) -> str            a re-form at `size` ranks: own state restarted alike everywhere
     exchange.attach_clock(clock)           count a warmup on the optimizer's updates
     exchange.describe() -> dict            what a checkpoint records of it
-    exchange.method, exchange.weight       its name (--gradient_compression's value, or diloco), and the factor
+    exchange.method, exchange.weight       its name (--exchange's value, or diloco), and the factor
                                            this rank's gradients take first (elastic mode's uneven shares)
 """
 from __future__ import annotations
 
 from typing import Any, Callable, Protocol, runtime_checkable
+
+from bert_tf.parallel.comm import RECORD_KEY
 
 
 @runtime_checkable
@@ -62,7 +64,7 @@ class Stateless:
         pass
 
     def describe(self) -> dict:
-        return {"gradient_compression": self.method, "powersgd_rank": 0}
+        return {RECORD_KEY: self.method, "powersgd_rank": 0}
 
 
 class Local(Stateless):

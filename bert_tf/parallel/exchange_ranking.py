@@ -1,5 +1,5 @@
 """Which gradient exchange reaches a quality fastest: the updates each needs for float16's held-out accuracy
-(measured in the communication race), --gradient_compression=auto's candidates, and the ranking by time to
+(measured in the communication race), --exchange=auto's candidates, and the ranking by time to
 that accuracy. Arithmetic only: the planner (tools/planner.py) and auto_exchange.py both use it."""
 from __future__ import annotations
 
@@ -27,13 +27,13 @@ def update_factor(comm: CommConfig, factors=None):
 
 
 def exchange_choices(comm: CommConfig) -> dict:
-    """--gradient_compression=auto's candidates: label -> comm with that exchange, the other settings kept;
+    """--exchange=auto's candidates: label -> comm with that exchange, the other settings kept;
     PowerSGD at comm's --powersgd_rank and at every rank the race measured."""
     base = dataclasses.replace(comm, fp16_allreduce=False)
-    out = {m: dataclasses.replace(base, gradient_compression=m) for m in ("none", "fp16")}
+    out = {m: dataclasses.replace(base, exchange=m) for m in ("none", "fp16")}
     for rank in sorted({comm.powersgd_rank, *MEASURED_UPDATE_FACTORS["powersgd"]}):
-        out[f"powersgd rank {rank}"] = dataclasses.replace(base, gradient_compression="powersgd", powersgd_rank=rank)
-    out["onebit"] = dataclasses.replace(base, gradient_compression="onebit")
+        out[f"powersgd rank {rank}"] = dataclasses.replace(base, exchange="powersgd", powersgd_rank=rank)
+    out["onebit"] = dataclasses.replace(base, exchange="onebit")
     return out
 
 

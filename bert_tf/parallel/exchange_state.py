@@ -1,6 +1,6 @@
 """The gradient exchange as checkpoint state: which exchange a run uses, and each rank's own error buffers.
 
-Which exchange: the method and PowerSGD rank that --gradient_compression named, or that `auto` chose, are recorded
+Which exchange: the method and PowerSGD rank that --exchange named, or that `auto` chose, are recorded
 in every checkpoint's JSON ("exchange"). A resume keeps them (`settle_choice`) and says so, so `auto` is chosen
 once per job, not afresh at every start on a link that measures differently; a run that names another method
 uses it, and its buffers start afresh, with a log line.
@@ -28,17 +28,30 @@ import os
 
 import numpy as np
 
+from bert_tf.parallel.comm import RECORD_KEY
+
 FOLDER = "exchange"
 
 
 def record(comm) -> dict:
     """What a checkpoint records of the exchange a run uses (comm: a resolved CommConfig)."""
-    return {"gradient_compression": comm.method,
+    return {RECORD_KEY: comm.method,
             "powersgd_rank": comm.powersgd_rank if comm.method == "powersgd" else 0}
 
 
+def method_of(recorded: dict):
+    """The exchange a record names: under RECORD_KEY ("gradient_compression", as this version and older ones
+    write it) or "exchange"."""
+    return recorded["exchange"] if "exchange" in recorded else recorded.get(RECORD_KEY)
+
+
+def normalized(recorded: dict) -> dict:
+    """A record (or a file's header) with its exchange under RECORD_KEY, whichever key it was written with."""
+    return {**{k: v for k, v in recorded.items() if k != "exchange"}, RECORD_KEY: method_of(recorded)}
+
+
 def name(recorded: dict) -> str:
-    method = recorded["gradient_compression"]
+    method = method_of(recorded)
     return f"powersgd rank {recorded['powersgd_rank']}" if method == "powersgd" else method
 
 
@@ -46,14 +59,14 @@ def settle_choice(asked, recorded: dict | None, choose):
     """(the CommConfig this run uses, a log line or ""). asked: the run's CommConfig; recorded: the resumed
     checkpoint's `record` (None: a fresh run, or a checkpoint from before it was recorded); choose(): `auto`'s
     measurement, called only when nothing is recorded."""
-    if asked.gradient_compression == "auto":
+    if asked.exchange == "auto":
         if recorded is None:
             return choose(), ""
-        kept = dataclasses.replace(asked, gradient_compression=recorded["gradient_compression"],
+        kept = dataclasses.replace(asked, exchange=method_of(recorded),
                                    powersgd_rank=recorded["powersgd_rank"] or asked.powersgd_rank, fp16_allreduce=False)
         return kept, (f"gradients: the resumed checkpoint's exchange, {name(recorded)}, is kept "
-                      f"(--gradient_compression=auto chooses once per job; name a method to change it)")
-    if recorded is None or record(asked) == recorded:
+                      f"(--exchange=auto chooses once per job; name a method to change it)")
+    if recorded is None or record(asked) == normalized(recorded):
         return asked, ""
     return asked, (f"gradients: the checkpoint was trained with {name(recorded)}, this run names "
                    f"{name(record(asked))}: the exchange's buffers start afresh")
@@ -119,7 +132,7 @@ def load(exchange, directory, step, rank, ranks, digest) -> str:
         return f"no file of its own ({target})"
     try:
         with np.load(target) as loaded:
-            header, arrays = _header(loaded), {k: loaded[k] for k in loaded.files}
+            header, arrays = normalized(_header(loaded)), {k: loaded[k] for k in loaded.files}
     except (OSError, ValueError, SyntaxError, KeyError) as e:
         return f"{target} is unreadable ({e.__class__.__name__})"
     wanted = dict(exchange.describe(), ranks=ranks, rank=rank, step=int(step), digest=digest)

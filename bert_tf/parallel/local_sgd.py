@@ -18,6 +18,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from bert_tf.parallel import exchange, watchdog
+from bert_tf.parallel.comm import RECORD_KEY
 
 
 class OuterStep(tf.Module):
@@ -68,7 +69,7 @@ class OuterStep(tf.Module):
         self.inner.attach_clock(clock)
 
     def describe(self) -> dict:
-        return {"gradient_compression": self.method, "powersgd_rank": 0, "local_updates": self.every}
+        return {RECORD_KEY: self.method, "powersgd_rank": 0, "local_updates": self.every}
 
     def anchor_to(self, variables):
         """A fresh start (after the broadcast of the initial weights): the first round starts from them."""

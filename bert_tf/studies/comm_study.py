@@ -41,7 +41,7 @@ def rungs(fusion_thresholds_mb=(), cycle_times_ms=(), compressed=()):
             for mb in fusion_thresholds_mb]
     out += [(f"fp16 cycle={ms:g}ms", CommConfig(fp16_allreduce=True, cycle_time_ms=ms)) for ms in cycle_times_ms]
     # onebit estimates the variance from a float32 update first (training.py); job_metrics drops early updates
-    out += [(method, CommConfig(gradient_compression=method, compression_warmup_steps=int(method == "onebit")))
+    out += [(method, CommConfig(exchange=method, compression_warmup_steps=int(method == "onebit")))
             for method in compressed]
     return [(label, comm.resolved()) for label, comm in out]
 
@@ -64,7 +64,7 @@ class StudyConfig:
                                                   "fp16/accum (128 = Horovod's default is the fp16/accum rung itself).")
     sweep_cycle_time_ms: list[float] = knob([5.0, 10.0], "Cycle times to sweep on fp16/accum (1 ms is Horovod's "
                                                          "default).")
-    compressed: list[str] = knob([], "Compressed exchanges to add to the ladder (--gradient_compression): "
+    compressed: list[str] = knob([], "Compressed exchanges to add to the ladder (--exchange): "
                                      "powersgd, onebit.", choices=["powersgd", "onebit"])
     rungs: list[str] = knob([], "Run only these rungs (labels as printed, e.g. fp32/every-mb,fp16/accum); "
                                 "default: all.")
@@ -364,7 +364,7 @@ def nvidia_rows(tensor_sizes):
                                   intra_gbps=1200, intra_latency_us=5)
         global_batch = per_gpu * accumulation * cluster.devices
         phase = planner.Phase(f"seq{seq}", seq, global_batch, global_batch, SINGLE_GPU[(seq, precision)])
-        comm = CommConfig(fp16_allreduce=precision == "mixed")
+        comm = CommConfig(exchange="fp16" if precision == "mixed" else "none")
         p = planner.plan_phase(tensor_sizes, phase, cluster, comm, accumulation)
         rows.append({"nodes": nodes, "seq": seq, "precision": precision, "accumulation": accumulation,
                      "published": published, "predicted": p["sequences_per_second"],

@@ -119,8 +119,8 @@ def planned_vs_measured(run_dir: str, nodes: int, rate_gbit: float, link: dict |
     from bert_tf.parallel.comm import CommConfig
     records = metrics.read_metrics(os.path.join(run_dir, "metrics.jsonl"))
     run = next(r for r in records if r.get("kind") == "run")
-    cfg = run.get("resolved", run["config"])          # as run: --gradient_compression=auto's choice
-    comm = CommConfig(**cfg["comm"])
+    cfg = run.get("resolved", run["config"])          # as run: --exchange=auto's choice
+    comm = CommConfig.from_record(cfg["comm"])   # "gradient_compression" (run records) or "exchange"
     warmup = comm.compression_warmup_steps if comm.compressed else 0      # its float32 updates are not its speed
     train = [r for r in training_intervals(records) if r["step"] - cfg["log_interval"] >= warmup]
     if not train:

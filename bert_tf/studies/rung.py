@@ -89,7 +89,7 @@ def run_rung(config, timing: Timing, precision, xla, accumulation, micro_batch, 
         return _on_records(trainer, timing, accumulation, micro_batch, records)
     micro = [random_batch(micro_batch, timing.max_seq_length, timing.max_predictions_per_seq, config.vocab_size,
                           i) for i in range(accumulation)]
-    step = lambda: float(trainer.train_step(micro)["loss"])
+    step = lambda: float(trainer.train_step(micro).loss)
     return traced_updates(step, profile_dir, timing) if profile_dir else timed_updates(step, timing)
 
 
@@ -102,7 +102,7 @@ def _on_records(trainer, timing: Timing, accumulation, micro_batch, records):
                                                timing.max_seq_length, timing.max_predictions_per_seq, pack=pack))
     updates = [[next(batches) for _ in range(accumulation)] for _ in range(timing.warmup_updates + timing.updates)]
     queue = list(updates)
-    result = timed_updates(lambda: float(trainer.train_step(queue.pop(0))["loss"]), timing)
+    result = timed_updates(lambda: float(trainer.train_step(queue.pop(0)).loss), timing)
     timed = [mb for update in updates[timing.warmup_updates:] for mb in update]
     seconds = result["update_seconds"] * timing.updates          # the median update, as the rows/s figure
     result["useful_tokens_per_second"] = sum(int(tf.reduce_sum(mb["input_mask"])) for mb in timed) / seconds

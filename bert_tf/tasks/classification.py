@@ -124,15 +124,16 @@ class BertClassifier(tf.Module):
         logits = self.logits(features)
         return logits[:, 0] if self.regression else tf.argmax(logits, -1, output_type=tf.int32)
 
-    def __call__(self, features, *, dtype=tf.float32, seed=None, training=False):
+    def __call__(self, features, *, dtype=tf.float32, seed=None, training=False) -> finetuning.FinetuneOutput:
         logits = self.logits(features, dtype, seed, training)
         labels = features["label"]
         count = tf.cast(tf.size(labels), tf.float32)
         if self.regression:
-            return {"loss": tf.reduce_mean(tf.square(logits[:, 0] - tf.cast(labels, tf.float32))), "count": count}
+            loss = tf.reduce_mean(tf.square(logits[:, 0] - tf.cast(labels, tf.float32)))
+            return finetuning.FinetuneOutput(loss=loss, count=count)
         loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits))
         correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, -1, output_type=labels.dtype), labels), tf.float32))
-        return {"loss": loss, "correct": correct, "count": count}
+        return finetuning.FinetuneOutput(loss=loss, correct=correct, count=count)
 
 
 def kfold_splits(n, k, seed):

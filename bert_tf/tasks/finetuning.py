@@ -4,8 +4,8 @@
 
 A task builds its model (a head on `modeling.encoder(config)`: `FinetuningModel`), gives its training
 features, predicts (its own typed predictions: label indices, answers) and scores them; `run` seeds, builds,
-loads the encoder from `init`, trains with `fine_tune` and returns an `Outcome`. The model's call returns
-training.Trainer's dict of float32 scalars with a "loss", so the Trainer (AdamW, warmup and linear decay,
+loads the encoder from `init`, trains with `fine_tune` and returns an `Outcome`. The model's call returns a
+`FinetuneOutput` with a float32 "loss", so the Trainer (AdamW, warmup and linear decay,
 precision, XLA, the gradient exchange) trains it unchanged. Data-parallel like pre-training (`Distributed`):
 every epoch all ranks draw the same permutation of the examples and rank r trains on rows r, r + size, ...;
 the gradients are averaged over ranks, so the weights stay equal (rank 0's initial weights are broadcast first).
@@ -33,18 +33,27 @@ Features = dict[str, np.ndarray]           # numpy arrays with the same first di
 P = TypeVar("P")                           # a task's predictions
 
 
+@dataclasses.dataclass(frozen=True, eq=False, kw_only=True)
+class FinetuneOutput(modeling.TensorRecord):
+    """A fine-tuning head's output: float32 scalars [] over the batch (a TensorRecord: it passes through the
+    Trainer's tf.functions and XLA as it is; "loss" a mean, the rest counts, as training.is_mean says)."""
+    loss: tf.Tensor                     # the mean training loss: what is trained
+    correct: tf.Tensor | None = None    # rows classified right (None: a regression or span head)
+    count: tf.Tensor | None = None      # rows in the batch (None: not counted)
+
+
 @runtime_checkable
 class FinetuningModel(Protocol):
     """What the loop trains: a tf.Module with a head on `encoder` (modeling.encoder(config), whose weights `run`
-    loads from `init`). Called on a batch of training features (the labels among them) it returns
-    training.Trainer's dict of float32 scalars with the "loss"; predict(features) is the head's output [B, ...] for
-    a batch without labels (finetuning.predict batches it)."""
+    loads from `init`). Called on a batch of training features (the labels among them) it returns a
+    FinetuneOutput; predict(features) is the head's output [B, ...] for a batch without labels
+    (finetuning.predict batches it)."""
     config: modeling.BertConfig
     encoder: modeling.Encoder
     trainable_variables: Any
 
     def __call__(self, features: dict[str, tf.Tensor], *, dtype: tf.DType = tf.float32, seed: int | None = None,
-                 training: bool = False) -> dict[str, tf.Tensor]: ...
+                 training: bool = False) -> FinetuneOutput: ...
 
     def predict(self, features: dict[str, tf.Tensor]) -> tf.Tensor: ...
 
@@ -169,10 +178,10 @@ def fine_tune(model: FinetuningModel, features: Features, recipe: Recipe,
     trainer = training.Trainer(model, config, exchange=distributed.exchange, seed_offset=rank)
     if distributed.broadcast:
         distributed.broadcast(trainer.variables)
-    out = {}
+    loss = 0.0
     for rows in batch_rows(n, batch, total, recipe.seed, rank, size):
-        out = trainer.train_step([{k: tf.constant(v[rows]) for k, v in features.items()}])
-    return Trained(total, float(out["loss"]))
+        loss = trainer.train_step([{k: tf.constant(v[rows]) for k, v in features.items()}]).loss
+    return Trained(total, float(loss))
 
 
 def batch_rows(n: int, batch: int, total: int, seed: int, rank: int = 0, size: int = 1) -> Iterator[np.ndarray]:

@@ -237,11 +237,11 @@ class BertSpanExtractor(tf.Module):
         """[B, 2, S]: start and end logits (one array for finetuning.predict)."""
         return tf.stack(self.logits(features), axis=1)
 
-    def __call__(self, features, *, dtype=tf.float32, seed=None, training=False):
+    def __call__(self, features, *, dtype=tf.float32, seed=None, training=False) -> finetuning.FinetuneOutput:
         start, end = self.logits(features, dtype, seed, training)
         loss = 0.5 * (tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(features["start_position"], start))
                       + tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(features["end_position"], end)))
-        return {"loss": loss, "count": tf.cast(tf.shape(start)[0], tf.float32)}
+        return finetuning.FinetuneOutput(loss=loss, count=tf.cast(tf.shape(start)[0], tf.float32))
 
 
 def final_text(predicted: str, original: str, lower_case: bool) -> str:

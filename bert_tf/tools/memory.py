@@ -50,8 +50,8 @@ def exchange_state_bytes(shapes, comm: CommConfig, ranks: int) -> dict:
                       `saved`), then copied to its host for the checkpoint
       old_resume      that gathered copy on every rank after a resume, kept on its device (ranks x own)
     The file's header and the counters are left out, and so are the tensors an exchange computes in an update."""
-    if comm.gradient_compression == "auto":
-        raise ConfigError("--gradient_compression=auto: resolve it first (planner.exchange_ranking)")
+    if comm.exchange == "auto":
+        raise ConfigError("--exchange=auto: resolve it first (planner.exchange_ranking)")
     buffers, shared = [], 0
     elements = sum(math.prod(s) for s in shapes)
     if comm.local_updates:
@@ -84,4 +84,4 @@ def memory_warning(phase: str, memory: dict, device_memory_gb) -> str:
         return ""
     return (f"warning: {phase} needs {memory['total'] / 2**30:.1f} GiB per device (the gradient exchange's state "
             f"{memory['exchange'] / 2**30:.1f} GiB of it), more than --device_memory_gb={device_memory_gb:g}: "
-            f"a smaller --{phase}_micro_batch_size, --recompute=layer, or another --gradient_compression")
+            f"a smaller --{phase}_micro_batch_size, --recompute=layer, or another --exchange")

@@ -43,7 +43,7 @@ class PlanConfig:
     phase1_accumulation: int = knob(64, "Phase-1 accumulation steps.")
     phase2_accumulation: int = knob(192, "Phase-2 accumulation steps.")
     # the gradient exchange
-    comm: CommConfig = CommConfig(gradient_compression="fp16")
+    comm: CommConfig = CommConfig(exchange="fp16")
     powersgd_seconds: float = knob(0.0, "Computation one PowerSGD exchange adds per update on this device, s "
                                         "(run/comm_study.py --compression_cost measures it); 0: not counted.")
     onebit_seconds: float = knob(0.0, "Computation one 1-bit exchange adds per update on this device, s "

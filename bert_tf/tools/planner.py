@@ -180,7 +180,7 @@ def allreduce_seconds(gradient_bytes, cluster: Cluster, messages=1, cycle_time_m
 def plan_phase(tensor_sizes, phase: Phase, cluster: Cluster, comm: CommConfig, accumulation: int,
                overhead_seconds=0.0, update_factor=1.0):
     """tensor_sizes: gradient_tensor_sizes(config), or one number (all parameters in one tensor), or
-    gradient_tensor_shapes(config) (which --gradient_compression=powersgd|onebit need).
+    gradient_tensor_shapes(config) (which --exchange=powersgd|onebit need).
     overhead_seconds: a compressed exchange's own computation per update; update_factor: the updates it
     needs for the quality the uncompressed run reaches in 1 (both measured: docs/results.md)."""
     if isinstance(tensor_sizes, (int, float)):
@@ -194,13 +194,13 @@ def plan_phase(tensor_sizes, phase: Phase, cluster: Cluster, comm: CommConfig, a
     if (phase.global_batch // N) % accumulation:
         raise ConfigError(f"{phase.name}: per-device batch {phase.global_batch // N} is not divisible by "
                           f"--{phase.name}_accumulation={accumulation}")
-    if comm.gradient_compression == "auto":
-        raise ConfigError("--gradient_compression=auto: resolve it first (planner.exchange_ranking)")
+    if comm.exchange == "auto":
+        raise ConfigError("--exchange=auto: resolve it first (planner.exchange_ranking)")
     comm = comm.resolved()
     compute = phase.global_batch / (N * phase.device_sequences_per_second)
     if comm.compressed:
         if len(shapes) != len(tensor_sizes):
-            raise ConfigError(f"--gradient_compression={comm.gradient_compression}: the plan needs the gradient "
+            raise ConfigError(f"--exchange={comm.exchange}: the plan needs the gradient "
                               "tensors' shapes (planner.gradient_tensor_shapes)")
         comm_time, gradient_bytes, messages = compressed_exchange_seconds(shapes, cluster, comm)
         comm_time += overhead_seconds
@@ -237,8 +237,8 @@ def compressed_exchange_seconds(shapes, cluster: Cluster, comm: CommConfig):
     comm = comm.resolved()
     cycle_ms = comm.cycle_time_ms or 0.0        # resolved: never None
     N, n, d = cluster.devices, cluster.nodes, cluster.devices_per_node
-    payload = payload_bytes(comm.gradient_compression, shapes, N, comm.powersgd_rank)
-    if comm.gradient_compression == "powersgd":
+    payload = payload_bytes(comm.exchange, shapes, N, comm.powersgd_rank)
+    if comm.exchange == "powersgd":
         return allreduce_seconds(payload, cluster, 2, cycle_ms), payload, 2
     if N == 1:
         return 0.0, payload, 4
@@ -271,13 +271,13 @@ def best_knob(tensor_sizes, phases, cluster, comm, accumulation):
     def days(c, on=cluster):
         return plan(tensor_sizes, phases, on, c, accumulation, update_factor=update_factor(c)[0] or 1.0)["days"]
     options = {
-        "fp16 gradient compression": dataclasses.replace(comm, fp16_allreduce=False, gradient_compression="fp16"),
+        "fp16 gradient compression": dataclasses.replace(comm, fp16_allreduce=False, exchange="fp16"),
         "allreduce after accumulation": dataclasses.replace(comm, allreduce_every_micro_batch=False),
         "fusion buffer 512 MB": dataclasses.replace(comm, fusion_threshold_mb=512),
     }
     if all(isinstance(t, tuple) for t in tensor_sizes):       # shapes: the compressed exchanges too
         for method in ("powersgd", "onebit"):
-            c = dataclasses.replace(comm, fp16_allreduce=False, gradient_compression=method)
+            c = dataclasses.replace(comm, fp16_allreduce=False, exchange=method)
             factor, note = update_factor(c)
             label = f"PowerSGD rank {comm.powersgd_rank}" if method == "powersgd" else "1-bit"
             if factor is not None:          # exchange_ranking lists the others

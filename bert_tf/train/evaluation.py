@@ -2,6 +2,8 @@
 of always predicting the most frequent masked token, summed over every rank's share."""
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 import tensorflow as tf
 
@@ -11,11 +13,11 @@ from bert_tf.parallel import distributed
 from bert_tf.train import training
 
 
-def make_evaluator(trainer, cfg, eval_files, vocab_size, masker, pack=0):
-    """Returns evaluate(step) -> record with held-out MLM loss/accuracy, NSP accuracy, and the
+def make_evaluator(trainer, cfg, eval_files, vocab_size, masker, pack=0) -> Callable[[int], metrics.EvalRecord]:
+    """Returns evaluate(step) -> metrics.EvalRecord with held-out MLM loss/accuracy, NSP accuracy, and the
     accuracy of always predicting the most frequent masked token (a data-only baseline)."""
     if not eval_files:
-        return lambda step: {}
+        return _no_eval_files
     forward = tf.function(lambda f: trainer.model(f, dtype=trainer.dtype, training=False), jit_compile=False)
 
     def evaluate(step):
@@ -28,7 +30,7 @@ def make_evaluator(trainer, cfg, eval_files, vocab_size, masker, pack=0):
         for features in dataset:
             out = forward(features)
             n = float(tf.shape(features["input_ids"])[0])
-            for key, value in out.items():   # means weighted by the batch, counts as they are
+            for key, value in out.present().items():   # means weighted by the batch, counts as they are
                 if key != "loss":
                     sums[key] = sums.get(key, 0.0) + float(value) * (n if training.is_mean(key) else 1.0)
             sums["sequences"] = sums.get("sequences", 0.0) + n
@@ -37,16 +39,20 @@ def make_evaluator(trainer, cfg, eval_files, vocab_size, masker, pack=0):
         total = distributed.sum_across_ranks(sums)
         # the most frequent masked token over all ranks' eval labels
         label_counts = distributed.sum_array_across_ranks(label_counts, name="eval_label_counts")
-        record = {"kind": "eval", "step": step,
-                  "eval_mlm_loss": total.get("mlm_loss", 0.0) / max(total.get("sequences", 0.0), 1.0),
-                  "eval_sequences": total.get("sequences", 0.0)}
         acc = metrics.accuracies(total)
-        record.update({f"eval_{k}": v for k, v in acc.items()})
-        if "nsp_loss" in total:
-            record["eval_nsp_loss"] = total["nsp_loss"] / max(total["sequences"], 1.0)
-        if label_counts.any():
-            record["eval_most_frequent_token"] = int(label_counts.argmax())
-            record["eval_most_frequent_token_accuracy"] = label_counts.max() / max(total.get("mlm_weight", 0.0), 1.0)
-        return record
+        found = label_counts.any()
+        return metrics.EvalRecord(
+            step=step, eval_mlm_loss=total.get("mlm_loss", 0.0) / max(total.get("sequences", 0.0), 1.0),
+            eval_sequences=total.get("sequences", 0.0),
+            eval_mlm_accuracy=acc.get("mlm_accuracy"), eval_nsp_accuracy=acc.get("nsp_accuracy"),
+            eval_nsp_loss=total["nsp_loss"] / max(total["sequences"], 1.0) if "nsp_loss" in total else None,
+            eval_most_frequent_token=int(label_counts.argmax()) if found else None,
+            eval_most_frequent_token_accuracy=label_counts.max() / max(total.get("mlm_weight", 0.0), 1.0)
+            if found else None)
 
     return evaluate
+
+
+def _no_eval_files(step: int) -> metrics.EvalRecord:
+    """The evaluator of a run without --eval_files, which the loop never calls (it asks for eval files first)."""
+    raise ValueError("no --eval_files: nothing to evaluate")

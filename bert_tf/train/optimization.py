@@ -10,7 +10,7 @@ Update for step t (g: gradient, w: weight, lr: learning rate):
     AdamW: w -= lr * u
     LAMB:  w -= lr * r * u,  r = ||w|| / ||u|| when both norms are > 0, else 1
 
-freeze_variance_after=K (--gradient_compression=onebit): from update K+1 on, v and its bias correction stay
+freeze_variance_after=K (--exchange=onebit): from update K+1 on, v and its bias correction stay
 as they were after update K (1-bit Adam, Tang et al. 2021). Adam's per-coordinate scale cannot be estimated
 from sign-compressed gradients (every value +-the chunk's mean magnitude); with v fixed the update is linear
 in the gradient, so error feedback's promise (the compressed gradients' sum follows the true one) carries

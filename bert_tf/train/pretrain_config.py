@@ -97,10 +97,10 @@ class PretrainConfig(TrainConfig, divergence.GuardConfig):
     def _check_ladder_and_auto_exchange(self):
         if self.ladder_sequences_per_second < 0:
             raise ConfigError(f"--ladder_sequences_per_second must be >= 0, got {self.ladder_sequences_per_second}")
-        if self.comm.gradient_compression != "auto":
+        if self.comm.exchange != "auto":
             return
         if not self.ladder_sequences_per_second:
-            raise ConfigError("--gradient_compression=auto needs --ladder_sequences_per_second (run/benchmark.py's "
+            raise ConfigError("--exchange=auto needs --ladder_sequences_per_second (run/benchmark.py's "
                               "sequences/s per rank: the compute the link is weighed against)")
 
     def validate(self):

@@ -16,6 +16,7 @@ rank that joins later runs the same code).
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import sys
@@ -122,7 +123,7 @@ def _warn_on_save_time(cfg: PretrainConfig, job: Job, say):
 class IntervalMetrics:
     """Sums one log interval's per-update outputs on the device (no fetch per update) and the
     timed updates' splits on this rank; `record` fetches the sums once, turns them into a
-    "train" record (losses and accuracies over all ranks) and starts the next interval."""
+    "train" record (metrics.TrainRecord: losses and accuracies over all ranks) and starts the next interval."""
 
     SUMMED = ("loss", "mlm_loss", "nsp_loss", "mlm_correct", "mlm_weight", "nsp_correct", "nsp_count", "sequences",
               "useful_tokens", "instances")
@@ -138,42 +139,41 @@ class IntervalMetrics:
     def _reset(self):
         self.start, self.updates, self.sums, self.timing, self.timed = time.time(), 0, {}, {}, 0
 
-    def add(self, out, timing):
+    def add(self, out: training.UpdateOutput, timing):
         """out: one update's outputs (tensors stay on the device); timing: its split, or {}."""
         self.updates += 1
+        figures = out.figures()
         for key in self.SUMMED:
-            if key in out:
-                value = tf.cast(out[key], tf.float64) * (self.loss_weight if training.is_mean(key) else 1.0)
+            if key in figures:
+                value = tf.cast(figures[key], tf.float64) * (self.loss_weight if training.is_mean(key) else 1.0)
                 self.sums[key] = self.sums[key] + value if key in self.sums else value
         if timing:
             self.timed += 1
             for key, seconds in timing.items():
                 self.timing[key] = self.timing.get(key, 0.0) + seconds
 
-    def record(self, step, out) -> dict:
+    def record(self, step, out: training.UpdateOutput) -> metrics.TrainRecord:
         """A collective: every rank calls it at the same step. `out`: the last update's outputs."""
         size = distributed.size()
         total = distributed.sum_across_ranks(self.sums)
         seconds = time.time() - self.start
         n = self.updates
         trained = float(total.get("sequences", n * self.global_batch_size))   # a batch warmup's updates are smaller
-        record = {"kind": "train", "step": step,
-                  **{key: value / (n * size) for key, value in total.items() if training.is_mean(key)},
-                  **metrics.accuracies(total),
-                  "learning_rate": float(out["learning_rate"]), "grad_norm": float(out["grad_norm"]),
-                  "sequences_per_second": trained / seconds,
-                  "tokens_per_second": trained * self.seq_length / seconds,
-                  **({"sequences": int(total["sequences"])} if "sequences" in total else {}),  # trained, all ranks
-                  # non-padding tokens (and with packed rows, instances) over all ranks
-                  **{f"{key}_per_second": float(total[key]) / seconds for key in ("useful_tokens", "instances")
-                     if key in total},
-                  **{key: value / self.timed for key, value in self.timing.items()}}  # this rank's split
+        tx = None
         if self.interface:
             tx_now = metrics.read_tx_bytes(self.interface)
-            record["tx_bytes_per_update"] = (tx_now - self.tx_start) / n
-            self.tx_start = tx_now
-        if "loss_scale" in out:
-            record["loss_scale"] = float(out["loss_scale"])
+            tx, self.tx_start = (tx_now - self.tx_start) / n, tx_now
+        record = metrics.TrainRecord(
+            step=step, **{key: value / (n * size) for key, value in total.items() if training.is_mean(key)},
+            **metrics.accuracies(total),
+            learning_rate=float(out.learning_rate), grad_norm=float(out.grad_norm),
+            sequences_per_second=trained / seconds, tokens_per_second=trained * self.seq_length / seconds,
+            sequences=int(total["sequences"]) if "sequences" in total else None,   # trained, all ranks
+            # non-padding tokens (and with packed rows, instances) over all ranks
+            **{f"{key}_per_second": float(total[key]) / seconds for key in ("useful_tokens", "instances")
+               if key in total},
+            **{key: value / self.timed for key, value in self.timing.items()},   # this rank's split
+            tx_bytes_per_update=tx, loss_scale=None if out.loss_scale is None else float(out.loss_scale))
         self._reset()
         return record
 
@@ -260,7 +260,7 @@ def train(cfg: PretrainConfig, job: Job, mode: Mode) -> dict:
     _begin(job, mode, step)
     say, samples_seen = mode.say, mode.samples_seen
     interval = IntervalMetrics(job.global_batch, cfg.max_seq_length, cfg.network_interface, mode.loss_weight)
-    last = {}
+    last: metrics.TrainRecord | None = None
     plan = budget.Budget(cfg.time_budget_hours, cfg.warmup_steps, cfg.total_steps, warmup=job.warmup) \
         if cfg.time_budget_hours else None
     end_step = cfg.total_steps if plan is None else sys.maxsize     # a budget ends on the clock
@@ -283,7 +283,7 @@ def train(cfg: PretrainConfig, job: Job, mode: Mode) -> dict:
             stopping, spent, why = True, True, f"the time budget ({cfg.time_budget_hours:g} h)"
         if logging or stopping:
             last = _log_interval(job, mode, interval.record(step, out), step, samples_seen, plan, start_step)
-            reason = job.guard.observe(last["loss"], int(trainer.consecutive_skips.numpy()))
+            reason = job.guard.observe(last.loss, int(trainer.consecutive_skips.numpy()))
             if reason and not stopping:
                 step = rollback(cfg, job, mode, reason, step)
                 interval = IntervalMetrics(job.global_batch, cfg.max_seq_length, cfg.network_interface,
@@ -338,43 +338,48 @@ def _begin(job: Job, mode: Mode, step):
     if job.started_from_init and job.eval_files and step == 0:
         first = job.evaluate(step)
         job.writer.write(first)
-        mode.say(f"held-out before training: MLM accuracy {first.get('eval_mlm_accuracy', float('nan')):.4f}, "
-                 f"MLM loss {first['eval_mlm_loss']:.4f}")
+        accuracy = float("nan") if first.eval_mlm_accuracy is None else first.eval_mlm_accuracy
+        mode.say(f"held-out before training: MLM accuracy {accuracy:.4f}, MLM loss {first.eval_mlm_loss:.4f}")
 
 
-def _log_interval(job: Job, mode: Mode, last, step, samples_seen, plan, start_step) -> dict:
+def _log_interval(job: Job, mode: Mode, last: metrics.TrainRecord, step, samples_seen, plan,
+                  start_step) -> metrics.TrainRecord:
     """A log step: the interval's record completed, the budget's schedule re-predicted (rank 0's
     prediction, on every rank), written and shown."""
     trainer = job.trainer
-    last.update(skipped_steps=int(trainer.skipped_steps.numpy()), samples_seen=samples_seen, ranks=mode.size)
+    last = dataclasses.replace(last, skipped_steps=int(trainer.skipped_steps.numpy()), samples_seen=samples_seen,
+                               ranks=mode.size)
     if plan is not None:
         trainer.schedule.assign(plan.schedule(plan.predict(step, start_step, job.clock)))
         distributed.broadcast_variables([trainer.schedule], root_rank=0)
-        last["budget_predicted_steps"] = float(trainer.schedule[1].numpy())
+        last = dataclasses.replace(last, budget_predicted_steps=float(trainer.schedule[1].numpy()))
     job.writer.write(last)
     job.writer.progress(step, int(trainer.schedule[1].numpy()), last, start_step)
     return last
 
 
-def _finish(cfg: PretrainConfig, job: Job, mode: Mode, step, last, stopped_early, evaluate) -> dict:
-    """After the loop: the mode's end, the final held-out evaluation, the ladder comparison."""
+def _finish(cfg: PretrainConfig, job: Job, mode: Mode, step, last: metrics.TrainRecord | None, stopped_early,
+            evaluate) -> dict:
+    """After the loop: the mode's end, the final held-out evaluation, the ladder comparison. Returns the last
+    train record as a dict (as metrics.jsonl holds it) with the final eval_ figures and stopped_early."""
     say = mode.say
     mode.end(step)
+    summary = metrics.as_dict(last) if last is not None else {}
     if job.eval_files and evaluate:
         final_eval = job.evaluate(step)
         job.writer.write(final_eval)
         target_reached(cfg, job, final_eval, step, say)
-        last.update({k: v for k, v in final_eval.items() if k.startswith("eval_")})
-    last["stopped_early"] = stopped_early
-    if cfg.ladder_sequences_per_second and "sequences_per_second" in last:
-        say(f"measured {last['sequences_per_second'] / mode.size:.2f} seq/s per rank (last interval) vs "
+        summary.update({k: v for k, v in metrics.as_dict(final_eval).items() if k.startswith("eval_")})
+    summary["stopped_early"] = stopped_early
+    if cfg.ladder_sequences_per_second and "sequences_per_second" in summary:
+        say(f"measured {summary['sequences_per_second'] / mode.size:.2f} seq/s per rank (last interval) vs "
             f"the ladder's {cfg.ladder_sequences_per_second:.2f} for this configuration")
-    return last
+    return summary
 
 
 def target_reached(cfg, job, evaluation, step, say) -> bool:
     """--target_mlm_accuracy: True (and the time to train logged) when this evaluation reaches it."""
-    accuracy = evaluation.get("eval_mlm_accuracy", 0.0)
+    accuracy = evaluation.eval_mlm_accuracy or 0.0
     if not cfg.target_mlm_accuracy or accuracy < cfg.target_mlm_accuracy:
         return False
     seconds = job.clock.elapsed()

@@ -119,7 +119,7 @@ class Job:
     position: input_pipeline.InputPosition
     ckpts: checkpointing.Checkpoints
     writer: metrics.MetricsWriter
-    evaluate: Callable[[int], dict]
+    evaluate: Callable[[int], metrics.EvalRecord]
     samples_seen: int        # sequences all ranks consumed before this run (restored)
     global_batch: int        # sequences per update
     parameters: int
@@ -171,7 +171,7 @@ def describe(cfg: PretrainConfig, size: int, global_batch: int) -> str:
 
 
 def describe_exchange(comm) -> str:
-    """--gradient_compression (or --local_updates) in a few words, for the run's first log line."""
+    """--exchange (or --local_updates) in a few words, for the run's first log line."""
     if comm.local_updates:
         return (f"DiLoCo{' (each node one worker)' if comm.local_group == 'node' else ''}: the weights' change in "
                 f"float16 every {comm.local_updates} updates (outer learning rate "
@@ -240,7 +240,7 @@ def build(cfg: PretrainConfig, say, asked: PretrainConfig | None = None) -> Job:
             cfg.max_predictions_per_seq, cfg.masked_lm_prob, tokenizer.mask_id)
     train_input = resume_input(cfg, inputs, masker, position, samples_seen, int(trainer.step.numpy()), say)
     run_record = {"kind": "run", "global_batch": global_batch, "parameters": parameters,
-                  "config": dataclasses.asdict(asked or cfg), "resolved": dataclasses.asdict(cfg),
+                  "config": as_record(asked or cfg), "resolved": as_record(cfg),
                   "command": "python " + shlex.join(sys.argv)}  # for the export's model card
     return Job(trainer=trainer, input=train_input, position=position, ckpts=ckpts,
                writer=metrics.MetricsWriter(cfg.checkpoint_dir, rank == 0, cfg.wandb_project, cfg.wandb_mode),
@@ -253,6 +253,11 @@ def build(cfg: PretrainConfig, say, asked: PretrainConfig | None = None) -> Job:
                                  "vocab_size": len(tokenizer)},
                run_record=run_record, guard=divergence.Guard(cfg), clock=clock,
                warmup=warmup, outer=outer)
+
+
+def as_record(cfg: PretrainConfig) -> dict:
+    """The config as the run record holds it: dataclasses.asdict, the comm's as CommConfig.as_record writes it."""
+    return {**dataclasses.asdict(cfg), "comm": cfg.comm.as_record()}
 
 
 def recorded_exchange(cfg: PretrainConfig):
@@ -268,8 +273,8 @@ def settle_exchange(cfg: PretrainConfig, model_config, rank, say):
     agree on rank 0's view now; elastic mode (no collective before the first sync) builds with the named method,
     or none under `auto`, and agrees at every start (elastic.Elastic.begin)."""
     if cfg.elastic:
-        return cfg.comm if cfg.comm.gradient_compression != "auto" else \
-            dataclasses.replace(cfg.comm, gradient_compression="none")
+        return cfg.comm if cfg.comm.exchange != "auto" else \
+            dataclasses.replace(cfg.comm, exchange="none")
     recorded = distributed.broadcast_object(recorded_exchange(cfg) if rank == 0 else None)
     comm, note = exchange_state.settle_choice(cfg.comm, recorded, lambda: resolve_exchange(cfg, model_config, say))
     if note:
@@ -278,13 +283,13 @@ def settle_exchange(cfg: PretrainConfig, model_config, rank, say):
 
 
 def resolve_exchange(cfg: PretrainConfig, model_config, say):
-    """--gradient_compression=auto: the comm with the exchange chosen for this job (auto_exchange.resolve)."""
+    """--exchange=auto: the comm with the exchange chosen for this job (auto_exchange.resolve)."""
     return auto_exchange.resolve(cfg.comm, model_config, not cfg.mlm_only, cfg.micro_batch_size,
                                  cfg.accumulation_steps, cfg.max_seq_length, cfg.ladder_sequences_per_second, say)
 
 
 def make_trainer(cfg: PretrainConfig, model, rank):
-    """The trainer with its gradient exchange (--gradient_compression), or DiLoCo's outer step when
+    """The trainer with its gradient exchange (--exchange), or DiLoCo's outer step when
     --local_updates (the inner updates then exchange nothing, or only inside a node: --local_group=node).
     Returns (trainer, the outer step or None)."""
     if cfg.comm.local_updates:
@@ -300,7 +305,7 @@ def make_trainer(cfg: PretrainConfig, model, rank):
 
 def settle(cfg, trainer, outer, samples_seen, say):
     """A static run after restore (or init): every rank takes rank 0's state, then its own error buffers
-    from its own file beside the checkpoint (--gradient_compression); DiLoCo's first round starts from the
+    from its own file beside the checkpoint (--exchange); DiLoCo's first round starts from the
     shared weights."""
     distributed.broadcast_variables(trainer.state_variables() + (list(outer.variables) if outer else []), root_rank=0)
     if trainer.exchange.own() and samples_seen:

@@ -73,6 +73,6 @@ class TrainConfig:
             raise ConfigError(f"--decay_fraction must be in (0, 1], got {self.decay_fraction}")
         if not 0 < self.adam_beta2 < 1:
             raise ConfigError(f"--adam_beta2 must be in (0, 1), got {self.adam_beta2}")
-        if self.comm.gradient_compression == "onebit" and self.comm.compression_warmup_steps < 1:
-            raise ConfigError("--gradient_compression=onebit needs --compression_warmup_steps >= 1: the optimizer's "
+        if self.comm.exchange == "onebit" and self.comm.compression_warmup_steps < 1:
+            raise ConfigError("--exchange=onebit needs --compression_warmup_steps >= 1: the optimizer's "
                               "variance is estimated from those float32 updates, then frozen (1-bit Adam)")

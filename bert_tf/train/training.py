@@ -17,7 +17,7 @@ compiled and fused.
 
 `comm.allreduce_every_micro_batch=True` is the naive baseline the communication study starts from:
 each micro-batch's gradients are allreduced before being summed (accumulation_steps allreduces
-per update instead of one). The same mean up to rounding (with --fp16_allreduce, N float16
+per update instead of one). The same mean up to rounding (with --exchange=fp16, N float16
 roundings per update instead of one), N times the traffic.
 
 The hot loop never waits for the device: the dropout seed of each micro-batch is derived on the
@@ -29,7 +29,7 @@ allreduce (the gradients on the link) and update seconds; it waits for the devic
 each clock read, so the split stays honest where kernels run asynchronously (GPUs).
 
 Variables, losses and the update are float32; gradients are float32 out of the compiled code (with
---fp16_allreduce the allreduce sends, sums and divides them in float16; under mixed_float16 they
+--exchange=fp16 the allreduce sends, sums and divides them in float16; under mixed_float16 they
 still carry the loss scale until `apply` unscales them).
 """
 from __future__ import annotations
@@ -38,10 +38,12 @@ import contextlib
 import dataclasses
 import os
 import time
+from typing import Any, TypeVar
 
 import tensorflow as tf
 
 from bert_tf import ConfigError
+from bert_tf.model.modeling import TensorRecord
 from bert_tf.parallel.exchange import Local, as_exchange
 from bert_tf.train import optimization
 from bert_tf.parallel import watchdog
@@ -90,6 +92,34 @@ def fusion_enabled() -> bool:
     return all(f in os.environ.get("TF_XLA_FLAGS", "").split() for f in FUSION_FLAGS)
 
 
+R = TypeVar("R", bound=TensorRecord)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class UpdateOutput:
+    """What `Trainer.train_step` returns: one update's tensors, on the device (nothing fetched). `output` is the
+    model's record (modeling.PretrainOutput, finetuning.FinetuneOutput) over this rank's micro-batches, means
+    averaged and counts summed (sum_metrics); the rest are the update's own, scalars []."""
+    output: Any
+    grad_norm: tf.Tensor                    # of the update's gradients, before clipping
+    learning_rate: tf.Tensor
+    finite: tf.Tensor                       # bool: False when a non-finite gradient skipped the update
+    sequences: tf.Tensor                    # sequences this rank trained on (int32)
+    useful_tokens: tf.Tensor                # their non-padding tokens (int32)
+    instances: tf.Tensor | None = None      # packed rows: the instances they held; else None
+    loss_scale: tf.Tensor | None = None     # mixed_float16's loss scale; else None
+
+    @property
+    def loss(self) -> tf.Tensor:
+        return self.output.loss
+
+    def figures(self) -> dict[str, Any]:
+        """{name: tensor}: the model's fields and the update's (not `output` itself), None left out; what
+        pretraining.IntervalMetrics sums by name."""
+        update = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "output"}
+        return {**self.output.present(), **{k: v for k, v in update.items() if v is not None}}
+
+
 class Trainer:
     """Holds the model, optimizer and loss scale, and runs updates.
 
@@ -106,7 +136,7 @@ class Trainer:
         tf.config.experimental.enable_tensor_float_32_execution(config.tf32)
         self.variables = list(model.trainable_variables)
         # 1-bit signs: the variance is frozen once they start (optimization.py)
-        onebit = config.comm.gradient_compression == "onebit"
+        onebit = config.comm.exchange == "onebit"
         self.optimizer = optimization.Optimizer(
             self.variables, config.optimizer, config.weight_decay, beta_2=config.adam_beta2,
             freeze_variance_after=config.comm.compression_warmup_steps if onebit else 0)
@@ -140,7 +170,7 @@ class Trainer:
         self.exchange = as_exchange(exchange)
         self.exchange.attach_clock(self.optimizer.iterations)
         if comm is not None and comm != self.config.comm:
-            onebit = comm.gradient_compression == "onebit"
+            onebit = comm.exchange == "onebit"
             self.optimizer.freeze_variance_after = comm.compression_warmup_steps if onebit else 0
             self.config = dataclasses.replace(self.config, comm=comm)
             self.apply = tf.function(self._apply, jit_compile=True)      # the freeze is read when traced
@@ -211,7 +241,7 @@ class Trainer:
     def _gradients(self, features, seed):
         with tf.GradientTape() as tape:
             out = self.model(features, dtype=self.dtype, seed=seed, training=True)
-            loss = out["loss"]
+            loss = out.loss
             if self.loss_scale is not None:
                 loss = loss * self.loss_scale.scale
         # zeros for variables the loss does not reach (a span head leaves the pooler out)
@@ -297,9 +327,9 @@ class Trainer:
         grads, last = self._finish(micro_batches[-1], seeds[-1])
         return grads, outs + [last]
 
-    def train_step(self, micro_batches, timed=False):
+    def train_step(self, micro_batches, timed=False) -> UpdateOutput:
         """One update: gradients, the allreduce, apply. micro_batches: `self.rank_micro_batches` feature
-        dicts. Returns per-update metrics (tensors, not fetched). timed: measure the compute /
+        dicts. Returns its UpdateOutput (tensors, not fetched). timed: measure the compute /
         allreduce / update split into `self.timing` (waits for the device three times; otherwise
         `self.timing` is {})."""
         clock = _device_clock if timed else (lambda: 0.0)
@@ -320,17 +350,16 @@ class Trainer:
         end = clock()
         self.timing = {"compute_seconds": update_start - start - wait - comm, "wait_seconds": wait,
                        "allreduce_seconds": comm, "update_seconds": end - update_start} if timed else {}
-        metrics = sum_metrics(outs)
-        metrics.update(info)
-        # sequences this rank trained on (a count): what the logged throughput and batch checks use
-        metrics["sequences"] = tf.add_n([tf.shape(mb["input_ids"])[0] for mb in micro_batches])
-        # what the rows held: non-padding tokens, and instances where rows are packed
-        metrics["useful_tokens"] = tf.add_n([tf.reduce_sum(mb["input_mask"]) for mb in micro_batches])
-        if "next_sentence_weights" in micro_batches[0]:
-            metrics["instances"] = tf.add_n([tf.reduce_sum(mb["next_sentence_weights"]) for mb in micro_batches])
-        if self.loss_scale is not None:
-            metrics["loss_scale"] = self.loss_scale.scale.read_value()
-        return metrics
+        packed = "next_sentence_weights" in micro_batches[0]
+        return UpdateOutput(
+            output=sum_metrics(outs), grad_norm=info["grad_norm"], learning_rate=info["learning_rate"],
+            finite=info["finite"],
+            # sequences this rank trained on (a count): what the logged throughput and batch checks use
+            sequences=tf.add_n([tf.shape(mb["input_ids"])[0] for mb in micro_batches]),
+            # what the rows held: non-padding tokens, and instances where rows are packed
+            useful_tokens=tf.add_n([tf.reduce_sum(mb["input_mask"]) for mb in micro_batches]),
+            instances=tf.add_n([tf.reduce_sum(mb["next_sentence_weights"]) for mb in micro_batches]) if packed else None,
+            loss_scale=self.loss_scale.scale.read_value() if self.loss_scale is not None else None)
 
     def _wait(self, clock, timed):
         """Seconds spent waiting for every rank to reach the allreduce (timed updates only: the
@@ -374,11 +403,12 @@ def is_mean(key) -> bool:
     return key.endswith("loss")
 
 
-def sum_metrics(outs):
-    """One update's outputs from its micro-batches' (is_mean: averaged, else summed)."""
+def sum_metrics(outs: list[R]) -> R:
+    """One update's output (a model's TensorRecord) from its micro-batches': each field is_mean says is a mean
+    averaged, the rest summed; fields the model leaves None stay None."""
     n = float(len(outs))
     metrics = {}
-    for key in outs[0]:
-        total = tf.add_n([o[key] for o in outs])
+    for key in outs[0].present():
+        total = tf.add_n([getattr(o, key) for o in outs])
         metrics[key] = total / n if is_mean(key) else total
-    return metrics
+    return dataclasses.replace(outs[0], **metrics)

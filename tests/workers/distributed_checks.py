@@ -123,7 +123,7 @@ result["record_hashes"] = [record_hash(b, i) for b in (
 
 
 
-# --gradient_compression=powersgd|onebit (bert_tf/parallel/compression.py): the exchange itself on gradients that
+# --exchange=powersgd|onebit (bert_tf/parallel/compression.py): the exchange itself on gradients that
 # differ per rank (its inputs, outputs and buffers kept for a NumPy reference), a non-finite gradient on one
 # rank, the buffers' capture for a checkpoint, and trainer updates keeping the weights equal on both ranks
 from bert_tf.parallel import compression  # noqa: E402  (after the set-up above)
@@ -137,7 +137,7 @@ def local_state(exchange):
 for method in compression.METHODS:
     tf.random.set_seed(3)
     model = modeling.BertPretrainer(modeling.BertConfig.preset("tiny", vocab_size=100))
-    exchange = distributed.make_gradient_exchange(CommConfig(gradient_compression=method, powersgd_rank=2),
+    exchange = distributed.make_gradient_exchange(CommConfig(exchange=method, powersgd_rank=2),
                                                   model.trainable_variables, seed=7, name=f"x{method}")
     if method == "powersgd":
         arrays[f"{method}_q0"] = flat(q.numpy() for q in exchange.qs)
@@ -172,7 +172,7 @@ for method in compression.METHODS:
     # training: four updates with dropout (streams differ per rank), then the weights on both ranks
     model = tiny(1)
     exchange = distributed.make_gradient_exchange(
-        CommConfig(gradient_compression=method, powersgd_rank=2, compression_warmup_steps=1),
+        CommConfig(exchange=method, powersgd_rank=2, compression_warmup_steps=1),
         model.trainable_variables, seed=7, name=f"t{method}")
     trainer = training.Trainer(model, training.TrainConfig(learning_rate=1e-3, optimizer="adamw"),
                                exchange=exchange, seed_offset=rank)
@@ -208,15 +208,15 @@ arrays["diloco_after"] = flat(v.numpy() for v in model.trainable_variables)
 arrays["diloco_velocity"] = flat(v.numpy() for v in outer.velocity)
 result["diloco_rounds"] = int(outer.rounds.numpy())
 
-# --gradient_compression=auto (bert_tf/parallel/auto_exchange.py): the link measured by both ranks together, rank 0's
+# --exchange=auto (bert_tf/parallel/auto_exchange.py): the link measured by both ranks together, rank 0's
 # figures on both, so both choose the same exchange
 from bert_tf.parallel import auto_exchange  # noqa: E402  (after the set-up above)
 
 result["auto_link"] = auto_exchange.measure_link(elements=2 ** 16, repeats=2)
 said = []
-result["auto_chosen"] = auto_exchange.resolve(CommConfig(gradient_compression="auto"),
+result["auto_chosen"] = auto_exchange.resolve(CommConfig(exchange="auto"),
                                               modeling.BertConfig.preset("tiny", vocab_size=100), True, 4, 1, 16, 100.0,
-                                              said.append).gradient_compression
+                                              said.append).exchange
 result["auto_said"] = said
 
 with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:

@@ -60,7 +60,7 @@ barrier()
 digest = exchange_state.weights_digest(variables)
 rows = []
 for method in ("powersgd", "onebit"):
-    comm = CommConfig(gradient_compression=method, powersgd_rank=4)
+    comm = CommConfig(exchange=method, powersgd_rank=4)
     ex = distributed.make_gradient_exchange(comm, variables, seed=0)
     for _ in range(2):
         ex([tf.random.normal(v.shape, seed=None) for v in variables])
