@@ -1,10 +1,12 @@
-"""Quiet on a CPU machine: TensorFlow's wheel probes for CUDA when it is imported and when it first lists
-devices, and on a machine without an NVIDIA driver it prints "Could not find cuda drivers" and
-"failed call to cuInit: ... UNKNOWN ERROR (303)" from every process, which a newcomer reads as a broken
-install. `install()` (called when bert_tf is imported) wraps that first import of TensorFlow: stderr goes to
-a temporary file meanwhile, and every line of it except the CUDA probe's is written back. On a machine with
-a driver (/dev/nvidiactl or /proc/driver/nvidia) nothing is wrapped: a GPU node's messages are news.
+"""Quiet on a CPU machine: TensorFlow's wheel probes for CUDA when it is imported and when it first
+lists devices, and on a machine without an NVIDIA driver it prints "Could not find cuda drivers" and
+"failed call to cuInit: ... UNKNOWN ERROR (303)" from every process, which a newcomer reads as a
+broken install. `install()` (called when bert_tf is imported) wraps that first import of TensorFlow:
+stderr goes to a temporary file meanwhile, and every line of it except the CUDA probe's is written
+back. On a machine with a driver (/dev/nvidiactl or /proc/driver/nvidia) nothing is wrapped: a GPU
+node's messages are news.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -14,10 +16,16 @@ import os
 import sys
 import tempfile
 
-# The probe's lines only: everything else TensorFlow prints while importing (oneDNN's notice, real errors)
-# is written back.
-CUDA_PROBE = ("cudart_stub.cc", "cuda_platform.cc", "cuda_executor.cc", "cuda_diagnostics.cc",
-              "Could not find cuda drivers", "failed call to cuInit")
+# The probe's lines only: everything else TensorFlow prints while importing (oneDNN's notice, real
+# errors) is written back.
+CUDA_PROBE = (
+    "cudart_stub.cc",
+    "cuda_platform.cc",
+    "cuda_executor.cc",
+    "cuda_diagnostics.cc",
+    "Could not find cuda drivers",
+    "failed call to cuInit",
+)
 
 
 def has_nvidia_driver() -> bool:
@@ -30,8 +38,9 @@ def is_cuda_probe(line: str) -> bool:
 
 @contextlib.contextmanager
 def stderr_without(drop):
-    """File descriptor 2 (C++ logging writes there, not to sys.stderr) into a temporary file for the block;
-    then every line `drop(line)` refuses is written to the real stderr, also when the block raises."""
+    """File descriptor 2 (C++ logging writes there, not to sys.stderr) into a temporary file for the
+    block; then every line `drop(line)` refuses is written to the real stderr, also when the block
+    raises."""
     sys.stderr.flush()
     saved = os.dup(2)
     with tempfile.TemporaryFile() as held:
@@ -43,7 +52,11 @@ def stderr_without(drop):
             os.dup2(saved, 2)
             os.close(saved)
             held.seek(0)
-            kept = [line for line in held.read().decode(errors="replace").splitlines(True) if not drop(line)]
+            kept = [
+                line
+                for line in held.read().decode(errors="replace").splitlines(True)
+                if not drop(line)
+            ]
             sys.stderr.write("".join(kept))
             sys.stderr.flush()
 
@@ -55,7 +68,7 @@ class _FirstTensorFlowImport(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
         if name != "tensorflow":
             return None
-        sys.meta_path.remove(self)          # once; and find_spec below must not come back here
+        sys.meta_path.remove(self)  # once; and find_spec below must not come back here
         spec = importlib.util.find_spec(name)
         if spec is None or spec.loader is None:
             return spec
@@ -65,12 +78,14 @@ class _FirstTensorFlowImport(importlib.abc.MetaPathFinder):
             with stderr_without(is_cuda_probe):
                 load(module)
                 module.config.list_physical_devices()
+
         spec.loader.exec_module = exec_module
         return spec
 
 
 def install():
-    """Once per process, before TensorFlow is imported; nothing on a machine with an NVIDIA driver."""
+    """Once per process, before TensorFlow is imported; nothing on a machine with an NVIDIA
+    driver."""
     if "tensorflow" in sys.modules or has_nvidia_driver():
         return
     if not any(isinstance(f, _FirstTensorFlowImport) for f in sys.meta_path):

@@ -1,8 +1,10 @@
 """The communication study: what each of the paper's communication optimisations buys, measured
-on an emulated cluster (bert_tf/studies/emulated_cluster.py: network namespaces, tbf-shaped links; root).
+on an emulated cluster (bert_tf/studies/emulated_cluster.py: network namespaces, tbf-shaped links;
+root).
 
     python run/comm_study.py --output_dir=runs/comm_study                  # 2 nodes, 1/10/25 Gbit/s
-    python run/comm_study.py --node_counts=4 --rates=1 --sweep_fusion_threshold_mb= --sweep_cycle_time_ms= \
+    python run/comm_study.py --node_counts=4 --rates=1 --sweep_fusion_threshold_mb=
+    --sweep_cycle_time_ms= \
         --output_dir=runs/comm_study4
 
 For each node count and link rate, short pre-training jobs (run/pretrain.py, one rank per node)
@@ -15,15 +17,15 @@ climb the ladder
     powersgd/onebit the compressed exchanges with error feedback, when asked (--compressed)
 and records per update (first --warmup_updates dropped: XLA compilation): compute, allreduce and
 update seconds (rank 0's clock), bytes rank 0's node sent on its link (kernel counter of eth0),
-and sequences/s. Beside each measurement, the planner's prediction (bert_tf/tools/planner.py) from the
-study's own measured compute speed. Writes study.json, study.png (throughput vs link rate per
+and sequences/s. Beside each measurement, the planner's prediction (bert_tf/tools/planner.py) from
+the study's own measured compute speed. Writes study.json, study.png (throughput vs link rate per
 configuration) and prints the table. Without root / iproute2 / namespaces it says what is missing,
 skips the emulated part and prints only the planner's predictions (give --device_seq_s).
 
 Data: the demo's (scripts/demo.sh makes data/demo); any google-format TFRecords work.
-The logic and the flags (StudyConfig) are bert_tf/studies/comm_study.py; this file holds the loop and the
-printing. The old names --nodes, --fusion_threshold_mb and --cycle_time_ms (lists here, single values in
-run/pretrain.py) work for one release with a warning.
+The logic and the flags (StudyConfig) are bert_tf/studies/comm_study.py; this file holds the loop
+and the printing. The old names --nodes, --fusion_threshold_mb and --cycle_time_ms (lists here,
+single values in run/pretrain.py) work for one release with a warning.
 """
 
 import glob
@@ -46,31 +48,54 @@ cli.define_renamed("cycle_time_ms", "sweep_cycle_time_ms")
 
 def job_command(cfg, checkpoint_dir, comm):
     total = cfg.warmup_updates + cfg.updates
-    return [sys.executable, os.path.join(REPO, "run", "pretrain.py"),
-            f"--model_preset={cfg.model_preset}", f"--vocab_file={cfg.vocab_file}",
-            f"--train_files={cfg.train_files}", f"--max_seq_length={cfg.sequence.max_seq_length}",
-            f"--max_predictions_per_seq={cfg.sequence.max_predictions_per_seq}",
-            f"--micro_batch_size={cfg.micro_batch_size}", f"--accumulation_steps={cfg.accumulation_steps}",
-            f"--total_steps={total}", "--log_interval=1",
-            f"--save_interval={total}", "--keep_last=1", "--learning_rate=1e-4", f"--checkpoint_dir={checkpoint_dir}",
-            "--network_interface=eth0", "--xla" if cfg.xla else "--noxla", *comm.as_flags()]
+    return [
+        sys.executable,
+        os.path.join(REPO, "run", "pretrain.py"),
+        f"--model_preset={cfg.model_preset}",
+        f"--vocab_file={cfg.vocab_file}",
+        f"--train_files={cfg.train_files}",
+        f"--max_seq_length={cfg.sequence.max_seq_length}",
+        f"--max_predictions_per_seq={cfg.sequence.max_predictions_per_seq}",
+        f"--micro_batch_size={cfg.micro_batch_size}",
+        f"--accumulation_steps={cfg.accumulation_steps}",
+        f"--total_steps={total}",
+        "--log_interval=1",
+        f"--save_interval={total}",
+        "--keep_last=1",
+        "--learning_rate=1e-4",
+        f"--checkpoint_dir={checkpoint_dir}",
+        "--network_interface=eth0",
+        "--xla" if cfg.xla else "--noxla",
+        *comm.as_flags(),
+    ]
 
 
 def job_env():
     """The ranks import the bert_tf beside this script, whatever the installed one is."""
-    return {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
-            "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")}
+    return {
+        **os.environ,
+        "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"),
+    }
 
 
 def print_compression_cost(cfg):
-    """--compression_cost: what each compressed exchange computes per update of --model_preset, here."""
+    """--compression_cost: what each compressed exchange computes per update of --model_preset,
+    here."""
     from bert_tf.model import modeling
     from bert_tf.tools import planner
-    shapes = planner.gradient_tensor_shapes(modeling.BertConfig.preset(cfg.model_preset, vocab_size=30522))
+
+    shapes = planner.gradient_tensor_shapes(
+        modeling.BertConfig.preset(cfg.model_preset, vocab_size=30522)
+    )
     for method in cfg.compressed or ["powersgd", "onebit"]:
         seconds = comm_study.compression_seconds(shapes, method)
-        print(f"{method}: {seconds:.4f} s per update for BERT-{cfg.model_preset} (vocabulary 30,522) on this "
-              f"machine, in one process", flush=True)
+        print(
+            f"{method}: {seconds:.4f} s per update for BERT-{cfg.model_preset} (vocabulary 30,522) "
+            "on this "
+            f"machine, in one process",
+            flush=True,
+        )
 
 
 def predict_only(cfg, result, sizes):
@@ -81,10 +106,24 @@ def predict_only(cfg, result, sizes):
     for nodes in cfg.node_counts:
         for rate in cfg.rates:
             for label, comm in cfg.ladder():
-                p = comm_study.predict(sizes, nodes, rate, comm, cfg.device_seq_s, cfg.micro_batch_size,
-                                       cfg.accumulation_steps, cfg.sequence.max_seq_length)
-                result["rows"].append({"nodes": nodes, "rate_gbit": rate, "config": label,
-                                       "predicted_sequences_per_second": p["sequences_per_second"]})
+                p = comm_study.predict(
+                    sizes,
+                    nodes,
+                    rate,
+                    comm,
+                    cfg.device_seq_s,
+                    cfg.micro_batch_size,
+                    cfg.accumulation_steps,
+                    cfg.sequence.max_seq_length,
+                )
+                result["rows"].append(
+                    {
+                        "nodes": nodes,
+                        "rate_gbit": rate,
+                        "config": label,
+                        "predicted_sequences_per_second": p["sequences_per_second"],
+                    }
+                )
     print_table(result["rows"])
 
 
@@ -93,28 +132,45 @@ def main(argv):
     if cfg.probe:
         link = comm_study.probe_link()
         from bert_tf.parallel import distributed
+
         if distributed.rank() == 0:
             print(comm_study.PROBE_PREFIX + json.dumps(link), flush=True)
         return
     from bert_tf.data import tokenization
     from bert_tf.model import modeling
     from bert_tf.tools import planner
+
     if cfg.compression_cost:
         return print_compression_cost(cfg)
     problem = ec.preflight()
     if problem is None:
         for name in ("vocab_file", "train_files"):
             if not glob.glob(getattr(cfg, name)):
-                raise ConfigError(f"--{name}={getattr(cfg, name)} matches nothing (scripts/demo.sh makes the demo "
-                                  f"data)")
-    vocab_size = len(tokenization.load_vocab(cfg.vocab_file)) if os.path.exists(cfg.vocab_file) else 30522
+                raise ConfigError(
+                    f"--{name}={getattr(cfg, name)} matches nothing (scripts/demo.sh makes the "
+                    "demo "
+                    f"data)"
+                )
+    vocab_size = (
+        len(tokenization.load_vocab(cfg.vocab_file)) if os.path.exists(cfg.vocab_file) else 30522
+    )
     config = modeling.BertConfig.preset(cfg.model_preset, vocab_size=vocab_size)
-    sizes = planner.gradient_tensor_shapes(config)      # shapes: the compressed exchanges' plans need them
+    sizes = planner.gradient_tensor_shapes(
+        config
+    )  # shapes: the compressed exchanges' plans need them
     os.makedirs(cfg.output_dir, exist_ok=True)
-    result = {"command": " ".join(sys.argv), "model_preset": cfg.model_preset, "vocab_size": vocab_size,
-              "parameters": sum(planner.gradient_tensor_sizes(config)), "gradient_tensors": len(sizes),
-              "batch_size": cfg.micro_batch_size, "accumulation_steps": cfg.accumulation_steps,
-              "updates": cfg.updates, "rows": [], "settings": cfg.settings()}
+    result = {
+        "command": " ".join(sys.argv),
+        "model_preset": cfg.model_preset,
+        "vocab_size": vocab_size,
+        "parameters": sum(planner.gradient_tensor_sizes(config)),
+        "gradient_tensors": len(sizes),
+        "batch_size": cfg.micro_batch_size,
+        "accumulation_steps": cfg.accumulation_steps,
+        "updates": cfg.updates,
+        "rows": [],
+        "settings": cfg.settings(),
+    }
     if problem is not None:
         print(f"emulated part skipped: {problem}", flush=True)
         result["skipped"] = problem
@@ -123,19 +179,33 @@ def main(argv):
         return
     try:
         measure(cfg, result)
-    except (comm_study.ProbeError, ec.ClusterError) as e:       # keep what was measured, say how to go on
+    except (
+        comm_study.ProbeError,
+        ec.ClusterError,
+    ) as e:  # keep what was measured, say how to go on
         write(cfg, result)
-        sys.exit(f"error: {e} (measurements so far are in {cfg.output_dir}/study.json; run again to continue)")
+        sys.exit(
+            f"error: {e} (measurements so far are in {cfg.output_dir}/study.json; run again to "
+            "continue)"
+        )
     report(cfg, result, sizes)
 
 
 def report(cfg, result, sizes):
-    """The measured rows in ladder order, each with the planner's prediction; the goals; study.json and study.png."""
+    """The measured rows in ladder order, each with the planner's prediction; the goals; study.json
+    and study.png."""
     rows = result["rows"]
     order = {label: i for i, (label, _) in enumerate(cfg.all_rungs())}
     rows.sort(key=lambda r: (r["nodes"], r["rate_gbit"], order.get(r["config"], len(order))))
-    speed = comm_study.add_predictions(rows, result.get("links", []), dict(cfg.all_rungs()), sizes,
-                                       cfg.micro_batch_size, cfg.accumulation_steps, cfg.sequence.max_seq_length)
+    speed = comm_study.add_predictions(
+        rows,
+        result.get("links", []),
+        dict(cfg.all_rungs()),
+        sizes,
+        cfg.micro_batch_size,
+        cfg.accumulation_steps,
+        cfg.sequence.max_seq_length,
+    )
     if speed is not None:
         result["device_seq_s"] = speed
     print_table(rows)
@@ -146,10 +216,12 @@ def report(cfg, result, sizes):
 
 
 def measure(cfg, result):
-    """Runs the probe and the ladder for every node count and rate, keeping an earlier run's rows."""
+    """Runs the probe and the ladder for every node count and rate, keeping an earlier run's
+    rows."""
     rows = result["rows"]
-    done_rows, done_links = comm_study.previous_results(os.path.join(cfg.output_dir, "study.json"),
-                                                        result["settings"])
+    done_rows, done_links = comm_study.previous_results(
+        os.path.join(cfg.output_dir, "study.json"), result["settings"]
+    )
     env = job_env()
     for nodes in cfg.node_counts:
         for rate in cfg.rates:
@@ -158,7 +230,10 @@ def measure(cfg, result):
                 key = (nodes, rate, label)
                 if key in done_rows:
                     rows.append(done_rows[key])
-                    print(f"kept from an earlier run of this study: {nodes} nodes, {rate:g} Gbit/s, {label}")
+                    print(
+                        f"kept from an earlier run of this study: {nodes} nodes, {rate:g} Gbit/s, "
+                        f"{label}"
+                    )
                 else:
                     todo.append((label, comm))
             if (nodes, rate) in done_links:
@@ -167,18 +242,42 @@ def measure(cfg, result):
                 continue
             with ec.EmulatedCluster(nodes, rate_gbit=rate) as cluster:
                 if (nodes, rate) not in done_links:
-                    link = comm_study.run_probe(cluster, nodes, [sys.executable, os.path.abspath(__file__), "--probe"],
-                                                os.path.join(cfg.output_dir, f"probe_n{nodes}_r{rate:g}.txt"),
-                                                cfg.job_timeout, env)
-                    result.setdefault("links", []).append({"nodes": nodes, "rate_gbit": rate, **link})
-                    print(f"link probe, {nodes} nodes at {rate:g} Gbit/s: {json.dumps(link)}", flush=True)
+                    link = comm_study.run_probe(
+                        cluster,
+                        nodes,
+                        [sys.executable, os.path.abspath(__file__), "--probe"],
+                        os.path.join(cfg.output_dir, f"probe_n{nodes}_r{rate:g}.txt"),
+                        cfg.job_timeout,
+                        env,
+                    )
+                    result.setdefault("links", []).append(
+                        {"nodes": nodes, "rate_gbit": rate, **link}
+                    )
+                    print(
+                        f"link probe, {nodes} nodes at {rate:g} Gbit/s: {json.dumps(link)}",
+                        flush=True,
+                    )
                 for label, comm in todo:
-                    folder = os.path.join(cfg.output_dir,
-                                          f"n{nodes}_r{rate:g}_{label.replace('/', '_').replace(' ', '_')}")
-                    row = {"nodes": nodes, "rate_gbit": rate, "config": label, "flags": comm.as_flags(),
-                           **comm_study.run_job(cluster, nodes, job_command(cfg, folder, comm), folder,
-                                                cfg.job_timeout, cfg.warmup_updates,
-                                                cfg.micro_batch_size * cfg.accumulation_steps, env)}
+                    folder = os.path.join(
+                        cfg.output_dir,
+                        f"n{nodes}_r{rate:g}_{label.replace('/', '_').replace(' ', '_')}",
+                    )
+                    row = {
+                        "nodes": nodes,
+                        "rate_gbit": rate,
+                        "config": label,
+                        "flags": comm.as_flags(),
+                        **comm_study.run_job(
+                            cluster,
+                            nodes,
+                            job_command(cfg, folder, comm),
+                            folder,
+                            cfg.job_timeout,
+                            cfg.warmup_updates,
+                            cfg.micro_batch_size * cfg.accumulation_steps,
+                            env,
+                        ),
+                    }
                     rows.append(row)
                     print(json.dumps(row), flush=True)
                     write(cfg, result)
@@ -187,14 +286,22 @@ def measure(cfg, result):
 def print_goals(goals):
     for goal in goals:
         ratio = goal["fp16_bytes_ratio"]
-        print(f"{goal['nodes']} nodes at {goal['rate_gbit']:g} Gbit/s: full set ({goal['best_config']}) "
-              f"{goal['speedup']:.2f}x the fp32 per-micro-batch baseline (goal >= 1.8x at 1 Gbit/s); fp16 bytes "
-              "per update " + (f"{ratio:.3f}x fp32 (goal 0.50 +- 0.02)" if ratio is not None else "n/a"))
+        print(
+            f"{goal['nodes']} nodes at {goal['rate_gbit']:g} Gbit/s: full set "
+            f"({goal['best_config']}) "
+            f"{goal['speedup']:.2f}x the fp32 per-micro-batch baseline (goal >= 1.8x at 1 Gbit/s); "
+            "fp16 bytes "
+            "per update "
+            + (f"{ratio:.3f}x fp32 (goal 0.50 +- 0.02)" if ratio is not None else "n/a")
+        )
 
 
 def print_table(rows):
-    head = (f"{'nodes':>5} {'Gbit/s':>6}  {'config':<18} {'seq/s':>7} {'speedup':>7} {'compute':>8} "
-            f"{'wait':>6} {'allreduce':>9} {'MB/update':>9} {'bytes':>6} {'planner':>8} {'error':>6} {'own':>6}")
+    head = (
+        f"{'nodes':>5} {'Gbit/s':>6}  {'config':<18} {'seq/s':>7} {'speedup':>7} {'compute':>8} "
+        f"{'wait':>6} {'allreduce':>9} {'MB/update':>9} {'bytes':>6} {'planner':>8} {'error':>6} "
+        f"{'own':>6}"
+    )
     print(head)
     for r in rows:
         if "error" in r:
@@ -204,11 +311,16 @@ def print_table(rows):
         def fmt(key, spec, scale=1.0):
             width = int(spec.lstrip("+").split(".")[0])
             return format(r[key] * scale, spec) if key in r else "-".rjust(width)
-        print(f"{r['nodes']:>5} {r['rate_gbit']:>6g}  {r['config']:<18} {fmt('sequences_per_second', '7.2f')} "
-              f"{fmt('speedup_vs_baseline', '6.2f')}x {fmt('compute_seconds', '7.2f')}s "
-              f"{fmt('wait_seconds', '5.2f')}s {fmt('allreduce_seconds', '8.2f')}s {fmt('tx_bytes_per_update', '9.1f', 1e-6)} "
-              f"{fmt('bytes_vs_fp32_accum', '6.3f')} {fmt('predicted_sequences_per_second', '8.2f')} "
-              f"{fmt('prediction_error', '+6.0%')} {fmt('prediction_error_own_compute', '+6.0%')}")
+
+        print(
+            f"{r['nodes']:>5} {r['rate_gbit']:>6g}  {r['config']:<18} "
+            f"{fmt('sequences_per_second', '7.2f')} "
+            f"{fmt('speedup_vs_baseline', '6.2f')}x {fmt('compute_seconds', '7.2f')}s "
+            f"{fmt('wait_seconds', '5.2f')}s {fmt('allreduce_seconds', '8.2f')}s "
+            f"{fmt('tx_bytes_per_update', '9.1f', 1e-6)} "
+            f"{fmt('bytes_vs_fp32_accum', '6.3f')} {fmt('predicted_sequences_per_second', '8.2f')} "
+            f"{fmt('prediction_error', '+6.0%')} {fmt('prediction_error_own_compute', '+6.0%')}"
+        )
 
 
 def write(cfg, result):
@@ -218,23 +330,36 @@ def write(cfg, result):
 
 def plot(cfg, rows, path):
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     ok = [r for r in rows if "error" not in r]
     node_counts = sorted({r["nodes"] for r in ok})
-    fig, axes = plt.subplots(1, len(node_counts), figsize=(6.5 * len(node_counts), 4.5), squeeze=False)
+    fig, axes = plt.subplots(
+        1, len(node_counts), figsize=(6.5 * len(node_counts), 4.5), squeeze=False
+    )
     for ax, nodes in zip(axes[0], node_counts):
-        labels = [label for label, _ in cfg.ladder() if any(r["config"] == label and r["nodes"] == nodes for r in ok)]
+        labels = [
+            label
+            for label, _ in cfg.ladder()
+            if any(r["config"] == label and r["nodes"] == nodes for r in ok)
+        ]
         for label in labels:
-            pts = sorted((r["rate_gbit"], r["sequences_per_second"]) for r in ok
-                         if r["config"] == label and r["nodes"] == nodes)
+            pts = sorted(
+                (r["rate_gbit"], r["sequences_per_second"])
+                for r in ok
+                if r["config"] == label and r["nodes"] == nodes
+            )
             style = "-o" if "fusion" not in label and "cycle" not in label else ":."
             ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=label)
         ax.set_xscale("log")
         ax.set_xlabel("link rate per node (Gbit/s)")
         ax.set_ylabel("sequences/s")
-        ax.set_title(f"{nodes} emulated nodes, BERT-{cfg.model_preset}, "
-                     f"{cfg.micro_batch_size}x{cfg.accumulation_steps} seq/rank/update")
+        ax.set_title(
+            f"{nodes} emulated nodes, BERT-{cfg.model_preset}, "
+            f"{cfg.micro_batch_size}x{cfg.accumulation_steps} seq/rank/update"
+        )
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7)
     fig.tight_layout()

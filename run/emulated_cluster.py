@@ -4,9 +4,10 @@
     python run/emulated_cluster.py status
     python run/emulated_cluster.py down
 
-In Python, `with bert_tf.studies.emulated_cluster.EmulatedCluster(2, rate_gbit=1) as c:` brings it down
-whatever happens. Addresses: 198.18.0.0/24 (benchmarking range) only, no route out.
+In Python, `with bert_tf.studies.emulated_cluster.EmulatedCluster(2, rate_gbit=1) as c:` brings it
+down whatever happens. Addresses: 198.18.0.0/24 (benchmarking range) only, no route out.
 """
+
 import dataclasses
 import shlex
 import sys
@@ -27,10 +28,14 @@ def main(argv):
     elif action == "up":
         try:
             cluster = ec.EmulatedCluster(**dataclasses.asdict(cfg)).up()
-        except ec.ClusterError as e:          # the machine cannot host it: say what is missing
+        except ec.ClusterError as e:  # the machine cannot host it: say what is missing
             sys.exit(f"error: {e}")
         print(f"up: {cfg.nodes} nodes at {cfg.rate_gbit:g} Gbit/s; hostfile {cluster.hostfile}")
-        print("run ranks with:  " + shlex.join(cluster.mpirun_prefix(cfg.nodes * cfg.slots)) + " python ...")
+        print(
+            "run ranks with:  "
+            + shlex.join(cluster.mpirun_prefix(cfg.nodes * cfg.slots))
+            + " python ..."
+        )
         print("bring down with: python run/emulated_cluster.py down")
     else:
         raise ConfigError(f"unknown action {action!r}; valid: up, down, status")

@@ -1,7 +1,8 @@
 """Loss, accuracy and throughput curves from a run's metrics.jsonl, as one PNG.
 
-    python run/plot_metrics.py --metrics=runs/demo/metrics.jsonl --output_png=runs/demo/metrics.png
+python run/plot_metrics.py --metrics=runs/demo/metrics.jsonl --output_png=runs/demo/metrics.png
 """
+
 import dataclasses
 
 from bert_tf import ConfigError, cli, knob
@@ -10,6 +11,7 @@ from bert_tf import ConfigError, cli, knob
 @dataclasses.dataclass(frozen=True)
 class PlotConfig:
     """run/plot_metrics.py's flags: the metrics to read and the PNG to write."""
+
     metrics: str | None = knob(None, "metrics.jsonl written by run/pretrain.py.", required=True)
     # required, but checked here rather than by the flag parser: the old name --output may give it
     output_png: str = knob("", "PNG file to write the curves to.")
@@ -25,6 +27,7 @@ cli.define_renamed("output", "output_png")
 
 def plot(records, output, source):
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -40,24 +43,42 @@ def plot(records, output, source):
     ax.plot(steps, [r["loss"] for r in train], label="train loss")
     ax.plot(steps, [r["mlm_loss"] for r in train], label="train MLM loss")
     if evals:
-        ax.plot([r["step"] for r in evals], [r["eval_mlm_loss"] for r in evals], "o-", label="held-out MLM loss")
+        ax.plot(
+            [r["step"] for r in evals],
+            [r["eval_mlm_loss"] for r in evals],
+            "o-",
+            label="held-out MLM loss",
+        )
     ax.set_xlabel("step"), ax.set_title("loss"), ax.legend()
     ax = axes[1]
     ax.plot(steps, [r.get("mlm_accuracy", float("nan")) for r in train], label="train MLM")
     if any("nsp_accuracy" in r for r in train):
         ax.plot(steps, [r.get("nsp_accuracy", float("nan")) for r in train], label="train NSP")
     if evals:
-        ax.plot([r["step"] for r in evals], [r.get("eval_mlm_accuracy") for r in evals], "o-", label="held-out MLM")
-        ax.axhline(evals[-1].get("eval_most_frequent_token_accuracy", float("nan")), color="gray", ls="--",
-                   label="most frequent token")
+        ax.plot(
+            [r["step"] for r in evals],
+            [r.get("eval_mlm_accuracy") for r in evals],
+            "o-",
+            label="held-out MLM",
+        )
+        ax.axhline(
+            evals[-1].get("eval_most_frequent_token_accuracy", float("nan")),
+            color="gray",
+            ls="--",
+            label="most frequent token",
+        )
     ax.set_xlabel("step"), ax.set_title("accuracy"), ax.legend()
     ax = axes[2]
     ax.plot(steps, [r["sequences_per_second"] for r in train])
     ax.set_xlabel("step"), ax.set_title("global sequences / s")
     if probes:
         ax = axes[3]
-        ax.errorbar([r["step"] for r in probes], [r["probe_accuracy"] for r in probes],
-                    yerr=[r.get("probe_accuracy_std", 0) for r in probes], fmt="o-")
+        ax.errorbar(
+            [r["step"] for r in probes],
+            [r["probe_accuracy"] for r in probes],
+            yerr=[r.get("probe_accuracy_std", 0) for r in probes],
+            fmt="o-",
+        )
         ax.set_xlabel("step"), ax.set_title("fine-tuning probe accuracy")
     fig.tight_layout()
     fig.savefig(output, dpi=100)
@@ -65,6 +86,7 @@ def plot(records, output, source):
 
 def main(_):
     from bert_tf.artifacts import metrics
+
     cfg = cli.config_from_flags(PlotConfig)
     plot(metrics.read_metrics(cfg.metrics), cfg.output_png, cfg.metrics)
     print(f"wrote {cfg.output_png}")

@@ -1,24 +1,27 @@
 """The recipe race: pre-training recipes side by side on this machine, held-out MLM accuracy against
 wall-clock time (bert_tf/studies/recipe_race.py):
 
-    python run/recipe_race.py --recipes=classic=configs/race_classic.flags,budget=configs/race_budget.flags \
+    python run/recipe_race.py
+    --recipes=classic=configs/race_classic.flags,budget=configs/race_budget.flags \
         --output_dir=runs/race
 
-runs each recipe (mpirun -np --ranks run/pretrain.py --flagfile=...) into <output_dir>/<name>, one after
-the other, then writes <output_dir>/race.json and race.png and prints each recipe's final accuracy and the
-time it takes to reach every other's. --report_only redraws from finished runs. The recipes must evaluate
-on the same held-out records (--eval_files, --eval_batches) for the comparison to mean anything; the race
-checks that they name the same files.
+runs each recipe (mpirun -np --ranks run/pretrain.py --flagfile=...) into <output_dir>/<name>, one
+after the other, then writes <output_dir>/race.json and race.png and prints each recipe's final
+accuracy and the time it takes to reach every other's. --report_only redraws from finished runs. The
+recipes must evaluate on the same held-out records (--eval_files, --eval_batches) for the comparison
+to mean anything; the race checks that they name the same files.
 
-On an emulated cluster (--nodes, one rank per node, links shaped to --link_gbit; root), the same race
-compares ways of exchanging gradients (issue 40; configs/comm_race_*.flags):
+On an emulated cluster (--nodes, one rank per node, links shaped to --link_gbit; root), the same
+race compares ways of exchanging gradients (issue 40; configs/comm_race_*.flags):
 
-    python run/recipe_race.py --nodes=2 --link_gbit=0.1 --target_accuracy=0.085 --output_dir=runs/comm_race2 \
+    python run/recipe_race.py --nodes=2 --link_gbit=0.1 --target_accuracy=0.085
+    --output_dir=runs/comm_race2 \
         --recipes=fp16=configs/comm_race_fp16.flags,powersgd=configs/comm_race_powersgd.flags,onebit=configs/comm_race_onebit.flags,diloco=configs/comm_race_diloco.flags
 
-and adds per recipe the bytes rank 0's node sent per update and the planner's prediction of its speed (fed
-the run's own compute speed) against the speed measured between evaluations.
+and adds per recipe the bytes rank 0's node sent per update and the planner's prediction of its
+speed (fed the run's own compute speed) against the speed measured between evaluations.
 """
+
 import contextlib
 import json
 import os
@@ -44,10 +47,11 @@ def parse_recipes(pairs):
 
 
 def race_on(cfg, recipes):
-    """Runs the recipes (unless --report_only); with --nodes on an emulated cluster, then probes its link once
-    (the planner's measured bandwidth and per-message cost, as the communication study does) into
-    link.json, which it returns."""
+    """Runs the recipes (unless --report_only); with --nodes on an emulated cluster, then probes its
+    link once (the planner's measured bandwidth and per-message cost, as the communication study
+    does) into link.json, which it returns."""
     from bert_tf.studies import comm_study, emulated_cluster, recipe_race
+
     extra = [f"--time_budget_hours={cfg.time_budget_hours}"] if cfg.time_budget_hours else []
     extra += cfg.pretrain_flag + (["--network_interface=eth0"] if cfg.nodes else [])
     link_path = os.path.join(cfg.output_dir, "link.json")
@@ -60,15 +64,24 @@ def race_on(cfg, recipes):
     with cluster:
         mpirun = cluster.mpirun_prefix(cfg.nodes) if cfg.nodes else None
         for name, path in recipes.items() if not cfg.report_only else ():
-            recipe_race.launch(os.path.abspath(path), os.path.abspath(os.path.join(cfg.output_dir, name)),
-                               cfg.nodes or cfg.ranks, extra, mpirun=mpirun)
+            recipe_race.launch(
+                os.path.abspath(path),
+                os.path.abspath(os.path.join(cfg.output_dir, name)),
+                cfg.nodes or cfg.ranks,
+                extra,
+                mpirun=mpirun,
+            )
         if not cfg.nodes:
             return None
         probe = [sys.executable, os.path.join(REPO, "run", "comm_study.py"), "--probe"]
-        link = comm_study.run_probe(cluster, cfg.nodes, probe, os.path.join(cfg.output_dir, "probe.txt"), 1200)
+        link = comm_study.run_probe(
+            cluster, cfg.nodes, probe, os.path.join(cfg.output_dir, "probe.txt"), 1200
+        )
     with open(link_path, "w") as f:
         json.dump(link, f)
-    print(f"link probe, {cfg.nodes} nodes at {cfg.link_gbit:g} Gbit/s: {json.dumps(link)}", flush=True)
+    print(
+        f"link probe, {cfg.nodes} nodes at {cfg.link_gbit:g} Gbit/s: {json.dumps(link)}", flush=True
+    )
     return link
 
 
@@ -76,24 +89,34 @@ def main(_):
     cfg = cli.config_from_flags(RaceConfig)
     from bert_tf.parallel import device
     from bert_tf.studies import recipe_race
+
     recipes = parse_recipes(cfg.recipes)
     settings = {name: recipe_race.read_flagfile(path, REPO) for name, path in recipes.items()}
     shared = {name: (s.get("eval_files"), s.get("eval_batches")) for name, s in settings.items()}
     if len(set(shared.values())) > 1 or not all(all(v) for v in shared.values()):
-        raise ConfigError(f"--recipes must evaluate on the same held-out records (--eval_files, --eval_batches): "
-                          f"{shared}")
+        raise ConfigError(
+            f"--recipes must evaluate on the same held-out records (--eval_files, --eval_batches): "
+            f"{shared}"
+        )
     os.makedirs(cfg.output_dir, exist_ok=True)
     link = race_on(cfg, recipes)
     runs = {}
     for name in recipes:
         runs[name] = recipe_race.curve(os.path.join(cfg.output_dir, name))
         if cfg.nodes:
-            runs[name]["planner"] = recipe_race.planned_vs_measured(os.path.join(cfg.output_dir, name), cfg.nodes,
-                                                                    cfg.link_gbit, link)
+            runs[name]["planner"] = recipe_race.planned_vs_measured(
+                os.path.join(cfg.output_dir, name), cfg.nodes, cfg.link_gbit, link
+            )
     cpu = device.device_description()
-    where = (f"{cfg.nodes} emulated nodes at {cfg.link_gbit:g} Gbit/s" if cfg.nodes else f"{cfg.ranks} ranks")
-    title = cfg.title or (f"{' vs '.join(recipes)}: {where} on {cpu.get('cpu', 'a GPU node')} "
-                          f"({cpu.get('cpu_count', '?')} cores; {', '.join(cpu.get('cpu_features', []))})")
+    where = (
+        f"{cfg.nodes} emulated nodes at {cfg.link_gbit:g} Gbit/s"
+        if cfg.nodes
+        else f"{cfg.ranks} ranks"
+    )
+    title = cfg.title or (
+        f"{' vs '.join(recipes)}: {where} on {cpu.get('cpu', 'a GPU node')} "
+        f"({cpu.get('cpu_count', '?')} cores; {', '.join(cpu.get('cpu_features', []))})"
+    )
     summary = recipe_race.write_report(runs, cfg.output_dir, title, cfg.target_accuracy)
     print("\n".join(recipe_race.describe(summary)))
     print(f"wrote {os.path.join(cfg.output_dir, 'race.json')} and race.png")

@@ -1,15 +1,19 @@
-"""The spot-cluster run, whole, at a size the tests do not reach: the budget recipe on emulated nodes with
---elastic and a compressed exchange, nodes killed and taken back, the job stopped and resumed; and the same
-run without faults, for the held-out accuracy at the end (bert_tf/studies/spot_run.py; root and iproute2).
+"""The spot-cluster run, whole, at a size the tests do not reach: the budget recipe on emulated
+nodes with --elastic and a compressed exchange, nodes killed and taken back, the job stopped and
+resumed; and the same run without faults, for the held-out accuracy at the end
+(bert_tf/studies/spot_run.py; root and iproute2).
 
-    python run/spot_run.py --output_dir=runs/spot --flagfile_for_pretrain=configs/spot_budget.flags \
+    python run/spot_run.py --output_dir=runs/spot --flagfile_for_pretrain=configs/spot_budget.flags
+    \
         --events=kill:3@15,kill:2@47,stop@63
 
-writes <output_dir>/faults and <output_dir>/clean (each a checkpoint folder with metrics.jsonl and the jobs'
-logs) and <output_dir>/spot.json: each run's final held-out MLM accuracy, sequences trained, starts (step,
-ranks) and wall-clock time, and whether every rank agreed on the weights at every start and at the end.
-A study, not a test: it reports what it measured; run it on a quiet machine.
+writes <output_dir>/faults and <output_dir>/clean (each a checkpoint folder with metrics.jsonl and
+the jobs' logs) and <output_dir>/spot.json: each run's final held-out MLM accuracy, sequences
+trained, starts (step, ranks) and wall-clock time, and whether every rank agreed on the weights at
+every start and at the end. A study, not a test: it reports what it measured; run it on a quiet
+machine.
 """
+
 import json
 import os
 
@@ -25,8 +29,11 @@ def one_run(cfg, name, events):
     """One scenario into <output_dir>/<name>; returns its summary."""
     folder = os.path.abspath(os.path.join(cfg.output_dir, name))
     os.makedirs(folder, exist_ok=True)
-    pretrain = [f"--flagfile={os.path.join(REPO, cfg.flagfile_for_pretrain)}", *cfg.pretrain_flag,
-                f"--checkpoint_dir={folder}"]
+    pretrain = [
+        f"--flagfile={os.path.join(REPO, cfg.flagfile_for_pretrain)}",
+        *cfg.pretrain_flag,
+        f"--checkpoint_dir={folder}",
+    ]
     with emulated_cluster.EmulatedCluster(cfg.nodes, cfg.link_gbit) as cluster:
         result = spot_run.run(cluster, pretrain, folder, folder, events, timeout=3600)
     return spot_run.summary(result)

@@ -9,6 +9,7 @@
    measured per-rank speed and the link probe, never the BERT jobs' communication times.
 Prints both tables (markdown) with the relative error; exits 1 when a row misses --tolerance.
 """
+
 import json
 import os
 
@@ -22,28 +23,45 @@ cli.define_config_flags(comm_study.PlannerValidation)
 
 def main(_):
     cfg = cli.config_from_flags(comm_study.PlannerValidation)
-    rows = comm_study.nvidia_rows(planner.gradient_tensor_sizes(BertConfig.preset("large", vocab_size=30522)))
-    print("| DGX-2H nodes | seq | precision | accumulation | published seq/s | planner seq/s | error |")
+    rows = comm_study.nvidia_rows(
+        planner.gradient_tensor_sizes(BertConfig.preset("large", vocab_size=30522))
+    )
+    print(
+        "| DGX-2H nodes | seq | precision | accumulation | published seq/s | planner seq/s | error "
+        "|"
+    )
     print("|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['nodes']} | {r['seq']} | {r['precision']} | {r['accumulation']} | {r['published']:,.0f} | "
-              f"{r['predicted']:,.0f} | {r['error']:+.1%} |")
+        print(
+            f"| {r['nodes']} | {r['seq']} | {r['precision']} | {r['accumulation']} | "
+            f"{r['published']:,.0f} | "
+            f"{r['predicted']:,.0f} | {r['error']:+.1%} |"
+        )
     misses = comm_study.nvidia_misses(rows, cfg.tolerance)
     if cfg.study:
         if not os.path.exists(cfg.study):
             raise ConfigError(f"--study={cfg.study} not found (run run/comm_study.py first)")
         with open(cfg.study) as f:
             study = json.load(f)
-        print(f"\nEmulated cluster, BERT-{study['model_preset']} ({study['parameters'] / 1e6:.1f}M parameters), "
-              f"per-rank speed without communication {study.get('device_seq_s', float('nan')):.2f} seq/s")
-        print("| nodes | Gbit/s | config | measured seq/s | planner seq/s (median speed) | error | "
-              "error, own speed (judged) |")
+        print(
+            f"\nEmulated cluster, BERT-{study['model_preset']} ({study['parameters'] / 1e6:.1f}M "
+            "parameters), "
+            f"per-rank speed without communication {study.get('device_seq_s', float('nan')):.2f} "
+            "seq/s"
+        )
+        print(
+            "| nodes | Gbit/s | config | measured seq/s | planner seq/s (median speed) | error | "
+            "error, own speed (judged) |"
+        )
         print("|---|---|---|---|---|---|---|")
         for r in study["rows"]:
             if "prediction_error" in r:
-                print(f"| {r['nodes']} | {r['rate_gbit']:g} | {r['config']} | {r['sequences_per_second']:.2f} | "
-                      f"{r['predicted_sequences_per_second']:.2f} | {r['prediction_error']:+.1%} | "
-                      f"{comm_study.study_error(r):+.1%} |")
+                print(
+                    f"| {r['nodes']} | {r['rate_gbit']:g} | {r['config']} | "
+                    f"{r['sequences_per_second']:.2f} | "
+                    f"{r['predicted_sequences_per_second']:.2f} | {r['prediction_error']:+.1%} | "
+                    f"{comm_study.study_error(r):+.1%} |"
+                )
         misses += comm_study.study_misses(study, cfg.tolerance)
     if misses:
         raise SystemExit(f"outside {cfg.tolerance:.0%}: " + "; ".join(misses))

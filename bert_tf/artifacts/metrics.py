@@ -3,10 +3,11 @@ lines (rank 0 only).
 
 Each record is one dict with a `kind` and a `step`: "run" (a run's settings, at every start),
 "train" (at log steps), "eval", "elastic" (elastic mode's weights digests) and, from
-run/finetune.py, "probe". The two the training loop writes over and over are typed (TrainRecord, EvalRecord:
-their fields are the file's keys, in its order); the rest are dicts.
-Data-dependent values arrive already summed over ranks (see distributed.sum_across_ranks).
+run/finetune.py, "probe". The two the training loop writes over and over are typed (TrainRecord,
+EvalRecord: their fields are the file's keys, in its order); the rest are dicts. Data-dependent
+values arrive already summed over ranks (see distributed.sum_across_ranks).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -33,38 +34,42 @@ def accuracies(sums: dict) -> dict:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TrainRecord:
-    """A "train" record: one log interval of pre-training (pretraining.IntervalMetrics), over all ranks unless
-    said. The fields are metrics.jsonl's keys in its order; None: not written (no such head, timing or setting)."""
+    """A "train" record: one log interval of pre-training (pretraining.IntervalMetrics), over all
+    ranks unless said. The fields are metrics.jsonl's keys in its order; None: not written (no such
+    head, timing or setting)."""
+
     kind: str = dataclasses.field(default="train", init=False)
     step: int
-    loss: float                                     # means over the interval's updates and the ranks
+    loss: float  # means over the interval's updates and the ranks
     mlm_loss: float | None = None
     nsp_loss: float | None = None
-    mlm_accuracy: float | None = None               # exact: from counts summed over the interval
+    mlm_accuracy: float | None = None  # exact: from counts summed over the interval
     nsp_accuracy: float | None = None
-    learning_rate: float                            # the interval's last update's
+    learning_rate: float  # the interval's last update's
     grad_norm: float
     sequences_per_second: float
-    tokens_per_second: float                        # sequences x max_seq_length per second, padding included
-    sequences: int | None = None                    # sequences trained on in the interval
-    useful_tokens_per_second: float | None = None   # non-padding tokens
-    instances_per_second: float | None = None       # packed rows: their instances
-    compute_seconds: float | None = None            # this rank's split of its timed updates (Trainer.timing)
+    tokens_per_second: float  # sequences x max_seq_length per second, padding included
+    sequences: int | None = None  # sequences trained on in the interval
+    useful_tokens_per_second: float | None = None  # non-padding tokens
+    instances_per_second: float | None = None  # packed rows: their instances
+    compute_seconds: float | None = None  # this rank's split of its timed updates (Trainer.timing)
     wait_seconds: float | None = None
     allreduce_seconds: float | None = None
     update_seconds: float | None = None
-    tx_bytes_per_update: float | None = None        # --network_interface
-    loss_scale: float | None = None                 # mixed_float16
-    skipped_steps: int | None = None                # these four: set at the log step (pretraining._log_interval)
+    tx_bytes_per_update: float | None = None  # --network_interface
+    loss_scale: float | None = None  # mixed_float16
+    skipped_steps: int | None = None  # these four: set at the log step (pretraining._log_interval)
     samples_seen: int | None = None
     ranks: int | None = None
-    budget_predicted_steps: float | None = None     # --time_budget_hours: the run's predicted updates
+    budget_predicted_steps: float | None = None  # --time_budget_hours: the run's predicted updates
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class EvalRecord:
-    """An "eval" record: held-out masked-LM (and NSP) figures over every rank's share (train/evaluation.py);
-    losses are means per sequence. The fields are metrics.jsonl's keys in its order; None: not written."""
+    """An "eval" record: held-out masked-LM (and NSP) figures over every rank's share
+    (train/evaluation.py); losses are means per sequence. The fields are metrics.jsonl's keys in its
+    order; None: not written."""
+
     kind: str = dataclasses.field(default="eval", init=False)
     step: int
     eval_mlm_loss: float
@@ -72,12 +77,15 @@ class EvalRecord:
     eval_mlm_accuracy: float | None = None
     eval_nsp_accuracy: float | None = None
     eval_nsp_loss: float | None = None
-    eval_most_frequent_token: int | None = None     # the data-only baseline: always predicting this token
+    eval_most_frequent_token: int | None = (
+        None  # the data-only baseline: always predicting this token
+    )
     eval_most_frequent_token_accuracy: float | None = None
 
 
 def as_dict(record: TrainRecord | EvalRecord | dict) -> dict:
-    """A record as metrics.jsonl holds it: a typed one's fields in order, None left out; a dict as it is."""
+    """A record as metrics.jsonl holds it: a typed one's fields in order, None left out; a dict as
+    it is."""
     if isinstance(record, dict):
         return record
     return {k: v for k, v in dataclasses.asdict(record).items() if v is not None}
@@ -87,8 +95,10 @@ def as_dict(record: TrainRecord | EvalRecord | dict) -> dict:
 # curves, and the nodes need no tensorboard package (tf.summary.scalar would import it).
 def _scalar_metadata() -> bytes:
     from tensorflow.core.framework import summary_pb2
+
     return summary_pb2.SummaryMetadata(
-        plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars")).SerializeToString()
+        plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars")
+    ).SerializeToString()
 
 
 WANDB_MODES = ("online", "offline")
@@ -103,13 +113,16 @@ def check_wandb(project, mode):
     try:
         import wandb  # noqa: F401  (only whether it imports: --wandb_project needs it)
     except ImportError:
-        raise ConfigError(f"--wandb_project={project} needs the wandb package: pip install wandb") from None
+        raise ConfigError(
+            f"--wandb_project={project} needs the wandb package: pip install wandb"
+        ) from None
 
 
 class MetricsWriter:
-    """Writes only when `active` (rank 0); every rank may call it. With `wandb_project`, every numeric
-    value TensorBoard gets goes to a Weights & Biases run too (`offline` mode: a run folder under
-    `directory`/wandb for `wandb sync`), named after the folder so that a resumed job continues it."""
+    """Writes only when `active` (rank 0); every rank may call it. With `wandb_project`, every
+    numeric value TensorBoard gets goes to a Weights & Biases run too (`offline` mode: a run folder
+    under `directory`/wandb for `wandb sync`), named after the folder so that a resumed job
+    continues it."""
 
     def __init__(self, directory, active=True, wandb_project="", wandb_mode="online"):
         self.active = active
@@ -122,16 +135,24 @@ class MetricsWriter:
     def _open(self):
         directory = os.path.dirname(self.path)
         os.makedirs(directory, exist_ok=True)
-        import tensorflow as tf        # here, not at the top: reading metrics (read_metrics) needs no TensorFlow
+        import tensorflow as tf  # here, not at the top: reading metrics (read_metrics) needs no TensorFlow
+
         self.summary = tf.summary.create_file_writer(os.path.join(directory, "tensorboard"))
         self._metadata = _scalar_metadata()
         if self.wandb_project and self.wandb_run is None:
             import hashlib
 
             import wandb
+
             run_id = hashlib.sha256(os.path.abspath(directory).encode()).hexdigest()[:16]
-            self.wandb_run = wandb.init(project=self.wandb_project, mode=self.wandb_mode, dir=directory, id=run_id,
-                                        name=os.path.basename(os.path.abspath(directory)), resume="allow")
+            self.wandb_run = wandb.init(
+                project=self.wandb_project,
+                mode=self.wandb_mode,
+                dir=directory,
+                id=run_id,
+                name=os.path.basename(os.path.abspath(directory)),
+                resume="allow",
+            )
             self.wandb_run.define_metric("*", step_metric="step")
 
     def set_active(self, active):
@@ -143,22 +164,31 @@ class MetricsWriter:
     def write(self, record: TrainRecord | EvalRecord | dict):
         if not self.active:
             return
-        record = {k: (float(v) if hasattr(v, "__float__") and not isinstance(v, (int, bool)) else v)
-                  for k, v in as_dict(record).items()}
+        record = {
+            k: (float(v) if hasattr(v, "__float__") and not isinstance(v, (int, bool)) else v)
+            for k, v in as_dict(record).items()
+        }
         record.setdefault("time", time.time())
         with open(self.path, "a") as f:
             f.write(json.dumps(record) + "\n")
-        scalars = {f"{record.get('kind', 'train')}/{key}": value for key, value in record.items()
-                   if key not in ("step", "time", "kind") and isinstance(value, (int, float))
-                   and not isinstance(value, bool)}
+        scalars = {
+            f"{record.get('kind', 'train')}/{key}": value
+            for key, value in record.items()
+            if key not in ("step", "time", "kind")
+            and isinstance(value, (int, float))
+            and not isinstance(value, bool)
+        }
         import tensorflow as tf
+
         with self.summary.as_default(step=int(record.get("step", 0))):
             for tag, value in scalars.items():
                 tf.summary.write(tag, tf.constant(value, tf.float32), metadata=self._metadata)
         self.summary.flush()
         if self.wandb_run is not None:
             if record.get("kind") == "run":
-                self.wandb_run.config.update({k: v for k, v in record.items() if k != "kind"}, allow_val_change=True)
+                self.wandb_run.config.update(
+                    {k: v for k, v in record.items() if k != "kind"}, allow_val_change=True
+                )
             self.wandb_run.log({**scalars, "step": int(record.get("step", 0))})
 
     def close(self):
@@ -180,8 +210,12 @@ class MetricsWriter:
         parts.append(f"lr {record.learning_rate:.3g}")
         if record.loss_scale is not None:
             parts.append(f"loss_scale {record.loss_scale:.0f}")
-        parts += [f"{record.sequences_per_second:.1f} seq/s", f"{record.tokens_per_second:.0f} tok/s",
-                  f"elapsed {hms(elapsed)}", f"ETA {hms(eta)}"]
+        parts += [
+            f"{record.sequences_per_second:.1f} seq/s",
+            f"{record.tokens_per_second:.0f} tok/s",
+            f"elapsed {hms(elapsed)}",
+            f"ETA {hms(eta)}",
+        ]
         print("  ".join(parts), flush=True)
 
 
@@ -220,8 +254,9 @@ def read_metrics(path, growing=False):
 
 
 def wait_for_record(path, condition, proc=None, what="a record", timeout=300.0, poll=0.2):
-    """The first record of a running job's metrics.jsonl for which `condition(record)` holds, as soon as
-    it is written. Raises RuntimeError when `proc` (a Popen) ends first or after `timeout` seconds."""
+    """The first record of a running job's metrics.jsonl for which `condition(record)` holds, as
+    soon as it is written. Raises RuntimeError when `proc` (a Popen) ends first or after `timeout`
+    seconds."""
     deadline = time.time() + timeout
     while True:
         found = next((r for r in read_metrics(path, growing=True) if condition(r)), None)

@@ -1,10 +1,11 @@
-"""The README.md that goes with a Hugging Face export: what the model is, what it was trained on, for how
-long, how good its masked-LM is on held-out data, and the commands that made it.
+"""The README.md that goes with a Hugging Face export: what the model is, what it was trained on,
+for how long, how good its masked-LM is on held-out data, and the commands that made it.
 
-What a bert_tf run knows is read from its folder (the checkpoint's ckpt-N.json, metrics.jsonl's run record
-and its held-out evaluations); a google or Hugging Face checkpoint brought in from elsewhere gets its
-architecture and a line saying that its training is not recorded here.
+What a bert_tf run knows is read from its folder (the checkpoint's ckpt-N.json, metrics.jsonl's run
+record and its held-out evaluations); a google or Hugging Face checkpoint brought in from elsewhere
+gets its architecture and a line saying that its training is not recorded here.
 """
+
 from __future__ import annotations
 
 import json
@@ -15,7 +16,8 @@ from bert_tf.model import modeling
 
 
 def provenance(checkpoint_path: str) -> dict:
-    """What the run that wrote `checkpoint_path` (a bert_tf ckpt-N prefix) recorded; {} for other sources."""
+    """What the run that wrote `checkpoint_path` (a bert_tf ckpt-N prefix) recorded; {} for other
+    sources."""
     info = {}
     meta = checkpoint_path + ".json"
     if os.path.exists(meta):
@@ -34,69 +36,148 @@ def provenance(checkpoint_path: str) -> dict:
     return info
 
 
-def render(config: modeling.BertConfig, parameters: int, source: str, source_format: str, info: dict,
-           export_command: str, heads: str) -> str:
+def render(
+    config: modeling.BertConfig,
+    parameters: int,
+    source: str,
+    source_format: str,
+    info: dict,
+    export_command: str,
+    heads: str,
+) -> str:
     """The model card's markdown (Hugging Face's YAML header first)."""
     from bert_tf.artifacts import checkpoint_formats
     from bert_tf.artifacts import modernbert_format
+
     # the names config.json has
-    activation = (modernbert_format.ACT_TO_HF if config.modern else checkpoint_formats._ACT_TO_HF)[config.hidden_act]
+    activation = (modernbert_format.ACT_TO_HF if config.modern else checkpoint_formats._ACT_TO_HF)[
+        config.hidden_act
+    ]
     family = "ModernBERT" if config.modern else "BERT"
-    lines = ["---", "library_name: transformers", "pipeline_tag: fill-mask", "tags:", f"- {family.lower()}",
-             "- bert_tf", "- fill-mask", "---", "",
-             f"# {family} ({config.num_hidden_layers} layers, hidden {config.hidden_size})", "",
-             f"A {family} encoder with {heads}, exported by bert_tf from `{source}` ({source_format} format).", "",
-             "## Architecture", "", *([modernbert_format.describe(config) + ".", ""] if config.modern else []),
-             "| layers | hidden | attention heads | intermediate | activation | vocabulary | positions | parameters |",
-             "|---|---|---|---|---|---|---|---|",
-             f"| {config.num_hidden_layers} | {config.hidden_size} | {config.num_attention_heads} | "
-             f"{config.intermediate_size} | {activation} | {config.vocab_size} | "
-             f"{'RoPE' if config.modern else config.max_position_embeddings} | {parameters:,} |", "",
-             "## Training", ""]
+    lines = [
+        "---",
+        "library_name: transformers",
+        "pipeline_tag: fill-mask",
+        "tags:",
+        f"- {family.lower()}",
+        "- bert_tf",
+        "- fill-mask",
+        "---",
+        "",
+        f"# {family} ({config.num_hidden_layers} layers, hidden {config.hidden_size})",
+        "",
+        f"A {family} encoder with {heads}, exported by bert_tf from `{source}` ({source_format} "
+        "format).",
+        "",
+        "## Architecture",
+        "",
+        *([modernbert_format.describe(config) + ".", ""] if config.modern else []),
+        "| layers | hidden | attention heads | intermediate | activation | vocabulary | positions "
+        "| parameters |",
+        "|---|---|---|---|---|---|---|---|",
+        f"| {config.num_hidden_layers} | {config.hidden_size} | {config.num_attention_heads} | "
+        f"{config.intermediate_size} | {activation} | {config.vocab_size} | "
+        f"{'RoPE' if config.modern else config.max_position_embeddings} | {parameters:,} |",
+        "",
+        "## Training",
+        "",
+    ]
     if "checkpoint" not in info:
-        lines.append("Not recorded here: this export was converted from a checkpoint bert_tf did not train.")
+        lines.append(
+            "Not recorded here: this export was converted from a checkpoint bert_tf did not train."
+        )
     else:
         ckpt = info["checkpoint"]
         ranks = ckpt.get("ranks", "?")
-        lines.append(f"- updates: {ckpt['step']:,} ({ckpt.get('samples_seen', 0):,} sequences; global batch "
-                     f"{ckpt.get('global_batch', '?')} on {ranks} rank{'' if ranks == 1 else 's'})")
+        lines.append(
+            f"- updates: {ckpt['step']:,} ({ckpt.get('samples_seen', 0):,} sequences; global batch "
+            f"{ckpt.get('global_batch', '?')} on {ranks} rank{'' if ranks == 1 else 's'})"
+        )
         cfg = info.get("run", {}).get("resolved") or info.get("run", {}).get("config")
         if cfg:
-            objective = "masked LM only" if cfg.get("mlm_only") else "masked LM and next-sentence prediction"
-            lines += [f"- data: `{cfg.get('train_files')}`, sequence length {cfg.get('max_seq_length')}, "
-                      f"{objective}",
-                      f"- optimizer: {cfg.get('optimizer')}, peak learning rate {cfg.get('learning_rate')}, "
-                      f"warmup {cfg.get('warmup_steps')} of {cfg.get('total_steps')} updates, "
-                      f"precision {cfg.get('precision')}"]
+            objective = (
+                "masked LM only"
+                if cfg.get("mlm_only")
+                else "masked LM and next-sentence prediction"
+            )
+            lines += [
+                f"- data: `{cfg.get('train_files')}`, sequence length {cfg.get('max_seq_length')}, "
+                f"{objective}",
+                f"- optimizer: {cfg.get('optimizer')}, peak learning rate "
+                f"{cfg.get('learning_rate')}, "
+                f"warmup {cfg.get('warmup_steps')} of {cfg.get('total_steps')} updates, "
+                f"precision {cfg.get('precision')}",
+            ]
         evaluation = info.get("eval")
         if evaluation:
-            nsp = (f", next-sentence accuracy {evaluation['eval_nsp_accuracy']:.4f}"
-                   if "eval_nsp_accuracy" in evaluation else "")
-            lines.append(f"- held-out masked-LM accuracy {evaluation['eval_mlm_accuracy']:.4f} at update "
-                         f"{evaluation['step']:,} on {int(evaluation.get('eval_sequences', 0)):,} sequences of "
-                         f"`{cfg.get('eval_files') if cfg else '?'}`{nsp}")
+            nsp = (
+                f", next-sentence accuracy {evaluation['eval_nsp_accuracy']:.4f}"
+                if "eval_nsp_accuracy" in evaluation
+                else ""
+            )
+            lines.append(
+                f"- held-out masked-LM accuracy {evaluation['eval_mlm_accuracy']:.4f} at update "
+                f"{evaluation['step']:,} on {int(evaluation.get('eval_sequences', 0)):,} sequences "
+                "of "
+                f"`{cfg.get('eval_files') if cfg else '?'}`{nsp}"
+            )
         else:
             lines.append("- held-out masked-LM accuracy: not evaluated at this update")
         command = info.get("run", {}).get("command")
-        lines.append(f"- command (each rank): `{command}`" if command else "- command: not recorded")
-    lines += ["", "## Use", "", "```python", "from transformers import pipeline",
-              "fill = pipeline(\"fill-mask\", model=\"path/to/this/folder\")",
-              "fill(\"The capital of France is [MASK].\")", "```", "",
-              "tokenizer.json is the fast (Rust) tokenizer; it gives google-research/bert's ids.", "",
-              *(["transformers' ModernBertForMaskedLM (PyTorch) reads this folder; bert_tf's tests check its "
-                 "config.json with transformers' ModernBertConfig and its logits with a NumPy forward pass "
-                 "written from transformers' modeling_modernbert.py."] if config.modern else
-                ["bert_tf's tests run this pipeline with transformers' TensorFlow classes. The folder also holds "
-                 "google-research/bert's files when exported with them (bert_model.ckpt.*, bert_config.json)."]),
-              "", "## Export", "", f"`{export_command}`", ""]
+        lines.append(
+            f"- command (each rank): `{command}`" if command else "- command: not recorded"
+        )
+    lines += [
+        "",
+        "## Use",
+        "",
+        "```python",
+        "from transformers import pipeline",
+        'fill = pipeline("fill-mask", model="path/to/this/folder")',
+        'fill("The capital of France is [MASK].")',
+        "```",
+        "",
+        "tokenizer.json is the fast (Rust) tokenizer; it gives google-research/bert's ids.",
+        "",
+        *(
+            [
+                "transformers' ModernBertForMaskedLM (PyTorch) reads this folder; bert_tf's tests "
+                "check its "
+                "config.json with transformers' ModernBertConfig and its logits with a NumPy "
+                "forward pass "
+                "written from transformers' modeling_modernbert.py."
+            ]
+            if config.modern
+            else [
+                "bert_tf's tests run this pipeline with transformers' TensorFlow classes. The "
+                "folder also holds "
+                "google-research/bert's files when exported with them (bert_model.ckpt.*, "
+                "bert_config.json)."
+            ]
+        ),
+        "",
+        "## Export",
+        "",
+        f"`{export_command}`",
+        "",
+    ]
     return "\n".join(lines)
 
 
-def write(out_dir: str, config: modeling.BertConfig, parameters: int, source: str, source_format: str,
-          export_command: str, heads: str) -> str:
+def write(
+    out_dir: str,
+    config: modeling.BertConfig,
+    parameters: int,
+    source: str,
+    source_format: str,
+    export_command: str,
+    heads: str,
+) -> str:
     """Writes <out_dir>/README.md; returns its name."""
     os.makedirs(out_dir, exist_ok=True)
-    text = render(config, parameters, source, source_format, provenance(source), export_command, heads)
+    text = render(
+        config, parameters, source, source_format, provenance(source), export_command, heads
+    )
     with open(os.path.join(out_dir, "README.md"), "w") as f:
         f.write(text)
     return "README.md"

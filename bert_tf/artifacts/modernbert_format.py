@@ -18,6 +18,7 @@
 transformers' biases and LayerNorm betas are switched off by ModernBertConfig's *_bias fields, which
 this layout writes as False: a config with any of them on is refused when read.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -29,47 +30,69 @@ from bert_tf.model import modeling
 
 # hidden_act: ours -> transformers' ACT2FN name, and back.
 ACT_TO_HF = {"gelu_exact": "gelu", "gelu": "gelu_pytorch_tanh", "relu": "relu", "tanh": "tanh"}
-ACT_FROM_HF = {"gelu": "gelu_exact", "gelu_pytorch_tanh": "gelu", "gelu_new": "gelu", "relu": "relu",
-               "tanh": "tanh"}
+ACT_FROM_HF = {
+    "gelu": "gelu_exact",
+    "gelu_pytorch_tanh": "gelu",
+    "gelu_new": "gelu",
+    "relu": "relu",
+    "tanh": "tanh",
+}
 BIAS_FIELDS = ("norm_bias", "attention_bias", "mlp_bias", "classifier_bias")
 
 
 def table(config: modeling.BertConfig):
-    """[(our name, Hugging Face name, kind, our shape)]: kind "kernel" is transposed between the two."""
+    """[(our name, Hugging Face name, kind, our shape)]: kind "kernel" is transposed between the
+    two."""
     c = config
     h, i, v = c.hidden_size, c.intermediate_size, c.vocab_size
-    rows = [("encoder/embeddings/word_embeddings", "model.embeddings.tok_embeddings.weight", "vector", [v, h]),
-            ("encoder/embeddings/layer_norm/gamma", "model.embeddings.norm.weight", "vector", [h])]
+    rows = [
+        (
+            "encoder/embeddings/word_embeddings",
+            "model.embeddings.tok_embeddings.weight",
+            "vector",
+            [v, h],
+        ),
+        ("encoder/embeddings/layer_norm/gamma", "model.embeddings.norm.weight", "vector", [h]),
+    ]
     for n in range(c.num_hidden_layers):
         o, t = f"encoder/layers/{n}", f"model.layers.{n}"
         if n:
             rows.append((f"{o}/attention_norm/gamma", f"{t}.attn_norm.weight", "vector", [h]))
-        rows += [(f"{o}/attention/qkv/kernel", f"{t}.attn.Wqkv.weight", "kernel", [h, 3 * h]),
-                 (f"{o}/attention/output/kernel", f"{t}.attn.Wo.weight", "kernel", [h, h]),
-                 (f"{o}/mlp_norm/gamma", f"{t}.mlp_norm.weight", "vector", [h]),
-                 (f"{o}/mlp_in/kernel", f"{t}.mlp.Wi.weight", "kernel", [h, 2 * i]),
-                 (f"{o}/mlp_out/kernel", f"{t}.mlp.Wo.weight", "kernel", [i, h])]
-    rows += [("encoder/final_norm/gamma", "model.final_norm.weight", "vector", [h]),
-             ("mlm_transform/kernel", "head.dense.weight", "kernel", [h, h]),
-             ("mlm_layer_norm/gamma", "head.norm.weight", "vector", [h]),
-             ("mlm_output_bias", "decoder.bias", "vector", [v])]
+        rows += [
+            (f"{o}/attention/qkv/kernel", f"{t}.attn.Wqkv.weight", "kernel", [h, 3 * h]),
+            (f"{o}/attention/output/kernel", f"{t}.attn.Wo.weight", "kernel", [h, h]),
+            (f"{o}/mlp_norm/gamma", f"{t}.mlp_norm.weight", "vector", [h]),
+            (f"{o}/mlp_in/kernel", f"{t}.mlp.Wi.weight", "kernel", [h, 2 * i]),
+            (f"{o}/mlp_out/kernel", f"{t}.mlp.Wo.weight", "kernel", [i, h]),
+        ]
+    rows += [
+        ("encoder/final_norm/gamma", "model.final_norm.weight", "vector", [h]),
+        ("mlm_transform/kernel", "head.dense.weight", "kernel", [h, h]),
+        ("mlm_layer_norm/gamma", "head.norm.weight", "vector", [h]),
+        ("mlm_output_bias", "decoder.bias", "vector", [v]),
+    ]
     return rows
 
 
 def architecture(weights) -> str:
-    """"modern" when {our name: array} holds ModernBERT's fused attention projection, else "bert"."""
+    """ "modern" when {our name: array} holds ModernBERT's fused attention projection, else
+    "bert"."""
     return "modern" if "encoder/layers/0/attention/qkv/kernel" in weights else "bert"
 
 
 def check_architecture(config: modeling.BertConfig, weights: dict, where: str):
     found = architecture(weights)
     if found != config.architecture:
-        raise ConfigError(f"{where}: the tensors are a {found!r} model's but the config says architecture="
-                          f"{config.architecture!r} (a classic BERT and a modern one cannot take each other's weights)")
+        raise ConfigError(
+            f"{where}: the tensors are a {found!r} model's but the config says architecture="
+            f"{config.architecture!r} (a classic BERT and a modern one cannot take each other's "
+            "weights)"
+        )
 
 
 def expected_shapes(config: modeling.BertConfig, use_nsp=True) -> dict:
-    """{our name: shape} of a modern BertPretrainer (checkpoint_formats.expected_shapes for this family)."""
+    """{our name: shape} of a modern BertPretrainer (checkpoint_formats.expected_shapes for this
+    family)."""
     h = config.hidden_size
     shapes = {ours: shape for ours, _, _, shape in table(config)}
     shapes.update({"encoder/pooler/kernel": [h, h], "encoder/pooler_norm/gamma": [h]})
@@ -79,50 +102,94 @@ def expected_shapes(config: modeling.BertConfig, use_nsp=True) -> dict:
 
 
 def config_to_huggingface(config: modeling.BertConfig, token_id) -> dict:
-    """transformers' ModernBertConfig as config.json; token_id(token): the vocabulary's id of [PAD], [CLS],
-    [SEP] (ModernBERT's pad, cls/bos and sep/eos ids)."""
+    """transformers' ModernBertConfig as config.json; token_id(token): the vocabulary's id of [PAD],
+    [CLS], [SEP] (ModernBERT's pad, cls/bos and sep/eos ids)."""
     c = config
     if not c.modern:
-        raise ConfigError(f"a classic BERT (architecture={c.architecture!r}) has no ModernBERT layout: "
-                          f"export it as BERT (checkpoint_formats.write_huggingface)")
+        raise ConfigError(
+            f"a classic BERT (architecture={c.architecture!r}) has no ModernBERT layout: "
+            f"export it as BERT (checkpoint_formats.write_huggingface)"
+        )
     act = ACT_TO_HF[c.hidden_act]
     return {
-        "architectures": ["ModernBertForMaskedLM"], "model_type": "modernbert",
-        "vocab_size": c.vocab_size, "hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size,
-        "num_hidden_layers": c.num_hidden_layers, "num_attention_heads": c.num_attention_heads,
-        "hidden_activation": act, "classifier_activation": act, "max_position_embeddings": c.max_position_embeddings,
-        "initializer_range": c.initializer_range, "initializer_cutoff_factor": 2.0, "norm_eps": c.layer_norm_eps,
-        **dict.fromkeys(BIAS_FIELDS, False), "decoder_bias": True, "tie_word_embeddings": True,
-        "global_attn_every_n_layers": c.global_attn_every_n_layers, "local_attention": c.local_attention,
-        "global_rope_theta": c.global_rope_theta, "local_rope_theta": c.local_rope_theta,
-        "embedding_dropout": c.hidden_dropout_prob, "mlp_dropout": c.hidden_dropout_prob,
-        "attention_dropout": c.attention_probs_dropout_prob, "classifier_pooling": "cls",
-        "pad_token_id": token_id("[PAD]"), "cls_token_id": token_id("[CLS]"), "bos_token_id": token_id("[CLS]"),
-        "sep_token_id": token_id("[SEP]"), "eos_token_id": token_id("[SEP]")}
+        "architectures": ["ModernBertForMaskedLM"],
+        "model_type": "modernbert",
+        "vocab_size": c.vocab_size,
+        "hidden_size": c.hidden_size,
+        "intermediate_size": c.intermediate_size,
+        "num_hidden_layers": c.num_hidden_layers,
+        "num_attention_heads": c.num_attention_heads,
+        "hidden_activation": act,
+        "classifier_activation": act,
+        "max_position_embeddings": c.max_position_embeddings,
+        "initializer_range": c.initializer_range,
+        "initializer_cutoff_factor": 2.0,
+        "norm_eps": c.layer_norm_eps,
+        **dict.fromkeys(BIAS_FIELDS, False),
+        "decoder_bias": True,
+        "tie_word_embeddings": True,
+        "global_attn_every_n_layers": c.global_attn_every_n_layers,
+        "local_attention": c.local_attention,
+        "global_rope_theta": c.global_rope_theta,
+        "local_rope_theta": c.local_rope_theta,
+        "embedding_dropout": c.hidden_dropout_prob,
+        "mlp_dropout": c.hidden_dropout_prob,
+        "attention_dropout": c.attention_probs_dropout_prob,
+        "classifier_pooling": "cls",
+        "pad_token_id": token_id("[PAD]"),
+        "cls_token_id": token_id("[CLS]"),
+        "bos_token_id": token_id("[CLS]"),
+        "sep_token_id": token_id("[SEP]"),
+        "eos_token_id": token_id("[SEP]"),
+    }
 
 
 def config_from_huggingface(values: dict, path: str) -> modeling.BertConfig:
-    """ModernBertConfig's config.json (parsed) -> a modern BertConfig; `path` names the file in errors."""
+    """ModernBertConfig's config.json (parsed) -> a modern BertConfig; `path` names the file in
+    errors."""
     on = [f for f in BIAS_FIELDS if values.get(f, False)]
     if on or not values.get("decoder_bias", True):
-        raise ConfigError(f"{path}: {', '.join(on) or 'decoder_bias'} is {bool(on)}: bert_tf's modern model has "
-                          f"no biases in its linear layers and norms and a decoder bias (ModernBERT's released setting)")
+        raise ConfigError(
+            f"{path}: {', '.join(on) or 'decoder_bias'} is {bool(on)}: bert_tf's modern model has "
+            "no biases in its linear layers and norms and a decoder bias (ModernBERT's released "
+            "setting)"
+        )
     if not values.get("tie_word_embeddings", True):
-        raise ConfigError(f"{path}: tie_word_embeddings is false; the modern model ties its decoder to the embeddings")
+        raise ConfigError(
+            f"{path}: tie_word_embeddings is false; the modern model ties its decoder to the "
+            "embeddings"
+        )
     acts = {values.get("hidden_activation", "gelu"), values.get("classifier_activation", "gelu")}
     if len(acts) > 1 or not acts <= set(ACT_FROM_HF):
-        raise ConfigError(f"{path}: hidden_activation / classifier_activation {sorted(acts)} are not supported: "
-                          f"one of {sorted(ACT_FROM_HF)} for both")
+        raise ConfigError(
+            f"{path}: hidden_activation / classifier_activation {sorted(acts)} are not supported: "
+            f"one of {sorted(ACT_FROM_HF)} for both"
+        )
     if values.get("classifier_pooling", "cls") != "cls":
-        raise ConfigError(f"{path}: classifier_pooling {values['classifier_pooling']!r}: only 'cls' is supported")
-    fields = dict(vocab_size=50368, hidden_size=768, num_hidden_layers=22, num_attention_heads=12,
-                  intermediate_size=1152, max_position_embeddings=8192, initializer_range=0.02,
-                  global_attn_every_n_layers=3, local_attention=128, global_rope_theta=160000.0)
+        raise ConfigError(
+            f"{path}: classifier_pooling {values['classifier_pooling']!r}: only 'cls' is supported"
+        )
+    fields = dict(
+        vocab_size=50368,
+        hidden_size=768,
+        num_hidden_layers=22,
+        num_attention_heads=12,
+        intermediate_size=1152,
+        max_position_embeddings=8192,
+        initializer_range=0.02,
+        global_attn_every_n_layers=3,
+        local_attention=128,
+        global_rope_theta=160000.0,
+    )
     out = {k: values.get(k, default) for k, default in fields.items()}
-    out.update(architecture="modern", hidden_act=ACT_FROM_HF[acts.pop()], layer_norm_eps=values.get("norm_eps", 1e-5),
-               local_rope_theta=values.get("local_rope_theta") or out["global_rope_theta"],
-               hidden_dropout_prob=values.get("mlp_dropout", 0.0),
-               attention_probs_dropout_prob=values.get("attention_dropout", 0.0))
+    out.update(
+        architecture="modern",
+        hidden_act=ACT_FROM_HF[acts.pop()],
+        layer_norm_eps=values.get("norm_eps", 1e-5),
+        local_rope_theta=values.get("local_rope_theta") or out["global_rope_theta"],
+        hidden_dropout_prob=values.get("mlp_dropout", 0.0),
+        attention_probs_dropout_prob=values.get("attention_dropout", 0.0),
+    )
     try:
         return modeling.BertConfig.from_dict(out)
     except (TypeError, ValueError) as e:
@@ -130,12 +197,15 @@ def config_from_huggingface(values: dict, path: str) -> modeling.BertConfig:
 
 
 def from_huggingface(tensors: dict, config: modeling.BertConfig, weights_file: str) -> dict:
-    """model.safetensors' tensors -> {our name: array}; every encoder tensor of `config` must be there."""
+    """model.safetensors' tensors -> {our name: array}; every encoder tensor of `config` must be
+    there."""
     decoder = tensors.get("decoder.weight")
     word = tensors.get("model.embeddings.tok_embeddings.weight")
     if decoder is not None and word is not None and not np.array_equal(decoder, word):
-        raise ConfigError(f"{weights_file}: decoder.weight differs from the token embeddings; the modern model "
-                          f"ties them (an untied decoder is not supported)")
+        raise ConfigError(
+            f"{weights_file}: decoder.weight differs from the token embeddings; the modern model "
+            f"ties them (an untied decoder is not supported)"
+        )
     weights, missing = {}, []
     for ours, hf, kind, _ in table(config):
         if hf in tensors:
@@ -143,19 +213,26 @@ def from_huggingface(tensors: dict, config: modeling.BertConfig, weights_file: s
         elif ours.startswith("encoder/"):
             missing.append(hf)
     if missing:
-        raise ConfigError(f"{weights_file}: {len(missing)} ModernBERT tensors the config implies are missing, "
-                          f"e.g. {missing[0]} (a checkpoint of another model, or saved without the 'model.' prefix?)")
+        raise ConfigError(
+            f"{weights_file}: {len(missing)} ModernBERT tensors the config implies are missing, "
+            f"e.g. {missing[0]} (a checkpoint of another model, or saved without the 'model.' "
+            "prefix?)"
+        )
     return weights
 
 
-def to_huggingface(weights: dict, config: modeling.BertConfig, weights_file: str = "the model") -> dict:
+def to_huggingface(
+    weights: dict, config: modeling.BertConfig, weights_file: str = "the model"
+) -> dict:
     """{our name: array} -> {transformers name: float32 array}; the pooler (not part of
     ModernBertForMaskedLM) and NSP head are left out."""
     tensors = {}
     for ours, hf, kind, _ in table(config):
         if ours not in weights:
-            raise ConfigError(f"{weights_file}: {ours} missing: not a modern model's weights "
-                              f"(architecture {config.architecture!r} in its config?)")
+            raise ConfigError(
+                f"{weights_file}: {ours} missing: not a modern model's weights "
+                f"(architecture {config.architecture!r} in its config?)"
+            )
         value = weights[ours]
         tensors[hf] = np.ascontiguousarray(value.T if kind == "kernel" else value, dtype=np.float32)
     return tensors
@@ -164,6 +241,9 @@ def to_huggingface(weights: dict, config: modeling.BertConfig, weights_file: str
 def describe(config: modeling.BertConfig) -> str:
     """One line for logs and the model card."""
     c = dataclasses.asdict(config)
-    return ("ModernBERT architecture: RoPE (theta {global_rope_theta:g} global, {local_rope_theta:g} local), GeGLU, "
-            "pre-norm without biases, global attention every {global_attn_every_n_layers} layers and a "
-            "{local_attention}-token window elsewhere").format(**c)
+    return (
+        "ModernBERT architecture: RoPE (theta {global_rope_theta:g} global, {local_rope_theta:g} "
+        "local), GeGLU, "
+        "pre-norm without biases, global attention every {global_attn_every_n_layers} layers and a "
+        "{local_attention}-token window elsewhere"
+    ).format(**c)

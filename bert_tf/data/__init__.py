@@ -1,1 +1,2 @@
-"""Data: corpus readers, tokenisation, pre-training instances and their records, the input pipeline."""
+"""Data: corpus readers, tokenisation, pre-training instances and their records, the input
+pipeline."""

@@ -1,6 +1,8 @@
 """Compressed corpus files, read as streams: .gz, .bz2 and .zst (Zstandard, across frames), and the
-bz2 streams of a Wikipedia multistream dump, which its index lets ranks share out (corpus.plan_shares).
-A file that ends inside a compressed stream raises EOFError when read, like gzip and bz2 do."""
+bz2 streams of a Wikipedia multistream dump, which its index lets ranks share out
+(corpus.plan_shares). A file that ends inside a compressed stream raises EOFError when read, like
+gzip and bz2 do."""
+
 from __future__ import annotations
 
 import bz2
@@ -11,7 +13,9 @@ import os
 from bert_tf import ConfigError
 
 COMPRESSED = (".gz", ".bz2", ".zst")
-READ_BUFFER = 1 << 16   # bytes read at a time: a rank reads at most this much past its share's last document
+READ_BUFFER = (
+    1 << 16
+)  # bytes read at a time: a rank reads at most this much past its share's last document
 
 
 def is_compressed(path):
@@ -30,14 +34,16 @@ def decompressing(f, path):
 
 
 class _ZstdReader(io.RawIOBase):
-    """Zstandard frames one after another (zstd -T and pzstd write several), streamed; like gzip and bz2,
-    EOFError when the file ends inside a frame (zstandard's own stream reader just stops there)."""
+    """Zstandard frames one after another (zstd -T and pzstd write several), streamed; like gzip and
+    bz2, EOFError when the file ends inside a frame (zstandard's own stream reader just stops
+    there)."""
 
     def __init__(self, f):
         import zstandard
+
         self.f, self.zstd, self.pending = f, zstandard, b""
         self.frame = zstandard.ZstdDecompressor().decompressobj()
-        self.started = False        # bytes of the current frame have been fed
+        self.started = False  # bytes of the current frame have been fed
 
     def readable(self):
         return True
@@ -47,7 +53,9 @@ class _ZstdReader(io.RawIOBase):
             data = self.f.read(READ_BUFFER)
             if not data:
                 if self.started:
-                    raise EOFError("compressed file ended before the end-of-stream marker was reached")
+                    raise EOFError(
+                        "compressed file ended before the end-of-stream marker was reached"
+                    )
                 return 0
             while data:
                 try:
@@ -100,15 +108,19 @@ class _CountingReader(io.RawIOBase):
 
 
 def open_counting(path, stats):
-    """`path`'s uncompressed bytes, buffered, counting the bytes read from disk in stats.bytes_read."""
-    return decompressing(io.BufferedReader(_CountingReader(open(path, "rb"), stats), READ_BUFFER), path)
+    """`path`'s uncompressed bytes, buffered, counting the bytes read from disk in
+    stats.bytes_read."""
+    return decompressing(
+        io.BufferedReader(_CountingReader(open(path, "rb"), stats), READ_BUFFER), path
+    )
 
 
 def multistream_index(path):
-    """Wikipedia's index beside a multistream dump (…-multistream.xml.bz2 -> …-multistream-index.txt.bz2), or None."""
+    """Wikipedia's index beside a multistream dump (…-multistream.xml.bz2 ->
+    …-multistream-index.txt.bz2), or None."""
     if not path.endswith("multistream.xml.bz2"):
         return None
-    index = path[:-len(".xml.bz2")] + "-index.txt.bz2"
+    index = path[: -len(".xml.bz2")] + "-index.txt.bz2"
     return index if os.path.isfile(index) else None
 
 
@@ -122,21 +134,25 @@ def read_stream_index(path):
         for number, line in enumerate(f, 1):
             head = line.split(b":", 1)[0]
             if not head.strip().isdigit():
-                raise ConfigError(f"{index}: line {number} is not offset:page id:title: {line[:80]!r}")
+                raise ConfigError(
+                    f"{index}: line {number} is not offset:page id:title: {line[:80]!r}"
+                )
             offsets.add(int(head))
     size = os.path.getsize(path)
     with open(path, "rb") as f:
         for o in sorted(offsets):
             f.seek(o)
             if o >= size or f.read(3) != b"BZh":
-                raise ConfigError(f"{index} does not match {path}: no bz2 stream starts at byte {o}")
+                raise ConfigError(
+                    f"{index} does not match {path}: no bz2 stream starts at byte {o}"
+                )
     return sorted(offsets)
 
 
 def multistream_lines(path, streams, end, stats):
-    """(offset, raw line) of a multistream dump's bz2 streams that start at `streams` (the last ends at
-    `end`), each stream decompressed on its own; offsets are stream offset * 2**32 + offset inside the
-    stream (a name, not a position)."""
+    """(offset, raw line) of a multistream dump's bz2 streams that start at `streams` (the last ends
+    at `end`), each stream decompressed on its own; offsets are stream offset * 2**32 + offset
+    inside the stream (a name, not a position)."""
     bounds = list(streams) + [end]
     with open(path, "rb") as f:
         for start, stop in zip(bounds, bounds[1:]):
@@ -144,15 +160,19 @@ def multistream_lines(path, streams, end, stats):
             data = f.read(stop - start)
             stats.bytes_read += len(data)
             chunks = []
-            while data:                    # usually one stream; the last also holds the closing </mediawiki>
+            while data:  # usually one stream; the last also holds the closing </mediawiki>
                 decompressor = bz2.BZ2Decompressor()
                 try:
                     chunks.append(decompressor.decompress(data))
                 except OSError as e:
-                    raise ConfigError(f"{path}: byte {start}: the stream the index names is not valid bz2 ({e})")
+                    raise ConfigError(
+                        f"{path}: byte {start}: the stream the index names is not valid bz2 ({e})"
+                    )
                 if not decompressor.eof:
-                    raise ConfigError(f"{path}: byte {start}: the stream does not end before the next index "
-                                      f"offset {stop} (index and dump do not match, or the dump is truncated)")
+                    raise ConfigError(
+                        f"{path}: byte {start}: the stream does not end before the next index "
+                        f"offset {stop} (index and dump do not match, or the dump is truncated)"
+                    )
                 data = decompressor.unused_data
             text = b"".join(chunks)
             inside = 0

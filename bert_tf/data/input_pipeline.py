@@ -16,6 +16,7 @@ The loop reads an update at a time through one interface, `TrainingInput`: `PerR
 for static runs, `elastic.SharedStream` for --elastic (every rank reads one shared stream, so the
 rank count may change between updates; bert_tf/train/elastic.py says how).
 """
+
 from __future__ import annotations
 
 import glob
@@ -33,7 +34,8 @@ FULL_VERIFY_BYTES = 1 << 30
 
 
 def list_files(patterns):
-    """Sorted, de-duplicated files matching comma-separated globs; an error names what matched nothing."""
+    """Sorted, de-duplicated files matching comma-separated globs; an error names what matched
+    nothing."""
     if isinstance(patterns, str):
         patterns = [p for p in patterns.split(",") if p]
     files = set()
@@ -61,7 +63,8 @@ def record_spec(max_seq_length, max_predictions_per_seq, masked=True, pack=0):
 
 
 def parse_features(serialized, spec):
-    """Serialized tf.train.Examples (one or a batch) -> features, int64 as int32 (the model's ids)."""
+    """Serialized tf.train.Examples (one or a batch) -> features, int64 as int32 (the model's
+    ids)."""
     parse = tf.io.parse_single_example if serialized.shape.rank == 0 else tf.io.parse_example
     example = parse(serialized, spec)
     return {k: tf.cast(v, tf.int32) if v.dtype == tf.int64 else v for k, v in example.items()}
@@ -80,44 +83,68 @@ def records_pack(path):
     raise ConfigError(f"{path} has no records")
 
 
-def check_file(path, max_seq_length, max_predictions_per_seq, dynamic_masking=False, full=False, pack=0):
+def check_file(
+    path, max_seq_length, max_predictions_per_seq, dynamic_masking=False, full=False, pack=0
+):
     """Raises ValueError naming the file and feature when records do not fit the run."""
-    expected = {k: spec.shape[0] for k, spec in
-                record_spec(max_seq_length, max_predictions_per_seq, masked=not dynamic_masking, pack=pack).items()}
+    expected = {
+        k: spec.shape[0]
+        for k, spec in record_spec(
+            max_seq_length, max_predictions_per_seq, masked=not dynamic_masking, pack=pack
+        ).items()
+    }
     count = 0
     try:
         for raw in tf.data.TFRecordDataset(path):
             if count == 0:
                 example = tf.train.Example.FromString(raw.numpy())
-                found = ("instance_ids" in example.features.feature
-                         and len(example.features.feature["next_sentence_labels"].int64_list.value))
+                found = "instance_ids" in example.features.feature and len(
+                    example.features.feature["next_sentence_labels"].int64_list.value
+                )
                 if found != pack:
-                    describe = lambda k: f"packed ({k} instances per row)" if k else "one instance per row"
-                    raise ConfigError(f"{path}: records are {describe(found)}, unlike the run's other files "
-                                      f"({describe(pack)}); give files of one layout")
+                    describe = lambda k: (
+                        f"packed ({k} instances per row)" if k else "one instance per row"
+                    )
+                    raise ConfigError(
+                        f"{path}: records are {describe(found)}, unlike the run's other files "
+                        f"({describe(pack)}); give files of one layout"
+                    )
                 if dynamic_masking and "masked_lm_positions" in example.features.feature:
-                    raise ConfigError(f"{path}: records are already masked; train without --dynamic_masking "
-                                      f"or create the data with --dynamic_masking")
+                    raise ConfigError(
+                        f"{path}: records are already masked; train without --dynamic_masking "
+                        f"or create the data with --dynamic_masking"
+                    )
                 for name, length in expected.items():
                     feature = example.features.feature.get(name)
                     if feature is None:
-                        raise ConfigError(f"{path}: records lack the feature {name!r}"
-                                          + (" (made with --dynamic_masking? then train with it too)"
-                                             if name.startswith("masked_lm") else ""))
+                        raise ConfigError(
+                            f"{path}: records lack the feature {name!r}"
+                            + (
+                                " (made with --dynamic_masking? then train with it too)"
+                                if name.startswith("masked_lm")
+                                else ""
+                            )
+                        )
                     kind = feature.WhichOneof("kind")
                     got = len(getattr(feature, kind).value)
                     if got != length:
-                        flag = {"input_ids": "max_seq_length", "input_mask": "max_seq_length",
-                                "segment_ids": "max_seq_length", "next_sentence_labels": None}.get(
-                                    name, "max_predictions_per_seq")
+                        flag = {
+                            "input_ids": "max_seq_length",
+                            "input_mask": "max_seq_length",
+                            "segment_ids": "max_seq_length",
+                            "next_sentence_labels": None,
+                        }.get(name, "max_predictions_per_seq")
                         raise ConfigError(
-                            f"{path}: feature {name!r} has length {got} but the run expects {length}"
-                            + (f" (--{flag})" if flag else ""))
+                            f"{path}: feature {name!r} has length {got} but the run expects "
+                            f"{length}" + (f" (--{flag})" if flag else "")
+                        )
             count += 1
             if not full:
                 break
     except tf.errors.DataLossError as e:
-        raise ConfigError(f"{path} is truncated or corrupt after {count} good records: {e.message}") from None
+        raise ConfigError(
+            f"{path} is truncated or corrupt after {count} good records: {e.message}"
+        ) from None
     if count == 0:
         raise ConfigError(f"{path} has no records")
     return count
@@ -131,9 +158,10 @@ def records_masked(path) -> bool:
 
 
 def full_sentence_folders(files):
-    """The folders of `files` whose summary.json says they hold FULL-SENTENCES instances (no sentence pairs:
-    run/create_pretraining_data.py --full_sentences)."""
+    """The folders of `files` whose summary.json says they hold FULL-SENTENCES instances (no
+    sentence pairs: run/create_pretraining_data.py --full_sentences)."""
     import json
+
     found = []
     for folder in sorted({os.path.dirname(f) for f in files}):
         path = os.path.join(folder, "summary.json")
@@ -149,7 +177,9 @@ def check_files(files, max_seq_length, max_predictions_per_seq, dynamic_masking=
     full = sum(os.path.getsize(f) for f in files) <= FULL_VERIFY_BYTES
     pack = records_pack(files[0])
     for f in files:
-        check_file(f, max_seq_length, max_predictions_per_seq, dynamic_masking, full=full, pack=pack)
+        check_file(
+            f, max_seq_length, max_predictions_per_seq, dynamic_masking, full=full, pack=pack
+        )
     return pack
 
 
@@ -164,7 +194,9 @@ def find_corrupt_file(files):
     return None
 
 
-def dynamic_masker(vocab_size, special_ids, max_predictions_per_seq, masked_lm_prob=0.15, mask_id=None):
+def dynamic_masker(
+    vocab_size, special_ids, max_predictions_per_seq, masked_lm_prob=0.15, mask_id=None
+):
     """Returns a batch-level map: unmasked features -> google's masked features, fresh each call.
 
     Uses tensorflow-text: RandomItemSelector picks up to `max_predictions_per_seq` of the
@@ -174,9 +206,13 @@ def dynamic_masker(vocab_size, special_ids, max_predictions_per_seq, masked_lm_p
     import tensorflow_text as text
 
     selector = text.RandomItemSelector(
-        max_selections_per_batch=max_predictions_per_seq, selection_rate=masked_lm_prob,
-        unselectable_ids=list(special_ids))
-    chooser = text.MaskValuesChooser(vocab_size, mask_id, mask_token_rate=0.8, random_token_rate=0.1)
+        max_selections_per_batch=max_predictions_per_seq,
+        selection_rate=masked_lm_prob,
+        unselectable_ids=list(special_ids),
+    )
+    chooser = text.MaskValuesChooser(
+        vocab_size, mask_id, mask_token_rate=0.8, random_token_rate=0.1
+    )
     P = max_predictions_per_seq
 
     def mask(features):
@@ -189,21 +225,34 @@ def dynamic_masker(vocab_size, special_ids, max_predictions_per_seq, masked_lm_p
         out["input_ids"] = tf.cast(masked.to_tensor(0, shape=tf.shape(ids)), tf.int32)
         out["masked_lm_positions"] = tf.cast(positions.to_tensor(0, shape=[batch, P]), tf.int32)
         out["masked_lm_ids"] = tf.cast(originals.to_tensor(0, shape=[batch, P]), tf.int32)
-        out["masked_lm_weights"] = tf.ones_like(tf.cast(positions, tf.float32)).to_tensor(0.0, shape=[batch, P])
+        out["masked_lm_weights"] = tf.ones_like(tf.cast(positions, tf.float32)).to_tensor(
+            0.0, shape=[batch, P]
+        )
         return out
 
     return mask
 
 
-def serialized_records(files, seed=0, training=True, shuffle_buffer=10000, read=tf.data.TFRecordDataset,
-                       record_shard=None):
+def serialized_records(
+    files,
+    seed=0,
+    training=True,
+    shuffle_buffer=10000,
+    read=tf.data.TFRecordDataset,
+    record_shard=None,
+):
     """The records of `files`, serialized. training: the files reshuffled every pass and the records
     through a seeded buffer, repeated forever; else one pass in order. record_shard: (index, count),
     keep every count-th record from index (shard_files' record-level sharding)."""
     ds = tf.data.Dataset.from_tensor_slices(files)
     if training:
         ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True).repeat()
-    ds = ds.interleave(read, cycle_length=min(4, len(files)), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    ds = ds.interleave(
+        read,
+        cycle_length=min(4, len(files)),
+        num_parallel_calls=tf.data.AUTOTUNE,
+        deterministic=True,
+    )
     if record_shard is not None:
         ds = ds.shard(record_shard[1], record_shard[0])
     if training:
@@ -211,9 +260,22 @@ def serialized_records(files, seed=0, training=True, shuffle_buffer=10000, read=
     return ds
 
 
-def make_dataset(files, micro_batch, max_seq_length, max_predictions_per_seq, rank=0, size=1, seed=0,
-                 training=True, masker=None, shuffle_buffer=10000, read=tf.data.TFRecordDataset, pack=0):
-    """Batches of google-format features (int32 ids) for one rank (packed rows: pack = instances per row).
+def make_dataset(
+    files,
+    micro_batch,
+    max_seq_length,
+    max_predictions_per_seq,
+    rank=0,
+    size=1,
+    seed=0,
+    training=True,
+    masker=None,
+    shuffle_buffer=10000,
+    read=tf.data.TFRecordDataset,
+    pack=0,
+):
+    """Batches of google-format features (int32 ids) for one rank (packed rows: pack = instances per
+    row).
 
     training: shuffled, repeated forever; else one pass in order.
     masker: a `dynamic_masker` for files written with --dynamic_masking.
@@ -222,7 +284,11 @@ def make_dataset(files, micro_batch, max_seq_length, max_predictions_per_seq, ra
     my_files, record_shard = shard_files(list(files), rank, size)
     spec = record_spec(max_seq_length, max_predictions_per_seq, masked=masker is None, pack=pack)
     ds = serialized_records(my_files, seed, training, shuffle_buffer, read, record_shard)
-    ds = ds.map(lambda record: parse_features(record, spec), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    ds = ds.map(
+        lambda record: parse_features(record, spec),
+        num_parallel_calls=tf.data.AUTOTUNE,
+        deterministic=True,
+    )
     ds = ds.batch(micro_batch, drop_remainder=training)
     if masker is not None:
         ds = ds.map(masker, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
@@ -251,20 +317,22 @@ class TrainingInput(Protocol):
         """This rank's micro-batches of the next update (feature dicts)."""
 
     def capture(self, position: "InputPosition", samples_seen: int) -> None:
-        """Store the position into `position` before a save (a collective where the input says so)."""
+        """Store the position into `position` before a save (a collective where the input says
+        so)."""
 
     def resume(self, position: "InputPosition") -> bool:
-        """Continue from a restored `position`; False when it does not apply (a fresh pass follows)."""
+        """Continue from a restored `position`; False when it does not apply (a fresh pass
+        follows)."""
 
 
 class PerRankInput:
     """Static runs' input: this rank's `make_dataset` pipeline; an update is its next
-    `rank_micro_batches` batches (--accumulation_steps). Its position is every rank's iterator state,
-    gathered to the checkpoint writer."""
+    `rank_micro_batches` batches (--accumulation_steps). Its position is every rank's iterator
+    state, gathered to the checkpoint writer."""
 
     def __init__(self, dataset, rank_micro_batches, gather, rank=0, size=1):
-        """gather(bytes) -> [every rank's bytes] (a collective: distributed.gather_bytes); rank, size:
-        whose pipeline this is (`make_dataset`'s)."""
+        """gather(bytes) -> [every rank's bytes] (a collective: distributed.gather_bytes); rank,
+        size: whose pipeline this is (`make_dataset`'s)."""
         self.dataset, self.rank_micro_batches, self.gather = dataset, rank_micro_batches, gather
         self.rank, self.size = rank, size
         self.iterator = iter(dataset)
@@ -280,7 +348,11 @@ class PerRankInput:
         """Puts this rank's iterator at the saved position; False when the saved states do not apply
         (nothing saved, another rank count, or elastic mode's shared stream)."""
         states = position.states()
-        if position.is_shared() or len(states) != self.size or int(position.ranks.numpy()) != self.size:
+        if (
+            position.is_shared()
+            or len(states) != self.size
+            or int(position.ranks.numpy()) != self.size
+        ):
             return False
         restore_iterator(self.iterator, states[self.rank])
         return True
@@ -295,7 +367,8 @@ class InputPosition(tf.Module):
     grows by about ranks x shuffle_buffer x record size (16 x 10,000 x ~1.2 KB at sequence 128).
     """
 
-    # elastic checkpoints written before the `shared` variable marked the shared stream with ranks = -1
+    # elastic checkpoints written before the `shared` variable marked the shared stream with ranks =
+    # -1
     _OLD_SHARED_RANKS = -1
 
     def __init__(self):
@@ -303,8 +376,12 @@ class InputPosition(tf.Module):
         self.samples_seen = tf.Variable(0, dtype=tf.int64, trainable=False, name="samples_seen")
         self.ranks = tf.Variable(0, dtype=tf.int64, trainable=False, name="ranks")
         self.shared = tf.Variable(False, trainable=False, name="shared")
-        self.iterator_states = tf.Variable(tf.zeros([0], tf.string), shape=tf.TensorShape([None]),
-                                           trainable=False, name="iterator_states")
+        self.iterator_states = tf.Variable(
+            tf.zeros([0], tf.string),
+            shape=tf.TensorShape([None]),
+            trainable=False,
+            name="iterator_states",
+        )
 
     def store(self, samples_seen, states, shared, ranks=None):
         self.samples_seen.assign(samples_seen)

@@ -12,10 +12,11 @@ truncated from a random end, then
 [MASK], 10% a random token, 10% stay. `dupe_factor` repeats this with fresh randomness.
 
 Randomness is per document (seed, pass, the document's name: `document_rng`), with separate streams
-for segment structure, partner documents and masking, so the instances of a document do not depend on
-which process handles it; only a random-next pair's B segment depends on the pool of documents it is
-drawn from (and with it that pair's truncation and masks).
+for segment structure, partner documents and masking, so the instances of a document do not depend
+on which process handles it; only a random-next pair's B segment depends on the pool of documents it
+is drawn from (and with it that pair's truncation and masks).
 """
+
 from __future__ import annotations
 
 import collections
@@ -36,16 +37,23 @@ class InstanceConfig:
     dupe_factor: int = 10
     whole_word_masking: bool = False
     random_seed: int = 12345
-    mask: bool = True            # False: unmasked sequences for dynamic masking in tf.data
-    full_sentences: bool = False  # RoBERTa's FULL-SENTENCES (pack_full_sentences): no A/B pairs, for MLM only
-    pack: int = 0                # >= 2: up to this many sentence-pair instances per row (pack_instances)
+    mask: bool = True  # False: unmasked sequences for dynamic masking in tf.data
+    full_sentences: bool = (
+        False  # RoBERTa's FULL-SENTENCES (pack_full_sentences): no A/B pairs, for MLM only
+    )
+    pack: int = 0  # >= 2: up to this many sentence-pair instances per row (pack_instances)
 
     def __post_init__(self):
         if self.max_seq_length < 5:
-            raise ConfigError(f"--max_seq_length={self.max_seq_length} is too small for "
-                              f"[CLS] A [SEP] B [SEP] (needs at least 5: 3 special tokens and 1 token each for A and B)")
+            raise ConfigError(
+                f"--max_seq_length={self.max_seq_length} is too small for "
+                "[CLS] A [SEP] B [SEP] (needs at least 5: 3 special tokens and 1 token each for A "
+                "and B)"
+            )
         if self.mask and self.max_predictions_per_seq < 1:
-            raise ConfigError(f"--max_predictions_per_seq must be >= 1, got {self.max_predictions_per_seq}")
+            raise ConfigError(
+                f"--max_predictions_per_seq must be >= 1, got {self.max_predictions_per_seq}"
+            )
         if not 0.0 < self.masked_lm_prob < 1.0:
             raise ConfigError(f"--masked_lm_prob must be in (0, 1), got {self.masked_lm_prob}")
         if not 0.0 <= self.short_seq_prob <= 1.0:
@@ -53,23 +61,29 @@ class InstanceConfig:
         if self.dupe_factor < 1:
             raise ConfigError(f"--dupe_factor must be >= 1, got {self.dupe_factor}")
         if self.pack < 0 or self.pack == 1:
-            raise ConfigError(f"--pack must be 0 (one instance per row) or >= 2 (instances per row), got {self.pack}")
+            raise ConfigError(
+                "--pack must be 0 (one instance per row) or >= 2 (instances per row), got "
+                f"{self.pack}"
+            )
         if self.pack and self.full_sentences:
-            raise ConfigError("--pack with --full_sentences: FULL-SENTENCES rows are already full (no padding to fill)")
+            raise ConfigError(
+                "--pack with --full_sentences: FULL-SENTENCES rows are already full (no padding to "
+                "fill)"
+            )
 
 
 @dataclasses.dataclass
 class Counts:
     instances: int = 0
-    rows: int = 0                  # records written (with --pack, several instances each)
-    tokens: int = 0                # non-padding tokens in instances (with [CLS]/[SEP])
+    rows: int = 0  # records written (with --pack, several instances each)
+    tokens: int = 0  # non-padding tokens in instances (with [CLS]/[SEP])
     masked: int = 0
-    maskable: int = 0              # tokens other than [CLS]/[SEP]
+    maskable: int = 0  # tokens other than [CLS]/[SEP]
     replaced_mask: int = 0
     replaced_random: int = 0
     kept: int = 0
     random_next: int = 0
-    clamped: int = 0               # instances whose 15% exceeded max_predictions_per_seq
+    clamped: int = 0  # instances whose 15% exceeded max_predictions_per_seq
 
 
 Instance = collections.namedtuple("Instance", "tokens segment_ids is_random_next positions labels")
@@ -78,13 +92,23 @@ _STREAMS = {"structure": 0, "partner": 1, "mask": 2, "heldout": 3, "pack": 4}
 
 
 def document_rng(seed, dupe, doc_id, stream, chunk=0):
-    """A random.Random determined by (seed, pass, document, stream, chunk) only: same in every process."""
+    """A random.Random determined by (seed, pass, document, stream, chunk) only: same in every
+    process."""
     state = np.random.SeedSequence([seed, dupe, doc_id, _STREAMS[stream], chunk]).generate_state(2)
     return random.Random(int(state[0]) << 32 | int(state[1]))
 
 
-def create_instances(doc_index, documents, config: InstanceConfig, special, vocab_size, word_starts=None,
-                     dupe=0, doc_id=None, counts: Counts | None = None):
+def create_instances(
+    doc_index,
+    documents,
+    config: InstanceConfig,
+    special,
+    vocab_size,
+    word_starts=None,
+    dupe=0,
+    doc_id=None,
+    counts: Counts | None = None,
+):
     """Instances from documents[doc_index] (a list of token-id lists) for one dupe pass.
 
     `documents` is the pool partner segments are drawn from; `doc_id` (default doc_index)
@@ -108,14 +132,25 @@ def create_instances(doc_index, documents, config: InstanceConfig, special, voca
         chunk_len += len(document[i])
         if i == len(document) - 1 or chunk_len >= target_seq_length:
             if chunk:
-                tokens_a, tokens_b, is_random_next, i = _segments(doc_index, documents, chunk, i, target_seq_length,
-                                                                  rng, rng_partner)
+                tokens_a, tokens_b, is_random_next, i = _segments(
+                    doc_index, documents, chunk, i, target_seq_length, rng, rng_partner
+                )
                 # truncation and masking draw from a stream of their own per chunk: a random partner
-                # (drawn from this rank's documents) changes only its own instance, not the next ones
+                # (drawn from this rank's documents) changes only its own instance, not the next
+                # ones
                 rng_mask = document_rng(config.random_seed, dupe, doc_id, "mask", chunk_index)
                 chunk_index += 1
-                instance = _pair_instance(tokens_a, tokens_b, is_random_next, config, special, vocab_size,
-                                          rng_mask, word_starts, counts)
+                instance = _pair_instance(
+                    tokens_a,
+                    tokens_b,
+                    is_random_next,
+                    config,
+                    special,
+                    vocab_size,
+                    rng_mask,
+                    word_starts,
+                    counts,
+                )
                 if instance is not None:
                     instances.append(instance)
             chunk, chunk_len = [], 0
@@ -146,11 +181,12 @@ def _segments(doc_index, documents, chunk, i, target_seq_length, rng, rng_partne
     if not is_random_next:
         return tokens_a, [t for seg in chunk[a_end:] for t in seg], False, i
     tokens_b = _random_segment(doc_index, documents, target_seq_length - len(tokens_a), rng_partner)
-    return tokens_a, tokens_b, True, i - (len(chunk) - a_end)        # put the unused sentences back
+    return tokens_a, tokens_b, True, i - (len(chunk) - a_end)  # put the unused sentences back
 
 
 def _random_segment(doc_index, documents, target_b_length, rng_partner):
-    """A random next segment: sentences from a random start in another document, up to the length."""
+    """A random next segment: sentences from a random start in another document, up to the
+    length."""
     other = doc_index
     for _ in range(10):
         other = rng_partner.randrange(len(documents))
@@ -166,7 +202,9 @@ def _random_segment(doc_index, documents, target_b_length, rng_partner):
     return tokens_b
 
 
-def _pair_instance(tokens_a, tokens_b, is_random_next, config, special, vocab_size, rng_mask, word_starts, counts):
+def _pair_instance(
+    tokens_a, tokens_b, is_random_next, config, special, vocab_size, rng_mask, word_starts, counts
+):
     """[CLS] A [SEP] B [SEP], truncated and masked; None when truncation leaves a segment empty."""
     _truncate_pair(tokens_a, tokens_b, config.max_seq_length - 3, rng_mask)
     if not (tokens_a and tokens_b):
@@ -175,25 +213,36 @@ def _pair_instance(tokens_a, tokens_b, is_random_next, config, special, vocab_si
     segment_ids = [0] * (len(tokens_a) + 2) + [1] * (len(tokens_b) + 1)
     positions, labels = ([], [])
     if config.mask:
-        positions, labels = mask_tokens(tokens, config, special, vocab_size, rng_mask, word_starts, counts)
+        positions, labels = mask_tokens(
+            tokens, config, special, vocab_size, rng_mask, word_starts, counts
+        )
     counts.instances += 1
     counts.tokens += len(tokens)
     counts.random_next += int(is_random_next)
     return Instance(tokens, segment_ids, is_random_next, positions, labels)
 
 
-def pack_full_sentences(members, state, config: InstanceConfig, special, vocab_size, word_starts=None, dupe=0,
-                        counts: Counts | None = None, flush=False):
-    """RoBERTa's FULL-SENTENCES instances (Liu et al. 2019, section 4.2): [CLS], then whole consecutive
-    sentences up to max_seq_length - 2 tokens, running on across document boundaries with a [SEP] between
-    documents, then [SEP]; one segment, no next-sentence pairing (is_random_next is always False, the
-    records' next_sentence_labels 0: pre-train them with --mlm_only). A sentence longer than a whole
-    sequence is cut to fit.
+def pack_full_sentences(
+    members,
+    state,
+    config: InstanceConfig,
+    special,
+    vocab_size,
+    word_starts=None,
+    dupe=0,
+    counts: Counts | None = None,
+    flush=False,
+):
+    """RoBERTa's FULL-SENTENCES instances (Liu et al. 2019, section 4.2): [CLS], then whole
+    consecutive sentences up to max_seq_length - 2 tokens, running on across document boundaries
+    with a [SEP] between documents, then [SEP]; one segment, no next-sentence pairing
+    (is_random_next is always False, the records' next_sentence_labels 0: pre-train them with
+    --mlm_only). A sentence longer than a whole sequence is cut to fit.
 
-    members: [(document seed, token-id lists)] in corpus order; `state` (a dict, empty at first) carries
-    the unfinished sequence into the next call, so windows pack as one stream; flush: end the stream.
-    Masking draws from the stream of the sequence's first document and its number among that document's
-    sequences, so the instances do not depend on the window size."""
+    members: [(document seed, token-id lists)] in corpus order; `state` (a dict, empty at first)
+    carries the unfinished sequence into the next call, so windows pack as one stream; flush: end
+    the stream. Masking draws from the stream of the sequence's first document and its number among
+    that document's sequences, so the instances do not depend on the window size."""
     counts = counts if counts is not None else Counts()
     limit = config.max_seq_length - 2
     body = state.setdefault("body", [])
@@ -205,14 +254,16 @@ def pack_full_sentences(members, state, config: InstanceConfig, special, vocab_s
         tokens = [special["CLS"]] + body + [special["SEP"]]
         positions, labels = ([], [])
         if config.mask:
-            positions, labels = mask_tokens(tokens, config, special, vocab_size, rng_mask, word_starts, counts)
+            positions, labels = mask_tokens(
+                tokens, config, special, vocab_size, rng_mask, word_starts, counts
+            )
         counts.instances += 1
         counts.tokens += len(tokens)
         instances.append(Instance(tokens, [0] * len(tokens), False, positions, labels))
         body.clear()
 
     for seed, document in members:
-        if body:                                   # a document boundary inside a sequence
+        if body:  # a document boundary inside a sequence
             if len(body) + 2 > limit:
                 emit()
             else:
@@ -224,17 +275,16 @@ def pack_full_sentences(members, state, config: InstanceConfig, special, vocab_s
                 emit()
             if not body and state.get("seed") != seed:
                 state["seed"], state["chunk"] = seed, 0
-            body.extend(sentence[:limit - len(body)])
+            body.extend(sentence[: limit - len(body)])
     if flush and body:
         emit()
     return instances
 
 
-
 def _truncate_pair(tokens_a, tokens_b, max_num_tokens, rng):
-    """google's truncation (a token off the front or back of the longer segment, at random, until the pair
-    fits), counted on indices and cut once: linear in the length, where deleting from a list's front
-    one token at a time took minutes for a document that is one enormous sentence."""
+    """google's truncation (a token off the front or back of the longer segment, at random, until
+    the pair fits), counted on indices and cut once: linear in the length, where deleting from a
+    list's front one token at a time took minutes for a document that is one enormous sentence."""
     ends = [[0, len(tokens_a)], [0, len(tokens_b)]]
     while (ends[0][1] - ends[0][0]) + (ends[1][1] - ends[1][0]) > max_num_tokens:
         longer = ends[0] if ends[0][1] - ends[0][0] > ends[1][1] - ends[1][0] else ends[1]
@@ -247,7 +297,9 @@ def _truncate_pair(tokens_a, tokens_b, max_num_tokens, rng):
         del tokens[:start]
 
 
-def mask_tokens(tokens, config, special, vocab_size, rng, word_starts=None, counts: Counts | None = None):
+def mask_tokens(
+    tokens, config, special, vocab_size, rng, word_starts=None, counts: Counts | None = None
+):
     """Masks `tokens` in place. Returns (positions, original ids), sorted by position."""
     counts = counts if counts is not None else Counts()
     skip = (special["CLS"], special["SEP"])
@@ -256,8 +308,13 @@ def mask_tokens(tokens, config, special, vocab_size, rng, word_starts=None, coun
     for i, t in enumerate(tokens):
         if t in skip:
             continue
-        if config.whole_word_masking and groups and word_starts is not None and not word_starts[t] \
-                and groups[-1][-1] == i - 1:
+        if (
+            config.whole_word_masking
+            and groups
+            and word_starts is not None
+            and not word_starts[t]
+            and groups[-1][-1] == i - 1
+        ):
             groups[-1].append(i)
         else:
             groups.append([i])
@@ -285,7 +342,7 @@ def mask_tokens(tokens, config, special, vocab_size, rng, word_starts=None, coun
             counts.kept += 1
         else:
             token = rng.randrange(vocab_size)
-            while token in reserved:              # a random *word*: never [CLS], [SEP], [MASK], [PAD]
+            while token in reserved:  # a random *word*: never [CLS], [SEP], [MASK], [PAD]
                 token = rng.randrange(vocab_size)
             tokens[pos] = token
             counts.replaced_random += 1
@@ -304,7 +361,9 @@ def pack_instances(instances, config: InstanceConfig, rng=None):
     L, P = config.max_seq_length, config.max_predictions_per_seq
     order = sorted(range(len(instances)), key=lambda i: -len(instances[i].tokens))
     rows: list[list] = []
-    free: list[list[int]] = [[] for _ in range(L + 1)]      # free[s]: open rows with exactly s tokens free
+    free: list[list[int]] = [
+        [] for _ in range(L + 1)
+    ]  # free[s]: open rows with exactly s tokens free
     for i in order:
         inst = instances[i]
         n, k = len(inst.tokens), len(inst.positions)

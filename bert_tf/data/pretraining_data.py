@@ -6,6 +6,7 @@ Documents are named by file and byte offset, and an instance's randomness follow
 so N ranks together write the same instances as one process, except the random-next pairs, whose B
 segment comes from the rank's current window of documents (and with it their truncation and masks).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -16,8 +17,14 @@ import time
 import numpy as np
 
 from bert_tf import ConfigError, sha256
-from bert_tf.data.instances import (Counts, InstanceConfig, create_instances, document_rng, pack_full_sentences,
-                                    pack_instances)
+from bert_tf.data.instances import (
+    Counts,
+    InstanceConfig,
+    create_instances,
+    document_rng,
+    pack_full_sentences,
+    pack_instances,
+)
 from bert_tf.data.records import ShardWriter, serialize, serialize_packed
 
 # Documents a rank holds at a time (tokenised, with their instances): bounds memory; random-next
@@ -28,22 +35,48 @@ DOCUMENT_WINDOW = 2000
 DEDUP_COUNTS = ("duplicate_documents", "documents_emptied", "repeated_lines_removed")
 
 
-def fingerprint(input_files, input_format, tokenizer, config, size, num_shards, heldout_fraction, window,
-                text_field="text", title_field="", dedup_documents=False, dedup_lines=0):
-    """What a shard's content depends on: a completed shard is reused only when all of it is unchanged."""
+def fingerprint(
+    input_files,
+    input_format,
+    tokenizer,
+    config,
+    size,
+    num_shards,
+    heldout_fraction,
+    window,
+    text_field="text",
+    title_field="",
+    dedup_documents=False,
+    dedup_lines=0,
+):
+    """What a shard's content depends on: a completed shard is reused only when all of it is
+    unchanged."""
     import hashlib
 
     from bert_tf.data import tables
+
     inputs = []
     for spec in input_files:
         path = spec.partition("@")[0]
-        files = tables.arrow_folder_files(path) if os.path.isdir(path) else [path]   # a save_to_disk folder
+        files = (
+            tables.arrow_folder_files(path) if os.path.isdir(path) else [path]
+        )  # a save_to_disk folder
         inputs.append([spec, *[(os.stat(f).st_size, os.stat(f).st_mtime_ns) for f in files]])
-    key = {"inputs": inputs, "format": input_format, "config": dataclasses.asdict(config), "ranks": size,
-           "shards_per_rank": num_shards, "heldout_fraction": heldout_fraction, "window": window, "text_field": text_field,
-           "title_field": title_field, "dedup_documents": dedup_documents, "dedup_lines": dedup_lines,
-           "vocab": hashlib.sha256("\n".join(tokenizer.vocab).encode()).hexdigest(),
-           "lower_case": tokenizer.lower_case}
+    key = {
+        "inputs": inputs,
+        "format": input_format,
+        "config": dataclasses.asdict(config),
+        "ranks": size,
+        "shards_per_rank": num_shards,
+        "heldout_fraction": heldout_fraction,
+        "window": window,
+        "text_field": text_field,
+        "title_field": title_field,
+        "dedup_documents": dedup_documents,
+        "dedup_lines": dedup_lines,
+        "vocab": hashlib.sha256("\n".join(tokenizer.vocab).encode()).hexdigest(),
+        "lower_case": tokenizer.lower_case,
+    }
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
 
 
@@ -63,7 +96,8 @@ def read_completed(part_path, key):
 
 
 def split_heldout(num_documents, heldout_fraction, seed):
-    """Deterministic split of a list of documents (run/learn_vocab.py): a boolean mask, True = held out."""
+    """Deterministic split of a list of documents (run/learn_vocab.py): a boolean mask, True = held
+    out."""
     rng = np.random.RandomState(seed)
     return rng.random_sample(num_documents) < heldout_fraction
 
@@ -76,7 +110,10 @@ def document_seed(key):
 
 def is_heldout(doc_seed, heldout_fraction, seed):
     """Document-level held-out split, seeded per document (independent of the rank count)."""
-    return heldout_fraction > 0 and document_rng(seed, 0, doc_seed, "heldout").random() < heldout_fraction
+    return (
+        heldout_fraction > 0
+        and document_rng(seed, 0, doc_seed, "heldout").random() < heldout_fraction
+    )
 
 
 def _windows(documents, size):
@@ -90,10 +127,24 @@ def _windows(documents, size):
         yield window
 
 
-def create_pretraining_data(input_files, input_format, tokenizer, output_dir, config: InstanceConfig,
-                            rank=0, size=1, num_shards=1, heldout_fraction=0.0, window=DOCUMENT_WINDOW,
-                            text_field="text", title_field="", dedup_documents=False, dedup_lines=0, comm=None,
-                            log=print):
+def create_pretraining_data(
+    input_files,
+    input_format,
+    tokenizer,
+    output_dir,
+    config: InstanceConfig,
+    rank=0,
+    size=1,
+    num_shards=1,
+    heldout_fraction=0.0,
+    window=DOCUMENT_WINDOW,
+    text_field="text",
+    title_field="",
+    dedup_documents=False,
+    dedup_lines=0,
+    comm=None,
+    log=print,
+):
     """Reads, tokenises and writes this rank's share of the corpus, in bounded memory; restartable.
 
     The corpus is cut by bytes into size x num_shards parts (`corpus.plan_shares`); rank r makes
@@ -118,22 +169,56 @@ def create_pretraining_data(input_files, input_format, tokenizer, output_dir, co
 
     start = time.time()
     if dedup_lines < 0 or dedup_lines == 1:
-        raise ConfigError(f"--dedup_lines={dedup_lines} would remove every line" if dedup_lines == 1 else
-                          f"--dedup_lines must be 0 (off) or >= 2, got {dedup_lines}")
+        raise ConfigError(
+            f"--dedup_lines={dedup_lines} would remove every line"
+            if dedup_lines == 1
+            else f"--dedup_lines must be 0 (off) or >= 2, got {dedup_lines}"
+        )
     os.makedirs(output_dir, exist_ok=True)
-    parts = corpus.plan_shares(input_files, size * num_shards, input_format, text_field, title_field)
-    key = fingerprint(input_files, input_format, tokenizer, config, size, num_shards, heldout_fraction, window,
-                      text_field, title_field, dedup_documents, dedup_lines)
-    summary = {"rank": rank, "shares": [], "documents": 0, "sentences": 0, "tokens": 0, "unk": 0,
-               "bad_bytes_lines": 0, "bytes_read": 0, "skipped_pages": 0, "problems": [], "files": {},
-               "parts_reused": 0, **{k: 0 for k in DEDUP_COUNTS}}
-    mine = parts[rank * num_shards:(rank + 1) * num_shards]
+    parts = corpus.plan_shares(
+        input_files, size * num_shards, input_format, text_field, title_field
+    )
+    key = fingerprint(
+        input_files,
+        input_format,
+        tokenizer,
+        config,
+        size,
+        num_shards,
+        heldout_fraction,
+        window,
+        text_field,
+        title_field,
+        dedup_documents,
+        dedup_lines,
+    )
+    summary = {
+        "rank": rank,
+        "shares": [],
+        "documents": 0,
+        "sentences": 0,
+        "tokens": 0,
+        "unk": 0,
+        "bad_bytes_lines": 0,
+        "bytes_read": 0,
+        "skipped_pages": 0,
+        "problems": [],
+        "files": {},
+        "parts_reused": 0,
+        **{k: 0 for k in DEDUP_COUNTS},
+    }
+    mine = parts[rank * num_shards : (rank + 1) * num_shards]
     decisions = None
     if dedup_documents or dedup_lines:
         from bert_tf.data import dedup
+
         t = time.time()
-        decisions = dedup.decide(corpus.read_share([sh for part in mine for sh in part], corpus.ReadStats()), comm,
-                                 dedup_documents, dedup_lines)
+        decisions = dedup.decide(
+            corpus.read_share([sh for part in mine for sh in part], corpus.ReadStats()),
+            comm,
+            dedup_documents,
+            dedup_lines,
+        )
         summary["dedup_seconds"] = time.time() - t
         summary["distinct_repeated_lines"] = len(decisions.repeated_lines)
     counts = {}
@@ -144,15 +229,17 @@ def create_pretraining_data(input_files, input_format, tokenizer, output_dir, co
             summary["parts_reused"] += 1
             log(f"rank {rank}: part {name} complete (summary and checksums match), skipped")
         else:
-            part = _create_part(mine[i], tokenizer, output_dir, name, config, heldout_fraction, window, decisions)
+            part = _create_part(
+                mine[i], tokenizer, output_dir, name, config, heldout_fraction, window, decisions
+            )
             _write_part_summary(part, os.path.join(output_dir, f"part-{name}.json"), key)
         _add_part(summary, counts, part)
     return _finish(summary, counts, start, input_files, rank, size)
 
 
 def _write_part_summary(part, part_path, key):
-    """The part's summary with its fingerprint and the shards' checksums, written last: the part counts
-    as done only once it is there."""
+    """The part's summary with its fingerprint and the shards' checksums, written last: the part
+    counts as done only once it is there."""
     part["fingerprint"] = key
     part["sha256"] = {path: sha256(path) for path in part["files"].values()}
     tmp = part_path + ".tmp"
@@ -163,8 +250,16 @@ def _write_part_summary(part, part_path, key):
 
 def _add_part(summary, counts, part):
     """Adds a part's totals to the rank's summary and its splits' Counts to `counts`."""
-    for k in ("documents", "sentences", "tokens", "unk", "bad_bytes_lines", "bytes_read", "skipped_pages",
-              *DEDUP_COUNTS):
+    for k in (
+        "documents",
+        "sentences",
+        "tokens",
+        "unk",
+        "bad_bytes_lines",
+        "bytes_read",
+        "skipped_pages",
+        *DEDUP_COUNTS,
+    ):
         summary[k] += part.get(k, 0)
     summary["shares"] += part["shares"]
     summary["problems"] += part["problems"]
@@ -176,26 +271,40 @@ def _add_part(summary, counts, part):
 
 
 def _finish(summary, counts, start, input_files, rank, size):
-    """The rank's summary completed: per-split counts, UNK rate, time; an empty corpus is an error."""
+    """The rank's summary completed: per-split counts, UNK rate, time; an empty corpus is an
+    error."""
     for split, c in counts.items():
         summary[split] = dataclasses.asdict(c)
     summary["unk_rate"] = summary.pop("unk") / max(summary["tokens"], 1)
     summary["seconds"] = time.time() - start
     if not summary["documents"] and size == 1:
         raise ConfigError(f"no text found in {', '.join(input_files)} (empty corpus?)")
-    if not summary["documents"]:   # with several ranks, an error only if no rank found any (the caller's check)
-        summary["problems"].append(f"rank {rank}: no document begins in its share "
-                                   f"({'more ranks than documents' if summary['shares'] else 'no bytes assigned'})")
+    if not summary[
+        "documents"
+    ]:  # with several ranks, an error only if no rank found any (the caller's check)
+        summary["problems"].append(
+            f"rank {rank}: no document begins in its share "
+            f"({'more ranks than documents' if summary['shares'] else 'no bytes assigned'})"
+        )
     return summary
 
 
-def _create_part(shares, tokenizer, output_dir, name, config, heldout_fraction, window, decisions=None):
+def _create_part(
+    shares, tokenizer, output_dir, name, config, heldout_fraction, window, decisions=None
+):
     """One part: the documents beginning in `shares` -> train/eval shards named by `name`."""
     from bert_tf.data import corpus
 
     stats = corpus.ReadStats()
-    part = {"shares": [[sh.path, sh.start, sh.end] for sh in shares], "documents": 0, "sentences": 0,
-            "tokens": 0, "unk": 0, "files": {}, **{k: 0 for k in DEDUP_COUNTS}}
+    part = {
+        "shares": [[sh.path, sh.start, sh.end] for sh in shares],
+        "documents": 0,
+        "sentences": 0,
+        "tokens": 0,
+        "unk": 0,
+        "files": {},
+        **{k: 0 for k in DEDUP_COUNTS},
+    }
     writer = _PartWriter(tokenizer, output_dir, name, config)
     try:
         for docs in _windows(_kept(corpus.read_share(shares, stats), decisions, part), window):
@@ -208,13 +317,18 @@ def _create_part(shares, tokenizer, output_dir, name, config, heldout_fraction, 
         writer.abort()
         raise
     writer.close(part)
-    part.update(bad_bytes_lines=stats.bad_bytes_lines, bytes_read=stats.bytes_read,
-                skipped_pages=stats.skipped_pages, problems=stats.problems)
+    part.update(
+        bad_bytes_lines=stats.bad_bytes_lines,
+        bytes_read=stats.bytes_read,
+        skipped_pages=stats.skipped_pages,
+        problems=stats.problems,
+    )
     return part
 
 
 def _kept(documents, decisions, part):
-    """The (key, document)s de-duplication keeps (all without `decisions`), counting what it leaves out."""
+    """The (key, document)s de-duplication keeps (all without `decisions`), counting what it leaves
+    out."""
     for key, doc in documents:
         if decisions is not None:
             doc, why, removed = decisions.apply(key, doc)
@@ -231,14 +345,16 @@ def _tokenized_pools(docs, tokenizer, part, heldout_fraction, seed):
     flat = tokenizer.tokenize([s for _, d in docs for s in d])
     pools, k = {"train": [], "eval": []}, 0
     for key, d in docs:
-        tokens = [t for t in flat[k:k + len(d)] if t]
+        tokens = [t for t in flat[k : k + len(d)] if t]
         k += len(d)
         part["documents"] += 1
         part["sentences"] += len(d)
         part["tokens"] += sum(len(t) for t in tokens)
         part["unk"] += sum(t.count(tokenizer.unk_id) for t in tokens)
         doc_seed = document_seed(key)
-        pools["eval" if is_heldout(doc_seed, heldout_fraction, seed) else "train"].append((doc_seed, tokens))
+        pools["eval" if is_heldout(doc_seed, heldout_fraction, seed) else "train"].append(
+            (doc_seed, tokens)
+        )
     return pools
 
 
@@ -253,24 +369,42 @@ class _PartWriter:
         self.word_starts = [not t.startswith("##") for t in tokenizer.vocab]
         self.counts = {"train": Counts(), "eval": Counts()}
         self.writers = {}
-        self.running = {}          # full_sentences: (split, dupe) -> the sequence that runs into the next window
+        self.running = {}  # full_sentences: (split, dupe) -> the sequence that runs into the next window
 
     def add(self, split, members):
-        """One window's documents of `split` ([(document seed, token-id lists)]), config.dupe_factor passes."""
+        """One window's documents of `split` ([(document seed, token-id lists)]), config.dupe_factor
+        passes."""
         config = self.config
         if split not in self.writers:
-            self.writers[split] = ShardWriter(os.path.join(self.output_dir, f"{split}-{self.name}.tfrecord"))
+            self.writers[split] = ShardWriter(
+                os.path.join(self.output_dir, f"{split}-{self.name}.tfrecord")
+            )
         pool = [tokens for _, tokens in members]
         for dupe in range(config.dupe_factor):
             if config.full_sentences:
                 self._write_full_sentences(split, members, dupe)
                 continue
-            instances = [inst for j, (seed, _) in enumerate(members)
-                         for inst in create_instances(j, pool, config, self.special, self.vocab_size,
-                                                      self.word_starts, dupe=dupe, doc_id=seed,
-                                                      counts=self.counts[split])]
-            if config.pack:    # a window's instances packed together; rows shuffled per window and pass
-                rows = pack_instances(instances, config, document_rng(config.random_seed, dupe, members[0][0], "pack"))
+            instances = [
+                inst
+                for j, (seed, _) in enumerate(members)
+                for inst in create_instances(
+                    j,
+                    pool,
+                    config,
+                    self.special,
+                    self.vocab_size,
+                    self.word_starts,
+                    dupe=dupe,
+                    doc_id=seed,
+                    counts=self.counts[split],
+                )
+            ]
+            if (
+                config.pack
+            ):  # a window's instances packed together; rows shuffled per window and pass
+                rows = pack_instances(
+                    instances, config, document_rng(config.random_seed, dupe, members[0][0], "pack")
+                )
                 self._write(split, (serialize_packed(row, config) for row in rows))
             else:
                 self._write(split, (serialize(inst, config) for inst in instances))
@@ -295,19 +429,39 @@ class _PartWriter:
             self.counts[split].rows += 1
 
     def _write_full_sentences(self, split, members, dupe, flush=False):
-        self._write(split, (serialize(inst, self.config) for inst in pack_full_sentences(
-            members, self.running.setdefault((split, dupe), {}), self.config, self.special, self.vocab_size,
-            self.word_starts, dupe, self.counts[split], flush)))
+        self._write(
+            split,
+            (
+                serialize(inst, self.config)
+                for inst in pack_full_sentences(
+                    members,
+                    self.running.setdefault((split, dupe), {}),
+                    self.config,
+                    self.special,
+                    self.vocab_size,
+                    self.word_starts,
+                    dupe,
+                    self.counts[split],
+                    flush,
+                )
+            ),
+        )
 
 
 def summarize(summaries, max_seq_length=None):
-    """Totals over ranks and the derived rates printed at the end of creation (with max_seq_length, the
-    fraction of the rows' token slots that is padding)."""
-    total = {k: sum(s.get(k, 0) for s in summaries)
-             for k in ("documents", "sentences", "tokens", "bad_bytes_lines", *DEDUP_COUNTS)}
+    """Totals over ranks and the derived rates printed at the end of creation (with max_seq_length,
+    the fraction of the rows' token slots that is padding)."""
+    total = {
+        k: sum(s.get(k, 0) for s in summaries)
+        for k in ("documents", "sentences", "tokens", "bad_bytes_lines", *DEDUP_COUNTS)
+    }
     if "distinct_repeated_lines" in summaries[0]:
-        total["distinct_repeated_lines"] = summaries[0]["distinct_repeated_lines"]   # the same set on every rank
-    total["unk_rate"] = sum(s["unk_rate"] * s["tokens"] for s in summaries) / max(total["tokens"], 1)
+        total["distinct_repeated_lines"] = summaries[0][
+            "distinct_repeated_lines"
+        ]  # the same set on every rank
+    total["unk_rate"] = sum(s["unk_rate"] * s["tokens"] for s in summaries) / max(
+        total["tokens"], 1
+    )
     total["seconds"] = max(s["seconds"] for s in summaries)
     for split in ("train", "eval"):
         parts = [s[split] for s in summaries if split in s]
@@ -322,5 +476,7 @@ def summarize(summaries, max_seq_length=None):
         c["instances_per_second"] = c["instances"] / max(total["seconds"], 1e-9)
         total[split] = c
     total["per_rank_instances_per_second"] = [
-        sum(s[k]["instances"] for k in ("train", "eval") if k in s) / max(s["seconds"], 1e-9) for s in summaries]
+        sum(s[k]["instances"] for k in ("train", "eval") if k in s) / max(s["seconds"], 1e-9)
+        for s in summaries
+    ]
     return total

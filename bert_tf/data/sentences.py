@@ -1,4 +1,5 @@
-"""Sentence splitting, and the plain text of MediaWiki articles (documents become lists of sentences).
+"""Sentence splitting, and the plain text of MediaWiki articles (documents become lists of
+sentences).
 
 Sentence splitting rules (`split_sentences`), for text that is not split already:
   a sentence ends at '.', '!' or '?' (plus closing quotes/brackets) followed by white space
@@ -8,16 +9,68 @@ Sentence splitting rules (`split_sentences`), for text that is not split already
   never a boundary (no white space follows it). Line breaks in the source are treated as
   spaces, and blank lines always end a sentence (paragraphs).
 """
+
 from __future__ import annotations
 
 import html
 import re
 
 _ABBREVIATIONS = {
-    "mr", "mrs", "ms", "dr", "prof", "sr", "jr", "st", "mt", "vs", "etc", "no", "nos", "vol", "fig",
-    "e.g", "i.e", "cf", "al", "approx", "inc", "ltd", "co", "corp", "gen", "gov", "sen", "rep", "lt",
-    "col", "sgt", "capt", "u.s", "u.k", "u.n", "jan", "feb", "mar", "apr", "jun", "jul", "aug", "sep",
-    "sept", "oct", "nov", "dec", "ca", "c", "p", "pp", "ed", "eds", "rev", "est",
+    "mr",
+    "mrs",
+    "ms",
+    "dr",
+    "prof",
+    "sr",
+    "jr",
+    "st",
+    "mt",
+    "vs",
+    "etc",
+    "no",
+    "nos",
+    "vol",
+    "fig",
+    "e.g",
+    "i.e",
+    "cf",
+    "al",
+    "approx",
+    "inc",
+    "ltd",
+    "co",
+    "corp",
+    "gen",
+    "gov",
+    "sen",
+    "rep",
+    "lt",
+    "col",
+    "sgt",
+    "capt",
+    "u.s",
+    "u.k",
+    "u.n",
+    "jan",
+    "feb",
+    "mar",
+    "apr",
+    "jun",
+    "jul",
+    "aug",
+    "sep",
+    "sept",
+    "oct",
+    "nov",
+    "dec",
+    "ca",
+    "c",
+    "p",
+    "pp",
+    "ed",
+    "eds",
+    "rev",
+    "est",
 }
 _BOUNDARY = re.compile(r"""([.!?]+["')\]]*)\s+(?=["'(\[]?[A-Z0-9])""")
 
@@ -30,12 +83,15 @@ def split_sentences(text):
         start = 0
         for m in _BOUNDARY.finditer(paragraph):
             end = m.end(1)
-            before = paragraph[start:m.start(1)]
+            before = paragraph[start : m.start(1)]
             last_word = before.split()[-1] if before.split() else ""
             if m.group(1).startswith(".") and len(m.group(1).rstrip("\"')]")) == 1:
                 word = last_word.lower().strip("(\"'")
-                if word in _ABBREVIATIONS or re.fullmatch(r"[A-Z]", last_word.strip("(\"'")) \
-                        or re.fullmatch(r"(?:[a-z]\.)+[a-z]", word):
+                if (
+                    word in _ABBREVIATIONS
+                    or re.fullmatch(r"[A-Z]", last_word.strip("(\"'"))
+                    or re.fullmatch(r"(?:[a-z]\.)+[a-z]", word)
+                ):
                     continue
             sentences.append(paragraph[start:end].strip())
             start = m.end()
@@ -45,13 +101,18 @@ def split_sentences(text):
 
 
 # ------------------------------------------------------------------------- MediaWiki
-_NON_ARTICLE_LINK = re.compile(r"^\s*:?\s*(file|image|category|media|wikipedia|template|help|portal|"
-                               r"user|special|draft|module|wp|[a-z]{2,3}(-[a-z]+)?)\s*:", re.I)
+_NON_ARTICLE_LINK = re.compile(
+    r"^\s*:?\s*(file|image|category|media|wikipedia|template|help|portal|"
+    r"user|special|draft|module|wp|[a-z]{2,3}(-[a-z]+)?)\s*:",
+    re.I,
+)
 
 
 def _remove_nested(text, open_, close):
     """Removes balanced open_...close spans, innermost first (templates, tables)."""
-    pattern = re.compile(re.escape(open_) + r"(?:(?!" + re.escape(open_) + r").)*?" + re.escape(close), re.S)
+    pattern = re.compile(
+        re.escape(open_) + r"(?:(?!" + re.escape(open_) + r").)*?" + re.escape(close), re.S
+    )
     while True:
         text, n = pattern.subn("", text)
         if not n:
@@ -71,8 +132,12 @@ def strip_wiki_markup(text):
     text = re.sub(r"<!--.*?-->", "", text, flags=re.S)
     text = re.sub(r"<ref[^>/]*/>", "", text, flags=re.I)
     text = re.sub(r"<ref[^>]*>.*?</ref>", "", text, flags=re.I | re.S)
-    text = re.sub(r"<(gallery|math|timeline|score|source|syntaxhighlight|pre|code)\b.*?</\1>", "",
-                  text, flags=re.I | re.S)
+    text = re.sub(
+        r"<(gallery|math|timeline|score|source|syntaxhighlight|pre|code)\b.*?</\1>",
+        "",
+        text,
+        flags=re.I | re.S,
+    )
     text = _remove_nested(text, "{{", "}}")
     text = _remove_nested(text, "{|", "|}")
     text = re.sub(r"\[(?:https?|ftp)://[^\s\]]+\s*([^\]]*)\]", r"\1", text)
@@ -93,13 +158,13 @@ def strip_wiki_markup(text):
         stripped = line.strip()
         heading = re.fullmatch(r"(=+)\s*(.*?)\s*\1", stripped)
         if heading:
-            lines += ["", heading.group(2), ""]       # a heading is a sentence of its own
+            lines += ["", heading.group(2), ""]  # a heading is a sentence of its own
         elif stripped.startswith(("|", "!", "{", "}")):
-            continue                                     # leftovers of tables and templates
+            continue  # leftovers of tables and templates
         else:
             lines.append(re.sub(r"^[*#:;]+\s*", "", stripped))
     text = "\n".join(lines)
-    text = re.sub(r"\(\s*[,;]?\s*\)", "", text)          # "( )" left by removed templates
+    text = re.sub(r"\(\s*[,;]?\s*\)", "", text)  # "( )" left by removed templates
     text = text.replace("[[", "").replace("]]", "").replace("{{", "").replace("}}", "")
     return text
 

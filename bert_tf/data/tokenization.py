@@ -7,23 +7,24 @@ Tokenisation is google's FullTokenizer, written here from its algorithm (`backen
 drop NUL, U+FFFD and control/format characters (Unicode Cc, Cf; tab and newlines are white space),
 map white space (incl. Zs) to ' ', put spaces around CJK ideographs, split on white space; when
 lower-casing: str.lower() then NFD and drop combining marks (Mn); split off every punctuation
-character (Unicode P*, and ASCII symbols such as $ + < = > ^ ` |); then greedy longest-match WordPiece
-per word with "##" continuations, a word that cannot be covered or is longer than 100 characters
-being one [UNK]. A model pre-trained here therefore sees the ids google's and Hugging Face's
-tokenizers give the same text.
+character (Unicode P*, and ASCII symbols such as $ + < = > ^ ` |); then greedy longest-match
+WordPiece per word with "##" continuations, a word that cannot be covered or is longer than 100
+characters being one [UNK]. A model pre-trained here therefore sees the ids google's and Hugging
+Face's tokenizers give the same text.
 
 `backend="rust"` (the default) gives the same ids about 10x faster: the `tokenizers` library's
-BertNormalizer/BertPreTokenizer/WordPiece (`huggingface_tokenizer`), which departs from google's rules
-on a known set of characters only: private use (Co), the final capital sigma, and about 760 code
-points its Unicode tables and CJK ranges classify differently from Python's (`bert_tf.rust_departures`,
-found by `departures`, which tries every code point); a sentence holding one of them is tokenised by
-the Python rules instead.
+BertNormalizer/BertPreTokenizer/WordPiece (`huggingface_tokenizer`), which departs from google's
+rules on a known set of characters only: private use (Co), the final capital sigma, and about 760
+code points its Unicode tables and CJK ranges classify differently from Python's
+(`bert_tf.rust_departures`, found by `departures`, which tries every code point); a sentence holding
+one of them is tokenised by the Python rules instead.
 
 `backend="tensorflow_text"` is tensorflow-text's FastBertTokenizer: it case-folds with NFKC
-(ligatures, ª/º and full-width letters become ASCII), folds Greek final sigma, and treats NUL and some
-characters differently, so it disagrees with google's on some text (run/tokenizer_agreement.py
+(ligatures, ª/º and full-width letters become ASCII), folds Greek final sigma, and treats NUL and
+some characters differently, so it disagrees with google's on some text (run/tokenizer_agreement.py
 measures all three; figures in docs/results.md, "Tokenizer agreement").
 """
+
 from __future__ import annotations
 
 import functools
@@ -43,37 +44,56 @@ SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
 
 def google_reserved_tokens(num_unused=99):
-    return ["[PAD]"] + [f"[unused{i}]" for i in range(num_unused)] + ["[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    return (
+        ["[PAD]"]
+        + [f"[unused{i}]" for i in range(num_unused)]
+        + ["[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    )
 
 
 LEARNERS = ("tokenizers", "tensorflow_text")
 
 
-def learn_vocab(sentences, vocab_size, lower_case=True, num_unused=99, chunk=1024, learner="tokenizers"):
-    """Learns a WordPiece vocabulary (list of tokens, google's layout) from an iterable of sentences:
-    tensorflow-text's bert_vocab_from_dataset, or the `tokenizers` library's WordPieceTrainer (Rust,
-    on the text as huggingface_tokenizer normalises and splits it)."""
+def learn_vocab(
+    sentences, vocab_size, lower_case=True, num_unused=99, chunk=1024, learner="tokenizers"
+):
+    """Learns a WordPiece vocabulary (list of tokens, google's layout) from an iterable of
+    sentences: tensorflow-text's bert_vocab_from_dataset, or the `tokenizers` library's
+    WordPieceTrainer (Rust, on the text as huggingface_tokenizer normalises and splits it)."""
     reserved = google_reserved_tokens(num_unused)
     if vocab_size <= len(reserved) + 100:
-        raise ConfigError(f"--vocab_size={vocab_size} leaves no room for word pieces after "
-                          f"{len(reserved)} reserved tokens")
+        raise ConfigError(
+            f"--vocab_size={vocab_size} leaves no room for word pieces after "
+            f"{len(reserved)} reserved tokens"
+        )
     if learner not in LEARNERS:
         raise ConfigError(f"--learner={learner}: valid are {', '.join(LEARNERS)}")
     if learner == "tokenizers":
         from tokenizers import trainers
+
         tok = huggingface_tokenizer(reserved, lower_case, special_tokens_whole=False)
-        trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=reserved,
-                                            continuing_subword_prefix="##", show_progress=False)
+        trainer = trainers.WordPieceTrainer(
+            vocab_size=vocab_size,
+            special_tokens=reserved,
+            continuing_subword_prefix="##",
+            show_progress=False,
+        )
         tok.train_from_iterator(sentences, trainer)
         learned = sorted(tok.get_vocab().items(), key=lambda kv: kv[1])
-        assert [t for t, _ in learned[:len(reserved)]] == reserved, learned[:len(reserved)]
+        assert [t for t, _ in learned[: len(reserved)]] == reserved, learned[: len(reserved)]
         return [t for t, _ in learned]
     from tensorflow_text.tools.wordpiece_vocab import bert_vocab_from_dataset as learner_module
-    dataset = tf.data.Dataset.from_generator(lambda: iter(sentences), output_signature=tf.TensorSpec([], tf.string))
+
+    dataset = tf.data.Dataset.from_generator(
+        lambda: iter(sentences), output_signature=tf.TensorSpec([], tf.string)
+    )
     vocab = learner_module.bert_vocab_from_dataset(
-        dataset.batch(chunk), vocab_size=vocab_size, reserved_tokens=reserved,
+        dataset.batch(chunk),
+        vocab_size=vocab_size,
+        reserved_tokens=reserved,
         bert_tokenizer_params={"lower_case": lower_case},
-        learn_params={"max_input_tokens": 10_000_000})
+        learn_params={"max_input_tokens": 10_000_000},
+    )
     return vocab
 
 
@@ -109,8 +129,8 @@ BACKENDS = ("tensorflow_text", "rust", "python")
 
 class Tokenizer:
     """Text -> WordPiece ids with a fixed vocabulary, google-research/bert's ids with every backend:
-    a library backend (tensorflow_text, rust) tokenises the sentences without a character on which its
-    rules depart from google's (`departures`), the Python rules take the others."""
+    a library backend (tensorflow_text, rust) tokenises the sentences without a character on which
+    its rules depart from google's (`departures`), the Python rules take the others."""
 
     def __init__(self, vocab, lower_case=True, backend="tensorflow_text", max_chars_per_word=100):
         if backend not in BACKENDS:
@@ -120,7 +140,9 @@ class Tokenizer:
         self.lower_case = lower_case
         self.backend = backend
         self.max_chars_per_word = max_chars_per_word
-        self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (self.index[t] for t in SPECIAL_TOKENS)
+        self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (
+            self.index[t] for t in SPECIAL_TOKENS
+        )
         # Words repeat (Zipf): cache each word's pieces.
         self._word_ids = functools.lru_cache(maxsize=1 << 18)(self._wordpiece)
 
@@ -135,14 +157,21 @@ class Tokenizer:
     def _library(self):
         """The library's tokenize: list[str] -> list[list[int]]."""
         if self.backend == "rust":
-            tok = huggingface_tokenizer(self.vocab, self.lower_case, self.max_chars_per_word,
-                                        special_tokens_whole=False)
+            tok = huggingface_tokenizer(
+                self.vocab, self.lower_case, self.max_chars_per_word, special_tokens_whole=False
+            )
             tok.no_truncation()
-            return lambda batch: [e.ids for e in tok.encode_batch_fast(batch, add_special_tokens=False)]
+            return lambda batch: [
+                e.ids for e in tok.encode_batch_fast(batch, add_special_tokens=False)
+            ]
         tf_tok = text.FastBertTokenizer(
-            vocab=self.vocab, token_out_type=tf.int64, unknown_token="[UNK]",
-            lower_case_nfd_strip_accents=self.lower_case, support_detokenization=False,
-            max_bytes_per_word=self.max_chars_per_word)
+            vocab=self.vocab,
+            token_out_type=tf.int64,
+            unknown_token="[UNK]",
+            lower_case_nfd_strip_accents=self.lower_case,
+            support_detokenization=False,
+            max_bytes_per_word=self.max_chars_per_word,
+        )
         return lambda batch: tf_tok.tokenize(tf.constant(batch)).to_list()
 
     def tokenize(self, sentences, chunk=4096):
@@ -157,12 +186,14 @@ class Tokenizer:
         for i, s in enumerate(sentences):
             # tensorflow-text counts a word's length in UTF-8 bytes, google in characters: a word of
             # over 25 characters that is not ASCII could be 100 bytes.
-            if not departing.intersection(s) and (s.isascii() or max(map(len, s.split()), default=0) <= 25):
+            if not departing.intersection(s) and (
+                s.isascii() or max(map(len, s.split()), default=0) <= 25
+            ):
                 easy.append(i)
             else:
-                out[i] = self.ids(s)           # holds a character the library treats otherwise
+                out[i] = self.ids(s)  # holds a character the library treats otherwise
         for k in range(0, len(easy), chunk):
-            part = easy[k:k + chunk]
+            part = easy[k : k + chunk]
             for i, ids in zip(part, self._library([sentences[i] for i in part])):
                 out[i] = list(ids)
         return out
@@ -197,46 +228,82 @@ class Tokenizer:
         return [self.vocab[i] for i in self.tokenize([sentence])[0]]
 
 
-def huggingface_tokenizer(vocab, lower_case=True, max_chars_per_word=100, special_tokens_whole=True):
-    """Our vocabulary and rules as a `tokenizers` (Rust) Tokenizer: what tokenizer.json holds, so that
-    transformers' fast AutoTokenizer, text-embeddings-inference and transformers.js read an export.
-    Built from the parts google's rules map to (BertNormalizer, BertPreTokenizer, WordPiece, and the
-    [CLS] A [SEP] B [SEP] template with segment ids 0/1); tests/test_checkpoint_formats.py checks its ids."""
-    from tokenizers import Tokenizer as RustTokenizer, decoders, models, normalizers, pre_tokenizers, processors
+def huggingface_tokenizer(
+    vocab, lower_case=True, max_chars_per_word=100, special_tokens_whole=True
+):
+    """Our vocabulary and rules as a `tokenizers` (Rust) Tokenizer: what tokenizer.json holds, so
+    that transformers' fast AutoTokenizer, text-embeddings-inference and transformers.js read an
+    export. Built from the parts google's rules map to (BertNormalizer, BertPreTokenizer, WordPiece,
+    and the [CLS] A [SEP] B [SEP] template with segment ids 0/1); tests/test_checkpoint_formats.py
+    checks its ids."""
+    from tokenizers import (
+        Tokenizer as RustTokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        processors,
+    )
+
     index = {t: i for i, t in enumerate(vocab)}
-    tok = RustTokenizer(models.WordPiece(vocab=index, unk_token="[UNK]", max_input_chars_per_word=max_chars_per_word))
-    # strip_accents=None follows lowercase, as google's BasicTokenizer does (NFD + drop Mn only when lower-casing).
-    tok.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True, strip_accents=None,
-                                                lowercase=lower_case)
+    tok = RustTokenizer(
+        models.WordPiece(
+            vocab=index, unk_token="[UNK]", max_input_chars_per_word=max_chars_per_word
+        )
+    )
+    # strip_accents=None follows lowercase, as google's BasicTokenizer does (NFD + drop Mn only when
+    # lower-casing).
+    tok.normalizer = normalizers.BertNormalizer(
+        clean_text=True, handle_chinese_chars=True, strip_accents=None, lowercase=lower_case
+    )
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     cls, sep = ("[CLS]", index["[CLS]"]), ("[SEP]", index["[SEP]"])
-    tok.post_processor = processors.TemplateProcessing(single="[CLS]:0 $A:0 [SEP]:0",
-                                                       pair="[CLS]:0 $A:0 [SEP]:0 $B:1 [SEP]:1",
-                                                       special_tokens=[cls, sep])
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS]:0 $A:0 [SEP]:0",
+        pair="[CLS]:0 $A:0 [SEP]:0 $B:1 [SEP]:1",
+        special_tokens=[cls, sep],
+    )
     tok.decoder = decoders.WordPiece(prefix="##")
-    if special_tokens_whole:   # "[MASK]" in a fill-mask prompt is one token; in corpus text google's "[", "mask", "]"
+    if (
+        special_tokens_whole
+    ):  # "[MASK]" in a fill-mask prompt is one token; in corpus text google's "[", "mask", "]"
         tok.add_special_tokens(list(SPECIAL_TOKENS))
     return tok
 
 
-SPECIAL_TOKENS_MAP = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]",
-                      "mask_token": "[MASK]"}
+SPECIAL_TOKENS_MAP = {
+    "unk_token": "[UNK]",
+    "sep_token": "[SEP]",
+    "pad_token": "[PAD]",
+    "cls_token": "[CLS]",
+    "mask_token": "[MASK]",
+}
 
 
-def write_tokenizer_files(vocab_file, out_dir, do_lower_case=True, model_max_length=512,
-                          model_input_names=None) -> list:
-    """vocab.txt, tokenizer.json (the fast tokenizer: huggingface_tokenizer), tokenizer_config.json and
-    special_tokens_map.json: what AutoTokenizer, text-embeddings-inference and transformers.js look for.
-    model_input_names: what the tokenizer returns (ModernBERT takes no token_type_ids)."""
+def write_tokenizer_files(
+    vocab_file, out_dir, do_lower_case=True, model_max_length=512, model_input_names=None
+) -> list:
+    """vocab.txt, tokenizer.json (the fast tokenizer: huggingface_tokenizer), tokenizer_config.json
+    and special_tokens_map.json: what AutoTokenizer, text-embeddings-inference and transformers.js
+    look for. model_input_names: what the tokenizer returns (ModernBERT takes no token_type_ids)."""
     os.makedirs(out_dir, exist_ok=True)
     vocab = load_vocab(vocab_file)
     huggingface_tokenizer(vocab, do_lower_case).save(os.path.join(out_dir, "tokenizer.json"))
     # strip_accents None: follow do_lower_case, as google's tokenizer does.
-    config = {"tokenizer_class": "BertTokenizer", "do_lower_case": do_lower_case, "strip_accents": None,
-              "tokenize_chinese_chars": True, "model_max_length": model_max_length, **SPECIAL_TOKENS_MAP}
+    config = {
+        "tokenizer_class": "BertTokenizer",
+        "do_lower_case": do_lower_case,
+        "strip_accents": None,
+        "tokenize_chinese_chars": True,
+        "model_max_length": model_max_length,
+        **SPECIAL_TOKENS_MAP,
+    }
     if model_input_names:
         config["model_input_names"] = model_input_names
-    for name, content in (("tokenizer_config.json", config), ("special_tokens_map.json", SPECIAL_TOKENS_MAP)):
+    for name, content in (
+        ("tokenizer_config.json", config),
+        ("special_tokens_map.json", SPECIAL_TOKENS_MAP),
+    ):
         with open(os.path.join(out_dir, name), "w") as f:
             json.dump(content, f, indent=2)
             f.write("\n")
@@ -257,16 +324,28 @@ def _private_use(cp):
 
 def scan_departures(backend):
     """Code points (private use aside) where `backend`'s library gives other ids than the
-    Python rules, cased or uncased: each tried inside a word, alone and after a word, with a vocabulary
-    holding every word the Python rules make of the probes (so a different word is a different id, not
-    [UNK] on both sides). About a minute and 5 GB per backend. -> [(first, last), ...]"""
-    probes = [f"ab{chr(cp)}cd X{chr(cp)} y {chr(cp)}" for cp in range(0x110000)
-              if not 0xD800 <= cp < 0xE000 and not _private_use(cp)]
+    Python rules, cased or uncased: each tried inside a word, alone and after a word, with a
+    vocabulary holding every word the Python rules make of the probes (so a different word is a
+    different id, not [UNK] on both sides). About a minute and 5 GB per backend. -> [(first, last),
+    ...]"""
+    probes = [
+        f"ab{chr(cp)}cd X{chr(cp)} y {chr(cp)}"
+        for cp in range(0x110000)
+        if not 0xD800 <= cp < 0xE000 and not _private_use(cp)
+    ]
     bad = set()
     for lower_case in (True, False):
         words = dict.fromkeys(w for p in probes for w in basic_tokenize(p, lower_case))
-        tok = Tokenizer(google_reserved_tokens() + [w for w in words if w not in SPECIAL_TOKENS], lower_case, backend)
-        got = [ids for k in range(0, len(probes), 1 << 16) for ids in tok._library(probes[k:k + (1 << 16)])]
+        tok = Tokenizer(
+            google_reserved_tokens() + [w for w in words if w not in SPECIAL_TOKENS],
+            lower_case,
+            backend,
+        )
+        got = [
+            ids
+            for k in range(0, len(probes), 1 << 16)
+            for ids in tok._library(probes[k : k + (1 << 16)])
+        ]
         bad |= {ord(p[2]) for p, ids in zip(probes, got) if tok.ids(p) != list(ids)}
     ranges = []
     for cp in sorted(bad):
@@ -281,6 +360,7 @@ def library_versions(backend):
     """What a departure table depends on: the library's version and Python's Unicode tables."""
     if backend == "rust":
         import tokenizers
+
         return tokenizers.__version__, unicodedata.unidata_version
     return text.__version__, unicodedata.unidata_version
 
@@ -288,16 +368,21 @@ def library_versions(backend):
 @functools.lru_cache(maxsize=None)
 def departures(backend):
     """The characters `backend` hands to the Python rules (a frozenset of str): private use and the
-    ranges bert_tf.data.tokenizer_departures lists for it; None when that table was scanned for other
-    library or Unicode versions than these (then every sentence takes the Python rules, with a warning)."""
+    ranges bert_tf.data.tokenizer_departures lists for it; None when that table was scanned for
+    other library or Unicode versions than these (then every sentence takes the Python rules, with a
+    warning)."""
     import warnings
 
     from bert_tf.data import tokenizer_departures
+
     table = tokenizer_departures.TABLES[backend]
     if library_versions(backend) != table["versions"]:
-        warnings.warn(f"bert_tf.data.tokenizer_departures lists {backend}'s departures for versions {table['versions']}, "
-                      f"not {library_versions(backend)}: tokenising with the (slower) Python rules; "
-                      f"`python run/tokenizer_agreement.py --write_departures` scans again")
+        warnings.warn(
+            f"bert_tf.data.tokenizer_departures lists {backend}'s departures for versions "
+            f"{table['versions']}, "
+            f"not {library_versions(backend)}: tokenising with the (slower) Python rules; "
+            f"`python run/tokenizer_agreement.py --write_departures` scans again"
+        )
         return None
     chars = {chr(cp) for first, last in table["ranges"] for cp in range(first, last + 1)}
     chars |= {chr(cp) for cp in (*range(0xE000, 0xF900), *range(0xF0000, 0x110000))}
@@ -307,20 +392,29 @@ def departures(backend):
 def _is_cjk(cp):
     # CJK Unified Ideographs and extensions, compatibility ideographs (not Hangul or kana: those are
     # written with spaces, as google's tokenizer assumes).
-    return (0x4E00 <= cp <= 0x9FFF or 0x3400 <= cp <= 0x4DBF or 0x20000 <= cp <= 0x2A6DF
-            or 0x2A700 <= cp <= 0x2B73F or 0x2B740 <= cp <= 0x2B81F or 0x2B820 <= cp <= 0x2CEAF
-            or 0xF900 <= cp <= 0xFAFF or 0x2F800 <= cp <= 0x2FA1F)
+    return (
+        0x4E00 <= cp <= 0x9FFF
+        or 0x3400 <= cp <= 0x4DBF
+        or 0x20000 <= cp <= 0x2A6DF
+        or 0x2A700 <= cp <= 0x2B73F
+        or 0x2B740 <= cp <= 0x2B81F
+        or 0x2B820 <= cp <= 0x2CEAF
+        or 0xF900 <= cp <= 0xFAFF
+        or 0x2F800 <= cp <= 0x2FA1F
+    )
 
 
 def _is_punctuation(ch):
     cp = ord(ch)
-    # All non-alphanumeric ASCII counts, including symbols ($, +, ^, `) that Unicode does not call P*.
+    # All non-alphanumeric ASCII counts, including symbols ($, +, ^, `) that Unicode does not call
+    # P*.
     if 33 <= cp <= 47 or 58 <= cp <= 64 or 91 <= cp <= 96 or 123 <= cp <= 126:
         return True
     return unicodedata.category(ch).startswith("P")
 
 
-# ASCII text needs none of the Unicode steps: drop the C0 controls and DEL (Cc), split off punctuation.
+# ASCII text needs none of the Unicode steps: drop the C0 controls and DEL (Cc), split off
+# punctuation.
 _ASCII_CONTROLS = {cp: None for cp in [*range(32), 127] if chr(cp) not in "\t\n\r"}
 _ASCII_PUNCTUATION = re.compile(r"([!-/:-@\[-`{-~])")
 
@@ -352,7 +446,11 @@ def _basic_tokenize_unicode(sentence, lower_case):
     words = []
     for word in "".join(chars).split():
         if lower_case:
-            word = "".join(c for c in unicodedata.normalize("NFD", word.lower()) if unicodedata.category(c) != "Mn")
+            word = "".join(
+                c
+                for c in unicodedata.normalize("NFD", word.lower())
+                if unicodedata.category(c) != "Mn"
+            )
         current = []
         for ch in word:
             if _is_punctuation(ch):
@@ -384,5 +482,10 @@ def learn_and_report(sentences, heldout, vocab_size, lower_case=True, learner="t
     rate = unk_rate(tok, heldout) if heldout else float("nan")
     words = sum(len(basic_tokenize(s, lower_case)) for s in heldout)
     pieces = sum(map(len, tok.tokenize(list(heldout))))
-    return vocab, {"vocab_size": len(vocab), "learn_seconds": seconds, "heldout_unk_rate": rate, "learner": learner,
-                   "heldout_pieces_per_word": pieces / max(words, 1)}
+    return vocab, {
+        "vocab_size": len(vocab),
+        "learn_seconds": seconds,
+        "heldout_unk_rate": rate,
+        "learner": learner,
+        "heldout_pieces_per_word": pieces / max(words, 1),
+    }

@@ -1,6 +1,7 @@
-"""A model's hyper-parameters (`BertConfig`, google's bert_config.json plus the modern fields) and the
-named sizes (presets) of both architectures: "bert" (google-research/bert, model/modeling.py) and
-"modern" (ModernBERT's, model/modern.py)."""
+"""A model's hyper-parameters (`BertConfig`, google's bert_config.json plus the modern fields) and
+the named sizes (presets) of both architectures: "bert" (google-research/bert, model/modeling.py)
+and "modern" (ModernBERT's, model/modern.py)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -22,9 +23,9 @@ PRESETS: dict[str, tuple[int, int]] = {
     "base": (12, 768),
     "large": (24, 1024),
 }
-# The modern family (model/modern.py): ModernBERT-base's and -large's shapes (Warner et al. 2024, table 3:
-# 22 x 768 with a GeGLU of 1152, 28 x 1024 with 2624) and, below them, the classic small sizes with
-# ModernBERT's 1.5 x hidden GeGLU width. (layers, hidden, intermediate)
+# The modern family (model/modern.py): ModernBERT-base's and -large's shapes (Warner et al. 2024,
+# table 3: 22 x 768 with a GeGLU of 1152, 28 x 1024 with 2624) and, below them, the classic small
+# sizes with ModernBERT's 1.5 x hidden GeGLU width. (layers, hidden, intermediate)
 MODERN_PRESETS = {
     "modern-tiny": (2, 128, 192),
     "modern-mini": (4, 256, 384),
@@ -33,13 +34,22 @@ MODERN_PRESETS = {
     "modern-large": (28, 1024, 2624),
 }
 # What a modern preset sets besides the shape: ModernBERT's released config (no dropout, exact GELU,
-# LayerNorm eps 1e-5, a global layer every third, a 128-token window, RoPE theta 160k global / 10k local).
-MODERN_DEFAULTS = dict(architecture="modern", hidden_act="gelu_exact", hidden_dropout_prob=0.0,
-                       attention_probs_dropout_prob=0.0, layer_norm_eps=1e-5, global_attn_every_n_layers=3,
-                       local_attention=128, max_position_embeddings=8192)
+# LayerNorm eps 1e-5, a global layer every third, a 128-token window, RoPE theta 160k global / 10k
+# local).
+MODERN_DEFAULTS = dict(
+    architecture="modern",
+    hidden_act="gelu_exact",
+    hidden_dropout_prob=0.0,
+    attention_probs_dropout_prob=0.0,
+    layer_norm_eps=1e-5,
+    global_attn_every_n_layers=3,
+    local_attention=128,
+    max_position_embeddings=8192,
+)
 ARCHITECTURES = ("bert", "modern")
 PRESET_NAMES = (*PRESETS, *MODERN_PRESETS)
-# --recompute: keep every activation, or recompute each layer's in the backward pass (its input kept)
+# --recompute: keep every activation, or recompute each layer's in the backward pass (its input
+# kept)
 RECOMPUTE = ("none", "layer")
 
 
@@ -59,49 +69,74 @@ class BertConfig:
     type_vocab_size: int = 2
     initializer_range: float = 0.02
     # architecture "modern" (model/modern.py) reads the fields below; "bert" only layer_norm_eps.
-    # A classic config leaves them out of its JSON (to_dict), so google's bert_config.json is unchanged.
+    # A classic config leaves them out of its JSON (to_dict), so google's bert_config.json is
+    # unchanged.
     architecture: str = "bert"
     layer_norm_eps: float = 1e-12
-    global_attn_every_n_layers: int = 1     # layer i attends globally when i % n == 0, else in the window
-    local_attention: int = 128              # the window: keys within local_attention // 2 of the query
+    global_attn_every_n_layers: int = (
+        1  # layer i attends globally when i % n == 0, else in the window
+    )
+    local_attention: int = 128  # the window: keys within local_attention // 2 of the query
     global_rope_theta: float = 160000.0
     local_rope_theta: float = 10000.0
 
     def __post_init__(self):
-        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                     "intermediate_size", "max_position_embeddings", "type_vocab_size"):
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "intermediate_size",
+            "max_position_embeddings",
+            "type_vocab_size",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"BertConfig.{name} must be a positive integer, got {value!r}")
         if self.hidden_size % self.num_attention_heads:
             raise ConfigError(
                 f"BertConfig.hidden_size ({self.hidden_size}) is not divisible by "
-                f"num_attention_heads ({self.num_attention_heads})")
+                f"num_attention_heads ({self.num_attention_heads})"
+            )
         for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
             if not 0.0 <= getattr(self, name) < 1.0:
-                raise ConfigError(f"BertConfig.{name} must be in [0, 1), got {getattr(self, name)!r}")
+                raise ConfigError(
+                    f"BertConfig.{name} must be in [0, 1), got {getattr(self, name)!r}"
+                )
         if self.hidden_act not in ACTIVATION_NAMES:
-            raise ConfigError(f"BertConfig.hidden_act {self.hidden_act!r} is not one of {sorted(ACTIVATION_NAMES)}")
+            raise ConfigError(
+                f"BertConfig.hidden_act {self.hidden_act!r} is not one of "
+                f"{sorted(ACTIVATION_NAMES)}"
+            )
         if self.initializer_range <= 0:
-            raise ConfigError(f"BertConfig.initializer_range must be positive, got {self.initializer_range!r}")
+            raise ConfigError(
+                f"BertConfig.initializer_range must be positive, got {self.initializer_range!r}"
+            )
         if self.architecture not in ARCHITECTURES:
-            raise ConfigError(f"BertConfig.architecture {self.architecture!r} is not one of {', '.join(ARCHITECTURES)}")
+            raise ConfigError(
+                f"BertConfig.architecture {self.architecture!r} is not one of "
+                f"{', '.join(ARCHITECTURES)}"
+            )
         if self.architecture == "modern":
             self._check_modern()
 
     def _check_modern(self):
         head = self.hidden_size // self.num_attention_heads
         if head % 2:
-            raise ConfigError(f"BertConfig: RoPE rotates pairs of dimensions and needs an even head size; "
-                              f"hidden_size / num_attention_heads = {self.hidden_size} / "
-                              f"{self.num_attention_heads} = {head}")
+            raise ConfigError(
+                f"BertConfig: RoPE rotates pairs of dimensions and needs an even head size; "
+                f"hidden_size / num_attention_heads = {self.hidden_size} / "
+                f"{self.num_attention_heads} = {head}"
+            )
         for name in ("global_attn_every_n_layers", "local_attention"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"BertConfig.{name} must be a positive integer, got {value!r}")
         for name in ("global_rope_theta", "local_rope_theta", "layer_norm_eps"):
             if not getattr(self, name) > 0:
-                raise ConfigError(f"BertConfig.{name} must be positive, got {getattr(self, name)!r}")
+                raise ConfigError(
+                    f"BertConfig.{name} must be positive, got {getattr(self, name)!r}"
+                )
 
     @property
     def modern(self) -> bool:
@@ -111,16 +146,27 @@ class BertConfig:
     def preset(cls, name: str, **overrides) -> "BertConfig":
         if name in MODERN_PRESETS:
             layers, hidden, intermediate = MODERN_PRESETS[name]
-            values: dict[str, Any] = dict(MODERN_DEFAULTS, num_hidden_layers=layers, hidden_size=hidden,
-                          num_attention_heads=hidden // 64, intermediate_size=intermediate)
+            values: dict[str, Any] = dict(
+                MODERN_DEFAULTS,
+                num_hidden_layers=layers,
+                hidden_size=hidden,
+                num_attention_heads=hidden // 64,
+                intermediate_size=intermediate,
+            )
             values.update(overrides)
             return cls(**values)
         if name not in PRESETS:
-            raise ConfigError(f"unknown model preset {name!r}; valid presets: "
-                              f"{', '.join(list(PRESETS) + list(MODERN_PRESETS))}")
+            raise ConfigError(
+                f"unknown model preset {name!r}; valid presets: "
+                f"{', '.join(list(PRESETS) + list(MODERN_PRESETS))}"
+            )
         layers, hidden = PRESETS[name]
-        values = dict[str, Any](num_hidden_layers=layers, hidden_size=hidden,
-                      num_attention_heads=hidden // 64, intermediate_size=4 * hidden)
+        values = dict[str, Any](
+            num_hidden_layers=layers,
+            hidden_size=hidden,
+            num_attention_heads=hidden // 64,
+            intermediate_size=4 * hidden,
+        )
         values.update(overrides)
         return cls(**values)
 
@@ -148,7 +194,9 @@ class BertConfig:
 
     def to_dict(self) -> dict:
         values = dataclasses.asdict(self)
-        if not self.modern:   # google's fields only, unless a classic model changed one of the others
+        if (
+            not self.modern
+        ):  # google's fields only, unless a classic model changed one of the others
             defaults = BertConfig()
             for name in MODERN_FIELDS:
                 if values[name] == getattr(defaults, name):
@@ -160,15 +208,21 @@ class BertConfig:
             f.write(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
 
 
-
 def _open(path, mode="r"):
-    """A local file with open(); a URL (gs://, s3://, hdfs://) through TensorFlow's file system, imported only
-    then, so the config and the planner need no TensorFlow."""
+    """A local file with open(); a URL (gs://, s3://, hdfs://) through TensorFlow's file system,
+    imported only then, so the config and the planner need no TensorFlow."""
     if "://" not in path:
         return open(path, mode)
     import tensorflow as tf
+
     return tf.io.gfile.GFile(path, mode)
 
 
-MODERN_FIELDS = ("architecture", "layer_norm_eps", "global_attn_every_n_layers", "local_attention",
-                 "global_rope_theta", "local_rope_theta")
+MODERN_FIELDS = (
+    "architecture",
+    "layer_norm_eps",
+    "global_attn_every_n_layers",
+    "local_attention",
+    "global_rope_theta",
+    "local_rope_theta",
+)

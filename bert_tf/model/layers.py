@@ -1,10 +1,13 @@
-"""The building blocks both encoders share (modeling.py's BERT, modern.py's ModernBERT): activations, dense
-and norm layers, stateless dropout, scaled dot-product attention, the attention mask, and running a stack
-of layers with optional recomputation; and `Encoder`, the contract both encoders keep.
+"""The building blocks both encoders share (modeling.py's BERT, modern.py's ModernBERT):
+activations, dense and norm layers, stateless dropout, scaled dot-product attention, the attention
+mask, and running a stack of layers with optional recomputation; and `Encoder`, the contract both
+encoders keep.
 
-Precision: variables are float32 and cast to the compute dtype where used; softmax, LayerNorm and the
-activations' transcendental parts run in float32. Shapes: B batch, S sequence, H hidden, N heads, D = H / N.
+Precision: variables are float32 and cast to the compute dtype where used; softmax, LayerNorm and
+the activations' transcendental parts run in float32. Shapes: B batch, S sequence, H hidden, N
+heads, D = H / N.
 """
+
 from __future__ import annotations
 
 import math
@@ -17,7 +20,8 @@ from bert_tf.model.config import ACTIVATION_NAMES, BertConfig
 
 @runtime_checkable
 class Encoder(Protocol):
-    """What a task head and a checkpoint reader may use of an encoder (modeling.BertEncoder, modern.ModernEncoder):
+    """What a task head and a checkpoint reader may use of an encoder (modeling.BertEncoder,
+    modern.ModernEncoder):
 
         sequence, pooled = encoder(input_ids, input_mask, segment_ids, dtype=, seed=, training=,
                                    position_ids=None, instance_ids=None)    # [B, S, H], [B, H]; compute dtype
@@ -25,12 +29,24 @@ class Encoder(Protocol):
         encoder.config                             # the BertConfig it was built from
         encoder.trainable_variables                # (tf.Module's) what a checkpoint holds, in a fixed order
 
-    segment_ids are taken by both and ignored by the modern one (no token types); packed rows pass position_ids
-    and instance_ids [B, S] (1, 2, ... per instance, 0 for padding) and attention stays within an instance."""
+    segment_ids are taken by both and ignored by the modern one (no token types); packed rows pass
+    position_ids and instance_ids [B, S] (1, 2, ... per instance, 0 for padding) and attention stays
+    within an instance."""
+
     config: BertConfig
 
-    def __call__(self, input_ids, input_mask, segment_ids, *, dtype=tf.float32, seed=None, training=False,
-                 position_ids=None, instance_ids=None) -> tuple: ...
+    def __call__(
+        self,
+        input_ids,
+        input_mask,
+        segment_ids,
+        *,
+        dtype=tf.float32,
+        seed=None,
+        training=False,
+        position_ids=None,
+        instance_ids=None,
+    ) -> tuple: ...
 
     def pool(self, sequence_output, positions=None): ...
 
@@ -39,9 +55,10 @@ class Encoder(Protocol):
 
 
 def _float32(activation):
-    """activation computed in float32, returned in the input dtype: TensorFlow's CPU tanh on bfloat16
-    runs about 1.6x slower than on float32 (the GELU of one BERT-base layer, forward and backward,
-    23.4 ms in bfloat16 against 14.3 ms through float32 with the casts; docs/results.md)."""
+    """activation computed in float32, returned in the input dtype: TensorFlow's CPU tanh on
+    bfloat16 runs about 1.6x slower than on float32 (the GELU of one BERT-base layer, forward and
+    backward, 23.4 ms in bfloat16 against 14.3 ms through float32 with the casts;
+    docs/results.md)."""
     return lambda x: tf.cast(activation(tf.cast(x, tf.float32)), x.dtype)
 
 
@@ -71,7 +88,9 @@ def dropout(x, rate, seed, training):
         return x
     threshold = int(round(rate * 65536))
     n = tf.size(x)
-    words = tf.random.stateless_uniform([(n + 1) // 2], seed=seed, minval=None, maxval=None, dtype=tf.uint32)
+    words = tf.random.stateless_uniform(
+        [(n + 1) // 2], seed=seed, minval=None, maxval=None, dtype=tf.uint32
+    )
     halves = tf.reshape(tf.bitcast(words, tf.uint16), [-1])[:n]
     keep = tf.reshape(halves >= tf.constant(threshold, tf.uint16), tf.shape(x))
     return tf.where(keep, x * tf.cast(65536 / (65536 - threshold), x.dtype), tf.zeros_like(x))
@@ -100,7 +119,8 @@ class Dense(tf.Module):
 
 
 class LayerNorm(tf.Module):
-    """LayerNorm over the last axis, computed in float32, returned in the input dtype; bias=False: no beta."""
+    """LayerNorm over the last axis, computed in float32, returned in the input dtype; bias=False:
+    no beta."""
 
     def __init__(self, dim, name=None, eps=1e-12, bias=True):
         super().__init__(name=name)
@@ -119,9 +139,9 @@ class LayerNorm(tf.Module):
 
 
 def attend(q, k, v, mask_bias, dropout_rate, seed, training):
-    """Scaled dot-product attention: q, k, v [B, S, N, D], mask_bias [B, 1, S or 1, S] -> [B, S, N, D];
-    scores and softmax in float32."""
-    scores = tf.einsum("bsnd,btnd->bnst", q, k)                                # [B, N, S, S]
+    """Scaled dot-product attention: q, k, v [B, S, N, D], mask_bias [B, 1, S or 1, S] -> [B, S, N,
+    D]; scores and softmax in float32."""
+    scores = tf.einsum("bsnd,btnd->bnst", q, k)  # [B, N, S, S]
     scores = tf.cast(scores, tf.float32) * (1.0 / math.sqrt(q.shape[-1])) + mask_bias
     probs = tf.cast(tf.nn.softmax(scores, axis=-1), q.dtype)
     probs = dropout(probs, dropout_rate, seed, training)
@@ -139,7 +159,8 @@ def mask_bias_for(input_mask, instance_ids=None):
 
 
 def run_layers(layers, x, seeds, recompute, call):
-    """x through `layers` (call(layer, x, seed)); recompute: each layer again in the backward pass."""
+    """x through `layers` (call(layer, x, seed)); recompute: each layer again in the backward
+    pass."""
     for i, layer in enumerate(layers):
         if recompute:
             x = tf.recompute_grad(lambda h, layer=layer, s=seeds[i]: call(layer, h, s))(x)

@@ -9,6 +9,7 @@ second error per job feeds the planner that job's own speed: fresh processes on 
 compute at different speeds (oneDNN's matmul peak moved 0.37-0.99 TFLOP/s between processes
 on the AMX Xeon), and that error isolates the communication model from the spread.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -34,47 +35,78 @@ def rungs(fusion_thresholds_mb=(), cycle_times_ms=(), compressed=()):
     """[(label, CommConfig)] in the order of the paper's optimisations, Horovod's defaults
     spelled out (128 MB fusion, 1 ms cycle) so that each job states what it ran with; then the
     compressed exchanges asked for (`compressed`: powersgd, onebit)."""
-    out = [(BASELINE, CommConfig(allreduce_every_micro_batch=True)),
-           (FP32_ACCUM, CommConfig()),
-           ("fp16/accum", CommConfig(fp16_allreduce=True))]
-    out += [(f"fp16 fusion={mb:g}MB", CommConfig(fp16_allreduce=True, fusion_threshold_mb=mb))
-            for mb in fusion_thresholds_mb]
-    out += [(f"fp16 cycle={ms:g}ms", CommConfig(fp16_allreduce=True, cycle_time_ms=ms)) for ms in cycle_times_ms]
-    # onebit estimates the variance from a float32 update first (training.py); job_metrics drops early updates
-    out += [(method, CommConfig(exchange=method, compression_warmup_steps=int(method == "onebit")))
-            for method in compressed]
+    out = [
+        (BASELINE, CommConfig(allreduce_every_micro_batch=True)),
+        (FP32_ACCUM, CommConfig()),
+        ("fp16/accum", CommConfig(fp16_allreduce=True)),
+    ]
+    out += [
+        (f"fp16 fusion={mb:g}MB", CommConfig(fp16_allreduce=True, fusion_threshold_mb=mb))
+        for mb in fusion_thresholds_mb
+    ]
+    out += [
+        (f"fp16 cycle={ms:g}ms", CommConfig(fp16_allreduce=True, cycle_time_ms=ms))
+        for ms in cycle_times_ms
+    ]
+    # onebit estimates the variance from a float32 update first (training.py); job_metrics drops
+    # early updates
+    out += [
+        (method, CommConfig(exchange=method, compression_warmup_steps=int(method == "onebit")))
+        for method in compressed
+    ]
     return [(label, comm.resolved()) for label, comm in out]
 
 
 @dataclasses.dataclass(frozen=True)
 class StudyConfig:
     """run/comm_study.py's flags; constructing one checks them (counts, rates, rung labels)."""
+
     model_preset: str = knobs.model_preset("small")
-    vocab_file: str = knobs.vocab_file("data/demo/vocab.txt", detail="of the records (scripts/demo.sh makes it).")
-    train_files: str = knobs.train_files("data/demo/seq128/train-*", "comma-separated globs (scripts/demo.sh makes "
-                                                                     "the default).")
+    vocab_file: str = knobs.vocab_file(
+        "data/demo/vocab.txt", detail="of the records (scripts/demo.sh makes it)."
+    )
+    train_files: str = knobs.train_files(
+        "data/demo/seq128/train-*", "comma-separated globs (scripts/demo.sh makes the default)."
+    )
     sequence: knobs.Sequence = knobs.Sequence()
-    micro_batch_size: int = knob(2, "Sequences per rank per forward/backward pass (one micro-batch).")
+    micro_batch_size: int = knob(
+        2, "Sequences per rank per forward/backward pass (one micro-batch)."
+    )
     accumulation_steps: int = knob(8, "Micro-batches per update.")
     updates: int = knob(4, "Measured updates per job.")
     warmup_updates: int = knob(1, "Updates dropped from the measurement (compilation).")
     node_counts: list[int] = knob([2], "Emulated node counts (one rank each).")
     rates: list[float] = knob([1.0, 10.0, 25.0], "Link rates, Gbit/s.")
-    sweep_fusion_threshold_mb: list[float] = knob([0.0, 1.0, 16.0, 64.0], "Fusion thresholds to sweep on "
-                                                  "fp16/accum (128 = Horovod's default is the fp16/accum rung itself).")
-    sweep_cycle_time_ms: list[float] = knob([5.0, 10.0], "Cycle times to sweep on fp16/accum (1 ms is Horovod's "
-                                                         "default).")
-    compressed: list[str] = knob([], "Compressed exchanges to add to the ladder (--exchange): "
-                                     "powersgd, onebit.", choices=["powersgd", "onebit"])
-    rungs: list[str] = knob([], "Run only these rungs (labels as printed, e.g. fp32/every-mb,fp16/accum); "
-                                "default: all.")
+    sweep_fusion_threshold_mb: list[float] = knob(
+        [0.0, 1.0, 16.0, 64.0],
+        "Fusion thresholds to sweep on "
+        "fp16/accum (128 = Horovod's default is the fp16/accum rung itself).",
+    )
+    sweep_cycle_time_ms: list[float] = knob(
+        [5.0, 10.0], "Cycle times to sweep on fp16/accum (1 ms is Horovod's default)."
+    )
+    compressed: list[str] = knob(
+        [],
+        "Compressed exchanges to add to the ladder (--exchange): powersgd, onebit.",
+        choices=["powersgd", "onebit"],
+    )
+    rungs: list[str] = knob(
+        [], "Run only these rungs (labels as printed, e.g. fp32/every-mb,fp16/accum); default: all."
+    )
     xla: bool = knob(True, "Compile forward/backward and the update with XLA.")
-    device_seq_s: float = knob(0.0, "Without an emulated cluster: per-rank sequences/s for the planner.")
+    device_seq_s: float = knob(
+        0.0, "Without an emulated cluster: per-rank sequences/s for the planner."
+    )
     job_timeout: int = knob(1800, "Seconds before a job is killed (and recorded as failed).")
-    output_dir: str = knobs.output_dir("study.json, study.png and the jobs' folders", default="runs/comm_study")
-    compression_cost: bool = knob(False, "Only measure what each --compressed exchange (default: both) adds to an "
-                                         "update of --model_preset on this machine, in one process, and print it "
-                                         "(the planner's overhead).")
+    output_dir: str = knobs.output_dir(
+        "study.json, study.png and the jobs' folders", default="runs/comm_study"
+    )
+    compression_cost: bool = knob(
+        False,
+        "Only measure what each --compressed exchange (default: both) adds to an "
+        "update of --model_preset on this machine, in one process, and print it "
+        "(the planner's overhead).",
+    )
     probe: bool = knob(False, "Internal: run the link probe as one rank of an emulated job.")
 
     def __post_init__(self):
@@ -95,20 +127,30 @@ class StudyConfig:
 
     def ladder(self):
         """The rungs to run: all of them, or those --rungs names."""
-        return [r for r in self.all_rungs() if r[0] in self.rungs] if self.rungs else self.all_rungs()
+        return (
+            [r for r in self.all_rungs() if r[0] in self.rungs] if self.rungs else self.all_rungs()
+        )
 
     def settings(self):
-        """What makes two studies' measurements comparable; the micro-batch keeps its old key "batch_size", so
-        a study.json written before --micro_batch_size was renamed still has the same settings."""
-        return {"model_preset": self.model_preset, "vocab_file": self.vocab_file, "train_files": self.train_files,
-                "max_seq_length": self.sequence.max_seq_length,
-                "max_predictions_per_seq": self.sequence.max_predictions_per_seq,
-                "batch_size": self.micro_batch_size, "accumulation_steps": self.accumulation_steps,
-                "updates": self.updates, "warmup_updates": self.warmup_updates, "xla": self.xla}
+        """What makes two studies' measurements comparable; the micro-batch keeps its old key
+        "batch_size", so a study.json written before --micro_batch_size was renamed still has the
+        same settings."""
+        return {
+            "model_preset": self.model_preset,
+            "vocab_file": self.vocab_file,
+            "train_files": self.train_files,
+            "max_seq_length": self.sequence.max_seq_length,
+            "max_predictions_per_seq": self.sequence.max_predictions_per_seq,
+            "batch_size": self.micro_batch_size,
+            "accumulation_steps": self.accumulation_steps,
+            "updates": self.updates,
+            "warmup_updates": self.warmup_updates,
+            "xla": self.xla,
+        }
 
 
 # -- measuring --------------------------------------------------------------------------------
-def probe_link(small_tensors=200, big_elements=16 * 2 ** 20, repeats=9):
+def probe_link(small_tensors=200, big_elements=16 * 2**20, repeats=9):
     """Runs inside every rank of an emulated job: the link as Horovod sees it, apart from BERT.
 
     per-message cost: `small_tensors` one-float allreduces submitted together, fusion off
@@ -123,6 +165,7 @@ def probe_link(small_tensors=200, big_elements=16 * 2 ** 20, repeats=9):
     import tensorflow as tf
 
     from bert_tf.parallel import distributed
+
     distributed.configure(CommConfig(fusion_threshold_mb=0, cycle_time_ms=0.2))
     distributed.init()
     small = [tf.ones([1]) for _ in range(small_tensors)]
@@ -137,9 +180,12 @@ def probe_link(small_tensors=200, big_elements=16 * 2 ** 20, repeats=9):
             timings[key].append(time.perf_counter() - start)
     n = distributed.size()
     seconds = statistics.mean(timings["one"][1:])
-    return {"message_seconds": statistics.mean(timings["many"][1:]) / small_tensors, "big_seconds": seconds,
-            "big_seconds_range": [min(timings["one"][1:]), max(timings["one"][1:])],
-            "effective_gbit": 2 * (n - 1) / n * big_elements * 4 * 8 / seconds / 1e9}
+    return {
+        "message_seconds": statistics.mean(timings["many"][1:]) / small_tensors,
+        "big_seconds": seconds,
+        "big_seconds_range": [min(timings["one"][1:]), max(timings["one"][1:])],
+        "effective_gbit": 2 * (n - 1) / n * big_elements * 4 * 8 / seconds / 1e9,
+    }
 
 
 PROBE_PREFIX = "PROBE "
@@ -151,38 +197,56 @@ class ProbeError(RuntimeError):
 
 def run_probe(cluster, ranks, command, log_path, timeout, env=None):
     """Runs `command` (a program that prints PROBE_PREFIX + json of probe_link() on rank 0) on
-    the emulated cluster; returns that measurement. ProbeError naming the log when it fails twice (a launch on
-    emulated nodes can fail before it starts, as run_job's can: seen in CI, exit 1)."""
+    the emulated cluster; returns that measurement. ProbeError naming the log when it fails twice (a
+    launch on emulated nodes can fail before it starts, as run_job's can: seen in CI, exit 1)."""
     for attempt in (1, 2):
-        proc = subprocess.run(cluster.mpirun_prefix(ranks, extra_env=_forwarded(env)) + command, capture_output=True,
-                              text=True, timeout=timeout, env=emulated_cluster.mpirun_env(env))
+        proc = subprocess.run(
+            cluster.mpirun_prefix(ranks, extra_env=_forwarded(env)) + command,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=emulated_cluster.mpirun_env(env),
+        )
         with open(log_path, "a") as f:
             f.write(proc.stdout + proc.stderr)
         lines = [line for line in proc.stdout.splitlines() if line.startswith(PROBE_PREFIX)]
         if proc.returncode == 0 and lines:
-            return json.loads(lines[-1][len(PROBE_PREFIX):])
+            return json.loads(lines[-1][len(PROBE_PREFIX) :])
     raise ProbeError(f"link probe failed twice (exit {proc.returncode}); log: {log_path}")
 
 
-def run_job(cluster, ranks, command, folder, timeout, warmup_updates, sequences_per_rank_update, env=None):
+def run_job(
+    cluster, ranks, command, folder, timeout, warmup_updates, sequences_per_rank_update, env=None
+):
     """Runs one pre-training job (`command`: run/pretrain.py and its flags, writing its metrics to
     `folder`) on the emulated cluster; returns job_metrics() or {"error": ...}. A job that fails
     before its first update (a launch failure) is tried once more."""
     for attempt in (1, 2):
-        result = _run_job_once(cluster, ranks, command, folder, timeout, warmup_updates, sequences_per_rank_update,
-                               env)
-        if "error" not in result or attempt == 2 or os.path.exists(os.path.join(folder, "metrics.jsonl")):
+        result = _run_job_once(
+            cluster, ranks, command, folder, timeout, warmup_updates, sequences_per_rank_update, env
+        )
+        if (
+            "error" not in result
+            or attempt == 2
+            or os.path.exists(os.path.join(folder, "metrics.jsonl"))
+        ):
             return result
         print(f"retrying {folder}: {result['error']}", flush=True)
 
 
-def _run_job_once(cluster, ranks, command, folder, timeout, warmup_updates, sequences_per_rank_update, env):
+def _run_job_once(
+    cluster, ranks, command, folder, timeout, warmup_updates, sequences_per_rank_update, env
+):
     shutil.rmtree(folder, ignore_errors=True)
     os.makedirs(folder)
     with open(os.path.join(folder, "log.txt"), "w") as log:
-        proc = subprocess.Popen(cluster.mpirun_prefix(ranks, extra_env=_forwarded(env)) + command, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True,
-                                env=emulated_cluster.mpirun_env(env))
+        proc = subprocess.Popen(
+            cluster.mpirun_prefix(ranks, extra_env=_forwarded(env)) + command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=emulated_cluster.mpirun_env(env),
+        )
         try:
             code = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -191,8 +255,12 @@ def _run_job_once(cluster, ranks, command, folder, timeout, warmup_updates, sequ
             return {"error": f"timed out after {timeout} s (log: {folder}/log.txt)"}
     if code != 0:
         return {"error": f"exited {code} (log: {folder}/log.txt)"}
-    records = [r for r in metrics.read_metrics(os.path.join(folder, "metrics.jsonl")) if r["kind"] == "train"]
-    for path in glob.glob(os.path.join(folder, "ckpt-*")):        # keep logs and metrics, not weights
+    records = [
+        r
+        for r in metrics.read_metrics(os.path.join(folder, "metrics.jsonl"))
+        if r["kind"] == "train"
+    ]
+    for path in glob.glob(os.path.join(folder, "ckpt-*")):  # keep logs and metrics, not weights
         os.remove(path)
     return job_metrics(records, warmup_updates, sequences_per_rank_update * ranks)
 
@@ -200,8 +268,11 @@ def _run_job_once(cluster, ranks, command, folder, timeout, warmup_updates, sequ
 def _forwarded(env):
     """Variables of `env` that mpirun must hand to the ranks and that mpirun_prefix, which
     forwards them from this process's environment, would miss."""
-    return tuple(var for var in ("PYTHONPATH", "TF_CPP_MIN_LOG_LEVEL")
-                 if env and var in env and var not in os.environ)
+    return tuple(
+        var
+        for var in ("PYTHONPATH", "TF_CPP_MIN_LOG_LEVEL")
+        if env and var in env and var not in os.environ
+    )
 
 
 def job_metrics(train_records, warmup_updates, global_batch):
@@ -212,11 +283,17 @@ def job_metrics(train_records, warmup_updates, global_batch):
     measured = train_records[warmup_updates:]
     if not measured:
         return {"error": "no measured updates"}
-    out = {k: statistics.mean(r[k] for r in measured)
-           for k in ("compute_seconds", "allreduce_seconds", "update_seconds", "tx_bytes_per_update")}
+    out = {
+        k: statistics.mean(r[k] for r in measured)
+        for k in ("compute_seconds", "allreduce_seconds", "update_seconds", "tx_bytes_per_update")
+    }
     out["wait_seconds"] = statistics.mean(r.get("wait_seconds", 0.0) for r in measured)
-    out["sequences_per_second"] = len(measured) / sum(1.0 / r["sequences_per_second"] for r in measured)
-    out["step_seconds"] = statistics.mean(global_batch / r["sequences_per_second"] for r in measured)
+    out["sequences_per_second"] = len(measured) / sum(
+        1.0 / r["sequences_per_second"] for r in measured
+    )
+    out["step_seconds"] = statistics.mean(
+        global_batch / r["sequences_per_second"] for r in measured
+    )
     return out
 
 
@@ -237,16 +314,27 @@ def previous_results(path, settings):
 
 
 def compression_seconds(shapes, method, powersgd_rank=4, repeats=5) -> float:
-    """auto_exchange.compression_seconds in a process of its own (Horovod initialised here): the planner's
-    overhead_seconds."""
+    """auto_exchange.compression_seconds in a process of its own (Horovod initialised here): the
+    planner's overhead_seconds."""
     from bert_tf.parallel import auto_exchange, distributed
+
     distributed.init()
     return auto_exchange.compression_seconds(shapes, method, powersgd_rank, repeats)
 
 
 # -- predicting -------------------------------------------------------------------------------
-def predict(tensor_sizes, nodes, rate_gbit, comm, device_seq_s, micro_batch, accumulation_steps, seq_length,
-            link=None, overhead_seconds=0.0):
+def predict(
+    tensor_sizes,
+    nodes,
+    rate_gbit,
+    comm,
+    device_seq_s,
+    micro_batch,
+    accumulation_steps,
+    seq_length,
+    link=None,
+    overhead_seconds=0.0,
+):
     """The planner's figures for one rung on `nodes` emulated nodes (one rank each). `link` (from
     the probe) calibrates the emulated link: its measured bandwidth and per-message cost replace
     the nominal rate and zero latency. overhead_seconds: a compressed exchange's own computation."""
@@ -256,7 +344,9 @@ def predict(tensor_sizes, nodes, rate_gbit, comm, device_seq_s, micro_batch, acc
         cluster = planner.Cluster(nodes, 1, rate_gbit, inter_latency_us=0)
     batch = micro_batch * accumulation_steps * nodes
     phase = planner.Phase("study", seq_length, batch, batch, device_seq_s)
-    return planner.plan_phase(tensor_sizes, phase, cluster, comm, accumulation_steps, overhead_seconds)
+    return planner.plan_phase(
+        tensor_sizes, phase, cluster, comm, accumulation_steps, overhead_seconds
+    )
 
 
 def device_seq_s(rows, sequences_per_rank_update):
@@ -264,8 +354,11 @@ def device_seq_s(rows, sequences_per_rank_update):
     compute speed, from the study itself. Compute + optimizer update + the wait for the slowest
     rank: rank 0's log holds rank 0's times, and the planner's compute is the slowest rank's (the
     one every allreduce waits for); without the wait a straggler's time counts as link time."""
-    return statistics.median(sequences_per_rank_update / (r["compute_seconds"] + r.get("wait_seconds", 0.0)
-                                                          + r["update_seconds"]) for r in rows)
+    return statistics.median(
+        sequences_per_rank_update
+        / (r["compute_seconds"] + r.get("wait_seconds", 0.0) + r["update_seconds"])
+        for r in rows
+    )
 
 
 def add_predictions(rows, links, comms, tensor_sizes, micro_batch, accumulation_steps, seq_length):
@@ -279,15 +372,35 @@ def add_predictions(rows, links, comms, tensor_sizes, micro_batch, accumulation_
     speed = device_seq_s(ok, micro_batch * accumulation_steps)
     links = {(link["nodes"], link["rate_gbit"]): link for link in links}
     for r in ok:
-        p = predict(tensor_sizes, r["nodes"], r["rate_gbit"], comms[r["config"]], speed, micro_batch,
-                    accumulation_steps, seq_length, links.get((r["nodes"], r["rate_gbit"])))
+        p = predict(
+            tensor_sizes,
+            r["nodes"],
+            r["rate_gbit"],
+            comms[r["config"]],
+            speed,
+            micro_batch,
+            accumulation_steps,
+            seq_length,
+            links.get((r["nodes"], r["rate_gbit"])),
+        )
         r["predicted_sequences_per_second"] = p["sequences_per_second"]
         r["predicted_allreduce_seconds"] = p["allreduce_seconds"]
         r["prediction_error"] = p["sequences_per_second"] / r["sequences_per_second"] - 1
         own = device_seq_s([r], micro_batch * accumulation_steps)
-        p = predict(tensor_sizes, r["nodes"], r["rate_gbit"], comms[r["config"]], own, micro_batch,
-                    accumulation_steps, seq_length, links.get((r["nodes"], r["rate_gbit"])))
-        r["prediction_error_own_compute"] = p["sequences_per_second"] / r["sequences_per_second"] - 1
+        p = predict(
+            tensor_sizes,
+            r["nodes"],
+            r["rate_gbit"],
+            comms[r["config"]],
+            own,
+            micro_batch,
+            accumulation_steps,
+            seq_length,
+            links.get((r["nodes"], r["rate_gbit"])),
+        )
+        r["prediction_error_own_compute"] = (
+            p["sequences_per_second"] / r["sequences_per_second"] - 1
+        )
     for r in ok:
         base, fp32 = _same_link(ok, r, BASELINE), _same_link(ok, r, FP32_ACCUM)
         if base:
@@ -299,8 +412,16 @@ def add_predictions(rows, links, comms, tensor_sizes, micro_batch, accumulation_
 
 def _same_link(rows, row, config):
     """The row measured with `config` at `row`'s node count and rate, or None."""
-    return next((r for r in rows if r["nodes"] == row["nodes"] and r["rate_gbit"] == row["rate_gbit"]
-                 and r["config"] == config), None)
+    return next(
+        (
+            r
+            for r in rows
+            if r["nodes"] == row["nodes"]
+            and r["rate_gbit"] == row["rate_gbit"]
+            and r["config"] == config
+        ),
+        None,
+    )
 
 
 def goals(rows):
@@ -316,9 +437,15 @@ def goals(rows):
             continue
         best = max(full, key=lambda r: r["sequences_per_second"])
         ratios = [r["bytes_vs_fp32_accum"] for r in full if "bytes_vs_fp32_accum" in r]
-        out.append({"nodes": nodes, "rate_gbit": rate, "best_config": best["config"],
-                    "speedup": best["sequences_per_second"] / base[0]["sequences_per_second"],
-                    "fp16_bytes_ratio": statistics.median(ratios) if ratios else None})
+        out.append(
+            {
+                "nodes": nodes,
+                "rate_gbit": rate,
+                "best_config": best["config"],
+                "speedup": best["sequences_per_second"] / base[0]["sequences_per_second"],
+                "fp16_bytes_ratio": statistics.median(ratios) if ratios else None,
+            }
+        )
     return out
 
 
@@ -331,26 +458,42 @@ def study_error(row):
 
 def study_misses(study, tolerance):
     """Labels of the study rows whose prediction (study_error) misses by more than `tolerance`."""
-    return [f"emulated {r['nodes']} nodes {r['rate_gbit']:g} Gbit/s {r['config']}" for r in study["rows"]
-            if study_error(r) is not None and abs(study_error(r)) > tolerance]
+    return [
+        f"emulated {r['nodes']} nodes {r['rate_gbit']:g} Gbit/s {r['config']}"
+        for r in study["rows"]
+        if study_error(r) is not None and abs(study_error(r)) > tolerance
+    ]
 
 
 # -- the planner against NVIDIA's published figures ---------------------------------------------
-# (nodes, seq, precision, batch per GPU, accumulation, published seq/s): NVIDIA DeepLearningExamples,
-# TensorFlow2/LanguageModeling/BERT/README.md (21.02 container), "Pre-training training performance:
-# Multi-node on NVIDIA DGX-2H V100 (16x V100 32GB)".
+# (nodes, seq, precision, batch per GPU, accumulation, published seq/s): NVIDIA
+# DeepLearningExamples, TensorFlow2/LanguageModeling/BERT/README.md (21.02 container), "Pre-training
+# training performance: Multi-node on NVIDIA DGX-2H V100 (16x V100 32GB)".
 DGX2H = [
-    (1, 128, "mixed", 60, 64, 3528.51), (4, 128, "mixed", 60, 16, 13370.21),
-    (16, 128, "mixed", 60, 4, 42697.42), (32, 128, "mixed", 60, 2, 84223.16),
-    (1, 512, "mixed", 10, 192, 678.35), (4, 512, "mixed", 10, 96, 2678.29),
-    (16, 512, "mixed", 10, 24, 7834.72), (32, 512, "mixed", 10, 6, 18786.93),
-    (1, 128, "fp32", 32, 128, 841.72), (4, 128, "fp32", 32, 32, 3060.49),
-    (16, 128, "fp32", 32, 8, 10383.57), (32, 128, "fp32", 32, 4, 20094.14),
-    (1, 512, "fp32", 4, 256, 180.0), (4, 512, "fp32", 4, 64, 646.76),
-    (16, 512, "fp32", 4, 32, 2204.72), (32, 512, "fp32", 4, 16, 4196.15),
+    (1, 128, "mixed", 60, 64, 3528.51),
+    (4, 128, "mixed", 60, 16, 13370.21),
+    (16, 128, "mixed", 60, 4, 42697.42),
+    (32, 128, "mixed", 60, 2, 84223.16),
+    (1, 512, "mixed", 10, 192, 678.35),
+    (4, 512, "mixed", 10, 96, 2678.29),
+    (16, 512, "mixed", 10, 24, 7834.72),
+    (32, 512, "mixed", 10, 6, 18786.93),
+    (1, 128, "fp32", 32, 128, 841.72),
+    (4, 128, "fp32", 32, 32, 3060.49),
+    (16, 128, "fp32", 32, 8, 10383.57),
+    (32, 128, "fp32", 32, 4, 20094.14),
+    (1, 512, "fp32", 4, 256, 180.0),
+    (4, 512, "fp32", 4, 64, 646.76),
+    (16, 512, "fp32", 4, 32, 2204.72),
+    (32, 512, "fp32", 4, 16, 4196.15),
 ]
 # One V100-32GB on a DGX-2, same README ("Single-node on NVIDIA DGX-2 V100", 1 GPU rows).
-SINGLE_GPU = {(128, "mixed"): 206.5, (128, "fp32"): 49.97, (512, "mixed"): 40.95, (512, "fp32"): 11.06}
+SINGLE_GPU = {
+    (128, "mixed"): 206.5,
+    (128, "fp32"): 49.97,
+    (512, "mixed"): 40.95,
+    (512, "fp32"): 11.06,
+}
 
 
 def nvidia_rows(tensor_sizes):
@@ -360,26 +503,47 @@ def nvidia_rows(tensor_sizes):
     precision. tensor_sizes: planner.gradient_tensor_sizes of BERT-large (vocab 30522)."""
     rows = []
     for nodes, seq, precision, per_gpu, accumulation, published in DGX2H:
-        cluster = planner.Cluster(nodes=nodes, devices_per_node=16, inter_gbps=800, inter_latency_us=2,
-                                  intra_gbps=1200, intra_latency_us=5)
+        cluster = planner.Cluster(
+            nodes=nodes,
+            devices_per_node=16,
+            inter_gbps=800,
+            inter_latency_us=2,
+            intra_gbps=1200,
+            intra_latency_us=5,
+        )
         global_batch = per_gpu * accumulation * cluster.devices
-        phase = planner.Phase(f"seq{seq}", seq, global_batch, global_batch, SINGLE_GPU[(seq, precision)])
+        phase = planner.Phase(
+            f"seq{seq}", seq, global_batch, global_batch, SINGLE_GPU[(seq, precision)]
+        )
         comm = CommConfig(exchange="fp16" if precision == "mixed" else "none")
         p = planner.plan_phase(tensor_sizes, phase, cluster, comm, accumulation)
-        rows.append({"nodes": nodes, "seq": seq, "precision": precision, "accumulation": accumulation,
-                     "published": published, "predicted": p["sequences_per_second"],
-                     "error": p["sequences_per_second"] / published - 1})
+        rows.append(
+            {
+                "nodes": nodes,
+                "seq": seq,
+                "precision": precision,
+                "accumulation": accumulation,
+                "published": published,
+                "predicted": p["sequences_per_second"],
+                "error": p["sequences_per_second"] / published - 1,
+            }
+        )
     return rows
 
 
 def nvidia_misses(rows, tolerance):
     """The rows the goal covers (32 nodes, mixed precision) that miss by more than `tolerance`."""
-    return [f"DGX-2H 32 nodes seq {r['seq']}" for r in rows
-            if r["nodes"] == 32 and r["precision"] == "mixed" and abs(r["error"]) > tolerance]
+    return [
+        f"DGX-2H 32 nodes seq {r['seq']}"
+        for r in rows
+        if r["nodes"] == 32 and r["precision"] == "mixed" and abs(r["error"]) > tolerance
+    ]
 
 
 @dataclasses.dataclass(frozen=True)
 class PlannerValidation:
-    """run/validate_planner.py's flags: the study to check the planner against, and the error allowed."""
+    """run/validate_planner.py's flags: the study to check the planner against, and the error
+    allowed."""
+
     study: str = knob("runs/comm_study/study.json", "study.json of run/comm_study.py ('' to skip).")
     tolerance: float = knob(0.25, "Allowed relative error for the rows the goal covers.")

@@ -17,11 +17,12 @@ pinned to 198.18.0.0/24; shared memory is off). Needs root and iproute2.
 Elastic jobs (`horovodrun_elastic_prefix`): horovodrun's Gloo launcher starts a rank on a host with
 `ssh HOST COMMAND` unless the host is local; the launcher namespace gets an `ssh` of ours first on
 PATH that runs COMMAND in HOST's namespace instead and, like ssh with ServerAliveInterval=1 and
-ServerAliveCountMax=3, gives up (exit 255, the remote command killed as sshd would on a lost session)
-when the host's link has been down for 3 s. Hosts are discovered by scripts/discover_hosts.sh from
-the file `live_hosts` (`set_live`); `kill_node` kills every process of a node, `set_link` takes its
-link down (the bridge port, as if the cable were pulled) or up.
+ServerAliveCountMax=3, gives up (exit 255, the remote command killed as sshd would on a lost
+session) when the host's link has been down for 3 s. Hosts are discovered by
+scripts/discover_hosts.sh from the file `live_hosts` (`set_live`); `kill_node` kills every process
+of a node, `set_link` takes its link down (the bridge port, as if the cable were pulled) or up.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -37,19 +38,30 @@ from bert_tf import ConfigError, knob
 PREFIX = "btc"
 SUBNET = "198.18.0"
 LAUNCHER_ADDRESS = f"{SUBNET}.254"
-NETNS_ETC = "/etc/netns"      # `ip netns exec NS` bind-mounts /etc/netns/NS/hosts over /etc/hosts
+NETNS_ETC = "/etc/netns"  # `ip netns exec NS` bind-mounts /etc/netns/NS/hosts over /etc/hosts
 
-# What a process that initialised MPI as a singleton (a test, a notebook that imported Horovod) leaves to its
-# children: an mpirun started with these fails at once, without a word (exit 1, no output).
-_SINGLETON_VARS = ("OMPI_MCA_ess", "OMPI_MCA_orte_launch", "OMPI_MCA_orte_precondition_transports", "OMPI_MCA_pmix",
-                   "OMPI_MCA_orte_ess_num_procs", "OMPI_APP_CTX_NUM_PROCS", "ORTE_SCHIZO_DETECTION")
+# What a process that initialised MPI as a singleton (a test, a notebook that imported Horovod)
+# leaves to its children: an mpirun started with these fails at once, without a word (exit 1, no
+# output).
+_SINGLETON_VARS = (
+    "OMPI_MCA_ess",
+    "OMPI_MCA_orte_launch",
+    "OMPI_MCA_orte_precondition_transports",
+    "OMPI_MCA_pmix",
+    "OMPI_MCA_orte_ess_num_procs",
+    "OMPI_APP_CTX_NUM_PROCS",
+    "ORTE_SCHIZO_DETECTION",
+)
 
 
 def mpirun_env(env=None):
-    """`env` (default: this process's environment) fit to start mpirun with: an MPI singleton's variables
-    removed, root allowed when running as root."""
-    env = {k: v for k, v in (os.environ if env is None else env).items()
-           if not k.startswith("PMIX_") and k not in _SINGLETON_VARS}
+    """`env` (default: this process's environment) fit to start mpirun with: an MPI singleton's
+    variables removed, root allowed when running as root."""
+    env = {
+        k: v
+        for k, v in (os.environ if env is None else env).items()
+        if not k.startswith("PMIX_") and k not in _SINGLETON_VARS
+    }
     if os.geteuid() == 0:
         env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     return env
@@ -101,7 +113,9 @@ def down():
 
 @dataclasses.dataclass(frozen=True)
 class EmulatedClusterConfig:
-    """run/emulated_cluster.py's flags: the cluster `up` brings up (EmulatedCluster's arguments, by name)."""
+    """run/emulated_cluster.py's flags: the cluster `up` brings up (EmulatedCluster's arguments, by
+    name)."""
+
     nodes: int = knob(2, "Emulated nodes.")
     rate_gbit: float = knob(10.0, "Link rate of each node, Gbit/s.")
     delay_ms: float = knob(0.0, "One-way delay (needs tc netem in the kernel).")
@@ -126,26 +140,42 @@ class EmulatedCluster:
         problem = preflight()
         if problem:
             raise ClusterError(problem)
-        down()                                             # a stale cluster from a crashed run
+        down()  # a stale cluster from a crashed run
         try:
             bridge = f"{PREFIX}-br"
             _ip("ip", "netns", "add", bridge)
             _ip("ip", "link", "add", "br0", "type", "bridge", ns=bridge)
             _ip("ip", "link", "set", "br0", "up", ns=bridge)
-            members = list(zip(self.namespaces, self.hosts)) + [(f"{PREFIX}-launch", LAUNCHER_ADDRESS)]
+            members = list(zip(self.namespaces, self.hosts)) + [
+                (f"{PREFIX}-launch", LAUNCHER_ADDRESS)
+            ]
             for i, (ns, address) in enumerate(members):
                 _ip("ip", "netns", "add", ns)
                 _ip("ip", "link", "set", "lo", "up", ns=ns)
-                _ip("ip", "link", "add", "eth0", "netns", ns, "type", "veth", "peer", "name", f"p{i}",
-                    "netns", bridge)
+                _ip(
+                    "ip",
+                    "link",
+                    "add",
+                    "eth0",
+                    "netns",
+                    ns,
+                    "type",
+                    "veth",
+                    "peer",
+                    "name",
+                    f"p{i}",
+                    "netns",
+                    bridge,
+                )
                 _ip("ip", "addr", "add", f"{address}/24", "dev", "eth0", ns=ns)
                 _ip("ip", "link", "set", "eth0", "up", ns=ns)
                 _ip("ip", "link", "set", f"p{i}", "master", "br0", "up", ns=bridge)
-                if ns != f"{PREFIX}-launch":            # the launcher's control traffic is not shaped
+                if ns != f"{PREFIX}-launch":  # the launcher's control traffic is not shaped
                     self._shape(ns)
-                # This machine's hostname resolves to the node's own address inside the node, as on a
-                # real cluster: Horovod 0.28.1 makes its process-set Gloo contexts on the hostname's
-                # address, not on HOROVOD_GLOO_IFACE (with 127.0.0.1 the elastic ranks cannot connect).
+                # This machine's hostname resolves to the node's own address inside the node, as on
+                # a real cluster: Horovod 0.28.1 makes its process-set Gloo contexts on the
+                # hostname's address, not on HOROVOD_GLOO_IFACE (with 127.0.0.1 the elastic ranks
+                # cannot connect).
                 os.makedirs(os.path.join(NETNS_ETC, ns), exist_ok=True)
                 with open(os.path.join(NETNS_ETC, ns, "hosts"), "w") as f:
                     f.write(f"127.0.0.1 localhost\n{address} {socket.gethostname()}\n")
@@ -155,14 +185,22 @@ class EmulatedCluster:
                 f.write("".join(f"{h} slots={self.slots}\n" for h in self.hosts))
             self.agent = os.path.join(self.workdir, "netns_agent.sh")
             with open(self.agent, "w") as f:
-                f.write(AGENT.format(mapping=" ".join(f"{h}={ns}" for h, ns in zip(self.hosts, self.namespaces))))
+                f.write(
+                    AGENT.format(
+                        mapping=" ".join(f"{h}={ns}" for h, ns in zip(self.hosts, self.namespaces))
+                    )
+                )
             os.chmod(self.agent, 0o755)
             bin_dir = os.path.join(self.workdir, "bin")
             os.makedirs(bin_dir)
             with open(os.path.join(bin_dir, "ssh"), "w") as f:
-                f.write(SSH_SHIM.format(
-                    mapping=" ".join(f"{h}={ns}" for h, ns in zip(self.hosts, self.namespaces)),
-                    ports=" ".join(f"{h}=p{i}" for i, h in enumerate(self.hosts)), bridge=f"{PREFIX}-br"))
+                f.write(
+                    SSH_SHIM.format(
+                        mapping=" ".join(f"{h}={ns}" for h, ns in zip(self.hosts, self.namespaces)),
+                        ports=" ".join(f"{h}=p{i}" for i, h in enumerate(self.hosts)),
+                        bridge=f"{PREFIX}-br",
+                    )
+                )
             os.chmod(os.path.join(bin_dir, "ssh"), 0o755)
             self.ssh_dir = bin_dir
             self.live_hosts = os.path.join(self.workdir, "live_hosts")
@@ -174,14 +212,35 @@ class EmulatedCluster:
 
     def _shape(self, ns):
         """Token bucket at the link rate on the node's sending side (+ netem delay when asked)."""
-        burst = max(64 * 1024, int(self.rate_gbit * 1e9 / 8 * 1e-3))        # 1 ms of traffic
+        burst = max(64 * 1024, int(self.rate_gbit * 1e9 / 8 * 1e-3))  # 1 ms of traffic
         tbf = ["tbf", "rate", f"{self.rate_gbit}gbit", "burst", str(burst), "latency", "50ms"]
         if self.delay_ms > 0:
-            proc = subprocess.run(["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "eth0", "root", "handle",
-                                   "1:", "netem", "delay", f"{self.delay_ms}ms"], capture_output=True, text=True)
+            proc = subprocess.run(
+                [
+                    "ip",
+                    "netns",
+                    "exec",
+                    ns,
+                    "tc",
+                    "qdisc",
+                    "add",
+                    "dev",
+                    "eth0",
+                    "root",
+                    "handle",
+                    "1:",
+                    "netem",
+                    "delay",
+                    f"{self.delay_ms}ms",
+                ],
+                capture_output=True,
+                text=True,
+            )
             if proc.returncode != 0:
-                raise ClusterError(f"cannot emulate {self.delay_ms} ms of delay: tc netem failed "
-                                   f"({proc.stderr.strip()}); the kernel lacks sch_netem. Use delay_ms=0.")
+                raise ClusterError(
+                    f"cannot emulate {self.delay_ms} ms of delay: tc netem failed "
+                    f"({proc.stderr.strip()}); the kernel lacks sch_netem. Use delay_ms=0."
+                )
             _ip("tc", "qdisc", "add", "dev", "eth0", "parent", "1:1", "handle", "10:", *tbf, ns=ns)
         else:
             _ip("tc", "qdisc", "add", "dev", "eth0", "root", *tbf, ns=ns)
@@ -203,15 +262,44 @@ class EmulatedCluster:
     # -- use ------------------------------------------------------------------------------
     def mpirun_prefix(self, np_, extra_env=()):
         """The command prefix that runs `np_` ranks over the emulated nodes."""
-        cmd = ["ip", "netns", "exec", f"{PREFIX}-launch", "mpirun", "-np", str(np_), "--hostfile", self.hostfile,
-               "--map-by", "node", "--bind-to", "none", "--oversubscribe",
-               "-mca", "plm_rsh_agent", self.agent, "-mca", "btl", "tcp,self",
-               "-mca", "btl_tcp_if_include", f"{SUBNET}.0/24", "-mca", "oob_tcp_if_include", f"{SUBNET}.0/24",
-               # OpenMPI 4.1's daemons share the hwloc topology through shared memory mapped at a
-               # "hole" in their address space; that segfaulted one daemon in ~10 launches here
-               # (hwloc_shmem_topology_write). Without a hole they read the topology themselves.
-               "-mca", "rtc_hwloc_vmhole", "none",
-               "-x", "PATH", "-x", "HOROVOD_GLOO_IFACE=eth0"]
+        cmd = [
+            "ip",
+            "netns",
+            "exec",
+            f"{PREFIX}-launch",
+            "mpirun",
+            "-np",
+            str(np_),
+            "--hostfile",
+            self.hostfile,
+            "--map-by",
+            "node",
+            "--bind-to",
+            "none",
+            "--oversubscribe",
+            "-mca",
+            "plm_rsh_agent",
+            self.agent,
+            "-mca",
+            "btl",
+            "tcp,self",
+            "-mca",
+            "btl_tcp_if_include",
+            f"{SUBNET}.0/24",
+            "-mca",
+            "oob_tcp_if_include",
+            f"{SUBNET}.0/24",
+            # OpenMPI 4.1's daemons share the hwloc topology through shared memory mapped at a
+            # "hole" in their address space; that segfaulted one daemon in ~10 launches here
+            # (hwloc_shmem_topology_write). Without a hole they read the topology themselves.
+            "-mca",
+            "rtc_hwloc_vmhole",
+            "none",
+            "-x",
+            "PATH",
+            "-x",
+            "HOROVOD_GLOO_IFACE=eth0",
+        ]
         for var in ("PYTHONPATH", "TF_CPP_MIN_LOG_LEVEL"):
             if var in os.environ:
                 cmd += ["-x", var]
@@ -222,17 +310,39 @@ class EmulatedCluster:
         return cmd
 
     def horovodrun_elastic_prefix(self, np_, min_np, max_np, extra_args=()):
-        """horovodrun in elastic mode (Gloo) from the launcher namespace: hosts from `live_hosts`, ranks
-        started in the hosts' namespaces by the ssh shim, Gloo on the emulated links (eth0)."""
+        """horovodrun in elastic mode (Gloo) from the launcher namespace: hosts from `live_hosts`,
+        ranks started in the hosts' namespaces by the ssh shim, Gloo on the emulated links
+        (eth0)."""
         import sys
+
         hvdrun = shutil.which("horovodrun", path=os.path.dirname(sys.executable)) or "horovodrun"
         # the checkout's scripts/: this file is bert_tf/studies/emulated_cluster.py
-        discover = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                                "scripts", "discover_hosts.sh")
-        return ["ip", "netns", "exec", f"{PREFIX}-launch", "env", f"PATH={self.ssh_dir}:{os.environ.get('PATH', '')}",
-                hvdrun, "-np", str(np_), "--min-np", str(min_np), "--max-np", str(max_np), "--gloo",
-                "--network-interface", "eth0", "--host-discovery-script", f"{discover} {self.live_hosts}",
-                *extra_args]
+        discover = os.path.join(
+            os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+            "scripts",
+            "discover_hosts.sh",
+        )
+        return [
+            "ip",
+            "netns",
+            "exec",
+            f"{PREFIX}-launch",
+            "env",
+            f"PATH={self.ssh_dir}:{os.environ.get('PATH', '')}",
+            hvdrun,
+            "-np",
+            str(np_),
+            "--min-np",
+            str(min_np),
+            "--max-np",
+            str(max_np),
+            "--gloo",
+            "--network-interface",
+            "eth0",
+            "--host-discovery-script",
+            f"{discover} {self.live_hosts}",
+            *extra_args,
+        ]
 
     def set_live(self, hosts):
         """The hosts the discovery script reports from now on (replaced atomically)."""
@@ -247,6 +357,7 @@ class EmulatedCluster:
     def kill_node(self, node):
         """SIGKILL every process of the node (a preempted machine); returns their pids."""
         import signal
+
         pids = self.node_pids(node)
         for pid in pids:
             try:
@@ -261,10 +372,14 @@ class EmulatedCluster:
 
     def tx_bytes(self):
         """Bytes each emulated node has sent on its link so far (interface counters)."""
-        return [int(_ip("cat", "/sys/class/net/eth0/statistics/tx_bytes", ns=ns)) for ns in self.namespaces]
+        return [
+            int(_ip("cat", "/sys/class/net/eth0/statistics/tx_bytes", ns=ns))
+            for ns in self.namespaces
+        ]
 
 
-# OpenMPI calls the agent like ssh: AGENT [options] HOST COMMAND...; run COMMAND in HOST's namespace.
+# OpenMPI calls the agent like ssh: AGENT [options] HOST COMMAND...; run COMMAND in HOST's
+# namespace.
 AGENT = """#!/usr/bin/env bash
 declare -A ns_of=()
 for pair in {mapping}; do ns_of[${{pair%%=*}}]=${{pair#*=}}; done

@@ -1,10 +1,12 @@
-"""The single-device speed ladder (run/benchmark.py): one BERT update timed with each lever, next to the
-peer a Keras user would pick instead, and the fastest bert_tf configuration written as run/pretrain.py
-flags. The rungs (RUNGS) and what each reports are in run/benchmark.py's docstring; one rung is timed by
-bert_tf/studies/rung.py. The peer is passed in as a function (run/benchmark.py's keras-hub model: the
-library never imports Keras) called as peer(config, timing, precision, xla, micro_batch_size,
-accumulation=1, profile_dir="") and returning what rung.timed_updates does (traced: the seconds).
+"""The single-device speed ladder (run/benchmark.py): one BERT update timed with each lever, next to
+the peer a Keras user would pick instead, and the fastest bert_tf configuration written as
+run/pretrain.py flags. The rungs (RUNGS) and what each reports are in run/benchmark.py's docstring;
+one rung is timed by bert_tf/studies/rung.py. The peer is passed in as a function
+(run/benchmark.py's keras-hub model: the library never imports Keras) called as peer(config, timing,
+precision, xla, micro_batch_size, accumulation=1, profile_dir="") and returning what
+rung.timed_updates does (traced: the seconds).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -16,78 +18,143 @@ from bert_tf.studies import machine_load
 from bert_tf.studies.rung import TRACED_UPDATES, Timing, run_rung
 
 # tf32: float32 with TensorFloat-32 matmuls (GPUs from Ampere on); fp32 is then strict float32.
-PRECISION = {"fp32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16", "tf32": "float32"}
+PRECISION = {
+    "fp32": "float32",
+    "bf16": "mixed_bfloat16",
+    "fp16": "mixed_float16",
+    "tf32": "float32",
+}
 DTYPE_NAME = {"float32": "float32", "mixed_bfloat16": "bfloat16", "mixed_float16": "float16"}
 PRECISION_RUNGS = [*PRECISION, *(f"{p}+{way}" for way in ("xla", "fuse") for p in PRECISION)]
 RUNGS = [*PRECISION_RUNGS, "best+accum", "best-dropout", "keras-hub"]
-# Without a GPU, XLA's CPU backend misses the bf16 matrix units, so both ways are timed; on a GPU, XLA
-# fuses around cuBLAS and float16/bfloat16 use the tensor cores: the fast rungs first.
-CPU_RUNGS = ["fp32", "fp32+xla", "fp32+fuse", "bf16", "bf16+xla", "bf16+fuse", "fp16", "fp16+xla", "best+accum",
-             "best-dropout", "keras-hub"]
-GPU_RUNGS = ["fp16+xla", "bf16+xla", "tf32+xla", "fp32+xla", "fp16", "best+accum", "best-dropout", "keras-hub"]
+# Without a GPU, XLA's CPU backend misses the bf16 matrix units, so both ways are timed; on a GPU,
+# XLA fuses around cuBLAS and float16/bfloat16 use the tensor cores: the fast rungs first.
+CPU_RUNGS = [
+    "fp32",
+    "fp32+xla",
+    "fp32+fuse",
+    "bf16",
+    "bf16+xla",
+    "bf16+fuse",
+    "fp16",
+    "fp16+xla",
+    "best+accum",
+    "best-dropout",
+    "keras-hub",
+]
+GPU_RUNGS = [
+    "fp16+xla",
+    "bf16+xla",
+    "tf32+xla",
+    "fp32+xla",
+    "fp16",
+    "best+accum",
+    "best-dropout",
+    "keras-hub",
+]
 
 
 @dataclasses.dataclass(frozen=True)
 class BenchmarkConfig:
-    """run/benchmark.py's flags. rungs: the ladder to climb (None: the device's, default_rungs; run/benchmark.py
-    resolves it before ladder.run)."""
+    """run/benchmark.py's flags. rungs: the ladder to climb (None: the device's, default_rungs;
+    run/benchmark.py resolves it before ladder.run)."""
+
     model_preset: str = knobs.model_preset("base")
     sequence: knobs.Sequence = knobs.Sequence()
     vocab_size: int = knob(30522, "Vocabulary size.")
     micro_batch_size: int = knob(8, "Sequences per forward/backward pass (one micro-batch).")
-    tune_micro_batch_sizes: list[int] = knob([], "Also time the fastest bert_tf rung at these micro-batches "
-                                                 "(the flagfile then names the fastest per sequence).")
+    tune_micro_batch_sizes: list[int] = knob(
+        [],
+        "Also time the fastest bert_tf rung at these micro-batches "
+        "(the flagfile then names the fastest per sequence).",
+    )
     accumulation_steps: int = knob(4, "Micro-batches per update on the accumulation rung.")
     warmup_updates: int = knob(2, "Updates not timed (compilation).")
     updates: int = knob(5, "Timed updates per rung.")
-    rungs: list[str] | None = knob(None, "Rungs to run (default: the CPU ladder, or the GPU ladder where TensorFlow "
-                                         "sees a GPU; see CPU_RUNGS and GPU_RUNGS in bert_tf/studies/ladder.py).")
+    rungs: list[str] | None = knob(
+        None,
+        "Rungs to run (default: the CPU ladder, or the GPU ladder where TensorFlow "
+        "sees a GPU; see CPU_RUNGS and GPU_RUNGS in bert_tf/studies/ladder.py).",
+    )
     peak_seconds: float = knob(3.0, "Seconds per matmul-peak measurement (each dtype, both ways).")
     peak_size: int = knob(2048, "n of the n x n x n matmul the peak is measured with.")
-    peak_repeats: int = knob(3, "Times each matmul peak is measured (the best counts; the spread is reported).")
+    peak_repeats: int = knob(
+        3, "Times each matmul peak is measured (the best counts; the spread is reported)."
+    )
     output_dir: str = knobs.output_dir("ladder.json and ladder.png", default="runs/benchmark")
-    train_files: str = knobs.train_files("", "comma-separated globs; also measure input_pipeline.make_dataset "
-                                             "alone on them (static and dynamic masking, sequences/s per rank) next "
-                                             "to the model's consumption; needs --vocab_file.")
-    vocab_file: str = knobs.vocab_file("", detail="of --train_files (dynamic masking's special and [MASK] ids).")
-    rung_train_files: list[str] = knob([], "After the ladder, train the fastest bert_tf rung on batches of these "
-                                           "TFRecord globs (each glob a rung: one made without and one with "
-                                           "create_pretraining_data.py --pack) and report useful (non-padding) "
-                                           "tokens/s and instances/s next to rows/s.")
+    train_files: str = knobs.train_files(
+        "",
+        "comma-separated globs; also measure input_pipeline.make_dataset "
+        "alone on them (static and dynamic masking, sequences/s per rank) next "
+        "to the model's consumption; needs --vocab_file.",
+    )
+    vocab_file: str = knobs.vocab_file(
+        "", detail="of --train_files (dynamic masking's special and [MASK] ids)."
+    )
+    rung_train_files: list[str] = knob(
+        [],
+        "After the ladder, train the fastest bert_tf rung on batches of these "
+        "TFRecord globs (each glob a rung: one made without and one with "
+        "create_pretraining_data.py --pack) and report useful (non-padding) "
+        "tokens/s and instances/s next to rows/s.",
+    )
     input_seconds: float = knob(5.0, "Seconds per input-pipeline measurement.")
-    profile_dir: str = knob("", "After the ladder, trace 3 updates of the fastest bert_tf rung and of keras-hub's "
-                                "fastest with the TensorFlow profiler into DIR/bert_tf and DIR/keras-hub "
-                                "(TensorBoard's profile tab reads them) and print where each spends its time, by "
-                                "kind of op.")
-    write_flagfile: str = knob("", "Write the fastest bert_tf configuration here as run/pretrain.py flags.")
-    device_figures: str = knob("", "Add the fastest bert_tf rung's sequences/s to this JSON as the device's phase-1 "
-                                   "(sequence 128) or phase-2 (512) speed, for run/plan.py --device_figures.")
+    profile_dir: str = knob(
+        "",
+        "After the ladder, trace 3 updates of the fastest bert_tf rung and of keras-hub's "
+        "fastest with the TensorFlow profiler into DIR/bert_tf and DIR/keras-hub "
+        "(TensorBoard's profile tab reads them) and print where each spends its time, by "
+        "kind of op.",
+    )
+    write_flagfile: str = knob(
+        "", "Write the fastest bert_tf configuration here as run/pretrain.py flags."
+    )
+    device_figures: str = knob(
+        "",
+        "Add the fastest bert_tf rung's sequences/s to this JSON as the device's phase-1 "
+        "(sequence 128) or phase-2 (512) speed, for run/plan.py --device_figures.",
+    )
 
     def timing(self) -> Timing:
-        return Timing(self.sequence.max_seq_length, self.sequence.max_predictions_per_seq, self.warmup_updates,
-                      self.updates)
+        return Timing(
+            self.sequence.max_seq_length,
+            self.sequence.max_predictions_per_seq,
+            self.warmup_updates,
+            self.updates,
+        )
 
 
 def default_rungs(gpu: bool, fusion: bool):
-    """The ladder for this device; the +fuse rungs only where the process started with auto-clustering on
-    (training.FUSION_ENV), and main says so when it leaves them out."""
+    """The ladder for this device; the +fuse rungs only where the process started with
+    auto-clustering on (training.FUSION_ENV), and main says so when it leaves them out."""
     return [r for r in (GPU_RUNGS if gpu else CPU_RUNGS) if fusion or not r.endswith("+fuse")]
 
 
 def check_rungs(rungs, gpu=False, fusion=False):
-    """Everything about --rungs but whether the peer can be imported (run/benchmark.py checks that)."""
+    """Everything about --rungs but whether the peer can be imported (run/benchmark.py checks
+    that)."""
     from bert_tf.train import training
+
     unknown = [r for r in rungs if r not in RUNGS]
     if unknown:
-        raise ConfigError(f"--rungs: unknown {', '.join(map(repr, unknown))}; valid: {', '.join(RUNGS)}")
+        raise ConfigError(
+            f"--rungs: unknown {', '.join(map(repr, unknown))}; valid: {', '.join(RUNGS)}"
+        )
     if not rungs:
         raise ConfigError("--rungs is empty")
     if not gpu and any(r.startswith("tf32") for r in rungs):
-        raise ConfigError("--rungs: tf32 needs a GPU with TensorFloat-32 (Ampere or newer); TensorFlow sees no GPU here")
+        raise ConfigError(
+            "--rungs: tf32 needs a GPU with TensorFloat-32 (Ampere or newer); TensorFlow sees no "
+            "GPU here"
+        )
     if not fusion and any(r.endswith("+fuse") for r in rungs):
-        raise ConfigError(f"--rungs: the +fuse rungs need {training.FUSION_ENV} in the environment when the "
-                          "benchmark starts (TensorFlow reads it once, early); the other rungs keep out of it")
-    if "best-dropout" in rungs and not any(r in rungs[:rungs.index("best-dropout")] for r in PRECISION_RUNGS):
+        raise ConfigError(
+            f"--rungs: the +fuse rungs need {training.FUSION_ENV} in the environment when the "
+            "benchmark starts (TensorFlow reads it once, early); the other rungs keep out of it"
+        )
+    if "best-dropout" in rungs and not any(
+        r in rungs[: rungs.index("best-dropout")] for r in PRECISION_RUNGS
+    ):
         raise ConfigError("--rungs: best-dropout needs a bert_tf rung before it")
 
 
@@ -96,22 +163,31 @@ def check_writable(path, flag="write_flagfile"):
     directory = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(directory):
         raise ConfigError(f"--{flag}={path}: directory {directory} does not exist")
-    if os.path.isdir(path) or not os.access(directory, os.W_OK) or (os.path.exists(path) and
-                                                                   not os.access(path, os.W_OK)):
+    if (
+        os.path.isdir(path)
+        or not os.access(directory, os.W_OK)
+        or (os.path.exists(path) and not os.access(path, os.W_OK))
+    ):
         raise ConfigError(f"--{flag}={path}: not writable")
 
 
 def check_settings(s: BenchmarkConfig):
-    """(tuned micro-batches, [(records glob, instances per row)]), after every check that can fail before
-    an hour of measuring: micro-batches, output files, the plan's sequence lengths, input files."""
+    """(tuned micro-batches, [(records glob, instances per row)]), after every check that can fail
+    before an hour of measuring: micro-batches, output files, the plan's sequence lengths, input
+    files."""
     from bert_tf.data import input_pipeline
     from bert_tf.tools import planner
+
     if s.rungs is None:
-        raise ValueError("the ladder needs its rungs resolved (default_rungs): run/benchmark.py does it")
+        raise ValueError(
+            "the ladder needs its rungs resolved (default_rungs): run/benchmark.py does it"
+        )
     batch_sizes = list(s.tune_micro_batch_sizes)
     if any(b < 1 for b in batch_sizes) or s.micro_batch_size < 1:
-        raise ConfigError(f"--micro_batch_size/--tune_micro_batch_sizes must be >= 1, got {s.micro_batch_size}, "
-                          f"{batch_sizes}")
+        raise ConfigError(
+            f"--micro_batch_size/--tune_micro_batch_sizes must be >= 1, got {s.micro_batch_size}, "
+            f"{batch_sizes}"
+        )
     for flag in ("write_flagfile", "device_figures"):
         if getattr(s, flag):
             check_writable(getattr(s, flag), flag)
@@ -119,56 +195,108 @@ def check_settings(s: BenchmarkConfig):
                 raise ConfigError(f"--{flag} needs at least one bert_tf precision rung in --rungs")
     if s.device_figures:
         if s.sequence.max_seq_length not in planner.DEVICE_FIGURES.values():
-            raise ConfigError(f"--device_figures: the plan's phases run at sequence 128 and 512, not "
-                              f"--max_seq_length={s.sequence.max_seq_length}")
+            raise ConfigError(
+                f"--device_figures: the plan's phases run at sequence 128 and 512, not "
+                f"--max_seq_length={s.sequence.max_seq_length}"
+            )
         if os.path.exists(s.device_figures):
-            planner.read_device_figures(s.device_figures, s.model_preset)   # one it can add to
+            planner.read_device_figures(s.device_figures, s.model_preset)  # one it can add to
     seq = s.sequence
     records = []
-    for pattern in s.rung_train_files:     # (glob, instances per row), checked before an hour of measuring
+    for (
+        pattern
+    ) in s.rung_train_files:  # (glob, instances per row), checked before an hour of measuring
         files = input_pipeline.list_files(pattern)
-        records.append((pattern, input_pipeline.check_files(files, seq.max_seq_length, seq.max_predictions_per_seq)))
+        records.append(
+            (
+                pattern,
+                input_pipeline.check_files(files, seq.max_seq_length, seq.max_predictions_per_seq),
+            )
+        )
     if s.train_files:
         if not s.vocab_file:
             raise ConfigError("--train_files needs --vocab_file")
-        input_pipeline.check_files(input_pipeline.list_files(s.train_files), seq.max_seq_length,
-                                   seq.max_predictions_per_seq)
+        input_pipeline.check_files(
+            input_pipeline.list_files(s.train_files),
+            seq.max_seq_length,
+            seq.max_predictions_per_seq,
+        )
     return batch_sizes, records
 
 
 class Ladder:
-    """The rows measured so far (ladder.json's "rungs"), each with its MFU against the measured peaks."""
+    """The rows measured so far (ladder.json's "rungs"), each with its MFU against the measured
+    peaks."""
 
     def __init__(self, config, s: BenchmarkConfig, peaks, flops_per_seq, peer, fusion):
         from bert_tf.studies import matmul_peaks
-        self.config, self.s, self.timing, self.peer, self.fusion = config, s, s.timing(), peer, fusion
+
+        self.config, self.s, self.timing, self.peer, self.fusion = (
+            config,
+            s,
+            s.timing(),
+            peer,
+            fusion,
+        )
         self.peaks, self.flops_per_seq = peaks, flops_per_seq
         self.hw_peak = matmul_peaks.hardware_peak(peaks)[0]
         self.rows = []
 
-    def record(self, rung, precision, xla, accumulation, batch_size, result, peer=False, diagnostic=False, tf32=False,
-               fuse=False):
+    def record(
+        self,
+        rung,
+        precision,
+        xla,
+        accumulation,
+        batch_size,
+        result,
+        peer=False,
+        diagnostic=False,
+        tf32=False,
+        fuse=False,
+    ):
         seqs = batch_size * accumulation / result["update_seconds"]
         achieved = seqs * self.flops_per_seq
         dtype_peak = max(self.peaks[DTYPE_NAME[precision]].values())
         seq = self.s.sequence.max_seq_length
-        row = {"rung": rung, "precision": precision, "tf32": tf32, "xla": xla, "fuse": fuse,
-               "accumulation_steps": accumulation,
-               "batch_size": batch_size, "peer": peer, "diagnostic": diagnostic,
-               "sequences_per_second": seqs, "tokens_per_second": seqs * seq,
-               "model_tflops": achieved / 1e12, "mfu": achieved / self.hw_peak, "mfu_same_dtype": achieved / dtype_peak,
-               **result}
+        row = {
+            "rung": rung,
+            "precision": precision,
+            "tf32": tf32,
+            "xla": xla,
+            "fuse": fuse,
+            "accumulation_steps": accumulation,
+            "batch_size": batch_size,
+            "peer": peer,
+            "diagnostic": diagnostic,
+            "sequences_per_second": seqs,
+            "tokens_per_second": seqs * seq,
+            "model_tflops": achieved / 1e12,
+            "mfu": achieved / self.hw_peak,
+            "mfu_same_dtype": achieved / dtype_peak,
+            **result,
+        }
         self.rows.append(row)
-        print(f"{rung:<22} {seqs:8.2f} seq/s {seqs * seq:9.0f} tok/s {achieved / 1e12:7.3f} TFLOP/s  "
-              f"MFU {achieved / self.hw_peak:6.1%} of hardware peak ({achieved / dtype_peak:6.1%} of "
-              f"{DTYPE_NAME[precision]})  first update {result['first_update_seconds']:.1f} s"
-              + (f"  WARNING: timed beside other work ({machine_load.describe(result['machine_load'])})"
-                 if machine_load.busy(result.get("machine_load")) else ""), flush=True)
+        print(
+            f"{rung:<22} {seqs:8.2f} seq/s {seqs * seq:9.0f} tok/s {achieved / 1e12:7.3f} TFLOP/s  "
+            f"MFU {achieved / self.hw_peak:6.1%} of hardware peak ({achieved / dtype_peak:6.1%} of "
+            f"{DTYPE_NAME[precision]})  first update {result['first_update_seconds']:.1f} s"
+            + (
+                "  WARNING: timed beside other work "
+                f"({machine_load.describe(result['machine_load'])})"
+                if machine_load.busy(result.get("machine_load"))
+                else ""
+            ),
+            flush=True,
+        )
         return row
 
     def fastest(self, peer=False):
-        return max((r for r in self.rows if r["peer"] == peer and not r["diagnostic"]),
-                   key=lambda r: r["sequences_per_second"], default=None)
+        return max(
+            (r for r in self.rows if r["peer"] == peer and not r["diagnostic"]),
+            key=lambda r: r["sequences_per_second"],
+            default=None,
+        )
 
     def climb(self, rungs):
         for rung in rungs:
@@ -182,46 +310,121 @@ class Ladder:
     def _rung(self, rung):
         if rung == "best+accum":
             base = self.fastest()
-            precision, xla, tf32, fuse = (base["precision"], base["xla"], base["tf32"], base["fuse"]) if base else \
-                ("float32", True, False, False)
+            precision, xla, tf32, fuse = (
+                (base["precision"], base["xla"], base["tf32"], base["fuse"])
+                if base
+                else ("float32", True, False, False)
+            )
             accumulation = self.s.accumulation_steps
         else:
             short, _, opt = rung.partition("+")
-            precision, xla, tf32, fuse, accumulation = PRECISION[short], opt == "xla", short == "tf32", opt == "fuse", 1
+            precision, xla, tf32, fuse, accumulation = (
+                PRECISION[short],
+                opt == "xla",
+                short == "tf32",
+                opt == "fuse",
+                1,
+            )
         micro = self.s.micro_batch_size
-        self.record(rung, precision, xla, accumulation, micro,
-                    run_rung(self.config, self.timing, precision, xla, accumulation, micro, tf32=tf32, fuse=fuse),
-                    tf32=tf32, fuse=fuse)
+        self.record(
+            rung,
+            precision,
+            xla,
+            accumulation,
+            micro,
+            run_rung(
+                self.config, self.timing, precision, xla, accumulation, micro, tf32=tf32, fuse=fuse
+            ),
+            tf32=tf32,
+            fuse=fuse,
+        )
 
     def _peer_rungs(self):
         micro = self.s.micro_batch_size
         for precision in ("float32", "mixed_bfloat16"):
             for xla in (False, True):
                 name = f"keras-hub {precision.replace('mixed_', '')}{'+xla' if xla else ''}"
-                if not xla and self.fusion:     # the peer with the same lever: its steps are auto-clustered too
+                if (
+                    not xla and self.fusion
+                ):  # the peer with the same lever: its steps are auto-clustered too
                     name += "+autojit"
-                self.record(name, precision, xla, 1, micro, self.peer(self.config, self.timing, precision, xla, micro),
-                            peer=True)
-        if self.s.accumulation_steps > 1:      # the peer's best with its own accumulation, as best+accum
+                self.record(
+                    name,
+                    precision,
+                    xla,
+                    1,
+                    micro,
+                    self.peer(self.config, self.timing, precision, xla, micro),
+                    peer=True,
+                )
+        if (
+            self.s.accumulation_steps > 1
+        ):  # the peer's best with its own accumulation, as best+accum
             base = self.fastest(peer=True)
-            self.record(f"{base['rung']}+accum", base["precision"], base["xla"], self.s.accumulation_steps, micro,
-                        self.peer(self.config, self.timing, base["precision"], base["xla"], micro,
-                                  self.s.accumulation_steps), peer=True)
+            self.record(
+                f"{base['rung']}+accum",
+                base["precision"],
+                base["xla"],
+                self.s.accumulation_steps,
+                micro,
+                self.peer(
+                    self.config,
+                    self.timing,
+                    base["precision"],
+                    base["xla"],
+                    micro,
+                    self.s.accumulation_steps,
+                ),
+                peer=True,
+            )
 
     def _without_dropout(self):
         base = self.fastest()
-        quiet = dataclasses.replace(self.config, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-        result = run_rung(quiet, self.timing, base["precision"], base["xla"], base["accumulation_steps"],
-                          base["batch_size"], tf32=base["tf32"], fuse=base["fuse"])
-        row = self.record("best-dropout", base["precision"], base["xla"], base["accumulation_steps"],
-                          base["batch_size"], result, diagnostic=True, tf32=base["tf32"], fuse=base["fuse"])
-        print(f"dropout costs {1 - base['sequences_per_second'] / row['sequences_per_second']:.1%} of the "
-              f"fastest rung's ({base['rung']}) time", flush=True)
+        quiet = dataclasses.replace(
+            self.config, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0
+        )
+        result = run_rung(
+            quiet,
+            self.timing,
+            base["precision"],
+            base["xla"],
+            base["accumulation_steps"],
+            base["batch_size"],
+            tf32=base["tf32"],
+            fuse=base["fuse"],
+        )
+        row = self.record(
+            "best-dropout",
+            base["precision"],
+            base["xla"],
+            base["accumulation_steps"],
+            base["batch_size"],
+            result,
+            diagnostic=True,
+            tf32=base["tf32"],
+            fuse=base["fuse"],
+        )
+        print(
+            f"dropout costs {1 - base['sequences_per_second'] / row['sequences_per_second']:.1%} "
+            "of the "
+            f"fastest rung's ({base['rung']}) time",
+            flush=True,
+        )
 
     def again(self, base, batch_size, **kwargs):
-        """The row `base`'s configuration timed again at `batch_size` (with run_rung's records/profile_dir)."""
-        return run_rung(self.config, self.timing, base["precision"], base["xla"], base["accumulation_steps"],
-                        batch_size, tf32=base["tf32"], fuse=base["fuse"], **kwargs)
+        """The row `base`'s configuration timed again at `batch_size` (with run_rung's
+        records/profile_dir)."""
+        return run_rung(
+            self.config,
+            self.timing,
+            base["precision"],
+            base["xla"],
+            base["accumulation_steps"],
+            batch_size,
+            tf32=base["tf32"],
+            fuse=base["fuse"],
+            **kwargs,
+        )
 
     def tune(self, batch_sizes):
         """The fastest rung of each side again at each of the tuned micro-batches."""
@@ -230,32 +433,66 @@ class Ladder:
         base = self.fastest()
         for b in batch_sizes:
             if b != base["batch_size"]:
-                self.record(f"{base['rung']} b{b}", base["precision"], base["xla"], base["accumulation_steps"], b,
-                            self.again(base, b), tf32=base["tf32"], fuse=base["fuse"])
-        peer = self.fastest(peer=True)        # the peer's best at the same micro-batches
+                self.record(
+                    f"{base['rung']} b{b}",
+                    base["precision"],
+                    base["xla"],
+                    base["accumulation_steps"],
+                    b,
+                    self.again(base, b),
+                    tf32=base["tf32"],
+                    fuse=base["fuse"],
+                )
+        peer = self.fastest(peer=True)  # the peer's best at the same micro-batches
         for b in batch_sizes if peer else ():
             if b != peer["batch_size"]:
-                self.record(f"{peer['rung']} b{b}", peer["precision"], peer["xla"], peer["accumulation_steps"], b,
-                            self.peer(self.config, self.timing, peer["precision"], peer["xla"], b,
-                                      peer["accumulation_steps"]), peer=True)
+                self.record(
+                    f"{peer['rung']} b{b}",
+                    peer["precision"],
+                    peer["xla"],
+                    peer["accumulation_steps"],
+                    b,
+                    self.peer(
+                        self.config,
+                        self.timing,
+                        peer["precision"],
+                        peer["xla"],
+                        b,
+                        peer["accumulation_steps"],
+                    ),
+                    peer=True,
+                )
 
     def on_records(self, records, best):
-        """The fastest rung on batches of real records: useful (non-padding) tokens/s next to rows/s."""
+        """The fastest rung on batches of real records: useful (non-padding) tokens/s next to
+        rows/s."""
         for pattern, pack in records:
             if not best:
                 break
-            row = self.record(f"{best['rung']} on {'packed ' if pack else ''}records", best["precision"], best["xla"],
-                              best["accumulation_steps"], best["batch_size"],
-                              self.again(best, best["batch_size"], records=(pattern, pack)), diagnostic=True,
-                              tf32=best["tf32"], fuse=best["fuse"])
+            row = self.record(
+                f"{best['rung']} on {'packed ' if pack else ''}records",
+                best["precision"],
+                best["xla"],
+                best["accumulation_steps"],
+                best["batch_size"],
+                self.again(best, best["batch_size"], records=(pattern, pack)),
+                diagnostic=True,
+                tf32=best["tf32"],
+                fuse=best["fuse"],
+            )
             row.update(records=pattern, instances_per_row=pack)
-            print(f"  {pattern}: {row['useful_tokens_per_second']:.0f} useful tokens/s "
-                  f"({1 - row['useful_tokens_per_second'] / row['tokens_per_second']:.1%} of the rows' tokens are "
-                  f"padding), {row['instances_per_second']:.2f} instances/s", flush=True)
+            print(
+                f"  {pattern}: {row['useful_tokens_per_second']:.0f} useful tokens/s "
+                f"({1 - row['useful_tokens_per_second'] / row['tokens_per_second']:.1%} of the "
+                "rows' tokens are "
+                f"padding), {row['instances_per_second']:.2f} instances/s",
+                flush=True,
+            )
 
     def profile(self, profile_dir, best, peer):
         """Each side's fastest traced, the same number of updates, and where their time went."""
         from bert_tf.studies import op_profile
+
         profiles = {}
         if not (profile_dir and best):
             return profiles
@@ -265,22 +502,38 @@ class Ladder:
         profiles["bert_tf"] = op_profile.report(best["rung"], where, seconds, sequences)
         if peer:
             where = os.path.join(profile_dir, "keras-hub")
-            seconds = self.peer(self.config, self.timing, peer["precision"], peer["xla"], peer["batch_size"],
-                                peer["accumulation_steps"], profile_dir=where)
+            seconds = self.peer(
+                self.config,
+                self.timing,
+                peer["precision"],
+                peer["xla"],
+                peer["batch_size"],
+                peer["accumulation_steps"],
+                profile_dir=where,
+            )
             sequences = TRACED_UPDATES * peer["batch_size"] * peer["accumulation_steps"]
             profiles["keras-hub"] = op_profile.report(peer["rung"], where, seconds, sequences)
-        profiles["comparison"] = op_profile.print_comparison(profiles["bert_tf"], profiles.get("keras-hub"))
+        profiles["comparison"] = op_profile.print_comparison(
+            profiles["bert_tf"], profiles.get("keras-hub")
+        )
         return profiles
 
 
 def measure_peaks(s: BenchmarkConfig):
     """(peaks, every sample, what else ran during each): the matmul peaks MFU is taken against."""
     from bert_tf.studies import matmul_peaks
+
     if s.peak_repeats < 1:
         raise ConfigError(f"--peak_repeats must be >= 1, got {s.peak_repeats}")
     peak_samples, peak_loads = {}, {}
-    peaks = matmul_peaks.matmul_peaks(n=s.peak_size, seconds=s.peak_seconds, log=lambda line: print(line, flush=True),
-                               repeats=s.peak_repeats, samples=peak_samples, loads=peak_loads)
+    peaks = matmul_peaks.matmul_peaks(
+        n=s.peak_size,
+        seconds=s.peak_seconds,
+        log=lambda line: print(line, flush=True),
+        repeats=s.peak_repeats,
+        samples=peak_samples,
+        loads=peak_loads,
+    )
     hw_peak, hw_dtype, hw_way = matmul_peaks.hardware_peak(peaks)
     print(f"hardware peak: {hw_peak / 1e12:.3f} TFLOP/s ({hw_dtype}, {hw_way})", flush=True)
     return peaks, peak_samples, peak_loads
@@ -289,57 +542,97 @@ def measure_peaks(s: BenchmarkConfig):
 def print_machine_load(rows, peak_loads):
     """Which figures were timed beside other work (their neighbours' cores), or that none was."""
     busy_rungs = [r for r in rows if machine_load.busy(r.get("machine_load"))]
-    busy_peaks = [s for ways in peak_loads.values() for seen in ways.values() for s in seen if machine_load.busy(s)]
+    busy_peaks = [
+        s
+        for ways in peak_loads.values()
+        for seen in ways.values()
+        for s in seen
+        if machine_load.busy(s)
+    ]
     if busy_rungs or busy_peaks:
         loads = [r["machine_load"] for r in busy_rungs] + busy_peaks
-        print(f"timed beside other work: {len(busy_rungs)} rungs ({', '.join(r['rung'] for r in busy_rungs)}) and "
-              f"{len(busy_peaks)} peak measurements, with up to {max(s['other_cores'] for s in loads):.2f} cores of "
-              f"other processes and {max(s['steal_cores'] for s in loads):.2f} of steal: those figures measure the "
-              "neighbours too")
+        print(
+            f"timed beside other work: {len(busy_rungs)} rungs "
+            f"({', '.join(r['rung'] for r in busy_rungs)}) and "
+            f"{len(busy_peaks)} peak measurements, with up to "
+            f"{max(s['other_cores'] for s in loads):.2f} cores of "
+            f"other processes and {max(s['steal_cores'] for s in loads):.2f} of steal: those "
+            "figures measure the "
+            "neighbours too"
+        )
     else:
-        print(f"the machine was quiet during every timed measurement (other processes and steal below "
-              f"{machine_load.BUSY_WARNING_CORES} cores)")
+        print(
+            "the machine was quiet during every timed measurement (other processes and steal "
+            "below "
+            f"{machine_load.BUSY_WARNING_CORES} cores)"
+        )
 
 
 def print_best(best, peer, peak_rss_gb):
     if best:
-        print(f"best bert_tf: {best['rung']} at {best['sequences_per_second']:.2f} seq/s, MFU {best['mfu']:.1%} "
-              f"of the hardware peak")
+        print(
+            f"best bert_tf: {best['rung']} at {best['sequences_per_second']:.2f} seq/s, MFU "
+            f"{best['mfu']:.1%} "
+            f"of the hardware peak"
+        )
     if best and peer:
-        print(f"keras-hub best: {peer['rung']} at {peer['sequences_per_second']:.2f} seq/s; bert_tf / keras-hub = "
-              f"{best['sequences_per_second'] / peer['sequences_per_second']:.2f}x")
+        print(
+            f"keras-hub best: {peer['rung']} at {peer['sequences_per_second']:.2f} seq/s; bert_tf "
+            "/ keras-hub = "
+            f"{best['sequences_per_second'] / peer['sequences_per_second']:.2f}x"
+        )
     print(f"peak host memory {peak_rss_gb:.2f} GB")
 
 
 def input_headroom(s: BenchmarkConfig, best):
-    """With --train_files, what the input pipeline delivers alone next to the fastest rung's consumption."""
+    """With --train_files, what the input pipeline delivers alone next to the fastest rung's
+    consumption."""
     if not s.train_files:
         return None
     from bert_tf.studies import input_headroom
-    headroom = input_headroom.measure(s.train_files, s.vocab_file, s.micro_batch_size, s.sequence.max_seq_length,
-                                      s.sequence.max_predictions_per_seq, s.input_seconds)
+
+    headroom = input_headroom.measure(
+        s.train_files,
+        s.vocab_file,
+        s.micro_batch_size,
+        s.sequence.max_seq_length,
+        s.sequence.max_predictions_per_seq,
+        s.input_seconds,
+    )
     consumed = best["sequences_per_second"] if best else float("nan")
     for kind, rate in headroom.items():
-        print(f"input pipeline alone, {kind} masking: {rate:.0f} seq/s per rank = {rate / consumed:.1f}x the "
-              f"fastest rung's {consumed:.2f} seq/s ({'ok' if rate >= 10 * consumed else 'below'} the 10x goal)")
+        print(
+            f"input pipeline alone, {kind} masking: {rate:.0f} seq/s per rank = "
+            f"{rate / consumed:.1f}x the "
+            f"fastest rung's {consumed:.2f} seq/s ({'ok' if rate >= 10 * consumed else 'below'} "
+            "the 10x goal)"
+        )
     return headroom
 
 
 def run(s: BenchmarkConfig, peer, fusion):
-    """The whole ladder: every check first, then the peaks, the rungs, the tuned micro-batches, the records
-    and the profiles; ladder.json, ladder.png and the flagfile and device figures asked for."""
+    """The whole ladder: every check first, then the peaks, the rungs, the tuned micro-batches, the
+    records and the profiles; ladder.json, ladder.png and the flagfile and device figures asked
+    for."""
     from bert_tf.parallel import device
     from bert_tf.model import modeling
     from bert_tf.tools import flops
     from bert_tf.studies import ladder_report
+
     batch_sizes, records = check_settings(s)
     config = modeling.BertConfig.preset(s.model_preset, vocab_size=s.vocab_size)
     seq = s.sequence
-    flops_per_seq = flops.training_flops_per_sequence(config, seq.max_seq_length, seq.max_predictions_per_seq)
+    flops_per_seq = flops.training_flops_per_sequence(
+        config, seq.max_seq_length, seq.max_predictions_per_seq
+    )
     described = device.device_description()
     print(f"device: {described}")
-    print(f"{s.model_preset}: {config.num_hidden_layers} layers, hidden {config.hidden_size}; seq {seq.max_seq_length}, "
-          f"micro-batch {s.micro_batch_size}; {flops_per_seq / 1e9:.2f} GFLOP per sequence (train)", flush=True)
+    print(
+        f"{s.model_preset}: {config.num_hidden_layers} layers, hidden {config.hidden_size}; seq "
+        f"{seq.max_seq_length}, "
+        f"micro-batch {s.micro_batch_size}; {flops_per_seq / 1e9:.2f} GFLOP per sequence (train)",
+        flush=True,
+    )
     peaks, peak_samples, peak_loads = measure_peaks(s)
     ladder = Ladder(config, s, peaks, flops_per_seq, peer, fusion)
     ladder.climb(s.rungs)
@@ -348,10 +641,11 @@ def run(s: BenchmarkConfig, peer, fusion):
     ladder.on_records(records, best)
     profiles = ladder.profile(s.profile_dir, best, peer_best)
     print_machine_load(ladder.rows, peak_loads)
-    peak_rss_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 ** 2
+    peak_rss_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
     print_best(best, peer_best, peak_rss_gb)
     headroom = input_headroom(s, best)
-    report = ladder_report.report(s, ladder, peak_samples, peak_loads, described, batch_sizes, headroom, profiles,
-                                  peak_rss_gb)
+    report = ladder_report.report(
+        s, ladder, peak_samples, peak_loads, described, batch_sizes, headroom, profiles, peak_rss_gb
+    )
     ladder_report.save(report, s, best)
     return report

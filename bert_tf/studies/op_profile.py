@@ -1,15 +1,15 @@
 """Where a step's time goes: op time by op type, and by kind, from a TensorFlow profiler trace.
 
-The trace is what tf.profiler.experimental writes (plugins/profile/<run>/<host>.xplane.pb). Counted are
-the events of TensorFlow's worker threads (lines named tf_*): the executor's ops ("name:OpType") on
-the tf_Compute threads, and the thunks of XLA-compiled functions (HLO names such as "dot.12" or
+The trace is what tf.profiler.experimental writes (plugins/profile/<run>/<host>.xplane.pb). Counted
+are the events of TensorFlow's worker threads (lines named tf_*): the executor's ops ("name:OpType")
+on the tf_Compute threads, and the thunks of XLA-compiled functions (HLO names such as "dot.12" or
 "multiply_add_fusion.3") on the intra-op pool's threads; the Python thread's waits are not. Each
 event counts its self time (its duration less the events nested in it), so the wrappers around ops
 (ExecutorState::Process, ThunkExecutor::Execute, conditionals) count only their own overhead, as
 "(executor)", and nothing is counted twice; the thread pool's markers inside a kernel (ParallelFor)
-count as that kernel's, and an op's wait for a compiled cluster (BlockUntilReady) is not counted (the
-cluster's work is, on the threads that ran it). Ops that run side by side on different threads each
-count their own time, so op time can exceed wall time; `per_sequence` spreads the measured wall
+count as that kernel's, and an op's wait for a compiled cluster (BlockUntilReady) is not counted
+(the cluster's work is, on the threads that ran it). Ops that run side by side on different threads
+each count their own time, so op time can exceed wall time; `per_sequence` spreads the measured wall
 time over the kinds by their share of op time.
 
 Kinds, the first whose pattern matches the op type or HLO name (XLA's prefixed "xla:") wins:
@@ -22,6 +22,7 @@ Kinds, the first whose pattern matches the op type or HLO name (XLA's prefixed "
     element-wise      everything else: arithmetic, activations, softmax, LayerNorm, reductions, their gradients,
                       and XLA's fusions of them (the optimizer update)
 """
+
 from __future__ import annotations
 
 import collections
@@ -38,15 +39,21 @@ KINDS = (
     ("matmul", r"MatMul|Einsum|Conv|^xla:(dot|convolution)"),
     ("random numbers", r"Random|^xla:(rng|philox|threefry)"),
     ("variables", r"VariableOp$|^ResourceApply|^ResourceSparseApply"),
-    ("data movement", r"Gather|Scatter|Transpose|Concat|Slice|^Pad|^Tile|^Pack$|^Unpack$|Split|BroadcastTo|"
-                      r"Reshape|^Identity|UnsortedSegment|^Squeeze$|^ExpandDims$|"
-                      r"^xla:(copy|transpose|gather|scatter|concatenate|slice|dynamic-slice|dynamic-update-slice|pad)"),
+    (
+        "data movement",
+        r"Gather|Scatter|Transpose|Concat|Slice|^Pad|^Tile|^Pack$|^Unpack$|Split|BroadcastTo|"
+        r"Reshape|^Identity|UnsortedSegment|^Squeeze$|^ExpandDims$|"
+        r"^xla:(copy|transpose|gather|scatter|concatenate|slice|dynamic-slice|dynamic-update-slice|pad)",
+    ),
     ("executor", re.escape(EXECUTOR)),
     ("element-wise", r""),
 )
 # wrappers: ExecutorState::Process around each op, ThunkExecutor::Execute around XLA's thunks
-WRAPPERS = re.compile(r"^(ExecutorState::Process|ThunkExecutor::Execute)$|^(cond|while|conditional|call)(\.\d+)?$")
-# waits: an op waiting for a compiled cluster whose work is counted on the pool's threads; not op time
+WRAPPERS = re.compile(
+    r"^(ExecutorState::Process|ThunkExecutor::Execute)$|^(cond|while|conditional|call)(\.\d+)?$"
+)
+# waits: an op waiting for a compiled cluster whose work is counted on the pool's threads; not op
+# time
 WAITS = {"BlockUntilReady"}
 
 
@@ -62,8 +69,8 @@ def trace_file(profile_dir: str) -> str:
 
 
 def op_name(event_name: str) -> str:
-    """'layer_0/dense/MatMul:_MklMatMul' -> '_MklMatMul'; 'multiply_add_fusion.28' -> 'xla:multiply_add_fusion';
-    a wrapper -> EXECUTOR."""
+    """'layer_0/dense/MatMul:_MklMatMul' -> '_MklMatMul'; 'multiply_add_fusion.28' ->
+    'xla:multiply_add_fusion'; a wrapper -> EXECUTOR."""
     if WRAPPERS.match(event_name):
         return EXECUTOR
     if ":" in event_name and "::" not in event_name:
@@ -71,14 +78,15 @@ def op_name(event_name: str) -> str:
     return "xla:" + re.sub(r"\.\d+$", "", event_name)
 
 
-# Markers the thread pool records inside an op's own work (a kernel's parallel loop): their time is the op's.
+# Markers the thread pool records inside an op's own work (a kernel's parallel loop): their time is
+# the op's.
 INSIDE_OPS = {"ParallelFor", "ThreadpoolListener::Record"}
 
 
 def self_times(events):
     """[(name, self seconds)] from [(name, start ps, duration ps)] of one thread: nested events are
     those inside another's interval, and an INSIDE_OPS marker nested in an event is part of it."""
-    out, stack = [], []           # stack: [name, end, self ps]
+    out, stack = [], []  # stack: [name, end, self ps]
     for name, start, duration in sorted(events, key=lambda e: (e[1], -e[2])):
         while stack and start >= stack[-1][1]:
             done = stack.pop()
@@ -93,8 +101,10 @@ def self_times(events):
 
 
 def op_seconds(profile_dir: str) -> collections.Counter:
-    """Counter {op type, "xla:<HLO name>" or EXECUTOR: seconds of self time} of the newest trace in profile_dir."""
+    """Counter {op type, "xla:<HLO name>" or EXECUTOR: seconds of self time} of the newest trace in
+    profile_dir."""
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
     space = xplane_pb2.XSpace()
     with open(trace_file(profile_dir), "rb") as f:
         space.ParseFromString(f.read())
@@ -103,13 +113,18 @@ def op_seconds(profile_dir: str) -> collections.Counter:
         for line in plane.lines:
             if not line.name.startswith("tf_"):
                 continue
-            totals += line_seconds([(plane.event_metadata[e.metadata_id].name, e.offset_ps, e.duration_ps)
-                                    for e in line.events])
+            totals += line_seconds(
+                [
+                    (plane.event_metadata[e.metadata_id].name, e.offset_ps, e.duration_ps)
+                    for e in line.events
+                ]
+            )
     return totals
 
 
 def line_seconds(events) -> collections.Counter:
-    """Counter {op name: self seconds} of one thread's [(event name, start ps, duration ps)], waits left out."""
+    """Counter {op name: self seconds} of one thread's [(event name, start ps, duration ps)], waits
+    left out."""
     totals = collections.Counter()
     for name, seconds in self_times(events):
         if name not in WAITS:
@@ -131,21 +146,29 @@ def shares(seconds: dict) -> dict:
 
 
 def per_sequence(kinds: dict, wall_seconds: float, sequences: int) -> dict:
-    """{kind: wall milliseconds per sequence}: the wall time of the traced updates shared out by op time."""
+    """{kind: wall milliseconds per sequence}: the wall time of the traced updates shared out by op
+    time."""
     return {k: share * wall_seconds / sequences * 1e3 for k, share in shares(kinds).items()}
 
 
 def comparison(ours: dict, peer: dict, goal: float = 1.3) -> dict:
-    """From two per_sequence tables (bert_tf's and the peer's): what bert_tf's time outside its matmuls
-    would have to be for `goal` x the peer's speed, its matmuls unchanged."""
+    """From two per_sequence tables (bert_tf's and the peer's): what bert_tf's time outside its
+    matmuls would have to be for `goal` x the peer's speed, its matmuls unchanged."""
     ours_total, peer_total = sum(ours.values()), sum(peer.values())
     target_total = peer_total / goal
     rest = ours_total - ours["matmul"]
     rest_needed = target_total - ours["matmul"]
-    return {"ours_ms": ours_total, "peer_ms": peer_total, "ratio": peer_total / ours_total, "goal": goal,
-            "ours_matmul_ms": ours["matmul"], "ours_rest_ms": rest, "rest_needed_ms": rest_needed,
-            "rest_cut_needed": 1 - rest_needed / rest if rest else float("nan"),
-            "matmul_only_ratio": peer_total / ours["matmul"] if ours["matmul"] else float("nan")}
+    return {
+        "ours_ms": ours_total,
+        "peer_ms": peer_total,
+        "ratio": peer_total / ours_total,
+        "goal": goal,
+        "ours_matmul_ms": ours["matmul"],
+        "ours_rest_ms": rest,
+        "rest_needed_ms": rest_needed,
+        "rest_cut_needed": 1 - rest_needed / rest if rest else float("nan"),
+        "matmul_only_ratio": peer_total / ours["matmul"] if ours["matmul"] else float("nan"),
+    }
 
 
 def report(name, profile_dir, wall_seconds, sequences, log=print, top=15) -> dict:
@@ -154,33 +177,53 @@ def report(name, profile_dir, wall_seconds, sequences, log=print, top=15) -> dic
     ops = op_seconds(profile_dir)
     kinds = by_kind(ops)
     total = sum(ops.values()) or 1.0
-    log(f"profiler trace of {name} in {profile_dir} ({wall_seconds:.1f} s, {sequences} sequences); op time by type:")
+    log(
+        f"profiler trace of {name} in {profile_dir} ({wall_seconds:.1f} s, {sequences} sequences); "
+        "op time by type:"
+    )
     for op, s in ops.most_common(top):
         log(f"  {s / total:6.1%}  {op}")
-    return {"rung": name, "profile_dir": profile_dir, "wall_seconds": wall_seconds, "sequences": sequences,
-            "op_seconds": dict(ops), "kind_seconds": kinds,
-            "kind_ms_per_sequence": per_sequence(kinds, wall_seconds, sequences)}
+    return {
+        "rung": name,
+        "profile_dir": profile_dir,
+        "wall_seconds": wall_seconds,
+        "sequences": sequences,
+        "op_seconds": dict(ops),
+        "kind_seconds": kinds,
+        "kind_ms_per_sequence": per_sequence(kinds, wall_seconds, sequences),
+    }
 
 
 def print_comparison(ours: dict, peer: dict | None, log=print, goal: float = 1.3) -> dict | None:
-    """The kinds side by side in wall ms per sequence (two report() results), and what bert_tf's time
-    outside its matmuls would have to be for `goal` x the peer."""
-    log(f"where the time goes, wall ms per sequence (op time shares of the traced updates): "
-        f"{ours['rung']} | {peer['rung'] if peer else '-'}")
+    """The kinds side by side in wall ms per sequence (two report() results), and what bert_tf's
+    time outside its matmuls would have to be for `goal` x the peer."""
+    log(
+        f"where the time goes, wall ms per sequence (op time shares of the traced updates): "
+        f"{ours['rung']} | {peer['rung'] if peer else '-'}"
+    )
     for name, _ in KINDS:
         theirs = f"{peer['kind_ms_per_sequence'][name]:8.1f}" if peer else "       -"
         log(f"  {name:<16} {ours['kind_ms_per_sequence'][name]:8.1f} {theirs}")
     if not peer:
         return None
     c = comparison(ours["kind_ms_per_sequence"], peer["kind_ms_per_sequence"], goal)
-    log(f"  {'total':<16} {c['ours_ms']:8.1f} {c['peer_ms']:8.1f}   bert_tf / keras-hub = {c['ratio']:.2f}x traced")
-    log(f"for {goal}x keras-hub with its matmuls unchanged, bert_tf's other time must fall from "
-        f"{c['ours_rest_ms']:.1f} to {c['rest_needed_ms']:.1f} ms per sequence ({c['rest_cut_needed']:.0%} less); "
-        f"with no time outside its matmuls at all it would be {c['matmul_only_ratio']:.2f}x")
+    log(
+        f"  {'total':<16} {c['ours_ms']:8.1f} {c['peer_ms']:8.1f}   bert_tf / keras-hub = "
+        f"{c['ratio']:.2f}x traced"
+    )
+    log(
+        f"for {goal}x keras-hub with its matmuls unchanged, bert_tf's other time must fall from "
+        f"{c['ours_rest_ms']:.1f} to {c['rest_needed_ms']:.1f} ms per sequence "
+        f"({c['rest_cut_needed']:.0%} less); "
+        f"with no time outside its matmuls at all it would be {c['matmul_only_ratio']:.2f}x"
+    )
     return c
 
 
 @dataclasses.dataclass(frozen=True)
 class ProfileReport:
     """run/profile_report.py's flags: the speed ladder whose traces to read again."""
-    ladder: str | None = knob(None, "ladder.json of a run/benchmark.py run made with --profile_dir.", required=True)
+
+    ladder: str | None = knob(
+        None, "ladder.json of a run/benchmark.py run made with --profile_dir.", required=True
+    )

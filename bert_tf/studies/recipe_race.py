@@ -2,10 +2,12 @@
 vocabulary, each scored on the same held-out records; their held-out MLM accuracy against wall-clock
 time, and the time each takes to reach the others' final accuracy (run/recipe_race.py).
 
-Time is wall-clock from the run record (written when the model is built and restored, before the first
-update, so compilation counts) to each evaluation, evaluations included: what a user pays for. A recipe
-"reaches" an accuracy at its first evaluation at or above it (no interpolation between evaluations).
+Time is wall-clock from the run record (written when the model is built and restored, before the
+first update, so compilation counts) to each evaluation, evaluations included: what a user pays for.
+A recipe "reaches" an accuracy at its first evaluation at or above it (no interpolation between
+evaluations).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -24,29 +26,50 @@ from bert_tf.studies import emulated_cluster
 @dataclasses.dataclass(frozen=True)
 class RaceConfig:
     """run/recipe_race.py's flags; constructing one checks their ranges."""
-    recipes: list[str] | None = knob(None, "name=flagfile pairs, comma-separated, raced in this order.",
-                                     required=True)
-    output_dir: str | None = knobs.output_dir("a folder per recipe, race.json and race.png", required=True)
+
+    recipes: list[str] | None = knob(
+        None, "name=flagfile pairs, comma-separated, raced in this order.", required=True
+    )
+    output_dir: str | None = knobs.output_dir(
+        "a folder per recipe, race.json and race.png", required=True
+    )
     ranks: int = knob(2, "Processes per recipe on this machine.")
     report_only: bool = knob(False, "Only the report, from runs already in --output_dir.")
-    time_budget_hours: float = knob(0.0, "Override every recipe's --time_budget_hours (0: each flagfile's own).")
+    time_budget_hours: float = knob(
+        0.0, "Override every recipe's --time_budget_hours (0: each flagfile's own)."
+    )
     title: str = knob("", "The plot's title (default: the recipes and this machine's CPU).")
-    pretrain_flag: list[str] = knob([], "A flag for every recipe's run/pretrain.py, e.g. --pretrain_flag=--seed=2 "
-                                        "(repeat it for more).", multi=True)
-    nodes: int = knob(0, "Race on this many emulated nodes, one rank each, joined by shaped links "
-                         "(bert_tf/studies/emulated_cluster.py; root); 0: --ranks processes on this machine.")
+    pretrain_flag: list[str] = knob(
+        [],
+        "A flag for every recipe's run/pretrain.py, e.g. --pretrain_flag=--seed=2 "
+        "(repeat it for more).",
+        multi=True,
+    )
+    nodes: int = knob(
+        0,
+        "Race on this many emulated nodes, one rank each, joined by shaped links "
+        "(bert_tf/studies/emulated_cluster.py; root); 0: --ranks processes on this machine.",
+    )
     link_gbit: float = knob(1.0, "--nodes: each node's link rate, Gbit/s.")
-    target_accuracy: float = knob(0.0, "Also report when each recipe first reaches this held-out MLM accuracy.")
+    target_accuracy: float = knob(
+        0.0, "Also report when each recipe first reaches this held-out MLM accuracy."
+    )
 
     def __post_init__(self):
-        for name, low in (("time_budget_hours", 0), ("nodes", 0), ("link_gbit", 0.001), ("target_accuracy", 0)):
+        for name, low in (
+            ("time_budget_hours", 0),
+            ("nodes", 0),
+            ("link_gbit", 0.001),
+            ("target_accuracy", 0),
+        ):
             if getattr(self, name) < low:
                 raise ConfigError(f"--{name} must be >= {low}, got {getattr(self, name)}")
 
 
 def read_flagfile(path: str, root: str = ".") -> dict:
-    """A flagfile's --name=value lines as {name: value}, following nested --flagfile= lines (relative to
-    `root`, where the race runs) in order, so a later line overrides an earlier one as absl does."""
+    """A flagfile's --name=value lines as {name: value}, following nested --flagfile= lines
+    (relative to `root`, where the race runs) in order, so a later line overrides an earlier one as
+    absl does."""
     values = {}
     try:
         lines = open(path).read().splitlines()
@@ -82,21 +105,29 @@ def curve(run_dir: str) -> dict:
         if r.get("kind") == "eval" and "eval_mlm_accuracy" in r:
             out["seconds"].append(r["time"] - t0)
             out["step"].append(r["step"])
-            out["samples_seen"].append(seen.get(r["step"], max(v for k, v in seen.items() if k <= r["step"])))
+            out["samples_seen"].append(
+                seen.get(r["step"], max(v for k, v in seen.items() if k <= r["step"]))
+            )
             out["accuracy"].append(r["eval_mlm_accuracy"])
     if not out["accuracy"]:
-        raise ConfigError(f"{path} holds no held-out evaluation: run the recipe with --eval_files and --eval_interval")
+        raise ConfigError(
+            f"{path} holds no held-out evaluation: run the recipe with --eval_files and "
+            "--eval_interval"
+        )
     rates = [r["sequences_per_second"] for r in train if "sequences_per_second" in r]
-    out["sequences_per_second"] = sum(rates[1:]) / max(len(rates) - 1, 1) if len(rates) > 1 else (rates or [0])[0]
+    out["sequences_per_second"] = (
+        sum(rates[1:]) / max(len(rates) - 1, 1) if len(rates) > 1 else (rates or [0])[0]
+    )
     sent = [r["tx_bytes_per_update"] for r in train[1:] if "tx_bytes_per_update" in r]
-    if sent:                           # --network_interface: what rank 0's node sent, evaluations included
+    if sent:  # --network_interface: what rank 0's node sent, evaluations included
         out["bytes_per_update"] = sum(sent) / len(sent)
     return out
 
 
 def training_intervals(records: list) -> list:
-    """The "train" records of intervals with no evaluation inside (an evaluation follows the record of
-    its step, so it lands in the next interval) and after the first (compilation): training speed alone."""
+    """The "train" records of intervals with no evaluation inside (an evaluation follows the record
+    of its step, so it lands in the next interval) and after the first (compilation): training speed
+    alone."""
     out, after_eval = [], True
     for r in records:
         if r.get("kind") == "eval":
@@ -108,43 +139,74 @@ def training_intervals(records: list) -> list:
     return out
 
 
-def planned_vs_measured(run_dir: str, nodes: int, rate_gbit: float, link: dict | None = None) -> dict:
-    """The planner's sequences/s for a finished run on `nodes` emulated nodes (one rank each) linked at
-    `rate_gbit` (`link`: as comm_study.probe_link measured it), fed the run's own per-rank speed without
-    communication (compute, wait and optimizer update of its timing split), against the speed it measured
-    between evaluations."""
+def planned_vs_measured(
+    run_dir: str, nodes: int, rate_gbit: float, link: dict | None = None
+) -> dict:
+    """The planner's sequences/s for a finished run on `nodes` emulated nodes (one rank each) linked
+    at `rate_gbit` (`link`: as comm_study.probe_link measured it), fed the run's own per-rank speed
+    without communication (compute, wait and optimizer update of its timing split), against the
+    speed it measured between evaluations."""
     from bert_tf.model.config import BertConfig
     from bert_tf.tools import planner
     from bert_tf.studies import comm_study
     from bert_tf.parallel.comm import CommConfig
+
     records = metrics.read_metrics(os.path.join(run_dir, "metrics.jsonl"))
     run = next(r for r in records if r.get("kind") == "run")
-    cfg = run.get("resolved", run["config"])          # as run: --exchange=auto's choice
-    comm = CommConfig.from_record(cfg["comm"])   # "gradient_compression" (run records) or "exchange"
-    warmup = comm.compression_warmup_steps if comm.compressed else 0      # its float32 updates are not its speed
+    cfg = run.get("resolved", run["config"])  # as run: --exchange=auto's choice
+    comm = CommConfig.from_record(cfg["comm"])  # "gradient_compression" (run records) or "exchange"
+    warmup = (
+        comm.compression_warmup_steps if comm.compressed else 0
+    )  # its float32 updates are not its speed
     train = [r for r in training_intervals(records) if r["step"] - cfg["log_interval"] >= warmup]
     if not train:
         raise ConfigError(f"{run_dir}: no training interval without an evaluation to measure")
-    shapes = planner.gradient_tensor_shapes(BertConfig.from_json_file(os.path.join(run_dir, "bert_config.json")),
-                                            nsp=not cfg["mlm_only"])
+    shapes = planner.gradient_tensor_shapes(
+        BertConfig.from_json_file(os.path.join(run_dir, "bert_config.json")),
+        nsp=not cfg["mlm_only"],
+    )
     micro, accumulation = cfg["micro_batch_size"], cfg["accumulation_steps"]
-    seconds = sum(r["compute_seconds"] + r.get("wait_seconds", 0.0) + r["update_seconds"] for r in train) / len(train)
+    seconds = sum(
+        r["compute_seconds"] + r.get("wait_seconds", 0.0) + r["update_seconds"] for r in train
+    ) / len(train)
     speed = micro * accumulation / seconds
-    # the compressed exchange's own computation, measured here in one process (comm_study.compression_seconds)
-    overhead = comm_study.compression_seconds(shapes, comm.method, comm.powersgd_rank) if comm.compressed else 0.0
-    plan = comm_study.predict(shapes, nodes, rate_gbit, comm, speed, micro, accumulation, cfg["max_seq_length"],
-                              link, overhead)
+    # the compressed exchange's own computation, measured here in one process
+    # (comm_study.compression_seconds)
+    overhead = (
+        comm_study.compression_seconds(shapes, comm.method, comm.powersgd_rank)
+        if comm.compressed
+        else 0.0
+    )
+    plan = comm_study.predict(
+        shapes,
+        nodes,
+        rate_gbit,
+        comm,
+        speed,
+        micro,
+        accumulation,
+        cfg["max_seq_length"],
+        link,
+        overhead,
+    )
     measured = len(train) / sum(1.0 / r["sequences_per_second"] for r in train)
-    return {"predicted_sequences_per_second": plan["sequences_per_second"], "measured": measured,
-            "error": plan["sequences_per_second"] / measured - 1, "device_seq_s": speed,
-            "predicted_exchange_seconds": plan["allreduce_seconds"], "predicted_bytes": plan["gradient_bytes"],
-            "compression_seconds": overhead}
+    return {
+        "predicted_sequences_per_second": plan["sequences_per_second"],
+        "measured": measured,
+        "error": plan["sequences_per_second"] / measured - 1,
+        "device_seq_s": speed,
+        "predicted_exchange_seconds": plan["allreduce_seconds"],
+        "predicted_bytes": plan["gradient_bytes"],
+        "compression_seconds": overhead,
+    }
 
 
 def first_reach(run: dict, accuracy: float):
     """(seconds, updates) at the first evaluation at or above `accuracy`, or (None, None)."""
-    return next(((s, n) for s, n, a in zip(run["seconds"], run["step"], run["accuracy"]) if a >= accuracy),
-                (None, None))
+    return next(
+        ((s, n) for s, n, a in zip(run["seconds"], run["step"], run["accuracy"]) if a >= accuracy),
+        (None, None),
+    )
 
 
 def time_to_reach(run: dict, accuracy: float):
@@ -153,37 +215,53 @@ def time_to_reach(run: dict, accuracy: float):
 
 
 def summarize(runs: dict, target: float = 0.0) -> dict:
-    """{name: curve} -> each recipe's final figures, the time it takes to reach every other's final accuracy
-    and (`target`) the time to that accuracy."""
+    """{name: curve} -> each recipe's final figures, the time it takes to reach every other's final
+    accuracy and (`target`) the time to that accuracy."""
     summary = {}
     for name, run in runs.items():
-        row = {"final_accuracy": run["accuracy"][-1], "seconds": run["seconds"][-1], "steps": run["step"][-1],
-               "sequences": run["samples_seen"][-1], "sequences_per_second": run["sequences_per_second"],
-               "reaches": {}}
+        row = {
+            "final_accuracy": run["accuracy"][-1],
+            "seconds": run["seconds"][-1],
+            "steps": run["step"][-1],
+            "sequences": run["samples_seen"][-1],
+            "sequences_per_second": run["sequences_per_second"],
+            "reaches": {},
+        }
         row.update({key: run[key] for key in ("bytes_per_update", "planner") if key in run})
         if target:
             row["target"] = {"accuracy": target, "seconds": time_to_reach(run, target)}
         for other, theirs in runs.items():
             if other != name:
                 reached, updates = first_reach(run, theirs["accuracy"][-1])
-                # update_factor: the updates it took over theirs (the planner's MEASURED_UPDATE_FACTORS)
-                row["reaches"][other] = {"accuracy": theirs["accuracy"][-1], "seconds": reached, "updates": updates,
-                                         "fraction_of_their_time": reached / theirs["seconds"][-1] if reached else None,
-                                         "update_factor": updates / theirs["step"][-1] if reached else None}
+                # update_factor: the updates it took over theirs (the planner's
+                # MEASURED_UPDATE_FACTORS)
+                row["reaches"][other] = {
+                    "accuracy": theirs["accuracy"][-1],
+                    "seconds": reached,
+                    "updates": updates,
+                    "fraction_of_their_time": reached / theirs["seconds"][-1] if reached else None,
+                    "update_factor": updates / theirs["step"][-1] if reached else None,
+                }
         summary[name] = row
     return summary
 
 
 def plot(runs: dict, path: str, title: str):
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for name, run in runs.items():
-        ax.plot([s / 60 for s in run["seconds"]], run["accuracy"], marker="o", markersize=3, label=name)
+        ax.plot(
+            [s / 60 for s in run["seconds"]], run["accuracy"], marker="o", markersize=3, label=name
+        )
     ax.set_xlabel("wall-clock minutes (start-up, compilation and evaluations included)")
     ax.set_ylabel("held-out MLM accuracy (the same 15% masks)")
-    ax.set_title("\n".join(textwrap.wrap(title, 95)), fontsize=9)     # five recipes and a CPU: two lines
+    ax.set_title(
+        "\n".join(textwrap.wrap(title, 95)), fontsize=9
+    )  # five recipes and a CPU: two lines
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -192,13 +270,29 @@ def plot(runs: dict, path: str, title: str):
 
 
 def launch(flagfile: str, run_dir: str, ranks: int, extra=(), log=print, mpirun=None) -> float:
-    """One recipe: `ranks` processes on this machine (mpirun), run/pretrain.py --flagfile; returns seconds.
-    `mpirun`: another launch prefix for the ranks (an emulated cluster's)."""
+    """One recipe: `ranks` processes on this machine (mpirun), run/pretrain.py --flagfile; returns
+    seconds. `mpirun`: another launch prefix for the ranks (an emulated cluster's)."""
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    mpirun = mpirun or ["mpirun", "-np", str(ranks), "--oversubscribe", "--bind-to", "none", "-x", "PATH",
-                        "-x", "TF_CPP_MIN_LOG_LEVEL"]
-    command = [*mpirun, sys.executable, os.path.join(repo, "run", "pretrain.py"),
-               f"--flagfile={flagfile}", f"--checkpoint_dir={run_dir}", *extra]
+    mpirun = mpirun or [
+        "mpirun",
+        "-np",
+        str(ranks),
+        "--oversubscribe",
+        "--bind-to",
+        "none",
+        "-x",
+        "PATH",
+        "-x",
+        "TF_CPP_MIN_LOG_LEVEL",
+    ]
+    command = [
+        *mpirun,
+        sys.executable,
+        os.path.join(repo, "run", "pretrain.py"),
+        f"--flagfile={flagfile}",
+        f"--checkpoint_dir={run_dir}",
+        *extra,
+    ]
     env = emulated_cluster.mpirun_env()
     env["TF_CPP_MIN_LOG_LEVEL"] = "2"
     os.makedirs(run_dir, exist_ok=True)
@@ -207,12 +301,15 @@ def launch(flagfile: str, run_dir: str, ranks: int, extra=(), log=print, mpirun=
     for attempt in (1, 2):
         with open(os.path.join(run_dir, "race.log"), "a") as out:
             proc = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=repo)
-        # a launch that failed before the run started (seen here: OpenMPI's daemons on 4 emulated nodes, once in
-        # two launches: "ORTE does not know how to route a message") is tried once more
+        # a launch that failed before the run started (seen here: OpenMPI's daemons on 4 emulated
+        # nodes, once in two launches: "ORTE does not know how to route a message") is tried once
+        # more
         if not proc.returncode or os.path.exists(os.path.join(run_dir, "metrics.jsonl")):
             break
-        log(f"{os.path.basename(run_dir)}: the launch failed (exit {proc.returncode}) before the run began"
-            + ("; trying once more" if attempt == 1 else ""))
+        log(
+            f"{os.path.basename(run_dir)}: the launch failed (exit {proc.returncode}) before the "
+            "run began" + ("; trying once more" if attempt == 1 else "")
+        )
     if proc.returncode:
         raise RuntimeError(f"{flagfile} exited {proc.returncode}: see {run_dir}/race.log")
     return time.time() - start
@@ -231,22 +328,38 @@ def describe(summary: dict) -> list:
     """Lines for the console and docs/results.md."""
     lines = []
     for name, row in summary.items():
-        lines.append(f"{name}: final held-out MLM accuracy {row['final_accuracy']:.4f} after {row['seconds'] / 60:.1f} "
-                     f"min ({row['steps']} updates, {row['sequences']:,} sequences, "
-                     f"{row['sequences_per_second']:.1f} seq/s)")
+        lines.append(
+            f"{name}: final held-out MLM accuracy {row['final_accuracy']:.4f} after "
+            f"{row['seconds'] / 60:.1f} "
+            f"min ({row['steps']} updates, {row['sequences']:,} sequences, "
+            f"{row['sequences_per_second']:.1f} seq/s)"
+        )
         if "bytes_per_update" in row:
-            lines.append(f"  {row['bytes_per_update'] / 1e6:.2f} MB sent per update by rank 0's node")
+            lines.append(
+                f"  {row['bytes_per_update'] / 1e6:.2f} MB sent per update by rank 0's node"
+            )
         if "planner" in row:
             p = row["planner"]
-            lines.append(f"  planner: {p['predicted_sequences_per_second']:.1f} seq/s against {p['measured']:.1f} "
-                         f"measured between evaluations ({p['error']:+.0%}; compute {p['device_seq_s']:.1f} seq/s "
-                         f"per rank, measured)")
+            lines.append(
+                f"  planner: {p['predicted_sequences_per_second']:.1f} seq/s against "
+                f"{p['measured']:.1f} "
+                f"measured between evaluations ({p['error']:+.0%}; compute {p['device_seq_s']:.1f} "
+                "seq/s "
+                f"per rank, measured)"
+            )
         if "target" in row:
             seconds = row["target"]["seconds"]
-            lines.append(f"  reaches {row['target']['accuracy']:.4f} "
-                         f"{f'in {seconds / 60:.1f} min' if seconds else 'never'}")
+            lines.append(
+                f"  reaches {row['target']['accuracy']:.4f} "
+                f"{f'in {seconds / 60:.1f} min' if seconds else 'never'}"
+            )
         for other, r in row["reaches"].items():
-            when = (f"in {r['seconds'] / 60:.1f} min ({r['fraction_of_their_time']:.2f} of {other}'s time), after "
-                    f"{r['updates']} updates (x{r['update_factor']:.2f} {other}'s)" if r["seconds"] else "never")
+            when = (
+                f"in {r['seconds'] / 60:.1f} min ({r['fraction_of_their_time']:.2f} of {other}'s "
+                "time), after "
+                f"{r['updates']} updates (x{r['update_factor']:.2f} {other}'s)"
+                if r["seconds"]
+                else "never"
+            )
             lines.append(f"  reaches {other}'s final {r['accuracy']:.4f} {when}")
     return lines

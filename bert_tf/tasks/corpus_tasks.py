@@ -1,21 +1,23 @@
-"""Two fine-tuning tasks made from a corpus's own documents, for proving on a machine without GLUE or
-SQuAD that pre-training helped (run/finetune_proof.py):
+"""Two fine-tuning tasks made from a corpus's own documents, for proving on a machine without GLUE
+or SQuAD that pre-training helped (run/finetune_proof.py):
 
-- same_document: two sentences from the same document (not adjacent) or from two different documents,
-  labels "same" / "different", half each; a sentence-pair classification task.
-- word_order: a sentence and the next one, the second as written or with two pairs of neighbouring words
-  swapped, labels "kept" / "swapped"; a sentence-pair fluency task.
+- same_document: two sentences from the same document (not adjacent) or from two different
+  documents, labels "same" / "different", half each; a sentence-pair classification task.
+- word_order: a sentence and the next one, the second as written or with two pairs of neighbouring
+  words swapped, labels "kept" / "swapped"; a sentence-pair fluency task.
 - spans: SQuAD-layout questions whose answers are spans of the corpus text: the context is a few
   consecutive sentences of a document, the question one of them with a word replaced by "what",
   the answer that word where it stands in the context.
-- odd_word: SQuAD-layout questions asking which word of a sentence does not belong: one of its words was
-  replaced by a whole word of the model's WordPiece vocabulary, drawn uniformly; the answer is that word
-  where it stands. Masked-LM pre-training replaces 1 in 10 of its masked tokens by a random vocabulary
-  token and trains the model to see through it, so this span task asks for what pre-training teaches.
+- odd_word: SQuAD-layout questions asking which word of a sentence does not belong: one of its words
+  was replaced by a whole word of the model's WordPiece vocabulary, drawn uniformly; the answer is
+  that word where it stands. Masked-LM pre-training replaces 1 in 10 of its masked tokens by a
+  random vocabulary token and trains the model to see through it, so this span task asks for what
+  pre-training teaches.
 
 Deterministic in the seed; documents are split between train and dev, so no dev sentence is seen in
 training.
 """
+
 from __future__ import annotations
 
 import random
@@ -50,9 +52,10 @@ def same_document(documents, n, seed) -> classification.Examples:
 
 
 def word_order(documents, n, seed, swaps=2) -> classification.Examples:
-    """n sentence pairs (a sentence, the one after it): "kept" when the second is as written, "swapped" when
-    `swaps` pairs of neighbouring words in it trade places; half each. A fluency judgement (as CoLA asks)
-    that a masked LM's knowledge of word order helps with, and that the first sentence gives context to."""
+    """n sentence pairs (a sentence, the one after it): "kept" when the second is as written,
+    "swapped" when `swaps` pairs of neighbouring words in it trade places; half each. A fluency
+    judgement (as CoLA asks) that a masked LM's knowledge of word order helps with, and that the
+    first sentence gives context to."""
     rng = random.Random(seed)
     labels, a, b = [], [], []
     while len(labels) < n:
@@ -65,7 +68,7 @@ def word_order(documents, n, seed, swaps=2) -> classification.Examples:
         if label == "swapped":
             for k in rng.sample(range(len(words) - 1), swaps):
                 words[k], words[k + 1] = words[k + 1], words[k]
-            if words == doc[i + 1].split():       # swaps that undid each other, or of equal words
+            if words == doc[i + 1].split():  # swaps that undid each other, or of equal words
                 continue
         labels.append(label)
         a.append(doc[i])
@@ -74,24 +77,42 @@ def word_order(documents, n, seed, swaps=2) -> classification.Examples:
 
 
 def _pick_word(documents, rng, sentences, min_word_length):
-    """(a few consecutive sentences of one document as word lists, which sentence, which word in it) or None
-    when the chosen sentence has no alphabetic word of min_word_length letters."""
+    """(a few consecutive sentences of one document as word lists, which sentence, which word in it)
+    or None when the chosen sentence has no alphabetic word of min_word_length letters."""
     doc = rng.choice(documents)
     start = rng.randrange(max(1, len(doc) - sentences + 1))
-    chosen = [s.split() for s in doc[start:start + sentences]]
+    chosen = [s.split() for s in doc[start : start + sentences]]
     target = rng.randrange(len(chosen))
-    candidates = [i for i, w in enumerate(chosen[target]) if len(w) >= min_word_length and w.isalpha()]
+    candidates = [
+        i for i, w in enumerate(chosen[target]) if len(w) >= min_word_length and w.isalpha()
+    ]
     return (chosen, target, rng.choice(candidates)) if candidates else None
 
 
 def _question(made, chosen, target, k, question):
-    """One SQuAD "data" entry: the context is the sentences joined by spaces, the answer chosen[target][k]."""
+    """One SQuAD "data" entry: the context is the sentences joined by spaces, the answer
+    chosen[target][k]."""
     context = " ".join(" ".join(words) for words in chosen)
-    offset = sum(len(" ".join(words)) + 1 for words in chosen[:target]) + sum(len(w) + 1 for w in chosen[target][:k])
+    offset = sum(len(" ".join(words)) + 1 for words in chosen[:target]) + sum(
+        len(w) + 1 for w in chosen[target][:k]
+    )
     answer = chosen[target][k]
-    assert context[offset:offset + len(answer)] == answer
-    return {"title": f"q{made}", "paragraphs": [{"context": context, "qas": [
-        {"id": f"q{made}", "question": question, "answers": [{"text": answer, "answer_start": offset}]}]}]}
+    assert context[offset : offset + len(answer)] == answer
+    return {
+        "title": f"q{made}",
+        "paragraphs": [
+            {
+                "context": context,
+                "qas": [
+                    {
+                        "id": f"q{made}",
+                        "question": question,
+                        "answers": [{"text": answer, "answer_start": offset}],
+                    }
+                ],
+            }
+        ],
+    }
 
 
 def spans(documents, n, seed, sentences=3, min_word_length=5) -> list:
@@ -102,7 +123,7 @@ def spans(documents, n, seed, sentences=3, min_word_length=5) -> list:
         picked = _pick_word(documents, rng, sentences, min_word_length)
         if picked:
             chosen, target, k = picked
-            question = " ".join(chosen[target][:k] + ["what"] + chosen[target][k + 1:])
+            question = " ".join(chosen[target][:k] + ["what"] + chosen[target][k + 1 :])
             data.append(_question(len(data), chosen, target, k, question))
     return data
 
@@ -111,15 +132,16 @@ ODD_WORD_QUESTION = "which word does not belong here?"
 
 
 def vocabulary_words(vocab, min_length=3):
-    """The whole alphabetic words of a WordPiece vocabulary (no ##pieces, specials or punctuation)."""
+    """The whole alphabetic words of a WordPiece vocabulary (no ##pieces, specials or
+    punctuation)."""
     return [w for w in vocab if w.isalpha() and len(w) >= min_length]
 
 
 def odd_word(documents, n, seed, words, sentences=1, min_word_length=5) -> list:
-    """n questions in SQuAD's JSON layout: in `sentences` consecutive sentences of a document, one word of
-    min_word_length letters replaced by one of `words` (vocabulary_words of the model's vocabulary: one token
-    each) drawn uniformly and in none of the sentences; the question is ODD_WORD_QUESTION, the answer the
-    inserted word."""
+    """n questions in SQuAD's JSON layout: in `sentences` consecutive sentences of a document, one
+    word of min_word_length letters replaced by one of `words` (vocabulary_words of the model's
+    vocabulary: one token each) drawn uniformly and in none of the sentences; the question is
+    ODD_WORD_QUESTION, the answer the inserted word."""
     rng = random.Random(seed)
     data = []
     while len(data) < n:

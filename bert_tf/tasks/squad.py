@@ -1,6 +1,6 @@
-"""SQuAD v1.1 and v2.0: the official JSON in, windows of tokens, a start/end span head, n-best answers
-mapped back to the context's own text, predictions.json and null_odds.json out. Behaviour follows
-google-research/bert's run_squad.py (Devlin et al. 2019):
+"""SQuAD v1.1 and v2.0: the official JSON in, windows of tokens, a start/end span head, n-best
+answers mapped back to the context's own text, predictions.json and null_odds.json out. Behaviour
+follows google-research/bert's run_squad.py (Devlin et al. 2019):
 
 - The context is split on whitespace into words; each word is WordPiece-tokenised, remembering which
   word every token came from, so a span of tokens maps back to a span of words and then to the
@@ -17,9 +17,10 @@ google-research/bert's run_squad.py (Devlin et al. 2019):
   answered "" when that score exceeds the best span's by more than --null_score_diff_threshold;
   null_odds.json holds the difference, for squad_scoring's best thresholds.
 
-`SquadTask` is the finetuning.FinetuningTask: finetuning.run fine-tunes it and returns its `Answers`, scored
-as the official scripts score them.
+`SquadTask` is the finetuning.FinetuningTask: finetuning.run fine-tunes it and returns its
+`Answers`, scored as the official scripts score them.
 """
+
 from __future__ import annotations
 
 import collections
@@ -42,8 +43,8 @@ from bert_tf.tasks import finetuning, squad_scoring
 class Example:
     qid: str
     question: str
-    words: list                  # the context split on whitespace
-    start_word: int = -1         # training: the first answer's words; -1 when there is none
+    words: list  # the context split on whitespace
+    start_word: int = -1  # training: the first answer's words; -1 when there is none
     end_word: int = -1
     answer: str = ""
     impossible: bool = False
@@ -80,35 +81,52 @@ def read_examples(path: str, version: str, training: bool, log=print) -> list:
     except FileNotFoundError:
         raise ConfigError(f"{path} not found") from None
     except (json.JSONDecodeError, KeyError, TypeError) as e:
-        raise ConfigError(f"{path} is not SQuAD's JSON (a top-level \"data\" list): {e}") from None
+        raise ConfigError(f'{path} is not SQuAD\'s JSON (a top-level "data" list): {e}') from None
     return examples_of(data, version, training, path, log)
 
 
 def examples_of(data: list, version: str, training: bool, path="(in memory)", log=print) -> list:
-    """The questions of the official JSON's "data" list (read_examples); `path` names it in messages."""
+    """The questions of the official JSON's "data" list (read_examples); `path` names it in
+    messages."""
     examples, mismatched = [], []
     for article in data:
         for paragraph in article["paragraphs"]:
             words, char_to_word = split_words(paragraph["context"])
             for qa in paragraph["qas"]:
-                example = Example(qa["id"], qa["question"], words,
-                                  impossible=version == "2.0" and bool(qa.get("is_impossible", False)))
+                example = Example(
+                    qa["id"],
+                    qa["question"],
+                    words,
+                    impossible=version == "2.0" and bool(qa.get("is_impossible", False)),
+                )
                 if training and not example.impossible:
                     if not qa.get("answers"):
-                        raise ConfigError(f"{path}: question {qa['id']!r} has no answer (and is not marked "
-                                          f"is_impossible{'' if version == '2.0' else ': a v2.0 file? give --version=2.0'})")
+                        raise ConfigError(
+                            f"{path}: question {qa['id']!r} has no answer (and is not marked "
+                            f"is_impossible{'' if version == '2.0' else ': a v2.0 file? give --version=2.0'})"
+                        )
                     answer = qa["answers"][0]
                     start, text = answer["answer_start"], answer["text"]
-                    if not text or start < 0 or start + len(text) > len(char_to_word) or \
-                            paragraph["context"][start:start + len(text)] != text:
+                    if (
+                        not text
+                        or start < 0
+                        or start + len(text) > len(char_to_word)
+                        or paragraph["context"][start : start + len(text)] != text
+                    ):
                         mismatched.append(qa["id"])
                         continue
-                    example.start_word, example.end_word = char_to_word[start], char_to_word[start + len(text) - 1]
+                    example.start_word, example.end_word = (
+                        char_to_word[start],
+                        char_to_word[start + len(text) - 1],
+                    )
                     example.answer = text
                 examples.append(example)
     if mismatched:
-        log(f"warning: {path}: {len(mismatched)} answers whose answer_start does not point at their text were "
-            f"skipped (first: question {mismatched[0]!r})")
+        log(
+            f"warning: {path}: {len(mismatched)} answers whose answer_start does not point at "
+            "their text were "
+            f"skipped (first: question {mismatched[0]!r})"
+        )
     if not examples:
         raise ConfigError(f"{path}: no questions")
     return examples
@@ -116,27 +134,33 @@ def examples_of(data: list, version: str, training: bool, path="(in memory)", lo
 
 @dataclasses.dataclass
 class Window:
-    example: int                 # index into the examples
+    example: int  # index into the examples
     input_ids: list
     segment_ids: list
-    token_to_word: dict          # position -> word index, for the context's tokens
-    best_window: dict            # position -> whether this is the token's best window
-    start: int = 0               # training: the answer's positions; 0 ([CLS]) for "not in this window"
+    token_to_word: dict  # position -> word index, for the context's tokens
+    best_window: dict  # position -> whether this is the token's best window
+    start: int = 0  # training: the answer's positions; 0 ([CLS]) for "not in this window"
     end: int = 0
 
 
 @dataclasses.dataclass
 class Counts:
-    questions_cut: int = 0       # longer than --max_query_length
-    split_contexts: int = 0      # contexts longer than one window
+    questions_cut: int = 0  # longer than --max_query_length
+    split_contexts: int = 0  # contexts longer than one window
     windows: int = 0
 
 
-def make_windows(examples, tokenizer, max_seq_length=384, doc_stride=128, max_query_length=64, training=False):
+def make_windows(
+    examples, tokenizer, max_seq_length=384, doc_stride=128, max_query_length=64, training=False
+):
     """(windows, Counts) of the examples, as module docstring says."""
     if max_query_length + 4 > max_seq_length or doc_stride < 1:
-        raise ConfigError(f"--max_query_length={max_query_length} leaves no room for the context in "
-                          f"--max_seq_length={max_seq_length}" if doc_stride >= 1 else "--doc_stride must be >= 1")
+        raise ConfigError(
+            f"--max_query_length={max_query_length} leaves no room for the context in "
+            f"--max_seq_length={max_seq_length}"
+            if doc_stride >= 1
+            else "--doc_stride must be >= 1"
+        )
     windows, counts = [], Counts()
     for index, example in enumerate(examples):
         query = tokenizer.ids(example.question)
@@ -152,8 +176,11 @@ def make_windows(examples, tokenizer, max_seq_length=384, doc_stride=128, max_qu
         start = end = None
         if training and not example.impossible:
             start = word_first_token[example.start_word]
-            end = (word_first_token[example.end_word + 1] - 1 if example.end_word + 1 < len(example.words)
-                   else len(tokens) - 1)
+            end = (
+                word_first_token[example.end_word + 1] - 1
+                if example.end_word + 1 < len(example.words)
+                else len(tokens) - 1
+            )
             start, end = _tighten(tokens, start, end, tokenizer.ids(example.answer))
         room = max_seq_length - len(query) - 3
         spans, offset = [], 0
@@ -167,10 +194,14 @@ def make_windows(examples, tokenizer, max_seq_length=384, doc_stride=128, max_qu
         for s, (offset, length) in enumerate(spans):
             ids = [tokenizer.cls_id] + query + [tokenizer.sep_id]
             first = len(ids)
-            ids += tokens[offset:offset + length] + [tokenizer.sep_id]
-            window = Window(index, ids, [0] * first + [1] * (length + 1),
-                            {first + i: token_word[offset + i] for i in range(length)},
-                            {first + i: _best_window(spans, s, offset + i) for i in range(length)})
+            ids += tokens[offset : offset + length] + [tokenizer.sep_id]
+            window = Window(
+                index,
+                ids,
+                [0] * first + [1] * (length + 1),
+                {first + i: token_word[offset + i] for i in range(length)},
+                {first + i: _best_window(spans, s, offset + i) for i in range(length)},
+            )
             if start is not None and offset <= start and end < offset + length:
                 window.start, window.end = first + start - offset, first + end - offset
             windows.append(window)
@@ -179,17 +210,18 @@ def make_windows(examples, tokenizer, max_seq_length=384, doc_stride=128, max_qu
 
 
 def _tighten(tokens, start, end, answer):
-    """The answer's word span in tokens can be wider than the answer ("(1895-1943)." for "1895"): the
-    narrowest sub-span whose tokens are the answer's own, else the word span."""
+    """The answer's word span in tokens can be wider than the answer ("(1895-1943)." for "1895"):
+    the narrowest sub-span whose tokens are the answer's own, else the word span."""
     for a in range(start, end + 1):
         for b in range(end, a - 1, -1):
-            if tokens[a:b + 1] == answer:
+            if tokens[a : b + 1] == answer:
                 return a, b
     return start, end
 
 
 def _best_window(spans, current, position) -> bool:
-    """Whether `position` (a context token) has its most context, on its shorter side, in span `current`."""
+    """Whether `position` (a context token) has its most context, on its shorter side, in span
+    `current`."""
     best, best_span = None, None
     for s, (offset, length) in enumerate(spans):
         if offset <= position < offset + length:
@@ -205,8 +237,11 @@ def features(windows, max_seq_length, training=False) -> dict:
     ids = np.zeros([n, max_seq_length], np.int32)
     mask, segments = np.zeros_like(ids), np.zeros_like(ids)
     for i, w in enumerate(windows):
-        ids[i, :len(w.input_ids)], mask[i, :len(w.input_ids)], segments[i, :len(w.segment_ids)] = \
-            w.input_ids, 1, w.segment_ids
+        (
+            ids[i, : len(w.input_ids)],
+            mask[i, : len(w.input_ids)],
+            segments[i, : len(w.segment_ids)],
+        ) = w.input_ids, 1, w.segment_ids
     out = {"input_ids": ids, "input_mask": mask, "segment_ids": segments}
     if training:
         out["start_position"] = np.array([w.start for w in windows], np.int32)
@@ -215,8 +250,8 @@ def features(windows, max_seq_length, training=False) -> dict:
 
 
 class BertSpanExtractor(tf.Module):
-    """Encoder -> sequence [B, S, H] -> dense [B, S, 2]: start and end logits; the loss is the mean of
-    the start and end cross-entropies over the sequence (padding masked out)."""
+    """Encoder -> sequence [B, S, H] -> dense [B, S, 2]: start and end logits; the loss is the mean
+    of the start and end cross-entropies over the sequence (padding masked out)."""
 
     def __init__(self, config: modeling.BertConfig, name=None):
         super().__init__(name=name)
@@ -227,8 +262,14 @@ class BertSpanExtractor(tf.Module):
     def logits(self, features, dtype=tf.float32, seed=None, training=False):
         """(start [B, S], end [B, S]) float32, padding at -10000."""
         seed = tf.zeros([2], tf.int32) if seed is None else seed
-        sequence, _ = self.encoder(features["input_ids"], features["input_mask"], features["segment_ids"],
-                                   dtype=dtype, seed=seed, training=training)
+        sequence, _ = self.encoder(
+            features["input_ids"],
+            features["input_mask"],
+            features["segment_ids"],
+            dtype=dtype,
+            seed=seed,
+            training=training,
+        )
         logits = tf.cast(self.span(sequence), tf.float32)
         padding = (1.0 - tf.cast(features["input_mask"], tf.float32)) * -10000.0
         return logits[..., 0] + padding, logits[..., 1] + padding
@@ -237,10 +278,18 @@ class BertSpanExtractor(tf.Module):
         """[B, 2, S]: start and end logits (one array for finetuning.predict)."""
         return tf.stack(self.logits(features), axis=1)
 
-    def __call__(self, features, *, dtype=tf.float32, seed=None, training=False) -> finetuning.FinetuneOutput:
+    def __call__(
+        self, features, *, dtype=tf.float32, seed=None, training=False
+    ) -> finetuning.FinetuneOutput:
         start, end = self.logits(features, dtype, seed, training)
-        loss = 0.5 * (tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(features["start_position"], start))
-                      + tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(features["end_position"], end)))
+        loss = 0.5 * (
+            tf.reduce_mean(
+                tf.nn.sparse_softmax_cross_entropy_with_logits(features["start_position"], start)
+            )
+            + tf.reduce_mean(
+                tf.nn.sparse_softmax_cross_entropy_with_logits(features["end_position"], end)
+            )
+        )
         return finetuning.FinetuneOutput(loss=loss, count=tf.cast(tf.shape(start)[0], tf.float32))
 
 
@@ -263,17 +312,27 @@ def final_text(predicted: str, original: str, lower_case: bool) -> str:
 
     original_chars, original_at = without_spaces(original)
     tokenized_chars, tokenized_at = without_spaces(tokenized)
-    if len(original_chars) != len(tokenized_chars):   # tokenisation changed characters (accents): keep it whole
+    if len(original_chars) != len(
+        tokenized_chars
+    ):  # tokenisation changed characters (accents): keep it whole
         return original
     index = {position: i for i, position in enumerate(tokenized_at)}
     first, last = index.get(at), index.get(at + len(predicted) - 1)
     if first is None or last is None:
         return original
-    return original[original_at[first]:original_at[last] + 1]
+    return original[original_at[first] : original_at[last] + 1]
 
 
-def predict_answers(examples, windows, logits, tokenizer, version="1.1", n_best_size=20, max_answer_length=30,
-                    null_score_diff_threshold=0.0):
+def predict_answers(
+    examples,
+    windows,
+    logits,
+    tokenizer,
+    version="1.1",
+    n_best_size=20,
+    max_answer_length=30,
+    null_score_diff_threshold=0.0,
+):
     """(predictions {qid: text}, null_odds {qid: score difference} (v2.0), n-best {qid: [entries]}).
     logits: [windows, 2, S], the start and end logits of every window."""
     by_example = collections.defaultdict(list)
@@ -292,26 +351,34 @@ def predict_answers(examples, windows, logits, tokenizer, version="1.1", n_best_
             ends = np.argsort(-end_logits)[:n_best_size]
             for s in starts:
                 for t in ends:
-                    if s not in window.token_to_word or t not in window.token_to_word or not window.best_window[s]:
+                    if (
+                        s not in window.token_to_word
+                        or t not in window.token_to_word
+                        or not window.best_window[s]
+                    ):
                         continue
                     if t < s or t - s + 1 > max_answer_length:
                         continue
-                    candidates.append((start_logits[s] + end_logits[t], start_logits[s], end_logits[t], w, s, t))
+                    candidates.append(
+                        (start_logits[s] + end_logits[t], start_logits[s], end_logits[t], w, s, t)
+                    )
         candidates.sort(key=lambda c: -c[0])
         nbest, seen = [], set()
         for _, start_logit, end_logit, w, s, t in candidates:
             if len(nbest) == n_best_size:
                 break
             window = windows[w]
-            pieces = " ".join(tokenizer.vocab[i] for i in window.input_ids[s:t + 1])
+            pieces = " ".join(tokenizer.vocab[i] for i in window.input_ids[s : t + 1])
             predicted = " ".join(pieces.replace(" ##", "").replace("##", "").split())
-            words = " ".join(example.words[window.token_to_word[s]:window.token_to_word[t] + 1])
+            words = " ".join(example.words[window.token_to_word[s] : window.token_to_word[t] + 1])
             text = final_text(predicted, words, tokenizer.lower_case)
             if text in seen:
                 continue
             seen.add(text)
-            nbest.append({"text": text, "start_logit": float(start_logit), "end_logit": float(end_logit)})
-        if version == "2.0":        # "no answer" is always among them
+            nbest.append(
+                {"text": text, "start_logit": float(start_logit), "end_logit": float(end_logit)}
+            )
+        if version == "2.0":  # "no answer" is always among them
             nbest.append({"text": "", "start_logit": float(null[1]), "end_logit": float(null[2])})
             nbest.sort(key=lambda x: -(x["start_logit"] + x["end_logit"]))
         if not nbest:
@@ -323,9 +390,13 @@ def predict_answers(examples, windows, logits, tokenizer, version="1.1", n_best_
         answered = [x for x in nbest if x["text"]]
         if version == "2.0":
             best = answered[0] if answered else None
-            difference = float(null[0]) - (best["start_logit"] + best["end_logit"] if best else -math.inf)
+            difference = float(null[0]) - (
+                best["start_logit"] + best["end_logit"] if best else -math.inf
+            )
             null_odds[example.qid] = difference if math.isfinite(difference) else 1e9
-            predictions[example.qid] = "" if best is None or difference > null_score_diff_threshold else best["text"]
+            predictions[example.qid] = (
+                "" if best is None or difference > null_score_diff_threshold else best["text"]
+            )
         else:
             predictions[example.qid] = nbest[0]["text"]
         nbest_all[example.qid] = nbest
@@ -346,7 +417,9 @@ def write_predictions(out_dir, predictions, null_odds, nbest, version):
 
 @dataclasses.dataclass(frozen=True)
 class Windowing:
-    """make_windows' settings: tokens per window, the stride between a context's windows, the longest question."""
+    """make_windows' settings: tokens per window, the stride between a context's windows, the
+    longest question."""
+
     max_seq_length: int = 384
     doc_stride: int = 128
     max_query_length: int = 64
@@ -354,8 +427,10 @@ class Windowing:
 
 @dataclasses.dataclass
 class Answers:
-    """A SquadTask's predictions: every question's answer ("": none, v2.0), the no-answer score's lead over the
-    best span's (v2.0; null_odds.json) and the n best answers (nbest_predictions.json)."""
+    """A SquadTask's predictions: every question's answer ("": none, v2.0), the no-answer score's
+    lead over the best span's (v2.0; null_odds.json) and the n best answers
+    (nbest_predictions.json)."""
+
     text: dict[str, str]
     null_odds: dict[str, float]
     nbest: dict[str, list]
@@ -363,10 +438,12 @@ class Answers:
 
 @dataclasses.dataclass
 class SquadTask:
-    """finetuning.FinetuningTask: SQuAD v1.1 or v2.0 questions cut into windows, a BertSpanExtractor, answers from
-    the windows' logits, and the official scripts' scores of `dataset` (the official JSON's "data" the questions
-    come from; no metrics without it). train: questions to fine-tune on (None: predict with the untrained head).
-    `counts` holds the windows made of each ("train", "predict")."""
+    """finetuning.FinetuningTask: SQuAD v1.1 or v2.0 questions cut into windows, a
+    BertSpanExtractor, answers from the windows' logits, and the official scripts' scores of
+    `dataset` (the official JSON's "data" the questions come from; no metrics without it). train:
+    questions to fine-tune on (None: predict with the untrained head). `counts` holds the windows
+    made of each ("train", "predict")."""
+
     questions: list
     train: list | None = None
     windowing: Windowing = Windowing()
@@ -385,18 +462,35 @@ class SquadTask:
     def train_features(self, tokenizer) -> dict | None:
         if self.train is None:
             return None
-        windows, counts = make_windows(self.train, tokenizer, training=True, **dataclasses.asdict(self.windowing))
+        windows, counts = make_windows(
+            self.train, tokenizer, training=True, **dataclasses.asdict(self.windowing)
+        )
         self.counts["train"] = counts
-        self.log(f"training: {len(self.train)} questions, {counts.windows} windows ({counts.split_contexts} contexts "
-                 f"longer than one window, {counts.questions_cut} questions cut to --max_query_length="
-                 f"{self.windowing.max_query_length})")
+        self.log(
+            f"training: {len(self.train)} questions, {counts.windows} windows "
+            f"({counts.split_contexts} contexts "
+            f"longer than one window, {counts.questions_cut} questions cut to --max_query_length="
+            f"{self.windowing.max_query_length})"
+        )
         return features(windows, self.windowing.max_seq_length, training=True)
 
     def predict(self, model, tokenizer) -> Answers:
-        windows, self.counts["predict"] = make_windows(self.questions, tokenizer, **dataclasses.asdict(self.windowing))
+        windows, self.counts["predict"] = make_windows(
+            self.questions, tokenizer, **dataclasses.asdict(self.windowing)
+        )
         logits = finetuning.predict(model.predict, features(windows, self.windowing.max_seq_length))
-        return Answers(*predict_answers(self.questions, windows, logits, tokenizer, self.version, self.n_best_size,
-                                        self.max_answer_length, self.null_score_diff_threshold))
+        return Answers(
+            *predict_answers(
+                self.questions,
+                windows,
+                logits,
+                tokenizer,
+                self.version,
+                self.n_best_size,
+                self.max_answer_length,
+                self.null_score_diff_threshold,
+            )
+        )
 
     def metrics(self, answers: Answers) -> dict[str, float]:
         if self.dataset is None:
@@ -405,9 +499,13 @@ class SquadTask:
         return squad_scoring.evaluate(self.dataset, answers.text, null_odds, version=self.version)
 
     def report(self, outcome: finetuning.Outcome) -> dict:
-        """The windows made (eval.json's "predict" and "train") and, when it trained, the updates and last loss."""
-        out: dict = {name: dataclasses.asdict(self.counts[name]) for name in ("predict", "train")
-                     if name in self.counts}
+        """The windows made (eval.json's "predict" and "train") and, when it trained, the updates
+        and last loss."""
+        out: dict = {
+            name: dataclasses.asdict(self.counts[name])
+            for name in ("predict", "train")
+            if name in self.counts
+        }
         if outcome.train_steps:
             out.update(train_steps=outcome.train_steps, final_train_loss=outcome.final_train_loss)
         return out

@@ -11,6 +11,7 @@ no-answer score per question, `null_odds.json`) a threshold turns predictions in
 `evaluate` reports the scores at the threshold given and the best thresholds for exact match and
 F1, over all questions and split into HasAns / NoAns, as the official script does.
 """
+
 from __future__ import annotations
 
 import collections
@@ -32,7 +33,9 @@ def exact_match(gold: str, prediction: str) -> int:
 
 def f1(gold: str, prediction: str, version: str = "2.0") -> float:
     gold_tokens, predicted = normalize_answer(gold).split(), normalize_answer(prediction).split()
-    if version == "2.0" and (not gold_tokens or not predicted):   # "no answer" matches only "no answer"
+    if version == "2.0" and (
+        not gold_tokens or not predicted
+    ):  # "no answer" matches only "no answer"
         return float(gold_tokens == predicted)
     same = sum((collections.Counter(gold_tokens) & collections.Counter(predicted)).values())
     if same == 0:
@@ -52,8 +55,12 @@ def gold_answers(question: dict, version: str = "2.0") -> list:
 
 def questions(dataset: list, version: str = "2.0") -> dict:
     """{question id: gold texts} of the official JSON's "data" list."""
-    return {qa["id"]: gold_answers(qa, version) for article in dataset for paragraph in article["paragraphs"]
-            for qa in paragraph["qas"]}
+    return {
+        qa["id"]: gold_answers(qa, version)
+        for article in dataset
+        for paragraph in article["paragraphs"]
+        for qa in paragraph["qas"]
+    }
 
 
 def raw_scores(golds: dict, predictions: dict, version: str = "2.0") -> tuple[dict, dict]:
@@ -61,20 +68,31 @@ def raw_scores(golds: dict, predictions: dict, version: str = "2.0") -> tuple[di
     is an error (a score over a subset would look better than it is)."""
     missing = [qid for qid in golds if qid not in predictions]
     if missing:
-        raise ValueError(f"{len(missing)} of {len(golds)} questions have no prediction (first: {missing[0]!r})")
-    exact = {qid: max(exact_match(g, predictions[qid]) for g in gold) for qid, gold in golds.items()}
+        raise ValueError(
+            f"{len(missing)} of {len(golds)} questions have no prediction (first: {missing[0]!r})"
+        )
+    exact = {
+        qid: max(exact_match(g, predictions[qid]) for g in gold) for qid, gold in golds.items()
+    }
     f1s = {qid: max(f1(g, predictions[qid], version) for g in gold) for qid, gold in golds.items()}
     return exact, f1s
 
 
 def apply_threshold(scores: dict, na_probs: dict, has_answer: dict, threshold: float) -> dict:
-    """A question whose no-answer score exceeds the threshold is predicted unanswerable: 1 if it is."""
-    return {qid: float(not has_answer[qid]) if na_probs[qid] > threshold else score for qid, score in scores.items()}
+    """A question whose no-answer score exceeds the threshold is predicted unanswerable: 1 if it
+    is."""
+    return {
+        qid: float(not has_answer[qid]) if na_probs[qid] > threshold else score
+        for qid, score in scores.items()
+    }
 
 
-def best_threshold(predictions: dict, scores: dict, na_probs: dict, has_answer: dict) -> tuple[float, float]:
-    """(best score in %, its threshold): every question starts as "no answer" (1 for the unanswerable
-    ones); walking the no-answer scores upwards, each question in turn keeps its prediction."""
+def best_threshold(
+    predictions: dict, scores: dict, na_probs: dict, has_answer: dict
+) -> tuple[float, float]:
+    """(best score in %, its threshold): every question starts as "no answer" (1 for the
+    unanswerable ones); walking the no-answer scores upwards, each question in turn keeps its
+    prediction."""
     score = best = sum(1 for qid in scores if not has_answer[qid])
     threshold = 0.0
     for qid in sorted(na_probs, key=lambda q: na_probs[q]):
@@ -89,8 +107,13 @@ def best_threshold(predictions: dict, scores: dict, na_probs: dict, has_answer: 
     return 100.0 * best / len(scores), threshold
 
 
-def evaluate(dataset: list, predictions: dict, na_probs: dict | None = None, threshold: float = 1.0,
-             version: str = "2.0") -> dict:
+def evaluate(
+    dataset: list,
+    predictions: dict,
+    na_probs: dict | None = None,
+    threshold: float = 1.0,
+    version: str = "2.0",
+) -> dict:
     """The official script's output, in %. v1.1: exact_match and f1. v2.0: exact, f1, total,
     HasAns_* / NoAns_* (each where such questions exist) and, with na_probs, best_exact / best_f1
     with their thresholds."""
@@ -99,21 +122,31 @@ def evaluate(dataset: list, predictions: dict, na_probs: dict | None = None, thr
     golds = questions(dataset, version)
     if version == "1.1":
         exact, f1s = raw_scores(golds, predictions, version)
-        return {"exact_match": 100.0 * sum(exact.values()) / len(golds), "f1": 100.0 * sum(f1s.values()) / len(golds)}
+        return {
+            "exact_match": 100.0 * sum(exact.values()) / len(golds),
+            "f1": 100.0 * sum(f1s.values()) / len(golds),
+        }
     has_answer = {qid: gold != [""] for qid, gold in golds.items()}
     exact, f1s = raw_scores(golds, predictions)
     if na_probs is not None:
         missing = [qid for qid in golds if qid not in na_probs]
         if missing:
-            raise ValueError(f"{len(missing)} questions have no no-answer score (first: {missing[0]!r})")
-        exact_at, f1_at = (apply_threshold(s, na_probs, has_answer, threshold) for s in (exact, f1s))
+            raise ValueError(
+                f"{len(missing)} questions have no no-answer score (first: {missing[0]!r})"
+            )
+        exact_at, f1_at = (
+            apply_threshold(s, na_probs, has_answer, threshold) for s in (exact, f1s)
+        )
     else:
         exact_at, f1_at = exact, f1s
 
     def summary(qids, prefix=""):
         n = len(qids)
-        return {f"{prefix}exact": 100.0 * sum(exact_at[q] for q in qids) / n,
-                f"{prefix}f1": 100.0 * sum(f1_at[q] for q in qids) / n, f"{prefix}total": n}
+        return {
+            f"{prefix}exact": 100.0 * sum(exact_at[q] for q in qids) / n,
+            f"{prefix}f1": 100.0 * sum(f1_at[q] for q in qids) / n,
+            f"{prefix}total": n,
+        }
 
     out = summary(list(golds))
     for prefix, want in (("HasAns_", True), ("NoAns_", False)):
@@ -121,6 +154,10 @@ def evaluate(dataset: list, predictions: dict, na_probs: dict | None = None, thr
         if qids:
             out.update(summary(qids, prefix))
     if na_probs is not None:
-        out["best_exact"], out["best_exact_thresh"] = best_threshold(predictions, exact, na_probs, has_answer)
-        out["best_f1"], out["best_f1_thresh"] = best_threshold(predictions, f1s, na_probs, has_answer)
+        out["best_exact"], out["best_exact_thresh"] = best_threshold(
+            predictions, exact, na_probs, has_answer
+        )
+        out["best_f1"], out["best_f1_thresh"] = best_threshold(
+            predictions, f1s, na_probs, has_answer
+        )
     return out

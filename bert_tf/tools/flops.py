@@ -1,4 +1,5 @@
-"""FLOPs of the model bert_tf actually runs (the measured peak they are divided by: studies/matmul_peaks.py).
+"""FLOPs of the model bert_tf actually runs (the measured peak they are divided by:
+studies/matmul_peaks.py).
 
 Forward FLOPs of one sequence (a multiply-add counts 2), S sequence length, H hidden,
 I intermediate, L layers, P masked positions, V vocab:
@@ -15,13 +16,22 @@ Training = forward + backward = 3 x forward (the backward pass costs two matmuls
 forward one). Embedding look-ups, softmax, LayerNorm and GELU are not counted (memory-bound,
 a few percent). Model FLOP utilisation (MFU) = achieved model FLOP/s / the hardware's measured peak.
 """
+
 from __future__ import annotations
 
 from bert_tf.model.config import BertConfig
 
 
-def forward_flops_per_sequence(config: BertConfig, seq_length: int, predictions: int, nsp: bool = True) -> float:
-    S, H, I, P, V = seq_length, config.hidden_size, config.intermediate_size, predictions, config.vocab_size
+def forward_flops_per_sequence(
+    config: BertConfig, seq_length: int, predictions: int, nsp: bool = True
+) -> float:
+    S, H, I, P, V = (
+        seq_length,
+        config.hidden_size,
+        config.intermediate_size,
+        predictions,
+        config.vocab_size,
+    )
     layer = 4 * 2 * S * H * H + 2 * 2 * S * S * H + 2 * 2 * S * H * I
     heads = 2 * H * H + 2 * P * H * H + 2 * P * H * V + (2 * H * 2 if nsp else 0)
     return float(config.num_hidden_layers * layer + heads)

@@ -1,5 +1,7 @@
-"""Memory per device, estimated: the training state, the activations and the gradient exchange's own state per
-rank (run/plan.py; docs/results.md "Exchange state per rank at 16 and 64 ranks"). Plain Python, no TensorFlow."""
+"""Memory per device, estimated: the training state, the activations and the gradient exchange's own
+state per rank (run/plan.py; docs/results.md "Exchange state per rank at 16 and 64 ranks"). Plain
+Python, no TensorFlow."""
+
 from __future__ import annotations
 
 import math
@@ -10,17 +12,26 @@ from bert_tf.parallel.comm import CommConfig, onebit_chunk, powersgd_plan
 from bert_tf.tools.planner import parameter_count
 
 
-def memory_bytes(config, seq_length, micro_batch, precision="float32", recompute="none",
-                 accumulation=1, nsp=True, exchange=0) -> dict:
+def memory_bytes(
+    config,
+    seq_length,
+    micro_batch,
+    precision="float32",
+    recompute="none",
+    accumulation=1,
+    nsp=True,
+    exchange=0,
+) -> dict:
     """What one device holds while training, estimated: the state (fp32 weights, gradients, the two
-    optimizer slots of LAMB/AdamW, and the accumulators when accumulating: 16-20 bytes per parameter)
-    and the activations kept for the backward pass. Per transformer layer that is
-    s*b*h*(34 + 5*a*s/h) bytes with 16-bit activations (Korthikanti et al. 2022, "Reducing Activation
-    Recomputation in Large Transformer Models", their equation 1, no parallelism); float32 doubles it.
-    recompute="layer" keeps each layer's input (s*b*h values) and one layer's activations at a time.
-    The attention term 5*a*s^2*b grows with the square of the sequence: it is what sequence 512 costs.
-    exchange: the gradient exchange's state on the device (exchange_state_bytes' "steady"), in the total.
-    Workspace, the framework's own buffers and the MLM head's logits ([b, P, V]) are left out."""
+    optimizer slots of LAMB/AdamW, and the accumulators when accumulating: 16-20 bytes per
+    parameter) and the activations kept for the backward pass. Per transformer layer that is
+    s*b*h*(34 + 5*a*s/h) bytes with 16-bit activations (Korthikanti et al. 2022, "Reducing
+    Activation Recomputation in Large Transformer Models", their equation 1, no parallelism);
+    float32 doubles it. recompute="layer" keeps each layer's input (s*b*h values) and one layer's
+    activations at a time. The attention term 5*a*s^2*b grows with the square of the sequence: it is
+    what sequence 512 costs. exchange: the gradient exchange's state on the device
+    (exchange_state_bytes' "steady"), in the total. Workspace, the framework's own buffers and the
+    MLM head's logits ([b, P, V]) are left out."""
     P = parameter_count(config, nsp)
     width = 2 if precision.startswith("mixed") else 4
     s, b, h, a = seq_length, micro_batch, config.hidden_size, config.num_attention_heads
@@ -28,15 +39,22 @@ def memory_bytes(config, seq_length, micro_batch, precision="float32", recompute
     L = config.num_hidden_layers
     activations = L * s * b * h * width + layer if recompute == "layer" else L * layer
     state = P * (16 + (4 if accumulation > 1 else 0))
-    return {"state": state, "activations": activations, "exchange": exchange, "total": state + activations + exchange}
+    return {
+        "state": state,
+        "activations": activations,
+        "exchange": exchange,
+        "total": state + activations + exchange,
+    }
 
 
 def exchange_state_bytes(shapes, comm: CommConfig, ranks: int) -> dict:
-    """Bytes of the gradient exchange's state on ONE of `ranks` ranks, float32 as the code allocates it
-    (bert_tf/parallel/compression.py, exchange_state.py, local_sgd.py), for these shapes (gradient_tensor_shapes):
+    """Bytes of the gradient exchange's state on ONE of `ranks` ranks, float32 as the code allocates
+    it (bert_tf/parallel/compression.py, exchange_state.py, local_sgd.py), for these shapes
+    (gradient_tensor_shapes):
       own            this rank's error-feedback buffers, different on every rank (powersgd: an n x m error per
-                     compressed matrix, comm.powersgd_plan; onebit: an error of every element and the averaging
-                     side's error of this rank's chunk, comm.onebit_chunk, which shrinks as ranks grow)
+                     compressed matrix, comm.powersgd_plan; onebit: an error of every element and
+                     the averaging side's error of this rank's chunk, comm.onebit_chunk, which
+                     shrinks as ranks grow)
       shared         state the same on every rank (powersgd: Q, m x r per compressed matrix; DiLoCo: the anchor
                      and the velocity, 2 x the weights); none and fp16 keep nothing
       steady         own + shared: on the device for the whole run
@@ -44,12 +62,14 @@ def exchange_state_bytes(shapes, comm: CommConfig, ranks: int) -> dict:
       resume_host    at a resume, its own file read back into the host
       resume_device  and copied into the variables one buffer at a time: at most the largest on the device at once
       checkpoint     the shared part, which rank 0 alone writes (Q in its own file, DiLoCo's in the main
-                     checkpoint) and which a resume reads (Q: rank 0, then a broadcast; DiLoCo's: every rank)
+                     checkpoint) and which a resume reads (Q: rank 0, then a broadcast; DiLoCo's:
+                     every rank)
     and, for the record, the gather design the per-rank files replace (`capture`, `after_restore`):
       old_save_rank0  every rank's own buffers gathered into rank 0's device (ranks x own, kept there as
                       `saved`), then copied to its host for the checkpoint
       old_resume      that gathered copy on every rank after a resume, kept on its device (ranks x own)
-    The file's header and the counters are left out, and so are the tensors an exchange computes in an update."""
+    The file's header and the counters are left out, and so are the tensors an exchange computes in
+    an update."""
     if comm.exchange == "auto":
         raise ConfigError("--exchange=auto: resolve it first (planner.exchange_ranking)")
     buffers, shared = [], 0
@@ -63,25 +83,42 @@ def exchange_state_bytes(shapes, comm: CommConfig, ranks: int) -> dict:
     elif comm.method == "onebit":
         buffers = [4 * elements, 4 * onebit_chunk(elements, ranks)]
     own = sum(buffers)
-    return {"ranks": ranks, "own": own, "shared": shared, "steady": own + shared, "save_host": own, "file": own,
-            "resume_host": own, "resume_device": max(buffers, default=0), "checkpoint": shared,
-            "old_save_rank0": ranks * own, "old_resume": ranks * own}
+    return {
+        "ranks": ranks,
+        "own": own,
+        "shared": shared,
+        "steady": own + shared,
+        "save_host": own,
+        "file": own,
+        "resume_host": own,
+        "resume_device": max(buffers, default=0),
+        "checkpoint": shared,
+        "old_save_rank0": ranks * own,
+        "old_resume": ranks * own,
+    }
 
 
 def exchange_state_table(shapes, ranks_list, comm: CommConfig | None = None) -> list:
-    """exchange_state_bytes of every exchange (auto's candidates and DiLoCo) at each rank count: rows with
-    "method" added, for run/plan.py --exchange_memory and docs/results.md."""
+    """exchange_state_bytes of every exchange (auto's candidates and DiLoCo) at each rank count:
+    rows with "method" added, for run/plan.py --exchange_memory and docs/results.md."""
     choices = exchange_choices(comm or CommConfig())
-    choices["DiLoCo"] = CommConfig(local_updates=1)        # its state is the same at any --local_updates
-    return [{"method": label, **exchange_state_bytes(shapes, c, ranks)}
-            for ranks in ranks_list for label, c in choices.items()]
+    choices["DiLoCo"] = CommConfig(local_updates=1)  # its state is the same at any --local_updates
+    return [
+        {"method": label, **exchange_state_bytes(shapes, c, ranks)}
+        for ranks in ranks_list
+        for label, c in choices.items()
+    ]
 
 
 def memory_warning(phase: str, memory: dict, device_memory_gb) -> str:
-    """One line when `memory` (memory_bytes of `phase`, the exchange state in it) exceeds --device_memory_gb
-    (GiB; 0: unknown, no check); empty when it fits."""
-    if device_memory_gb <= 0 or memory["total"] <= device_memory_gb * 2 ** 30:
+    """One line when `memory` (memory_bytes of `phase`, the exchange state in it) exceeds
+    --device_memory_gb (GiB; 0: unknown, no check); empty when it fits."""
+    if device_memory_gb <= 0 or memory["total"] <= device_memory_gb * 2**30:
         return ""
-    return (f"warning: {phase} needs {memory['total'] / 2**30:.1f} GiB per device (the gradient exchange's state "
-            f"{memory['exchange'] / 2**30:.1f} GiB of it), more than --device_memory_gb={device_memory_gb:g}: "
-            f"a smaller --{phase}_micro_batch_size, --recompute=layer, or another --exchange")
+    return (
+        f"warning: {phase} needs {memory['total'] / 2**30:.1f} GiB per device (the gradient "
+        "exchange's state "
+        f"{memory['exchange'] / 2**30:.1f} GiB of it), more than "
+        f"--device_memory_gb={device_memory_gb:g}: "
+        f"a smaller --{phase}_micro_batch_size, --recompute=layer, or another --exchange"
+    )

@@ -41,9 +41,9 @@ Preemptible (spot) capacity, per phase of T hours on n nodes of N devices (`pree
         L_e = elastic + join + commit_interval / 2 x u + replacement / n
               (elastic: detection + restore + first update; join: the ranks wait for the newcomer's
                start-up; the missing node's share of the work while it is being replaced)
-        and committing costs c = 12 x parameters bytes (fp32 weights + two optimizer slots) / host copy
-        bandwidth every commit_interval updates:
-        T_e = T (1 + c / (commit_interval x u)) / (1 - Lambda L_e)
+        and committing costs c = 12 x parameters bytes (fp32 weights + two optimizer slots) / host
+        copy bandwidth every commit_interval updates: T_e = T (1 + c / (commit_interval x u)) / (1 -
+        Lambda L_e)
     spot cost       T_x x N x price_spot x (1 - Lambda x replacement / n)   (a preempted node is not
                                                                             billed until replaced)
 Assumes events far enough apart not to overlap (Lambda x L << 1) and a replacement always available.
@@ -52,6 +52,7 @@ Bandwidths are in Gbit/s on input and converted to bytes/s; latencies and o in m
 Not modelled: stragglers, input stalls, and fixed per-update costs beyond those inside r
 (they matter when an update has few micro-batches; docs/planner_validation.md measures the miss).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -64,24 +65,24 @@ from bert_tf.model.config import BertConfig
 
 
 def gradient_tensor_shapes(config: BertConfig, nsp: bool = True) -> list:
-    """The shape of every trainable variable of modeling.BertPretrainer (one gradient tensor each, so one
-    Horovod allreduce each), listed in google's layout order (embeddings, layers, pooler, heads). The same
-    shapes as the model's (tested), not in its order (tf.Module sorts attributes by name); the order only
-    moves where fusion_messages cuts the buffers, and Horovod itself fuses the tensors in the order they
-    are ready."""
+    """The shape of every trainable variable of modeling.BertPretrainer (one gradient tensor each,
+    so one Horovod allreduce each), listed in google's layout order (embeddings, layers, pooler,
+    heads). The same shapes as the model's (tested), not in its order (tf.Module sorts attributes by
+    name); the order only moves where fusion_messages cuts the buffers, and Horovod itself fuses the
+    tensors in the order they are ready."""
     H, I, V = config.hidden_size, config.intermediate_size, config.vocab_size
-    if config.architecture == "modern":       # bert_tf/model/modern.py: no biases, no positions, GeGLU
+    if config.architecture == "modern":  # bert_tf/model/modern.py: no biases, no positions, GeGLU
         shapes = [(V, H), (H,)]
         for i in range(config.num_hidden_layers):
             shapes += [(H,)] * (i > 0) + [(H, 3 * H), (H, H), (H,), (H, 2 * I), (I, H)]
-        shapes += [(H,), (H, H), (H,)]                         # final norm, pooler
-        shapes += [(H, H), (H,), (V,)]                         # MLM transform, norm, output bias
+        shapes += [(H,), (H, H), (H,)]  # final norm, pooler
+        shapes += [(H, H), (H,), (V,)]  # MLM transform, norm, output bias
         return shapes + ([(H, 2), (2,)] if nsp else [])
     shapes = [(V, H), (config.max_position_embeddings, H), (config.type_vocab_size, H), (H,), (H,)]
     layer = [(H, H), (H,)] * 4 + [(H,), (H,)] + [(H, I), (I,), (I, H), (H,)] + [(H,), (H,)]
     shapes += layer * config.num_hidden_layers
-    shapes += [(H, H), (H,)]                                  # pooler
-    shapes += [(H, H), (H,), (H,), (H,), (V,)]                # MLM transform, LayerNorm, output bias
+    shapes += [(H, H), (H,)]  # pooler
+    shapes += [(H, H), (H,), (H,), (H,), (V,)]  # MLM transform, LayerNorm, output bias
     if nsp:
         shapes += [(H, 2), (2,)]
     return shapes
@@ -102,7 +103,7 @@ def fusion_messages(tensor_bytes, fusion_threshold_mb) -> int:
     buffers of at most the fusion threshold; a tensor larger than it goes alone; 0 = no fusion."""
     if fusion_threshold_mb <= 0:
         return len(tensor_bytes)
-    limit, messages, filled = fusion_threshold_mb * 2 ** 20, 0, None
+    limit, messages, filled = fusion_threshold_mb * 2**20, 0, None
     for b in tensor_bytes:
         if filled is None or filled + b > limit:
             messages, filled = messages + 1, b
@@ -115,12 +116,14 @@ def fusion_messages(tensor_bytes, fusion_threshold_mb) -> int:
 class Cluster:
     nodes: int
     devices_per_node: int
-    inter_gbps: float                 # per node NIC bandwidth
+    inter_gbps: float  # per node NIC bandwidth
     inter_latency_us: float = 50.0
-    intra_gbps: float = 800.0         # device-to-device inside a node (NVLink ~ 800+, PCIe 3 x16 ~ 100)
+    intra_gbps: float = 800.0  # device-to-device inside a node (NVLink ~ 800+, PCIe 3 x16 ~ 100)
     intra_latency_us: float = 5.0
     price_per_device_hour: float = 0.0
-    message_overhead_us: float = 0.0  # software cost per fused message (negotiation, copies, MPI call)
+    message_overhead_us: float = (
+        0.0  # software cost per fused message (negotiation, copies, MPI call)
+    )
 
     def __post_init__(self):
         for name in ("nodes", "devices_per_node"):
@@ -128,8 +131,15 @@ class Cluster:
                 raise ConfigError(f"--{name} must be >= 1, got {getattr(self, name)}")
         for name in ("inter_gbps", "intra_gbps"):
             if getattr(self, name) <= 0:
-                raise ConfigError(f"--{name} must be > 0 (a link with no bandwidth), got {getattr(self, name)}")
-        for name in ("inter_latency_us", "intra_latency_us", "price_per_device_hour", "message_overhead_us"):
+                raise ConfigError(
+                    f"--{name} must be > 0 (a link with no bandwidth), got {getattr(self, name)}"
+                )
+        for name in (
+            "inter_latency_us",
+            "intra_latency_us",
+            "price_per_device_hour",
+            "message_overhead_us",
+        ):
             if getattr(self, name) < 0:
                 raise ConfigError(f"--{name} must be >= 0, got {getattr(self, name)}")
 
@@ -140,7 +150,7 @@ class Cluster:
 
 @dataclasses.dataclass
 class Phase:
-    name: str                         # also the prefix of its flags in run/plan.py (phase1, phase2)
+    name: str  # also the prefix of its flags in run/plan.py (phase1, phase2)
     seq_length: int
     total_sequences: float
     global_batch: int
@@ -148,16 +158,22 @@ class Phase:
 
     def __post_init__(self):
         if self.device_sequences_per_second <= 0:
-            raise ConfigError(f"{self.name}: per-device throughput must be > 0, got {self.device_sequences_per_second}")
+            raise ConfigError(
+                f"{self.name}: per-device throughput must be > 0, got "
+                f"{self.device_sequences_per_second}"
+            )
         if self.global_batch < 1 or self.total_sequences <= 0:
             raise ConfigError(f"{self.name}: global batch and total sequences must be positive")
 
 
 def probed_cluster(nodes, link, rate_gbit=None) -> Cluster:
-    """`nodes` one-rank nodes on a flat ring at a link as measured (comm_study.probe_link, auto_exchange.measure_link):
-    its bandwidth (at most `rate_gbit`, the shaped rate) and per-message cost, no further latency."""
+    """`nodes` one-rank nodes on a flat ring at a link as measured (comm_study.probe_link,
+    auto_exchange.measure_link): its bandwidth (at most `rate_gbit`, the shaped rate) and
+    per-message cost, no further latency."""
     gbit = link["effective_gbit"] if rate_gbit is None else min(rate_gbit, link["effective_gbit"])
-    return Cluster(nodes, 1, gbit, inter_latency_us=0, message_overhead_us=link["message_seconds"] * 1e6)
+    return Cluster(
+        nodes, 1, gbit, inter_latency_us=0, message_overhead_us=link["message_seconds"] * 1e6
+    )
 
 
 def allreduce_seconds(gradient_bytes, cluster: Cluster, messages=1, cycle_time_ms=0.0):
@@ -171,71 +187,105 @@ def allreduce_seconds(gradient_bytes, cluster: Cluster, messages=1, cycle_time_m
         return 0.0
     if d == 1:
         N = n
-        return 2 * (N - 1) / N * gradient_bytes / inter_bw + 2 * (N - 1) * lat_inter * messages + wait
+        return (
+            2 * (N - 1) / N * gradient_bytes / inter_bw + 2 * (N - 1) * lat_inter * messages + wait
+        )
     intra = 2 * (d - 1) / d * gradient_bytes / intra_bw
     inter = 2 * (n - 1) / n * gradient_bytes / inter_bw if n > 1 else 0.0
     return intra + inter + (2 * (d - 1) * lat_intra + 2 * (n - 1) * lat_inter) * messages + wait
 
 
-def plan_phase(tensor_sizes, phase: Phase, cluster: Cluster, comm: CommConfig, accumulation: int,
-               overhead_seconds=0.0, update_factor=1.0):
+def plan_phase(
+    tensor_sizes,
+    phase: Phase,
+    cluster: Cluster,
+    comm: CommConfig,
+    accumulation: int,
+    overhead_seconds=0.0,
+    update_factor=1.0,
+):
     """tensor_sizes: gradient_tensor_sizes(config), or one number (all parameters in one tensor), or
     gradient_tensor_shapes(config) (which --exchange=powersgd|onebit need).
-    overhead_seconds: a compressed exchange's own computation per update; update_factor: the updates it
-    needs for the quality the uncompressed run reaches in 1 (both measured: docs/results.md)."""
+    overhead_seconds: a compressed exchange's own computation per update; update_factor: the updates
+    it needs for the quality the uncompressed run reaches in 1 (both measured: docs/results.md)."""
     if isinstance(tensor_sizes, (int, float)):
         tensor_sizes = [tensor_sizes]
     shapes = [s for s in tensor_sizes if isinstance(s, tuple)]
     tensor_sizes = [math.prod(s) if isinstance(s, tuple) else s for s in tensor_sizes]
     N = cluster.devices
     if phase.global_batch % N:
-        raise ConfigError(f"{phase.name}: global batch {phase.global_batch} is not divisible by {N} devices "
-                          f"(--{phase.name}_global_batch_size; --nodes x --devices_per_node)")
+        raise ConfigError(
+            f"{phase.name}: global batch {phase.global_batch} is not divisible by {N} devices "
+            f"(--{phase.name}_global_batch_size; --nodes x --devices_per_node)"
+        )
     if (phase.global_batch // N) % accumulation:
-        raise ConfigError(f"{phase.name}: per-device batch {phase.global_batch // N} is not divisible by "
-                          f"--{phase.name}_accumulation={accumulation}")
+        raise ConfigError(
+            f"{phase.name}: per-device batch {phase.global_batch // N} is not divisible by "
+            f"--{phase.name}_accumulation={accumulation}"
+        )
     if comm.exchange == "auto":
         raise ConfigError("--exchange=auto: resolve it first (planner.exchange_ranking)")
     comm = comm.resolved()
     compute = phase.global_batch / (N * phase.device_sequences_per_second)
     if comm.compressed:
         if len(shapes) != len(tensor_sizes):
-            raise ConfigError(f"--exchange={comm.exchange}: the plan needs the gradient "
-                              "tensors' shapes (planner.gradient_tensor_shapes)")
+            raise ConfigError(
+                f"--exchange={comm.exchange}: the plan needs the gradient "
+                "tensors' shapes (planner.gradient_tensor_shapes)"
+            )
         comm_time, gradient_bytes, messages = compressed_exchange_seconds(shapes, cluster, comm)
         comm_time += overhead_seconds
     else:
-        # DiLoCo (--local_updates=H): the weights' change in float16 once every H updates, nothing between
+        # DiLoCo (--local_updates=H): the weights' change in float16 once every H updates, nothing
+        # between
         width = 2 if comm.method == "fp16" or comm.local_updates else 4
         tensor_bytes = [size * width for size in tensor_sizes]
         gradient_bytes = sum(tensor_bytes)
         messages = fusion_messages(tensor_bytes, comm.fusion_threshold_mb)
-        allreduces = accumulation if comm.allreduce_every_micro_batch else 1 / max(comm.local_updates, 1)
-        comm_time = allreduces * allreduce_seconds(gradient_bytes, cluster, messages, comm.cycle_time_ms)
+        allreduces = (
+            accumulation if comm.allreduce_every_micro_batch else 1 / max(comm.local_updates, 1)
+        )
+        comm_time = allreduces * allreduce_seconds(
+            gradient_bytes, cluster, messages, comm.cycle_time_ms
+        )
         if comm.local_updates:
-            gradient_bytes /= comm.local_updates          # per update, on average
+            gradient_bytes /= comm.local_updates  # per update, on average
         if comm.local_updates and comm.local_group == "node" and cluster.devices_per_node > 1:
             # each node one worker: its float32 gradients averaged inside the node every update
             inner = [4 * size for size in tensor_sizes]
-            comm_time += allreduce_seconds(sum(inner), dataclasses.replace(cluster, nodes=1),
-                                           fusion_messages(inner, comm.fusion_threshold_mb), comm.cycle_time_ms)
+            comm_time += allreduce_seconds(
+                sum(inner),
+                dataclasses.replace(cluster, nodes=1),
+                fusion_messages(inner, comm.fusion_threshold_mb),
+                comm.cycle_time_ms,
+            )
     step = compute + comm_time
     throughput = phase.global_batch / step
     seconds = phase.total_sequences * update_factor / throughput
-    return {"phase": phase.name, "compute_seconds": compute, "allreduce_seconds": comm_time, "update_seconds": step,
-            "gradient_bytes": gradient_bytes, "messages": messages, "sequences_per_second": throughput,
-            "scaling_efficiency": compute / step, "updates": phase.total_sequences * update_factor / phase.global_batch,
-            "days": seconds / 86400, "cost": seconds / 3600 * N * cluster.price_per_device_hour}
+    return {
+        "phase": phase.name,
+        "compute_seconds": compute,
+        "allreduce_seconds": comm_time,
+        "update_seconds": step,
+        "gradient_bytes": gradient_bytes,
+        "messages": messages,
+        "sequences_per_second": throughput,
+        "scaling_efficiency": compute / step,
+        "updates": phase.total_sequences * update_factor / phase.global_batch,
+        "days": seconds / 86400,
+        "cost": seconds / 3600 * N * cluster.price_per_device_hour,
+    }
 
 
 def compressed_exchange_seconds(shapes, cluster: Cluster, comm: CommConfig):
     """(seconds, payload bytes, messages) of one powersgd or onebit exchange, computation aside.
-    powersgd: two grouped allreduces (the P factors; the Q factors with the uncompressed tensors) of its
-    payload, as allreduce_seconds models any allreduce. onebit: an alltoall and an allgather of the signs
-    (and of one scale per rank) over all N ranks, no hierarchy: each node's link carries its d ranks'
-    (N - d)/N of both, and every rank exchanges with N - 1 others twice for each of the two tensors."""
+    powersgd: two grouped allreduces (the P factors; the Q factors with the uncompressed tensors) of
+    its payload, as allreduce_seconds models any allreduce. onebit: an alltoall and an allgather of
+    the signs (and of one scale per rank) over all N ranks, no hierarchy: each node's link carries
+    its d ranks' (N - d)/N of both, and every rank exchanges with N - 1 others twice for each of the
+    two tensors."""
     comm = comm.resolved()
-    cycle_ms = comm.cycle_time_ms or 0.0        # resolved: never None
+    cycle_ms = comm.cycle_time_ms or 0.0  # resolved: never None
     N, n, d = cluster.devices, cluster.nodes, cluster.devices_per_node
     payload = payload_bytes(comm.exchange, shapes, N, comm.powersgd_rank)
     if comm.exchange == "powersgd":
@@ -250,48 +300,75 @@ def compressed_exchange_seconds(shapes, cluster: Cluster, comm: CommConfig):
     return inter + intra + 4 * (N - 1) * lat + wait, payload, 4
 
 
-def plan(tensor_sizes, phases, cluster, comm, accumulation, overhead_seconds=0.0, update_factor=1.0):
-    rows = [plan_phase(tensor_sizes, p, cluster, comm, acc, overhead_seconds, update_factor)
-            for p, acc in zip(phases, accumulation)]
-    return {"phases": rows, "days": sum(r["days"] for r in rows), "cost": sum(r["cost"] for r in rows)}
+def plan(
+    tensor_sizes, phases, cluster, comm, accumulation, overhead_seconds=0.0, update_factor=1.0
+):
+    rows = [
+        plan_phase(tensor_sizes, p, cluster, comm, acc, overhead_seconds, update_factor)
+        for p, acc in zip(phases, accumulation)
+    ]
+    return {
+        "phases": rows,
+        "days": sum(r["days"] for r in rows),
+        "cost": sum(r["cost"] for r in rows),
+    }
 
 
-def exchange_ranking(shapes, phases, cluster, comm, accumulation, overheads=None, factors=None) -> list:
-    """rank_exchanges over the plan's days for each candidate exchange (exchange_choices); overheads: method (any
-    rank) -> seconds of computation a compressed exchange adds per update (run/comm_study.py --compression_cost)."""
+def exchange_ranking(
+    shapes, phases, cluster, comm, accumulation, overheads=None, factors=None
+) -> list:
+    """rank_exchanges over the plan's days for each candidate exchange (exchange_choices);
+    overheads: method (any rank) -> seconds of computation a compressed exchange adds per update
+    (run/comm_study.py --compression_cost)."""
     comms = exchange_choices(comm)
-    days = {label: plan(shapes, phases, cluster, c, accumulation, (overheads or {}).get(c.method, 0.0))["days"]
-            for label, c in comms.items()}
+    days = {
+        label: plan(shapes, phases, cluster, c, accumulation, (overheads or {}).get(c.method, 0.0))[
+            "days"
+        ]
+        for label, c in comms.items()
+    }
     return rank_exchanges(days, comms, factors)
 
 
 def best_knob(tensor_sizes, phases, cluster, comm, accumulation):
-    """Total days under each single change, best first: which knob helps most. Each exchange counts the updates it
-    needs for float16's held-out accuracy (auto_exchange.update_factor; equal updates where none was measured)."""
+    """Total days under each single change, best first: which knob helps most. Each exchange counts
+    the updates it needs for float16's held-out accuracy (auto_exchange.update_factor; equal updates
+    where none was measured)."""
+
     def days(c, on=cluster):
-        return plan(tensor_sizes, phases, on, c, accumulation, update_factor=update_factor(c)[0] or 1.0)["days"]
+        return plan(
+            tensor_sizes, phases, on, c, accumulation, update_factor=update_factor(c)[0] or 1.0
+        )["days"]
+
     options = {
-        "fp16 gradient compression": dataclasses.replace(comm, fp16_allreduce=False, exchange="fp16"),
-        "allreduce after accumulation": dataclasses.replace(comm, allreduce_every_micro_batch=False),
+        "fp16 gradient compression": dataclasses.replace(
+            comm, fp16_allreduce=False, exchange="fp16"
+        ),
+        "allreduce after accumulation": dataclasses.replace(
+            comm, allreduce_every_micro_batch=False
+        ),
         "fusion buffer 512 MB": dataclasses.replace(comm, fusion_threshold_mb=512),
     }
-    if all(isinstance(t, tuple) for t in tensor_sizes):       # shapes: the compressed exchanges too
+    if all(isinstance(t, tuple) for t in tensor_sizes):  # shapes: the compressed exchanges too
         for method in ("powersgd", "onebit"):
             c = dataclasses.replace(comm, fp16_allreduce=False, exchange=method)
             factor, note = update_factor(c)
             label = f"PowerSGD rank {comm.powersgd_rank}" if method == "powersgd" else "1-bit"
-            if factor is not None:          # exchange_ranking lists the others
+            if factor is not None:  # exchange_ranking lists the others
                 options[f"{label} (x{factor:.2f} updates{note}; its computation not counted)"] = c
     results = {name: days(c) for name, c in options.items()}
     faster = dataclasses.replace(cluster, inter_gbps=cluster.inter_gbps * 2.5)
-    results[f"network {cluster.inter_gbps:g} -> {cluster.inter_gbps * 2.5:g} Gbit/s"] = days(comm, faster)
+    results[f"network {cluster.inter_gbps:g} -> {cluster.inter_gbps * 2.5:g} Gbit/s"] = days(
+        comm, faster
+    )
     return days(comm), sorted(((d, name) for name, d in results.items()), key=lambda x: x[0])
 
 
-# run/elastic_recovery.py on this project's 2-core machine (docs/results.md, "Elastic training"): tiny BERT,
-# 3 emulated nodes. Restart: kill -> first update of the relaunched job 50.6 s; elastic: kill -> first
-# update on the survivors 35.4 s (30 s of it Gloo's timeout); a replacement joining stalls the ranks 18.0 s.
-# run/plan.py's defaults for Preemption's restart_minutes, elastic_minutes and join_minutes.
+# run/elastic_recovery.py on this project's 2-core machine (docs/results.md, "Elastic training"):
+# tiny BERT, 3 emulated nodes. Restart: kill -> first update of the relaunched job 50.6 s; elastic:
+# kill -> first update on the survivors 35.4 s (30 s of it Gloo's timeout); a replacement joining
+# stalls the ranks 18.0 s. run/plan.py's defaults for Preemption's restart_minutes, elastic_minutes
+# and join_minutes.
 MEASURED_RESTART_MINUTES = 50.6 / 60
 MEASURED_ELASTIC_MINUTES = 35.4 / 60
 MEASURED_JOIN_MINUTES = 18.0 / 60
@@ -300,23 +377,30 @@ MEASURED_JOIN_MINUTES = 18.0 / 60
 @dataclasses.dataclass
 class Preemption:
     """Preemptible capacity and what a preemption costs (module docstring: the equations)."""
-    price_on_demand: float                # per device-hour
-    price_spot: float                     # per device-hour
-    mtbp_hours: float                     # mean time between preemptions of one node
-    restart_minutes: float                # kill-and-restart from a checkpoint, without the lost updates
-    elastic_minutes: float                # an elastic event: detection + restore + first update
-    join_minutes: float                   # the ranks wait for a joining node's start-up
-    replacement_minutes: float            # until a preempted node is replaced
-    save_interval: int                    # updates between checkpoints
-    elastic_commit_interval: int          # updates between elastic commits
+
+    price_on_demand: float  # per device-hour
+    price_spot: float  # per device-hour
+    mtbp_hours: float  # mean time between preemptions of one node
+    restart_minutes: float  # kill-and-restart from a checkpoint, without the lost updates
+    elastic_minutes: float  # an elastic event: detection + restore + first update
+    join_minutes: float  # the ranks wait for a joining node's start-up
+    replacement_minutes: float  # until a preempted node is replaced
+    save_interval: int  # updates between checkpoints
+    elastic_commit_interval: int  # updates between elastic commits
     host_copy_gbytes_per_s: float = 10.0  # device -> host copy of one commit
 
     def __post_init__(self):
         for name in ("mtbp_hours", "host_copy_gbytes_per_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"--{name} must be > 0, got {getattr(self, name)}")
-        for name in ("price_on_demand", "price_spot", "restart_minutes", "elastic_minutes", "join_minutes",
-                     "replacement_minutes"):
+        for name in (
+            "price_on_demand",
+            "price_spot",
+            "restart_minutes",
+            "elastic_minutes",
+            "join_minutes",
+            "replacement_minutes",
+        ):
             if getattr(self, name) < 0:
                 raise ConfigError(f"--{name} must be >= 0, got {getattr(self, name)}")
         for name in ("save_interval", "elastic_commit_interval"):
@@ -325,8 +409,9 @@ class Preemption:
 
 
 def preemptible(phase_rows, cluster: Cluster, pre: Preemption, parameters: int) -> dict:
-    """{"on-demand" | "spot + checkpoint restart" | "spot + elastic": {"days", "cost"}} for the phases
-    of `plan()` (module docstring: the equations). days is inf when preemptions outpace progress."""
+    """{"on-demand" | "spot + checkpoint restart" | "spot + elastic": {"days", "cost"}} for the
+    phases of `plan()` (module docstring: the equations). days is inf when preemptions outpace
+    progress."""
     n, N = cluster.nodes, cluster.devices
     rate = n / pre.mtbp_hours
     replacement = pre.replacement_minutes / 60
@@ -336,39 +421,56 @@ def preemptible(phase_rows, cluster: Cluster, pre: Preemption, parameters: int) 
         T, u = row["days"] * 24, row["update_seconds"] / 3600
         lost_restart = pre.restart_minutes / 60 + replacement + pre.save_interval / 2 * u
         commits = pre.elastic_commit_interval
-        lost_elastic = (pre.elastic_minutes + pre.join_minutes) / 60 + commits / 2 * u + replacement / n
+        lost_elastic = (
+            (pre.elastic_minutes + pre.join_minutes) / 60 + commits / 2 * u + replacement / n
+        )
         hours["on-demand"] += T
         hours["spot + checkpoint restart"] += _stretched(T, rate * lost_restart)
-        hours["spot + elastic"] += _stretched(T * (1 + commit_hours / (commits * u)), rate * lost_elastic)
+        hours["spot + elastic"] += _stretched(
+            T * (1 + commit_hours / (commits * u)), rate * lost_elastic
+        )
     billed = 1 - rate * replacement / n
-    prices = {"on-demand": pre.price_on_demand, "spot + checkpoint restart": pre.price_spot * billed,
-              "spot + elastic": pre.price_spot * billed}
+    prices = {
+        "on-demand": pre.price_on_demand,
+        "spot + checkpoint restart": pre.price_spot * billed,
+        "spot + elastic": pre.price_spot * billed,
+    }
     return {k: {"days": h / 24, "cost": h * N * prices[k]} for k, h in hours.items()}
 
 
 def cheapest(options: dict, within=0.01):
-    """(the cheapest option's name, the others costing at most `within` more), for preemptible()'s result."""
+    """(the cheapest option's name, the others costing at most `within` more), for preemptible()'s
+    result."""
     ranked = sorted(options, key=lambda k: options[k]["cost"])
-    return ranked[0], [k for k in ranked[1:] if options[k]["cost"] <= (1 + within) * options[ranked[0]]["cost"]]
+    return ranked[0], [
+        k for k in ranked[1:] if options[k]["cost"] <= (1 + within) * options[ranked[0]]["cost"]
+    ]
 
 
 def _stretched(hours, lost_fraction):
     return hours / (1 - lost_fraction) if lost_fraction < 1 else float("inf")
 
 
-# -- measured device figures (run/benchmark.py --device_figures, scripts/gpu_check.sh) -> run/plan.py ----------
-DEVICE_FIGURES = {"phase1_device_seq_s": 128, "phase2_device_seq_s": 512}   # plan flag -> the sequence it is for
+# -- measured device figures (run/benchmark.py --device_figures, scripts/gpu_check.sh) ->
+# run/plan.py ----------
+DEVICE_FIGURES = {
+    "phase1_device_seq_s": 128,
+    "phase2_device_seq_s": 512,
+}  # plan flag -> the sequence it is for
 LINK_FIGURES = ("intra_gbps",)
 
 
 def record_device_figures(path, model_preset, seq_length, sequences_per_second, **details):
-    """Adds one measured figure (the fastest rung's sequences/s at 128 or 512) to the JSON at `path`,
-    keeping the other phase's; written to a temporary name, then renamed."""
+    """Adds one measured figure (the fastest rung's sequences/s at 128 or 512) to the JSON at
+    `path`, keeping the other phase's; written to a temporary name, then renamed."""
     import json
     import os
+
     key = next((k for k, seq in DEVICE_FIGURES.items() if seq == seq_length), None)
     if key is None:
-        raise ConfigError(f"--device_figures: the plan's phases run at sequence 128 and 512, not {seq_length}")
+        raise ConfigError(
+            f"--device_figures: the plan's phases run at sequence 128 and 512, not {seq_length}"
+        )
     figures = {}
     if os.path.exists(path):
         figures = read_device_figures(path, model_preset)
@@ -381,8 +483,10 @@ def record_device_figures(path, model_preset, seq_length, sequences_per_second, 
 
 
 def read_device_figures(path, model_preset) -> dict:
-    """The JSON of measured figures, checked: written for `model_preset`, every figure a positive number."""
+    """The JSON of measured figures, checked: written for `model_preset`, every figure a positive
+    number."""
     import json
+
     try:
         with open(path) as f:
             figures = json.load(f)
@@ -392,11 +496,16 @@ def read_device_figures(path, model_preset) -> dict:
         raise ConfigError(f"--device_figures={path}: not JSON ({e})") from None
     if not isinstance(figures, dict) or figures.get("model_preset") != model_preset:
         found = figures.get("model_preset") if isinstance(figures, dict) else None
-        raise ConfigError(f"--device_figures={path}: measured on BERT-{found}, but the plan is for BERT-{model_preset} "
-                          f"(--model_preset)")
+        raise ConfigError(
+            f"--device_figures={path}: measured on BERT-{found}, but the plan is for "
+            f"BERT-{model_preset} "
+            f"(--model_preset)"
+        )
     for key in (*DEVICE_FIGURES, *LINK_FIGURES):
         if key in figures and not (isinstance(figures[key], (int, float)) and figures[key] > 0):
-            raise ConfigError(f"--device_figures={path}: {key} must be a positive number, got {figures[key]!r}")
+            raise ConfigError(
+                f"--device_figures={path}: {key} must be a positive number, got {figures[key]!r}"
+            )
     if not any(key in figures for key in DEVICE_FIGURES):
         raise ConfigError(f"--device_figures={path}: no {' or '.join(DEVICE_FIGURES)}")
     return figures

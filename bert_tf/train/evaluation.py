@@ -1,5 +1,6 @@
 """Held-out evaluation during pre-training: masked-LM loss and accuracy (NSP too), and the accuracy
 of always predicting the most frequent masked token, summed over every rank's share."""
+
 from __future__ import annotations
 
 from typing import Callable
@@ -13,28 +14,47 @@ from bert_tf.parallel import distributed
 from bert_tf.train import training
 
 
-def make_evaluator(trainer, cfg, eval_files, vocab_size, masker, pack=0) -> Callable[[int], metrics.EvalRecord]:
-    """Returns evaluate(step) -> metrics.EvalRecord with held-out MLM loss/accuracy, NSP accuracy, and the
-    accuracy of always predicting the most frequent masked token (a data-only baseline)."""
+def make_evaluator(
+    trainer, cfg, eval_files, vocab_size, masker, pack=0
+) -> Callable[[int], metrics.EvalRecord]:
+    """Returns evaluate(step) -> metrics.EvalRecord with held-out MLM loss/accuracy, NSP accuracy,
+    and the accuracy of always predicting the most frequent masked token (a data-only baseline)."""
     if not eval_files:
         return _no_eval_files
-    forward = tf.function(lambda f: trainer.model(f, dtype=trainer.dtype, training=False), jit_compile=False)
+    forward = tf.function(
+        lambda f: trainer.model(f, dtype=trainer.dtype, training=False), jit_compile=False
+    )
 
     def evaluate(step):
-        dataset = input_pipeline.make_dataset(eval_files, cfg.micro_batch_size, cfg.max_seq_length,
-                                              cfg.eval_predictions(), distributed.rank(), distributed.size(),
-                                              training=False, masker=masker, pack=pack)
+        dataset = input_pipeline.make_dataset(
+            eval_files,
+            cfg.micro_batch_size,
+            cfg.max_seq_length,
+            cfg.eval_predictions(),
+            distributed.rank(),
+            distributed.size(),
+            training=False,
+            masker=masker,
+            pack=pack,
+        )
         if cfg.eval_batches:
             dataset = dataset.take(cfg.eval_batches)
         sums, label_counts = {}, np.zeros([vocab_size], np.float64)
         for features in dataset:
             out = forward(features)
             n = float(tf.shape(features["input_ids"])[0])
-            for key, value in out.present().items():   # means weighted by the batch, counts as they are
+            for (
+                key,
+                value,
+            ) in out.present().items():  # means weighted by the batch, counts as they are
                 if key != "loss":
-                    sums[key] = sums.get(key, 0.0) + float(value) * (n if training.is_mean(key) else 1.0)
+                    sums[key] = sums.get(key, 0.0) + float(value) * (
+                        n if training.is_mean(key) else 1.0
+                    )
             sums["sequences"] = sums.get("sequences", 0.0) + n
-            ids = tf.boolean_mask(features["masked_lm_ids"], features["masked_lm_weights"] > 0).numpy()
+            ids = tf.boolean_mask(
+                features["masked_lm_ids"], features["masked_lm_weights"] > 0
+            ).numpy()
             np.add.at(label_counts, ids, 1)
         total = distributed.sum_across_ranks(sums)
         # the most frequent masked token over all ranks' eval labels
@@ -42,17 +62,25 @@ def make_evaluator(trainer, cfg, eval_files, vocab_size, masker, pack=0) -> Call
         acc = metrics.accuracies(total)
         found = label_counts.any()
         return metrics.EvalRecord(
-            step=step, eval_mlm_loss=total.get("mlm_loss", 0.0) / max(total.get("sequences", 0.0), 1.0),
+            step=step,
+            eval_mlm_loss=total.get("mlm_loss", 0.0) / max(total.get("sequences", 0.0), 1.0),
             eval_sequences=total.get("sequences", 0.0),
-            eval_mlm_accuracy=acc.get("mlm_accuracy"), eval_nsp_accuracy=acc.get("nsp_accuracy"),
-            eval_nsp_loss=total["nsp_loss"] / max(total["sequences"], 1.0) if "nsp_loss" in total else None,
+            eval_mlm_accuracy=acc.get("mlm_accuracy"),
+            eval_nsp_accuracy=acc.get("nsp_accuracy"),
+            eval_nsp_loss=total["nsp_loss"] / max(total["sequences"], 1.0)
+            if "nsp_loss" in total
+            else None,
             eval_most_frequent_token=int(label_counts.argmax()) if found else None,
-            eval_most_frequent_token_accuracy=label_counts.max() / max(total.get("mlm_weight", 0.0), 1.0)
-            if found else None)
+            eval_most_frequent_token_accuracy=label_counts.max()
+            / max(total.get("mlm_weight", 0.0), 1.0)
+            if found
+            else None,
+        )
 
     return evaluate
 
 
 def _no_eval_files(step: int) -> metrics.EvalRecord:
-    """The evaluator of a run without --eval_files, which the loop never calls (it asks for eval files first)."""
+    """The evaluator of a run without --eval_files, which the loop never calls (it asks for eval
+    files first)."""
     raise ValueError("no --eval_files: nothing to evaluate")

@@ -11,11 +11,12 @@ Update for step t (g: gradient, w: weight, lr: learning rate):
     LAMB:  w -= lr * r * u,  r = ||w|| / ||u|| when both norms are > 0, else 1
 
 freeze_variance_after=K (--exchange=onebit): from update K+1 on, v and its bias correction stay
-as they were after update K (1-bit Adam, Tang et al. 2021). Adam's per-coordinate scale cannot be estimated
-from sign-compressed gradients (every value +-the chunk's mean magnitude); with v fixed the update is linear
-in the gradient, so error feedback's promise (the compressed gradients' sum follows the true one) carries
-over to the weights.
+as they were after update K (1-bit Adam, Tang et al. 2021). Adam's per-coordinate scale cannot be
+estimated from sign-compressed gradients (every value +-the chunk's mean magnitude); with v fixed
+the update is linear in the gradient, so error feedback's promise (the compressed gradients' sum
+follows the true one) carries over to the weights.
 """
+
 from __future__ import annotations
 
 import re
@@ -31,13 +32,17 @@ NO_DECAY = re.compile(r"(gamma|beta|bias)")
 def learning_rate(step, peak, warmup_steps, total_steps, power=1.0, end=0.0, decay_fraction=None):
     """Linear warmup to `peak`, then polynomial decay to `end` at `total_steps` (numbers, or tensors
     that change while training: a time budget's predicted step count). decay_fraction (wsd): the
-    decay starts that share of total_steps before the end (not before warmup ends); until then, `peak`."""
+    decay starts that share of total_steps before the end (not before warmup ends); until then,
+    `peak`."""
     step = tf.cast(step, tf.float32)
     warmup_steps = tf.cast(warmup_steps, tf.float32)
     total_steps = tf.cast(total_steps, tf.float32)
     warmup = tf.maximum(warmup_steps, 1.0)
-    decay_start = warmup_steps if decay_fraction is None else \
-        tf.maximum(warmup_steps, total_steps * (1.0 - decay_fraction))
+    decay_start = (
+        warmup_steps
+        if decay_fraction is None
+        else tf.maximum(warmup_steps, total_steps * (1.0 - decay_fraction))
+    )
     decay_steps = tf.maximum(total_steps - decay_start, 1.0)
     progress = tf.clip_by_value((step - decay_start) / decay_steps, 0.0, 1.0)
     decayed = (peak - end) * (1.0 - progress) ** power + end
@@ -45,10 +50,15 @@ def learning_rate(step, peak, warmup_steps, total_steps, power=1.0, end=0.0, dec
 
 
 def squared_norm(x):
-    """sum(x^2). XLA's CPU backend reduces a whole tensor on one thread (BERT-base's weights: 85 ms);
-    a matrix's rows summed by a matmul with ones run on all cores (21 ms; docs/results.md). Not on a
-    GPU, where reductions are fast and a float32 matmul may run in TF32."""
-    if x.shape.rank == 2 and x.shape[0] is not None and x.shape[0] > 1 and not tf.config.list_logical_devices("GPU"):
+    """sum(x^2). XLA's CPU backend reduces a whole tensor on one thread (BERT-base's weights: 85
+    ms); a matrix's rows summed by a matmul with ones run on all cores (21 ms; docs/results.md). Not
+    on a GPU, where reductions are fast and a float32 matmul may run in TF32."""
+    if (
+        x.shape.rank == 2
+        and x.shape[0] is not None
+        and x.shape[0] > 1
+        and not tf.config.list_logical_devices("GPU")
+    ):
         return tf.reduce_sum(tf.matmul(tf.square(x), tf.ones([x.shape[1], 1], x.dtype)))
     return tf.reduce_sum(tf.square(x))
 
@@ -65,15 +75,24 @@ def global_norm(xs):
 class Optimizer(tf.Module):
     """LAMB or AdamW over a fixed list of variables (built eagerly, before any tf.function)."""
 
-    def __init__(self, variables, kind="lamb", weight_decay=0.01, beta_1=0.9, beta_2=0.999,
-                 epsilon=1e-6, freeze_variance_after=0, name=None):
+    def __init__(
+        self,
+        variables,
+        kind="lamb",
+        weight_decay=0.01,
+        beta_1=0.9,
+        beta_2=0.999,
+        epsilon=1e-6,
+        freeze_variance_after=0,
+        name=None,
+    ):
         super().__init__(name=name)
         if kind not in OPTIMIZERS:
             raise ValueError(f"unknown optimizer {kind!r}; valid: {', '.join(OPTIMIZERS)}")
         self.kind = kind
         self.weight_decay = weight_decay
         self.beta_1, self.beta_2, self.epsilon = beta_1, beta_2, epsilon
-        self.freeze_variance_after = freeze_variance_after     # 0: never
+        self.freeze_variance_after = freeze_variance_after  # 0: never
         self.iterations = tf.Variable(0, dtype=tf.int64, trainable=False, name="iterations")
         self.m = [tf.Variable(tf.zeros_like(v), trainable=False, name="m") for v in variables]
         self.v = [tf.Variable(tf.zeros_like(v), trainable=False, name="v") for v in variables]
@@ -101,4 +120,3 @@ class Optimizer(tf.Module):
                 update *= ratio
             w.assign_sub(lr * update)
         self.iterations.assign_add(1)
-

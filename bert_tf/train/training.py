@@ -1,7 +1,9 @@
-"""One optimizer update: precision policy, loss scaling, gradient accumulation, the gradient exchange.
+"""One optimizer update: precision policy, loss scaling, gradient accumulation, the gradient
+exchange.
 
-`train_step` is one update over this rank's `rank_micro_batches` micro-batches (--accumulation_steps;
-elastic mode sets its share with `set_share`); its public pieces are `gradients` and `apply`:
+`train_step` is one update over this rank's `rank_micro_batches` micro-batches
+(--accumulation_steps; elastic mode sets its share with `set_share`); its public pieces are
+`gradients` and `apply`:
 
     gradients(micro_batches):
       for each micro-batch but the last:  accumulate   (XLA when --xla) grads summed into variables
@@ -11,9 +13,9 @@ elastic mode sets its share with `set_share`); its public pieces are `gradients`
                                         code here, ONCE per update, after accumulation
     apply(grads)                        (XLA always: no matmul in it) unscale, skip if not finite, clip, step
 
---fuse compiles `accumulate` and `finish` with jit_compile=None under XLA auto-clustering of fusible ops
-(FUSION_FLAGS, set at launch): the matmuls stay TensorFlow kernels, the element-wise work between them is
-compiled and fused.
+--fuse compiles `accumulate` and `finish` with jit_compile=None under XLA auto-clustering of fusible
+ops (FUSION_FLAGS, set at launch): the matmuls stay TensorFlow kernels, the element-wise work
+between them is compiled and fused.
 
 `comm.allreduce_every_micro_batch=True` is the naive baseline the communication study starts from:
 each micro-batch's gradients are allreduced before being summed (accumulation_steps allreduces
@@ -24,14 +26,16 @@ The hot loop never waits for the device: the dropout seed of each micro-batch is
 device from the step variable, and the outputs are tensors the caller sums on the device and
 fetches when it logs. `train_step(..., timed=True)` (the loop asks for it once per log interval)
 fills `Trainer.timing` with the wall-clock split of that update: compute (forward/backward), wait
-(for the slowest rank to reach the exchange: its `wait_for_ranks` barrier, bert_tf/parallel/exchange.py),
-allreduce (the gradients on the link) and update seconds; it waits for the device before
-each clock read, so the split stays honest where kernels run asynchronously (GPUs).
+(for the slowest rank to reach the exchange: its `wait_for_ranks` barrier,
+bert_tf/parallel/exchange.py), allreduce (the gradients on the link) and update seconds; it waits
+for the device before each clock read, so the split stays honest where kernels run asynchronously
+(GPUs).
 
 Variables, losses and the update are float32; gradients are float32 out of the compiled code (with
 --exchange=fp16 the allreduce sends, sums and divides them in float16; under mixed_float16 they
 still carry the loss scale until `apply` unscales them).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -59,9 +63,10 @@ def compute_dtype(policy: str) -> tf.DType:
 
 
 class LossScale(tf.Module):
-    """Dynamic loss scale for float16: halve on a non-finite step, double after a run of good ones."""
+    """Dynamic loss scale for float16: halve on a non-finite step, double after a run of good
+    ones."""
 
-    def __init__(self, initial=2.0 ** 15, growth_interval=2000, name=None):
+    def __init__(self, initial=2.0**15, growth_interval=2000, name=None):
         super().__init__(name=name)
         self.scale = tf.Variable(initial, dtype=tf.float32, trainable=False, name="scale")
         self.good_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="good_steps")
@@ -80,10 +85,11 @@ class LossScale(tf.Module):
         tf.cond(finite, grow, shrink)
 
 
-# XLA auto-clustering restricted to the ops TensorFlow calls fusible (element-wise, reductions, softmax,
-# shape ops), on CPUs too. Matmuls stay TensorFlow kernels: oneDNN runs them on AMX / AVX-512 BF16, which
-# XLA's CPU backend in TF 2.21 does not reach (docs/results.md, "Fusion"). TensorFlow reads TF_XLA_FLAGS
-# once, early: it has to be in the environment when the process starts.
+# XLA auto-clustering restricted to the ops TensorFlow calls fusible (element-wise, reductions,
+# softmax, shape ops), on CPUs too. Matmuls stay TensorFlow kernels: oneDNN runs them on AMX /
+# AVX-512 BF16, which XLA's CPU backend in TF 2.21 does not reach (docs/results.md, "Fusion").
+# TensorFlow reads TF_XLA_FLAGS once, early: it has to be in the environment when the process
+# starts.
 FUSION_FLAGS = ("--tf_xla_auto_jit=fusible", "--tf_xla_cpu_global_jit")
 FUSION_ENV = f"TF_XLA_FLAGS='{' '.join(FUSION_FLAGS)}'"
 
@@ -97,26 +103,30 @@ R = TypeVar("R", bound=TensorRecord)
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class UpdateOutput:
-    """What `Trainer.train_step` returns: one update's tensors, on the device (nothing fetched). `output` is the
-    model's record (modeling.PretrainOutput, finetuning.FinetuneOutput) over this rank's micro-batches, means
-    averaged and counts summed (sum_metrics); the rest are the update's own, scalars []."""
+    """What `Trainer.train_step` returns: one update's tensors, on the device (nothing fetched).
+    `output` is the model's record (modeling.PretrainOutput, finetuning.FinetuneOutput) over this
+    rank's micro-batches, means averaged and counts summed (sum_metrics); the rest are the update's
+    own, scalars []."""
+
     output: Any
-    grad_norm: tf.Tensor                    # of the update's gradients, before clipping
+    grad_norm: tf.Tensor  # of the update's gradients, before clipping
     learning_rate: tf.Tensor
-    finite: tf.Tensor                       # bool: False when a non-finite gradient skipped the update
-    sequences: tf.Tensor                    # sequences this rank trained on (int32)
-    useful_tokens: tf.Tensor                # their non-padding tokens (int32)
-    instances: tf.Tensor | None = None      # packed rows: the instances they held; else None
-    loss_scale: tf.Tensor | None = None     # mixed_float16's loss scale; else None
+    finite: tf.Tensor  # bool: False when a non-finite gradient skipped the update
+    sequences: tf.Tensor  # sequences this rank trained on (int32)
+    useful_tokens: tf.Tensor  # their non-padding tokens (int32)
+    instances: tf.Tensor | None = None  # packed rows: the instances they held; else None
+    loss_scale: tf.Tensor | None = None  # mixed_float16's loss scale; else None
 
     @property
     def loss(self) -> tf.Tensor:
         return self.output.loss
 
     def figures(self) -> dict[str, Any]:
-        """{name: tensor}: the model's fields and the update's (not `output` itself), None left out; what
-        pretraining.IntervalMetrics sums by name."""
-        update = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "output"}
+        """{name: tensor}: the model's fields and the update's (not `output` itself), None left out;
+        what pretraining.IntervalMetrics sums by name."""
+        update = {
+            f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "output"
+        }
         return {**self.output.present(), **{k: v for k, v in update.items() if v is not None}}
 
 
@@ -132,68 +142,94 @@ class Trainer:
         self.model = model
         self.config = config
         self.dtype = compute_dtype(config.precision)
-        # Process-wide in TensorFlow; set per trainer so each benchmark rung gets its own. No effect on CPUs.
+        # Process-wide in TensorFlow; set per trainer so each benchmark rung gets its own. No effect
+        # on CPUs.
         tf.config.experimental.enable_tensor_float_32_execution(config.tf32)
         self.variables = list(model.trainable_variables)
         # 1-bit signs: the variance is frozen once they start (optimization.py)
         onebit = config.comm.exchange == "onebit"
         self.optimizer = optimization.Optimizer(
-            self.variables, config.optimizer, config.weight_decay, beta_2=config.adam_beta2,
-            freeze_variance_after=config.comm.compression_warmup_steps if onebit else 0)
+            self.variables,
+            config.optimizer,
+            config.weight_decay,
+            beta_2=config.adam_beta2,
+            freeze_variance_after=config.comm.compression_warmup_steps if onebit else 0,
+        )
         self.loss_scale = LossScale() if config.precision == "mixed_float16" else None
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         self.skipped_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="skipped_steps")
-        # the divergence guard's view (not checkpointed): skips in a row, and its learning-rate scale
-        self.consecutive_skips = tf.Variable(0, dtype=tf.int64, trainable=False, name="consecutive_skips")
+        # the divergence guard's view (not checkpointed): skips in a row, and its learning-rate
+        # scale
+        self.consecutive_skips = tf.Variable(
+            0, dtype=tf.int64, trainable=False, name="consecutive_skips"
+        )
         self.lr_scale = tf.Variable(1.0, dtype=tf.float32, trainable=False, name="lr_scale")
-        # a batch warmup's learning-rate factor for the update's smaller batch (train/batch_warmup.py)
-        self.batch_lr_scale = tf.Variable(1.0, dtype=tf.float32, trainable=False, name="batch_lr_scale")
+        # a batch warmup's learning-rate factor for the update's smaller batch
+        # (train/batch_warmup.py)
+        self.batch_lr_scale = tf.Variable(
+            1.0, dtype=tf.float32, trainable=False, name="batch_lr_scale"
+        )
         # the schedule's warmup and length in updates: the recipe's, or a time budget's prediction
-        self.schedule = tf.Variable([float(config.warmup_steps), float(config.total_steps)], trainable=False,
-                                    name="schedule")
+        self.schedule = tf.Variable(
+            [float(config.warmup_steps), float(config.total_steps)],
+            trainable=False,
+            name="schedule",
+        )
         self.accumulators = []
         self.use_exchange(Local() if exchange is None else exchange)
-        self.rank_micro_batches = 0          # this rank's micro-batches per update: set_share
-        self._compiled = {}                  # rank_micro_batches -> its compiled forward/backward pieces
+        self.rank_micro_batches = 0  # this rank's micro-batches per update: set_share
+        self._compiled = {}  # rank_micro_batches -> its compiled forward/backward pieces
         if config.fuse and not fusion_enabled():
-            raise ConfigError(f"--fuse needs {FUSION_ENV} in the environment when the process starts (TensorFlow "
-                              "reads it once, early): export it, and pass it on (mpirun -x TF_XLA_FLAGS)")
+            raise ConfigError(
+                f"--fuse needs {FUSION_ENV} in the environment when the process starts (TensorFlow "
+                "reads it once, early): export it, and pass it on (mpirun -x TF_XLA_FLAGS)"
+            )
         # the update has no matmul: always compiled, XLA fuses LAMB's per-variable element-wise work
         self.apply = tf.function(self._apply, jit_compile=True)
-        self.set_share(range(config.accumulation_steps), config.accumulation_steps, self.exchange, seed_offset)
+        self.set_share(
+            range(config.accumulation_steps), config.accumulation_steps, self.exchange, seed_offset
+        )
         self.timing = {}
 
     def use_exchange(self, exchange, comm=None):
-        """The trainer's exchange from now on (set_share puts it to work). A compressed exchange counts its warmup on
-        the optimizer's updates, the clock every rank agrees on (compression.py). comm: settings replacing the
-        config's (elastic mode's agreed choice)."""
+        """The trainer's exchange from now on (set_share puts it to work). A compressed exchange
+        counts its warmup on the optimizer's updates, the clock every rank agrees on
+        (compression.py). comm: settings replacing the config's (elastic mode's agreed choice)."""
         self.exchange = as_exchange(exchange)
         self.exchange.attach_clock(self.optimizer.iterations)
         if comm is not None and comm != self.config.comm:
             onebit = comm.exchange == "onebit"
             self.optimizer.freeze_variance_after = comm.compression_warmup_steps if onebit else 0
             self.config = dataclasses.replace(self.config, comm=comm)
-            self.apply = tf.function(self._apply, jit_compile=True)      # the freeze is read when traced
+            self.apply = tf.function(
+                self._apply, jit_compile=True
+            )  # the freeze is read when traced
 
     @property
     def jit(self):
-        """jit_compile of the forward/backward: True (--xla), None (--fuse: auto-clustering decides) or False."""
+        """jit_compile of the forward/backward: True (--xla), None (--fuse: auto-clustering decides)
+        or False."""
         return True if self.config.xla else None if self.config.fuse else False
 
     def _clusters(self):
-        """A plain step keeps out of auto-clustering (jit_compile=False alone does not) where the process has
-        it on: the ladder times plain rungs beside --fuse ones."""
-        return tf.xla.experimental.jit_scope(compile_ops=False) if self.jit is False else contextlib.nullcontext()
+        """A plain step keeps out of auto-clustering (jit_compile=False alone does not) where the
+        process has it on: the ladder times plain rungs beside --fuse ones."""
+        return (
+            tf.xla.experimental.jit_scope(compile_ops=False)
+            if self.jit is False
+            else contextlib.nullcontext()
+        )
 
     def set_share(self, indices, per_update, exchange, seed_offset=0):
         """This rank's share of an update: it trains micro-batches `indices` of the update's
-        `per_update`, and `exchange` (a GradientExchange) averages gradients across ranks. Dropout is keyed by
-        (seed + seed_offset, update x per_update + index): the constructor passes every index of its
-        --accumulation_steps and seed_offset=rank (each rank its own stream); elastic mode passes
-        the micro-batches' places in the global update and 0, so an update draws the same masks at
-        any rank count and one replayed after a failure repeats the lost one. Accumulators are
-        zeroed (an update cut short by a failure leaves nothing behind). Retraces (with --xla
-        recompiles) the forward/backward only when this rank's number of micro-batches changes."""
+        `per_update`, and `exchange` (a GradientExchange) averages gradients across ranks. Dropout
+        is keyed by (seed + seed_offset, update x per_update + index): the constructor passes every
+        index of its --accumulation_steps and seed_offset=rank (each rank its own stream); elastic
+        mode passes the micro-batches' places in the global update and 0, so an update draws the
+        same masks at any rank count and one replayed after a failure repeats the lost one.
+        Accumulators are zeroed (an update cut short by a failure leaves nothing behind). Retraces
+        (with --xla recompiles) the forward/backward only when this rank's number of micro-batches
+        changes."""
         indices = list(indices)
         if not indices:
             raise ValueError("a rank's share of an update needs at least one micro-batch")
@@ -201,13 +237,18 @@ class Trainer:
         if len(indices) != self.rank_micro_batches:
             self.rank_micro_batches = len(indices)
             if self.rank_micro_batches > 1 and not self.accumulators:
-                self.accumulators = [tf.Variable(tf.zeros_like(v), trainable=False) for v in self.variables]
-            # one compiled set per share size: an elastic batch warmup goes back and forth between a few
+                self.accumulators = [
+                    tf.Variable(tf.zeros_like(v), trainable=False) for v in self.variables
+                ]
+            # one compiled set per share size: an elastic batch warmup goes back and forth between a
+            # few
             if self.rank_micro_batches not in self._compiled:
                 impls = [self._accumulate_impl, self._finish_impl]
                 if self.config.comm.allreduce_every_micro_batch:
                     impls += [self._local_impl, self._add_impl, self._mean_impl]
-                self._compiled[self.rank_micro_batches] = [tf.function(f, jit_compile=jit) for f in impls]
+                self._compiled[self.rank_micro_batches] = [
+                    tf.function(f, jit_compile=jit) for f in impls
+                ]
             compiled = self._compiled[self.rank_micro_batches]
             self._accumulate, self._finish = compiled[:2]
             if self.config.comm.allreduce_every_micro_batch:
@@ -215,7 +256,9 @@ class Trainer:
         for acc in self.accumulators:
             acc.assign(tf.zeros_like(acc))
         self.exchange = as_exchange(exchange)
-        self._allreduce = tf.function(self.exchange, jit_compile=False)   # Horovod's ops: never compiled
+        self._allreduce = tf.function(
+            self.exchange, jit_compile=False
+        )  # Horovod's ops: never compiled
         self._wait_for_ranks = tf.function(self.exchange.wait_for_ranks, jit_compile=False)
         self.indices, self.per_update, self.seed_offset = indices, per_update, seed_offset
         # micro-batch indices as device tensors made once: no Python value enters the hot loop
@@ -224,11 +267,15 @@ class Trainer:
     def checkpoint_items(self) -> dict:
         """The trainer's state: what a checkpoint holds to resume exactly, and what every rank
         takes from rank 0 at the start (state_variables). Accumulators are zero between updates."""
-        items = {"model": self.model, "optimizer": self.optimizer, "step": self.step,
-                 "skipped_steps": self.skipped_steps}
+        items = {
+            "model": self.model,
+            "optimizer": self.optimizer,
+            "step": self.step,
+            "skipped_steps": self.skipped_steps,
+        }
         if self.loss_scale is not None:
             items["loss_scale"] = self.loss_scale
-        return items     # an exchange's own buffers are each rank's own: exchange_state.py writes them
+        return items  # an exchange's own buffers are each rank's own: exchange_state.py writes them
 
     def state_variables(self) -> list:
         """Every variable of checkpoint_items(), for the broadcast from rank 0."""
@@ -245,7 +292,9 @@ class Trainer:
             if self.loss_scale is not None:
                 loss = loss * self.loss_scale.scale
         # zeros for variables the loss does not reach (a span head leaves the pooler out)
-        grads = tape.gradient(loss, self.variables, unconnected_gradients=tf.UnconnectedGradients.ZERO)
+        grads = tape.gradient(
+            loss, self.variables, unconnected_gradients=tf.UnconnectedGradients.ZERO
+        )
         return [tf.convert_to_tensor(g) for g in grads], out
 
     def _accumulate_impl(self, features, seed):
@@ -288,8 +337,14 @@ class Trainer:
             grads = [g / self.loss_scale.scale for g in grads]
         grad_norm = optimization.global_norm(grads)
         finite = tf.math.is_finite(grad_norm)
-        lr = optimization.learning_rate(self.step, c.learning_rate, self.schedule[0], self.schedule[1], c.decay_power,
-                                        decay_fraction=c.decay_fraction if c.schedule == "wsd" else None)
+        lr = optimization.learning_rate(
+            self.step,
+            c.learning_rate,
+            self.schedule[0],
+            self.schedule[1],
+            c.decay_power,
+            decay_fraction=c.decay_fraction if c.schedule == "wsd" else None,
+        )
         lr = lr * self.lr_scale * self.batch_lr_scale
 
         def update():
@@ -310,15 +365,16 @@ class Trainer:
 
     # -- one update -----------------------------------------------------------------------
     def micro_batch_seed(self, index):
-        """The stateless dropout seed [seed and seed_offset, update x per_update + index] (set_share),
-        computed by device ops from the step variable, nothing fetched (index: an int or int64 tensor)."""
-        stream = (self.step * self.per_update + tf.cast(index, tf.int64)) % (2 ** 31 - 1)
-        base = tf.constant((self.config.seed * 7919 + self.seed_offset) % (2 ** 31 - 1), tf.int32)
+        """The stateless dropout seed [seed and seed_offset, update x per_update + index]
+        (set_share), computed by device ops from the step variable, nothing fetched (index: an int
+        or int64 tensor)."""
+        stream = (self.step * self.per_update + tf.cast(index, tf.int64)) % (2**31 - 1)
+        base = tf.constant((self.config.seed * 7919 + self.seed_offset) % (2**31 - 1), tf.int32)
         return tf.stack([base, tf.cast(stream, tf.int32)])
 
     def gradients(self, micro_batches):
-        """This rank's mean gradient over its micro-batches (`rank_micro_batches` feature dicts), before
-        any allreduce, and each micro-batch's outputs."""
+        """This rank's mean gradient over its micro-batches (`rank_micro_batches` feature dicts),
+        before any allreduce, and each micro-batch's outputs."""
         n = self.rank_micro_batches
         if len(micro_batches) != n:
             raise ValueError(f"expected {n} micro-batches, got {len(micro_batches)}")
@@ -328,8 +384,8 @@ class Trainer:
         return grads, outs + [last]
 
     def train_step(self, micro_batches, timed=False) -> UpdateOutput:
-        """One update: gradients, the allreduce, apply. micro_batches: `self.rank_micro_batches` feature
-        dicts. Returns its UpdateOutput (tensors, not fetched). timed: measure the compute /
+        """One update: gradients, the allreduce, apply. micro_batches: `self.rank_micro_batches`
+        feature dicts. Returns its UpdateOutput (tensors, not fetched). timed: measure the compute /
         allreduce / update split into `self.timing` (waits for the device three times; otherwise
         `self.timing` is {})."""
         clock = _device_clock if timed else (lambda: 0.0)
@@ -340,26 +396,42 @@ class Trainer:
             grads, outs = self.gradients(micro_batches)
             wait, comm_start = self._wait(clock, timed), clock()
             with watchdog.watching("the gradient allreduce"):
-                if self.loss_scale is not None:      # an exchange's buffers keep unscaled values
+                if self.loss_scale is not None:  # an exchange's buffers keep unscaled values
                     grads = self._allreduce(grads, self.loss_scale.scale.read_value())
                 else:
-                    grads = self._allreduce(grads)  # <- the one allreduce per update, after accumulation
+                    grads = self._allreduce(
+                        grads
+                    )  # <- the one allreduce per update, after accumulation
             comm = clock() - comm_start
         update_start = clock()
         info = self.apply(grads)
         end = clock()
-        self.timing = {"compute_seconds": update_start - start - wait - comm, "wait_seconds": wait,
-                       "allreduce_seconds": comm, "update_seconds": end - update_start} if timed else {}
+        self.timing = (
+            {
+                "compute_seconds": update_start - start - wait - comm,
+                "wait_seconds": wait,
+                "allreduce_seconds": comm,
+                "update_seconds": end - update_start,
+            }
+            if timed
+            else {}
+        )
         packed = "next_sentence_weights" in micro_batches[0]
         return UpdateOutput(
-            output=sum_metrics(outs), grad_norm=info["grad_norm"], learning_rate=info["learning_rate"],
+            output=sum_metrics(outs),
+            grad_norm=info["grad_norm"],
+            learning_rate=info["learning_rate"],
             finite=info["finite"],
-            # sequences this rank trained on (a count): what the logged throughput and batch checks use
+            # sequences this rank trained on (a count): what the logged throughput and batch checks
+            # use
             sequences=tf.add_n([tf.shape(mb["input_ids"])[0] for mb in micro_batches]),
             # what the rows held: non-padding tokens, and instances where rows are packed
             useful_tokens=tf.add_n([tf.reduce_sum(mb["input_mask"]) for mb in micro_batches]),
-            instances=tf.add_n([tf.reduce_sum(mb["next_sentence_weights"]) for mb in micro_batches]) if packed else None,
-            loss_scale=self.loss_scale.scale.read_value() if self.loss_scale is not None else None)
+            instances=tf.add_n([tf.reduce_sum(mb["next_sentence_weights"]) for mb in micro_batches])
+            if packed
+            else None,
+            loss_scale=self.loss_scale.scale.read_value() if self.loss_scale is not None else None,
+        )
 
     def _wait(self, clock, timed):
         """Seconds spent waiting for every rank to reach the allreduce (timed updates only: the
@@ -404,8 +476,8 @@ def is_mean(key) -> bool:
 
 
 def sum_metrics(outs: list[R]) -> R:
-    """One update's output (a model's TensorRecord) from its micro-batches': each field is_mean says is a mean
-    averaged, the rest summed; fields the model leaves None stay None."""
+    """One update's output (a model's TensorRecord) from its micro-batches': each field is_mean says
+    is a mean averaged, the rest summed; fields the model leaves None stay None."""
     n = float(len(outs))
     metrics = {}
     for key in outs[0].present():
