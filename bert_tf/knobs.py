@@ -10,7 +10,8 @@ Names and what they mean, in every script:
     --input_files     corpus text to read (files or globs, PATH@FORMAT)
     --train_files     training TFRecords (globs); --eval_files: held-out TFRecords
     --vocab_file      a WordPiece vocab.txt
-    --output_dir      a folder the script writes into; --output_json / --output_png: one file it writes
+    --output_dir      a folder the script writes into
+    --output_json     one file the script writes (--output_png too)
     --checkpoint_dir  a pre-training run's folder: written, and resumed from
     --epochs          passes over the training examples (a float)
 """

@@ -1,9 +1,9 @@
 """The single-device optimisation ladder: how fast one BERT update runs with each lever, next to
 the library a Keras user would pick instead, and the configuration to run on this machine.
 
-    python run/benchmark.py --model_preset=base --max_seq_length=128 --micro_batch_size=8
-    --output_dir=runs/bench_base python run/benchmark.py --model_preset=base
-    --write_flagfile=node.flags # once per node type
+    python run/benchmark.py --model_preset=base --max_seq_length=128 --micro_batch_size=8 \
+        --output_dir=runs/bench_base
+    python run/benchmark.py --model_preset=base --write_flagfile=node.flags   # once per node type
 
 Rungs, each measured after warm-up (compile) steps, in one process:
     fp32, bf16, fp16    tf.function in float32, mixed_bfloat16, mixed_float16 (dynamic loss scaling)
@@ -16,11 +16,11 @@ Rungs, each measured after warm-up (compile) steps, in one process:
     best-dropout        diagnostic: the fastest without dropout, what the stateless random numbers
                         cost (never chosen as the fastest; pre-training keeps dropout)
     (the optimizer update is XLA-compiled in every bert_tf rung: it has no matmul)
-    keras-hub           the peer: keras_hub.models.BertMaskedLM (Keras 3 on TensorFlow), same shapes,
-                        micro-batch and sparse masked positions; its best of fp32/bf16 x XLA on/off,
-                        then that best with Keras's gradient accumulation (+accum) and at each
-                        --tune_micro_batch_sizes micro-batch, so both sides are timed at the same
-                        shapes
+    keras-hub           the peer: keras_hub.models.BertMaskedLM (Keras 3 on TensorFlow), same
+                        shapes, micro-batch and sparse masked positions; its best of fp32/bf16 x
+                        XLA on/off, then that best with Keras's gradient accumulation (+accum) and
+                        at each --tune_micro_batch_sizes micro-batch, so both sides are timed at
+                        the same shapes
 For each: sequences/s, tokens/s, model TFLOP/s (bert_tf/tools/flops.py), MFU against the hardware
 peak (the best dense-matmul FLOP/s over every dtype, TensorFlow kernels and XLA, measured in this
 run) and against the same dtype's peak, compile time, and what else the machine ran meanwhile (other
@@ -33,10 +33,11 @@ GPU) it saw and bert_tf's speed as a ratio to keras-hub's; writes ladder.json an
 --flagfile` takes after the recipe's flagfile, with the measured sequences/s (pretrain logs its
 own figure next to it). keras-hub is a benchmark-only dependency (requirements-dev.txt).
 
-The ladder itself is bert_tf/studies/ladder.py (one rung: bert_tf/studies/rung.py; the flags: its
-BenchmarkConfig); the peer stays here, since the library never imports Keras. Renamed in this
-release, the old names working for one release with a warning: --input_files (TFRecords here, corpus
-text elsewhere) is --train_files, --records is --rung_train_files.
+The ladder itself is bert_tf/studies/ladder.py (one rung: bert_tf/studies/rung.py; the rungs and
+the flags, BenchmarkConfig: bert_tf/studies/ladder_config.py); the peer stays here, since the
+library never imports Keras. Renamed in this release, the old names working for one release with a
+warning: --input_files (TFRecords here, corpus text elsewhere) is --train_files, --records is
+--rung_train_files.
 """
 
 import dataclasses
@@ -44,22 +45,21 @@ import dataclasses
 from absl import flags
 
 from bert_tf import ConfigError, cli
-from bert_tf.studies import ladder, rung
-from bert_tf.studies.ladder import BenchmarkConfig, default_rungs
+from bert_tf.studies import ladder, ladder_config, rung
+from bert_tf.studies.ladder_config import BenchmarkConfig, default_rungs
 
 cli.define_config_flags(BenchmarkConfig)
 cli.define_renamed("batch_size", "micro_batch_size")
 cli.define_renamed("tune_batch_sizes", "tune_micro_batch_sizes")
-cli.define_renamed(
-    "input_files", "train_files"
-)  # TFRecords: --input_files is corpus text elsewhere
+# TFRecords: --input_files is corpus text elsewhere
+cli.define_renamed("input_files", "train_files")
 cli.define_renamed("records", "rung_train_files")
 FLAGS = flags.FLAGS
 
 
 def check_rungs(rungs, gpu=False, fusion=False):
-    """ladder.check_rungs, and the peer importable when its rung is asked for."""
-    ladder.check_rungs(rungs, gpu, fusion)
+    """ladder_config.check_rungs, and the peer importable when its rung is asked for."""
+    ladder_config.check_rungs(rungs, gpu, fusion)
     if "keras-hub" in rungs:
         try:
             import keras_hub  # noqa: F401  (the peer; benchmark-only dependency)

@@ -2,10 +2,9 @@
 on an emulated cluster (bert_tf/studies/emulated_cluster.py: network namespaces, tbf-shaped links;
 root).
 
-    python run/comm_study.py --output_dir=runs/comm_study                  # 2 nodes, 1/10/25 Gbit/s
-    python run/comm_study.py --node_counts=4 --rates=1 --sweep_fusion_threshold_mb=
-    --sweep_cycle_time_ms= \
-        --output_dir=runs/comm_study4
+    python run/comm_study.py --output_dir=runs/comm_study          # 2 nodes, 1/10/25 Gbit/s
+    python run/comm_study.py --node_counts=4 --rates=1 --sweep_fusion_threshold_mb= \
+        --sweep_cycle_time_ms= --output_dir=runs/comm_study4
 
 For each node count and link rate, short pre-training jobs (run/pretrain.py, one rank per node)
 climb the ladder
@@ -92,8 +91,7 @@ def print_compression_cost(cfg):
         seconds = comm_study.compression_seconds(shapes, method)
         print(
             f"{method}: {seconds:.4f} s per update for BERT-{cfg.model_preset} (vocabulary 30,522) "
-            "on this "
-            f"machine, in one process",
+            "on this machine, in one process",
             flush=True,
         )
 
@@ -144,20 +142,12 @@ def main(argv):
         return print_compression_cost(cfg)
     problem = ec.preflight()
     if problem is None:
-        for name in ("vocab_file", "train_files"):
-            if not glob.glob(getattr(cfg, name)):
-                raise ConfigError(
-                    f"--{name}={getattr(cfg, name)} matches nothing (scripts/demo.sh makes the "
-                    "demo "
-                    f"data)"
-                )
+        check_data(cfg)
     vocab_size = (
         len(tokenization.load_vocab(cfg.vocab_file)) if os.path.exists(cfg.vocab_file) else 30522
     )
     config = modeling.BertConfig.preset(cfg.model_preset, vocab_size=vocab_size)
-    sizes = planner.gradient_tensor_shapes(
-        config
-    )  # shapes: the compressed exchanges' plans need them
+    sizes = planner.gradient_tensor_shapes(config)  # shapes: the compressed exchanges' plans
     os.makedirs(cfg.output_dir, exist_ok=True)
     result = {
         "command": " ".join(sys.argv),
@@ -189,6 +179,16 @@ def main(argv):
             "continue)"
         )
     report(cfg, result, sizes)
+
+
+def check_data(cfg):
+    """The vocabulary and the records exist (checked where the jobs will run)."""
+    for name in ("vocab_file", "train_files"):
+        if not glob.glob(getattr(cfg, name)):
+            raise ConfigError(
+                f"--{name}={getattr(cfg, name)} matches nothing (scripts/demo.sh makes the "
+                "demo data)"
+            )
 
 
 def report(cfg, result, sizes):
@@ -242,45 +242,50 @@ def measure(cfg, result):
                 continue
             with ec.EmulatedCluster(nodes, rate_gbit=rate) as cluster:
                 if (nodes, rate) not in done_links:
-                    link = comm_study.run_probe(
-                        cluster,
-                        nodes,
-                        [sys.executable, os.path.abspath(__file__), "--probe"],
-                        os.path.join(cfg.output_dir, f"probe_n{nodes}_r{rate:g}.txt"),
-                        cfg.job_timeout,
-                        env,
-                    )
-                    result.setdefault("links", []).append(
-                        {"nodes": nodes, "rate_gbit": rate, **link}
-                    )
-                    print(
-                        f"link probe, {nodes} nodes at {rate:g} Gbit/s: {json.dumps(link)}",
-                        flush=True,
-                    )
+                    measure_link(cfg, result, cluster, nodes, rate, env)
                 for label, comm in todo:
-                    folder = os.path.join(
-                        cfg.output_dir,
-                        f"n{nodes}_r{rate:g}_{label.replace('/', '_').replace(' ', '_')}",
-                    )
-                    row = {
-                        "nodes": nodes,
-                        "rate_gbit": rate,
-                        "config": label,
-                        "flags": comm.as_flags(),
-                        **comm_study.run_job(
-                            cluster,
-                            nodes,
-                            job_command(cfg, folder, comm),
-                            folder,
-                            cfg.job_timeout,
-                            cfg.warmup_updates,
-                            cfg.micro_batch_size * cfg.accumulation_steps,
-                            env,
-                        ),
-                    }
-                    rows.append(row)
-                    print(json.dumps(row), flush=True)
-                    write(cfg, result)
+                    measure_rung(cfg, result, cluster, nodes, rate, label, comm, env)
+
+
+def measure_link(cfg, result, cluster, nodes, rate, env):
+    """The link probe on `nodes` nodes at `rate` Gbit/s, added to result["links"]."""
+    link = comm_study.run_probe(
+        cluster,
+        nodes,
+        [sys.executable, os.path.abspath(__file__), "--probe"],
+        os.path.join(cfg.output_dir, f"probe_n{nodes}_r{rate:g}.txt"),
+        cfg.job_timeout,
+        env,
+    )
+    result.setdefault("links", []).append({"nodes": nodes, "rate_gbit": rate, **link})
+    print(f"link probe, {nodes} nodes at {rate:g} Gbit/s: {json.dumps(link)}", flush=True)
+
+
+def measure_rung(cfg, result, cluster, nodes, rate, label, comm, env):
+    """One rung's job; its row goes into result["rows"] and study.json at once (a study cut short
+    keeps what it measured)."""
+    folder = os.path.join(
+        cfg.output_dir, f"n{nodes}_r{rate:g}_{label.replace('/', '_').replace(' ', '_')}"
+    )
+    row = {
+        "nodes": nodes,
+        "rate_gbit": rate,
+        "config": label,
+        "flags": comm.as_flags(),
+        **comm_study.run_job(
+            cluster,
+            nodes,
+            job_command(cfg, folder, comm),
+            folder,
+            cfg.job_timeout,
+            cfg.warmup_updates,
+            cfg.micro_batch_size * cfg.accumulation_steps,
+            env,
+        ),
+    }
+    result["rows"].append(row)
+    print(json.dumps(row), flush=True)
+    write(cfg, result)
 
 
 def print_goals(goals):
@@ -288,10 +293,8 @@ def print_goals(goals):
         ratio = goal["fp16_bytes_ratio"]
         print(
             f"{goal['nodes']} nodes at {goal['rate_gbit']:g} Gbit/s: full set "
-            f"({goal['best_config']}) "
-            f"{goal['speedup']:.2f}x the fp32 per-micro-batch baseline (goal >= 1.8x at 1 Gbit/s); "
-            "fp16 bytes "
-            "per update "
+            f"({goal['best_config']}) {goal['speedup']:.2f}x the fp32 per-micro-batch baseline "
+            "(goal >= 1.8x at 1 Gbit/s); fp16 bytes per update "
             + (f"{ratio:.3f}x fp32 (goal 0.50 +- 0.02)" if ratio is not None else "n/a")
         )
 

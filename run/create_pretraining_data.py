@@ -139,12 +139,11 @@ def report(cfg, total, summaries):
     with open(path + ".tmp", "w") as f:
         json.dump({"total": total, "per_rank": summaries}, f, indent=1)
     os.replace(path + ".tmp", path)
-    skipped = sum(
-        s["skipped_pages"] for s in summaries
-    )  # redirects, other namespaces, empty <doc>s
+    # redirects, other namespaces, empty <doc>s
+    skipped = sum(s["skipped_pages"] for s in summaries)
     print(
-        f"documents {total['documents']}  sentences {total['sentences']}  tokens {total['tokens']} "
-        " "
+        f"documents {total['documents']}  sentences {total['sentences']}  "
+        f"tokens {total['tokens']}  "
         f"UNK rate {total['unk_rate']:.4%}  lines with bad bytes {total['bad_bytes_lines']}"
         + (
             f"  pages skipped {skipped} (redirects, other namespaces, docs without text)"
@@ -153,22 +152,7 @@ def report(cfg, total, summaries):
         )
     )
     if cfg.dedup_documents or cfg.dedup_lines:
-        lines = (
-            f"{total['repeated_lines_removed']} lines removed ({total['distinct_repeated_lines']} "
-            "distinct "
-            f"lines seen >= {cfg.dedup_lines} times), {total['documents_emptied']} documents left "
-            "empty"
-            if cfg.dedup_lines
-            else "lines kept (--dedup_lines=0)"
-        )
-        print(
-            f"de-duplication: {total['duplicate_documents']} duplicate documents, {lines}; per "
-            "rank "
-            "(documents/lines): "
-            + ", ".join(
-                f"{s['duplicate_documents']}/{s['repeated_lines_removed']}" for s in summaries
-            )
-        )
+        report_dedup(cfg, total, summaries)
     for split in ("train", "eval"):
         c = total.get(split)
         if c:
@@ -191,6 +175,24 @@ def report(cfg, total, summaries):
         )
     )
     print(f"summary: {path}")
+
+
+def report_dedup(cfg, total, summaries):
+    """What de-duplication left out, in total and per rank (documents/lines), printed."""
+    lines = (
+        f"{total['repeated_lines_removed']} lines removed ({total['distinct_repeated_lines']} "
+        f"distinct lines seen >= {cfg.dedup_lines} times), {total['documents_emptied']} documents "
+        "left empty"
+        if cfg.dedup_lines
+        else "lines kept (--dedup_lines=0)"
+    )
+    per_rank = ", ".join(
+        f"{s['duplicate_documents']}/{s['repeated_lines_removed']}" for s in summaries
+    )
+    print(
+        f"de-duplication: {total['duplicate_documents']} duplicate documents, {lines}; per rank "
+        f"(documents/lines): {per_rank}"
+    )
 
 
 if __name__ == "__main__":

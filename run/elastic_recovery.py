@@ -1,7 +1,9 @@
 """Time lost when a node is lost: elastic training vs a kill-and-restart from the last checkpoint.
 
-    python run/elastic_recovery.py --output_json=runs/elastic_recovery.json    # root + iproute2, ~5 min
-    python run/elastic_recovery.py --dry_run      # both jobs' run/pretrain.py flags checked; no root, no cluster
+    # root + iproute2, ~5 min:
+    python run/elastic_recovery.py --output_json=runs/elastic_recovery.json
+    # both jobs' run/pretrain.py flags checked; no root, no cluster:
+    python run/elastic_recovery.py --dry_run
 
 The same tiny-BERT job (global batch 24 = micro-batches of 4, checkpoint every --save_interval
 updates, commit every --elastic_commit_interval) on a 3-node emulated cluster

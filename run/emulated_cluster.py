@@ -1,6 +1,6 @@
 """An emulated multi-node cluster on this machine (network namespaces + shaped links; needs root).
 
-    python run/emulated_cluster.py up --nodes=2 --rate_gbit=1     # prints the mpirun prefix and hostfile
+    python run/emulated_cluster.py up --nodes=2 --rate_gbit=1   # prints the mpirun prefix, hostfile
     python run/emulated_cluster.py status
     python run/emulated_cluster.py down
 

@@ -1,19 +1,20 @@
 """Exports a pre-trained BERT (encoder and heads) in the formats the BERT world reads:
 
-    python run/export.py --checkpoint=runs/demo --vocab_file=data/demo/vocab.txt
-    --output_dir=runs/demo_export
+    python run/export.py --checkpoint=runs/demo --vocab_file=data/demo/vocab.txt \
+        --output_dir=runs/demo_export
 
 writes into <output_dir> (--format; by default all three for BERT, huggingface and saved_model for a
 modern model, which has no google layout):
-    google        bert_model.ckpt.*, bert_config.json, vocab.txt: google-research/bert's names (run_classifier.py,
-                  NVIDIA's scripts, Hugging Face's google-checkpoint converter, run/finetune.py
-                  --init_checkpoint)
+    google        bert_model.ckpt.*, bert_config.json, vocab.txt: google-research/bert's names
+                  (run_classifier.py, NVIDIA's scripts, Hugging Face's google-checkpoint converter,
+                  run/finetune.py --init_checkpoint)
     huggingface   config.json, model.safetensors, vocab.txt, tokenizer.json, tokenizer_config.json,
                   special_tokens_map.json and a README.md model card: transformers'
                   BertForPreTraining.from_pretrained(<output_dir>) (a modern model:
                   ModernBertForMaskedLM), AutoTokenizer.from_pretrained(...) (fast),
                   pipeline("fill-mask", model=<output_dir>)
-    saved_model   saved_model/: serve(input_ids, input_mask, segment_ids) -> sequence_output, pooled_output
+    saved_model   saved_model/: serve(input_ids, input_mask, segment_ids) -> sequence_output,
+                  pooled_output
 
 --checkpoint takes any format run/pretrain.py --init_checkpoint takes (this project's checkpoints,
 google's, a Hugging Face directory), so this also converts between them.
@@ -60,7 +61,7 @@ def main(_):
     cfg = cli.config_from_flags(ExportConfig)  # checked before TensorFlow loads
     import tensorflow as tf
 
-    from bert_tf.artifacts import checkpoint_formats, model_card
+    from bert_tf.artifacts import checkpoint_formats
     from bert_tf.data import tokenization
     from bert_tf.model import modeling
     from bert_tf.tasks import classification
@@ -78,39 +79,12 @@ def main(_):
     model = modeling.BertPretrainer(config, use_nsp="nsp/kernel" in ckpt.weights)
     checkpoint_formats.assign(model, ckpt)
     weights = checkpoint_formats.to_numpy(model)
-    formats = cfg.format or [f for f in FORMATS if not (config.modern and f == "google")]
-    if "google" in formats and config.modern:
-        raise ConfigError(
-            f"--format=google: {ckpt.path} is a modern (ModernBERT) model, which "
-            "google-research/bert's "
-            f"layout cannot hold: use --format=huggingface,saved_model"
-        )
-    if "google" in formats and config.hidden_act not in ("gelu", "relu", "tanh"):
-        raise ConfigError(
-            f"hidden_act {config.hidden_act!r} has no google-research/bert name: "
-            f"use --format=huggingface,saved_model"
-        )
+    formats = _formats(cfg, config, ckpt.path)
     written = []
     if "google" in formats:
         written += checkpoint_formats.write_google(weights, config, cfg.vocab_file, cfg.output_dir)
     if "huggingface" in formats:
-        written += checkpoint_formats.write_huggingface(
-            weights, config, cfg.vocab_file, cfg.output_dir, cfg.do_lower_case
-        )
-        heads = (
-            "masked-LM and next-sentence heads" if "nsp/kernel" in weights else "a masked-LM head"
-        )
-        written.append(
-            model_card.write(
-                cfg.output_dir,
-                config,
-                sum(v.size for v in weights.values()),
-                ckpt.path,
-                ckpt.format,
-                "python " + shlex.join(sys.argv),
-                heads,
-            )
-        )
+        written += _write_huggingface(cfg, config, ckpt, weights)
     if "saved_model" in formats:
         tf.saved_model.save(
             classification.ServingEncoder(model.encoder),
@@ -121,6 +95,44 @@ def main(_):
         f"exported {ckpt.path} ({ckpt.format}) -> {cfg.output_dir}: "
         f"{', '.join(sorted(set(written)))}"
     )
+
+
+def _formats(cfg: ExportConfig, config, checkpoint_path: str) -> list[str]:
+    """--format, or every format the model has; raises if the google layout cannot hold it."""
+    formats = cfg.format or [f for f in FORMATS if not (config.modern and f == "google")]
+    if "google" in formats and config.modern:
+        raise ConfigError(
+            f"--format=google: {checkpoint_path} is a modern (ModernBERT) model, which "
+            "google-research/bert's layout cannot hold: use --format=huggingface,saved_model"
+        )
+    if "google" in formats and config.hidden_act not in ("gelu", "relu", "tanh"):
+        raise ConfigError(
+            f"hidden_act {config.hidden_act!r} has no google-research/bert name: "
+            f"use --format=huggingface,saved_model"
+        )
+    return formats
+
+
+def _write_huggingface(cfg, config, ckpt, weights):
+    """The transformers folder and its README.md model card; returns the names written."""
+    from bert_tf.artifacts import checkpoint_formats, model_card
+
+    written = checkpoint_formats.write_huggingface(
+        weights, config, cfg.vocab_file, cfg.output_dir, cfg.do_lower_case
+    )
+    heads = "masked-LM and next-sentence heads" if "nsp/kernel" in weights else "a masked-LM head"
+    written.append(
+        model_card.write(
+            cfg.output_dir,
+            config,
+            sum(v.size for v in weights.values()),
+            ckpt.path,
+            ckpt.format,
+            "python " + shlex.join(sys.argv),
+            heads,
+        )
+    )
+    return written
 
 
 if __name__ == "__main__":

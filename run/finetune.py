@@ -3,11 +3,12 @@ a probe over a pre-training run's checkpoints. Defaults: the standard BERT recip
 (finetuning.Recipe: AdamW 2e-5, batch 32, 3 epochs, 10% warmup, sequence 128).
 
     python run/finetune.py --train_file=data/corpus/pang_lee_polarity.cor --kfold=5 \
-        --init_checkpoint=runs/demo --vocab_file=data/demo/vocab.txt
+        --init_checkpoint=runs/demo --vocab_file=data/demo/vocab.txt \
         --output_json=runs/finetune.json
-    python run/finetune.py ... --random_init --bert_config_file=runs/demo/bert_config.json   # baseline
-    python run/finetune.py ... --probe_checkpoint_dir=runs/demo    # every checkpoint -> metrics.jsonl
-    mpirun -np 2 python run/finetune.py ...                         # ranks share every batch
+    python run/finetune.py ... --random_init \
+        --bert_config_file=runs/demo/bert_config.json            # baseline
+    python run/finetune.py ... --probe_checkpoint_dir=runs/demo  # every checkpoint -> metrics.jsonl
+    mpirun -np 2 python run/finetune.py ...                      # ranks share every batch
 """
 
 import dataclasses

@@ -101,28 +101,27 @@ def main(argv):
     )
     print(proof.table(runs, cfg.tasks))
     if cfg.output_json:
-        with open(cfg.output_json, "w") as f:
-            json.dump(
-                {
-                    "init": init.path,
-                    "flags": {
-                        k: getattr(cfg, k)
-                        for k in (
-                            "tasks",
-                            "input_files",
-                            "seeds",
-                            "train_examples",
-                            "dev_examples",
-                            "learning_rate",
-                            "global_batch_size",
-                            "epochs",
-                        )
-                    },
-                    "runs": runs,
-                },
-                f,
-                indent=1,
-            )
+        _write_json(cfg, init.path, runs)
+
+
+def _write_json(cfg: ProofConfig, init_path: str, runs: list) -> None:
+    """--output_json: the checkpoint, the flags that shape the runs, and every run's figures."""
+    flags = (
+        "tasks",
+        "input_files",
+        "seeds",
+        "train_examples",
+        "dev_examples",
+        "learning_rate",
+        "global_batch_size",
+        "epochs",
+    )
+    with open(cfg.output_json, "w") as f:
+        json.dump(
+            {"init": init_path, "flags": {k: getattr(cfg, k) for k in flags}, "runs": runs},
+            f,
+            indent=1,
+        )
 
 
 if __name__ == "__main__":

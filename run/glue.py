@@ -2,11 +2,10 @@
 score, and the server's submission files for the test sets.
 
     python run/glue.py --tasks=all --data_dir=glue_data --init_checkpoint=runs/base_phase2 \
-        --vocab_file=vocab.txt --output_dir=runs/glue            # the recipe: 2e-5, batch 32, 3 epochs
-    python run/glue.py --tasks=rte,mrpc,stsb,cola ... --learning_rates=5e-5,3e-5,2e-5
-    --seeds=1,2,3,4,5 \
-        --epoch_counts=2,3                                       # sweeps: every combination, each seed
-    mpirun -np 2 python run/glue.py ...                          # data-parallel, like pre-training
+        --vocab_file=vocab.txt --output_dir=runs/glue     # the recipe: 2e-5, batch 32, 3 epochs
+    python run/glue.py --tasks=rte,mrpc,stsb,cola ... --learning_rates=5e-5,3e-5,2e-5 \
+        --seeds=1,2,3,4,5 --epoch_counts=2,3              # sweeps: every combination, each seed
+    mpirun -np 2 python run/glue.py ...                   # data-parallel, like pre-training
 
 --data_dir is the folder the standard GLUE download writes (CoLA/, SST-2/, MRPC/, STS-B/, QQP/,
 MNLI/, QNLI/, RTE/, WNLI/); train and dev files are required, test files optional (copies of GLUE
@@ -63,37 +62,26 @@ class GlueConfig:
 
 cli.define_config_flags(GlueConfig)
 cli.define_renamed("batch_sizes", "global_batch_sizes")
-cli.define_renamed(
-    "epochs", "epoch_counts"
-)  # --epochs is a float elsewhere; here it was the sweep's list
+# --epochs is a float elsewhere; here it was the sweep's list
+cli.define_renamed("epochs", "epoch_counts")
 
 
 def main(argv):
     from bert_tf.parallel import distributed
-    from bert_tf.tasks import finetuning, glue
+    from bert_tf.tasks import finetuning, glue, glue_sweep
 
     if len(argv) > 1:
         raise ConfigError(f"unexpected arguments {argv[1:]}")
     cfg = cli.config_from_flags(GlueConfig)
     tasks = glue.parse_tasks(",".join(cfg.tasks))
-    settings = glue.sweep(cfg.learning_rates, cfg.global_batch_sizes, cfg.epoch_counts)
-    seeds = cfg.seeds
-    recipe = finetuning.Recipe(
-        max_seq_length=cfg.max_seq_length,
-        warmup_fraction=cfg.warmup_fraction,
-        weight_decay=cfg.weight_decay,
-        precision=cfg.precision,
-        xla=cfg.xla,
-    )
-    no_test = glue.check_files(
-        tasks, cfg.data_dir
-    )  # every file read before any training; tests may be missing
+    settings = glue_sweep.sweep(cfg.learning_rates, cfg.global_batch_sizes, cfg.epoch_counts)
+    recipe = _recipe(cfg)
+    # every file read before any training; tests may be missing
+    no_test = glue.check_files(tasks, cfg.data_dir)
     tokenizer, init, config = cli.finetune_start(cfg.start, cfg.max_seq_length)
     hvd = distributed.init()
-    for s in settings:
-        finetuning.Recipe(global_batch=s.batch_size).per_rank_batch(
-            hvd.size()
-        )  # divisible: checked up front
+    for s in settings:  # divisible: checked up front
+        finetuning.Recipe(global_batch=s.batch_size).per_rank_batch(hvd.size())
     rank = hvd.rank()
     log = print if rank == 0 else (lambda *a, **k: None)
     for name, paths in no_test.items():
@@ -107,52 +95,77 @@ def main(argv):
     results = {}
     for name in tasks:
         task = glue.TASKS[name]
-        results[name] = glue.run_task(
+        results[name] = glue_sweep.run_task(
             task,
             cfg.data_dir,
             tokenizer,
             config,
             init,
             settings,
-            seeds,
+            cfg.seeds,
             recipe,
             dist,
             log,
             keep_model=cfg.export_models,
         )
         model = results[name].pop("model", None)
-        if rank == 0 and model is not None:
-            finetuning.export(
-                model,
-                cfg.start.vocab_file,
-                os.path.join(cfg.output_dir, "models", name),
-                labels=list(task.labels) or None,
-                do_lower_case=cfg.start.do_lower_case,
-            )
         if rank == 0:
-            glue.write_submissions(
-                task, cfg.data_dir, results[name], os.path.join(cfg.output_dir, "submission")
-            )
+            _write_task_outputs(cfg, task, results[name], model)
     if rank == 0:
-        os.makedirs(cfg.output_dir, exist_ok=True)
-        with open(os.path.join(cfg.output_dir, "glue.json"), "w") as f:
-            json.dump(
-                {
-                    "init": init.path if init is not None else "random",
-                    "recipe": dataclasses.asdict(recipe) | {"seeds": seeds},
-                    "no_test_file": no_test,
-                    "results": {
-                        k: {kk: vv for kk, vv in v.items() if kk != "test_predictions"}
-                        for k, v in results.items()
-                    },
+        _write_reports(cfg, init, recipe, no_test, results)
+
+
+def _recipe(cfg):
+    """The fine-tuning settings every run of the sweep shares (finetuning.Recipe)."""
+    from bert_tf.tasks import finetuning
+
+    return finetuning.Recipe(
+        max_seq_length=cfg.max_seq_length,
+        warmup_fraction=cfg.warmup_fraction,
+        weight_decay=cfg.weight_decay,
+        precision=cfg.precision,
+        xla=cfg.xla,
+    )
+
+
+def _write_task_outputs(cfg, task, result: dict, model) -> None:
+    """Rank 0, after a task: its selected model (--export_models) and its submission files."""
+    from bert_tf.tasks import finetuning, glue
+
+    if model is not None:
+        finetuning.export(
+            model,
+            cfg.start.vocab_file,
+            os.path.join(cfg.output_dir, "models", task.name),
+            labels=list(task.labels) or None,
+            do_lower_case=cfg.start.do_lower_case,
+        )
+    glue.write_submissions(task, cfg.data_dir, result, os.path.join(cfg.output_dir, "submission"))
+
+
+def _write_reports(cfg, init, recipe, no_test: dict, results: dict) -> None:
+    """glue.json (every result but the test predictions) and glue.md, whose tables are printed."""
+    from bert_tf.tasks import glue_sweep
+
+    os.makedirs(cfg.output_dir, exist_ok=True)
+    with open(os.path.join(cfg.output_dir, "glue.json"), "w") as f:
+        json.dump(
+            {
+                "init": init.path if init is not None else "random",
+                "recipe": dataclasses.asdict(recipe) | {"seeds": cfg.seeds},
+                "no_test_file": no_test,
+                "results": {
+                    k: {kk: vv for kk, vv in v.items() if kk != "test_predictions"}
+                    for k, v in results.items()
                 },
-                f,
-                indent=1,
-            )
-        table = glue.markdown(results, recipe, seeds)
-        with open(os.path.join(cfg.output_dir, "glue.md"), "w") as f:
-            f.write(table)
-        print(table, flush=True)
+            },
+            f,
+            indent=1,
+        )
+    table = glue_sweep.markdown(results, recipe, cfg.seeds)
+    with open(os.path.join(cfg.output_dir, "glue.md"), "w") as f:
+        f.write(table)
+    print(table, flush=True)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Learns a WordPiece vocab.txt (google layout) from a corpus and reports its held-out UNK rate.
 
-python run/learn_vocab.py --input_files='data/corpus/*.bz2' --vocab_size=30522
---output_file=vocab.txt
+    python run/learn_vocab.py --input_files='data/corpus/*.bz2' --vocab_size=30522 \
+        --output_file=vocab.txt
 """
 
 import dataclasses

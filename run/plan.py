@@ -12,11 +12,10 @@ run/benchmark.py.
 
 With --spot_price_per_device_hour it also prices preemptible capacity: on demand, spot with a
 restart from the last checkpoint after each preemption, and spot with elastic training
-(bert_tf/train/elastic.py), and says which is cheapest (equations in bert_tf/tools/planner.py):
+(bert_tf/train/elastic.py), and says which is cheapest (equations in bert_tf/tools/spot.py):
 
-    python run/plan.py --model_preset=large --price_per_device_hour=2.48
-    --spot_price_per_device_hour=0.74 \
-        --mtbp_hours=24
+    python run/plan.py --model_preset=large --price_per_device_hour=2.48 \
+        --spot_price_per_device_hour=0.74 --mtbp_hours=24
 """
 
 import dataclasses
@@ -27,7 +26,7 @@ from absl import flags
 from bert_tf import cli
 from bert_tf.parallel import auto_exchange
 from bert_tf.model.config import BertConfig
-from bert_tf.tools import memory, planner
+from bert_tf.tools import memory, planner, spot
 from bert_tf.tools.plan_config import PlanConfig
 
 cli.define_config_flags(PlanConfig)  # every field is a flag: its type, default and help live there
@@ -66,54 +65,22 @@ def main(_):
         print_exchange_memory(cfg, shapes)
         return
     params = sum(planner.gradient_tensor_sizes(config))
-    cluster, phases, accumulation, settings = (
-        cfg.cluster(),
-        cfg.phases(),
-        cfg.accumulation(),
-        cfg.comm,
-    )
+    cluster, phases, settings = cfg.cluster(), cfg.phases(), cfg.comm
+    accumulation = cfg.accumulation()
     overheads = {"powersgd": cfg.powersgd_seconds, "onebit": cfg.onebit_seconds}
     ranking = planner.exchange_ranking(shapes, phases, cluster, settings, accumulation, overheads)
     asked = settings.exchange
     if asked == "auto":
         settings = auto_exchange.exchange_choices(settings)[ranking[0]["method"]]
     factor, note = auto_exchange.update_factor(settings)
-    result = planner.plan(
-        shapes,
-        phases,
-        cluster,
-        settings,
-        accumulation,
-        overheads.get(settings.method, 0.0),
-        1.0 if factor is None else factor,
-    )
+    overhead, updates = overheads.get(settings.method, 0.0), 1.0 if factor is None else factor
+    result = planner.plan(shapes, phases, cluster, settings, accumulation, overhead, updates)
     base, knobs = planner.best_knob(shapes, phases, cluster, settings, accumulation)
     print(
         f"BERT-{cfg.model_preset}: {params / 1e6:.1f}M parameters; {cluster.nodes} nodes x "
         f"{cluster.devices_per_node} devices, {cluster.inter_gbps:g} Gbit/s between nodes"
     )
-    for r in result["phases"]:
-        print(
-            f"{r['phase']}: update {r['update_seconds']:.3f} s = compute "
-            f"{r['compute_seconds']:.3f} + gradients "
-            f"{r['allreduce_seconds']:.3f}; {r['sequences_per_second']:.0f} seq/s, scaling "
-            "efficiency "
-            f"{r['scaling_efficiency']:.1%}; {r['days']:.2f} days, cost {r['cost']:.0f}"
-        )
-    print(
-        f"total: {result['days']:.2f} days, cost {result['cost']:.0f}"
-        + (
-            f", {settings.method} taking x{factor:.2f} the updates{note} for the same held-out "
-            "accuracy"
-            if factor not in (None, 1.0)
-            else ""
-        )
-        + (
-            f"; {settings.method} never reached float16's held-out accuracy in the race"
-            if factor is None
-            else ""
-        )
-    )
+    print_plan(result, settings.method, factor, note)
     print(
         f"gradient exchange for this link, fastest to the same held-out accuracy first: "
         f"{auto_exchange.describe_ranking(ranking)}"
@@ -126,20 +93,40 @@ def main(_):
         "single changes, best first: "
         + "; ".join(f"{name}: {days:.2f} days" for days, name in knobs)
     )
-    spot = preemptible(cfg, result, cluster, params) if cfg.spot_price_per_device_hour > 0 else None
+    capacity = None
+    if cfg.spot_price_per_device_hour > 0:
+        capacity = preemptible(cfg, result, cluster, params)
     if cfg.output_json:
+        output = {
+            "plan": result,
+            "knobs": knobs,
+            "parameters": params,
+            "preemptible": capacity,
+            "exchanges": ranking,
+        }
         with open(cfg.output_json, "w") as f:
-            json.dump(
-                {
-                    "plan": result,
-                    "knobs": knobs,
-                    "parameters": params,
-                    "preemptible": spot,
-                    "exchanges": ranking,
-                },
-                f,
-                indent=1,
-            )
+            json.dump(output, f, indent=1)
+
+
+def print_plan(result, method, factor, note):
+    """Each phase's update time, throughput, days and cost, then the total, with the updates the
+    exchange `method` takes over float16's (factor, note: auto_exchange.update_factor)."""
+    for r in result["phases"]:
+        print(
+            f"{r['phase']}: update {r['update_seconds']:.3f} s = compute "
+            f"{r['compute_seconds']:.3f} + gradients {r['allreduce_seconds']:.3f}; "
+            f"{r['sequences_per_second']:.0f} seq/s, scaling efficiency "
+            f"{r['scaling_efficiency']:.1%}; {r['days']:.2f} days, cost {r['cost']:.0f}"
+        )
+    if factor is None:
+        updates = f"; {method} never reached float16's held-out accuracy in the race"
+    elif factor != 1.0:
+        updates = (
+            f", {method} taking x{factor:.2f} the updates{note} for the same held-out accuracy"
+        )
+    else:
+        updates = ""
+    print(f"total: {result['days']:.2f} days, cost {result['cost']:.0f}{updates}")
 
 
 def print_memory(cfg, config, phases, exchange):
@@ -174,26 +161,22 @@ def print_exchange_memory(cfg, shapes):
     gib = 2**30
     print(
         f"BERT-{cfg.model_preset} (vocab {cfg.vocab_size}): gradient exchange state per rank, GiB. "
-        "Per-rank "
-        "files: steady (device) | save: host copy = own file | resume: own file read | shared "
-        "part, which rank 0 "
-        "writes (Q in its file, DiLoCo's in the checkpoint). Old gather: rank 0 at a save | every "
-        "rank after a "
-        "resume"
+        "Per-rank files: steady (device) | save: host copy = own file | resume: own file read | "
+        "shared part, which rank 0 writes (Q in its file, DiLoCo's in the checkpoint). "
+        "Old gather: rank 0 at a save | every rank after a resume"
     )
     for r in memory.exchange_state_table(shapes, cfg.exchange_memory_ranks()):
         print(
             f"{r['ranks']:5d} ranks  {r['method']:16s} {r['steady'] / gib:7.2f} | "
-            f"{r['save_host'] / gib:6.2f} | "
-            f"{r['resume_host'] / gib:6.2f} | {r['checkpoint'] / gib:6.2f}   old: "
-            f"{r['old_save_rank0'] / gib:7.2f} "
-            f"| {r['old_resume'] / gib:7.2f}"
+            f"{r['save_host'] / gib:6.2f} | {r['resume_host'] / gib:6.2f} | "
+            f"{r['checkpoint'] / gib:6.2f}   old: {r['old_save_rank0'] / gib:7.2f} | "
+            f"{r['old_resume'] / gib:7.2f}"
         )
 
 
 def preemptible(cfg, result, cluster, params):
     """On demand against spot capacity with restarts or elastic training: printed, and returned."""
-    spot = planner.preemptible(result["phases"], cluster, cfg.preemption(), params)
+    options = spot.preemptible(result["phases"], cluster, cfg.preemption(), params)
     print(
         f"preemptible capacity: a node preempted every {cfg.mtbp_hours:g} h on average "
         f"({cluster.nodes / cfg.mtbp_hours:.3g} preemptions per hour), replaced in "
@@ -202,11 +185,11 @@ def preemptible(cfg, result, cluster, params):
         f"{cfg.join_minutes:.2f} "
         f"min + half of {cfg.elastic_commit_interval} updates"
     )
-    for name, r in spot.items():
+    for name, r in options.items():
         print(f"  {name:26s} {r['days']:8.2f} days  cost {r['cost']:10.0f}")
-    best, close = planner.cheapest(spot)
+    best, close = spot.cheapest(options)
     print(f"cheapest: {best}" + (f" ({', '.join(close)} within 1%)" if close else ""))
-    return spot
+    return options
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Loss, accuracy and throughput curves from a run's metrics.jsonl, as one PNG.
 
-python run/plot_metrics.py --metrics=runs/demo/metrics.jsonl --output_png=runs/demo/metrics.png
+    python run/plot_metrics.py --metrics=runs/demo/metrics.jsonl \
+        --output_png=runs/demo/metrics.png
 """
 
 import dataclasses

@@ -1,14 +1,16 @@
 """Pre-trains BERT on one or many machines.
 
-    horovodrun -np 16 -hostfile hostfiles/hosts python run/pretrain.py
-    --flagfile=configs/base_phase1.flags \
-        --flagfile=node.flags      # optional: run/benchmark.py --write_flagfile=node.flags, once per node type
+    horovodrun -np 16 -hostfile hostfiles/hosts python run/pretrain.py \
+        --flagfile=configs/base_phase1.flags \
+        --flagfile=node.flags      # optional, once per node type:
+                                   # run/benchmark.py --write_flagfile=node.flags
     mpirun -np 2 python run/pretrain.py --flagfile=configs/demo.flags
     python run/pretrain.py --flagfile=configs/demo.flags          # one process
     horovodrun -np 3 --min-np 2 --max-np 4 --gloo --network-interface eth0 \
         --host-discovery-script 'scripts/discover_hosts.sh hosts.live' \
-        python run/pretrain.py --elastic --global_batch_size=... ...  # elastic: nodes may come and go
-    python run/pretrain.py --flagfile=configs/base_phase1.flags --dry_run   # check flags and inputs, then exit
+        python run/pretrain.py --elastic --global_batch_size=... ...  # nodes may come and go
+    # check flags and inputs, then exit:
+    python run/pretrain.py --flagfile=configs/base_phase1.flags --dry_run
 
 Global batch (one optimizer update, all ranks) = --micro_batch_size (one rank, one forward/backward)
 x --accumulation_steps x ranks; elastic mode fixes it with --global_batch_size. Learning-rate
@@ -21,7 +23,7 @@ import dataclasses
 import sys
 
 from bert_tf import cli, knob
-from bert_tf.train import pretraining, startup
+from bert_tf.train import preflight, pretraining
 from bert_tf.train.pretrain_config import PretrainConfig
 
 
@@ -53,7 +55,7 @@ def main(argv):
         sys.exit(f"error: unexpected arguments {argv[1:]}")
     run = cli.config_from_flags(PretrainRun)
     if run.dry_run:
-        startup.dry_run(run.config)
+        preflight.dry_run(run.config)
         return
     _, last = pretraining.run(run.config)
     from bert_tf.parallel import distributed

@@ -1,8 +1,8 @@
 """The recipe race: pre-training recipes side by side on this machine, held-out MLM accuracy against
 wall-clock time (bert_tf/studies/recipe_race.py):
 
-    python run/recipe_race.py
-    --recipes=classic=configs/race_classic.flags,budget=configs/race_budget.flags \
+    python run/recipe_race.py \
+        --recipes=classic=configs/race_classic.flags,budget=configs/race_budget.flags \
         --output_dir=runs/race
 
 runs each recipe (mpirun -np --ranks run/pretrain.py --flagfile=...) into <output_dir>/<name>, one
@@ -14,8 +14,8 @@ to mean anything; the race checks that they name the same files.
 On an emulated cluster (--nodes, one rank per node, links shaped to --link_gbit; root), the same
 race compares ways of exchanging gradients (issue 40; configs/comm_race_*.flags):
 
-    python run/recipe_race.py --nodes=2 --link_gbit=0.1 --target_accuracy=0.085
-    --output_dir=runs/comm_race2 \
+    python run/recipe_race.py --nodes=2 --link_gbit=0.1 --target_accuracy=0.085 \
+        --output_dir=runs/comm_race2 \
         --recipes=fp16=configs/comm_race_fp16.flags,powersgd=configs/comm_race_powersgd.flags,onebit=configs/comm_race_onebit.flags,diloco=configs/comm_race_diloco.flags
 
 and adds per recipe the bytes rank 0's node sent per update and the planner's prediction of its

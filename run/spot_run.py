@@ -3,9 +3,8 @@ nodes with --elastic and a compressed exchange, nodes killed and taken back, the
 resumed; and the same run without faults, for the held-out accuracy at the end
 (bert_tf/studies/spot_run.py; root and iproute2).
 
-    python run/spot_run.py --output_dir=runs/spot --flagfile_for_pretrain=configs/spot_budget.flags
-    \
-        --events=kill:3@15,kill:2@47,stop@63
+    python run/spot_run.py --output_dir=runs/spot \
+        --flagfile_for_pretrain=configs/spot_budget.flags --events=kill:3@15,kill:2@47,stop@63
 
 writes <output_dir>/faults and <output_dir>/clean (each a checkpoint folder with metrics.jsonl and
 the jobs' logs) and <output_dir>/spot.json: each run's final held-out MLM accuracy, sequences

@@ -70,45 +70,17 @@ cli.define_renamed("batch_size", "global_batch_size")
 
 def main(argv):
     from bert_tf.parallel import distributed
-    from bert_tf.tasks import finetuning, squad
+    from bert_tf.tasks import finetuning
 
     if len(argv) > 1:
         raise ConfigError(f"unexpected arguments {argv[1:]}")
     cfg = cli.config_from_flags(SquadConfig)
     tokenizer, init, config = cli.finetune_start(cfg.start, cfg.max_seq_length)
-    recipe = finetuning.Recipe(
-        learning_rate=cfg.learning_rate,
-        global_batch=cfg.global_batch_size,
-        epochs=cfg.epochs,
-        warmup_fraction=cfg.warmup_fraction,
-        max_seq_length=cfg.max_seq_length,
-        seed=cfg.seed,
-        precision=cfg.precision,
-        xla=cfg.xla,
-    )
+    recipe = _recipe(cfg)
     hvd = distributed.init()
     rank, size = hvd.rank(), hvd.size()
     log = print if rank == 0 else (lambda *a, **k: None)
-    # every input read before any training
-    predict_examples = squad.read_examples(cfg.predict_file, cfg.version, training=False, log=log)
-    train_examples = (
-        squad.read_examples(cfg.train_file, cfg.version, training=True, log=log)
-        if cfg.train_file
-        else None
-    )
-    with open(cfg.predict_file, encoding="utf-8") as f:
-        dataset = json.load(f)["data"]  # what the official scripts score the answers against
-    task = squad.SquadTask(
-        predict_examples,
-        train_examples,
-        squad.Windowing(cfg.max_seq_length, cfg.doc_stride, cfg.max_query_length),
-        cfg.version,
-        cfg.n_best_size,
-        cfg.max_answer_length,
-        cfg.null_score_diff_threshold,
-        dataset,
-        log,
-    )
+    task = _task(cfg, log)
     outcome = finetuning.run(
         task,
         tokenizer,
@@ -124,8 +96,57 @@ def main(argv):
     )
     if rank != 0:
         return
+    _write_outputs(cfg, init, task, outcome)
+
+
+def _recipe(cfg):
+    """The fine-tuning settings (finetuning.Recipe) the flags give."""
+    from bert_tf.tasks import finetuning
+
+    return finetuning.Recipe(
+        learning_rate=cfg.learning_rate,
+        global_batch=cfg.global_batch_size,
+        epochs=cfg.epochs,
+        warmup_fraction=cfg.warmup_fraction,
+        max_seq_length=cfg.max_seq_length,
+        seed=cfg.seed,
+        precision=cfg.precision,
+        xla=cfg.xla,
+    )
+
+
+def _task(cfg, log):
+    """The squad.SquadTask of the flags' files, every input read before any training."""
+    from bert_tf.tasks import squad
+
+    predict_examples = squad.read_examples(cfg.predict_file, cfg.version, training=False, log=log)
+    train_examples = (
+        squad.read_examples(cfg.train_file, cfg.version, training=True, log=log)
+        if cfg.train_file
+        else None
+    )
+    with open(cfg.predict_file, encoding="utf-8") as f:
+        dataset = json.load(f)["data"]  # what the official scripts score the answers against
+    return squad.SquadTask(
+        predict_examples,
+        train_examples,
+        squad.Windowing(cfg.max_seq_length, cfg.doc_stride, cfg.max_query_length),
+        cfg.version,
+        cfg.n_best_size,
+        cfg.max_answer_length,
+        cfg.null_score_diff_threshold,
+        dataset,
+        log,
+    )
+
+
+def _write_outputs(cfg, init, task, outcome) -> None:
+    """Rank 0: the predictions' files, the model (--export_model) and eval.json; the scores
+    printed."""
+    from bert_tf.tasks import finetuning, squad_answers
+
     answers, scores = outcome.predictions, outcome.metrics
-    squad.write_predictions(
+    squad_answers.write_predictions(
         cfg.output_dir, answers.text, answers.null_odds, answers.nbest, cfg.version
     )
     if cfg.export_model:

@@ -188,30 +188,78 @@ def compare_export(vocab_file, tmp, parts, exact, lower_case):
 
 def write_departures():
     """bert_tf/data/tokenizer_departures.py from fresh scans of every backend
-    (tokenization.scan_departures)."""
+    (tokenization.scan_departures), in the layout ruff's formatter keeps (tests/test_lint.py)."""
     import os
 
     from bert_tf.data import tokenization, tokenizer_departures
 
     path = tokenizer_departures.__file__
     doc = open(path).read().split('"""')[1]
-    body = ""
+    tables = {}
     for backend in tokenization.BACKENDS[:-1]:
         ranges = tokenization.scan_departures(backend)
-        rows = "".join(
-            "        " + ", ".join(f"({a:#x}, {b:#x})" for a, b in ranges[i : i + 6]) + ",\n"
-            for i in range(0, len(ranges), 6)
-        )
-        body += (
-            f'    "{backend}": {{\n        "versions": '
-            f"{tokenization.library_versions(backend)!r},\n"
-            f'        "ranges": (\n{rows}        ),\n    }},\n'
-        )
+        tables[backend] = (tokenization.library_versions(backend), ranges)
         print(f"{backend}: {len(ranges)} ranges, {sum(b - a + 1 for a, b in ranges)} code points")
     with open(path + ".tmp", "w") as f:
-        f.write(f'"""{doc}"""\nTABLES = {{\n{body}}}\n')
+        f.write(departures_source(doc, tables))
     os.replace(path + ".tmp", path)
     print(f"-> {path}")
+
+
+def departures_source(doc: str, tables: dict) -> str:
+    """The module's text: `doc` as its docstring, TABLES from {backend: (versions, ranges)}, one
+    range a line with upper-case hex digits, as ruff format writes it."""
+    body = ""
+    for backend, (versions, ranges) in tables.items():
+        quoted = ", ".join(f'"{v}"' for v in versions)
+        rows = "".join(f"            ({a:#X}, {b:#X}),\n".replace("0X", "0x") for a, b in ranges)
+        body += (
+            f'    "{backend}": {{\n        "versions": ({quoted}),\n'
+            f'        "ranges": (\n{rows}        ),\n    }},\n'
+        )
+    return f'"""{doc}"""\n\nTABLES = {{\n{body}}}\n'
+
+
+def compare_backend(name, vocab, lower_case, parts, expected, report):
+    """One backend against the oracle on each part (its figures into `report`, printed) -> its ids
+    per part."""
+    from bert_tf.data import tokenization
+
+    tok = tokenization.Tokenizer(vocab, lower_case, backend=name)
+    tok.tokenize(["warm up"])
+    ids = {}
+    for part, sample in parts.items():
+        same, differing, ours_tps, ids[part] = compare(tok, sample, expected[part][0])
+        report[f"{name}_{part}_identical"] = same
+        report[f"{name}_{part}_differing"] = [
+            {
+                "text": s,
+                "ours": [vocab[i] for i in a],
+                "oracle": [vocab[i] for i in b],
+                "explained_by": explain(tok, s, b),
+            }
+            for s, a, b in differing
+        ]
+        if part == "corpus":
+            report[f"{name}_tokens_per_second"] = ours_tps
+    corpus, adversarial = len(parts["corpus"]), len(parts["adversarial"])
+    total = corpus + adversarial
+    same = report[f"{name}_corpus_identical"] + report[f"{name}_adversarial_identical"]
+    report[f"{name}_agreement"] = same / total
+    print(
+        f"{name:15s}: identical ids on {same}/{total} sentences "
+        f"({100 * same / total:.2f}%): corpus "
+        f"{report[f'{name}_corpus_identical']}/{corpus}, adversarial "
+        f"{report[f'{name}_adversarial_identical']}/{adversarial}; "
+        f"{report[f'{name}_tokens_per_second']:,.0f} tokens/s on the corpus"
+    )
+    for d in report[f"{name}_corpus_differing"][:3] + report[f"{name}_adversarial_differing"]:
+        print(
+            f"   {d['text'][:70]!r}\n      ours   {d['ours'][:14]}\n      oracle "
+            f"{d['oracle'][:14]}"
+            + "".join(f"\n      explained: {cause}" for cause in d["explained_by"])
+        )
+    return ids
 
 
 def main(_):
@@ -239,51 +287,17 @@ def main(_):
         parts = {"corpus": sentences, "adversarial": ADVERSARIAL}
         expected = {part: oracle_ids(hf, sample) for part, sample in parts.items()}
         report["oracle_tokens_per_second"] = expected["corpus"][1]
-        mine = {}
-        for name in tokenization.BACKENDS:
-            tok = tokenization.Tokenizer(vocab, cfg.do_lower_case, backend=name)
-            tok.tokenize(["warm up"])
-            for part, sample in parts.items():
-                same, differing, ours_tps, mine[name, part] = compare(
-                    tok, sample, expected[part][0]
-                )
-                report[f"{name}_{part}_identical"] = same
-                report[f"{name}_{part}_differing"] = [
-                    {
-                        "text": s,
-                        "ours": [vocab[i] for i in a],
-                        "oracle": [vocab[i] for i in b],
-                        "explained_by": explain(tok, s, b),
-                    }
-                    for s, a, b in differing
-                ]
-                if part == "corpus":
-                    report[f"{name}_tokens_per_second"] = ours_tps
-            total = len(sentences) + len(ADVERSARIAL)
-            same = report[f"{name}_corpus_identical"] + report[f"{name}_adversarial_identical"]
-            report[f"{name}_agreement"] = same / total
-            print(
-                f"{name:15s}: identical ids on {same}/{total} sentences "
-                f"({100 * same / total:.2f}%): corpus "
-                f"{report[f'{name}_corpus_identical']}/{len(sentences)}, adversarial "
-                f"{report[f'{name}_adversarial_identical']}/{len(ADVERSARIAL)}; "
-                f"{report[f'{name}_tokens_per_second']:,.0f} tokens/s on the corpus"
-            )
-            for d in (
-                report[f"{name}_corpus_differing"][:3] + report[f"{name}_adversarial_differing"]
-            ):
-                print(
-                    f"   {d['text'][:70]!r}\n      ours   {d['ours'][:14]}\n      oracle "
-                    f"{d['oracle'][:14]}"
-                    + "".join(f"\n      explained: {cause}" for cause in d["explained_by"])
-                )
-        # each library backend against google's rules as written here (python): every sentence, id
-        # for id
+        mine = {
+            name: compare_backend(name, vocab, cfg.do_lower_case, parts, expected, report)
+            for name in tokenization.BACKENDS
+        }
+        # each library backend against google's rules as written here (python), id for id
+        total = len(sentences) + len(ADVERSARIAL)
         for name in tokenization.BACKENDS[:-1]:
             report[f"{name}_python_identical"] = sum(
                 list(a) == list(b)
                 for part in parts
-                for a, b in zip(mine[name, part], mine["python", part])
+                for a, b in zip(mine[name][part], mine["python"][part])
             )
             print(
                 f"{name} vs python rules: identical ids on "

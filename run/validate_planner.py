@@ -4,7 +4,7 @@
 
 1. NVIDIA's published BERT-large pre-training throughput on 1-32 DGX-2H nodes (TensorFlow2
    BERT README, 21.02 container), predicted from their single-V100 figures and the DGX-2H
-   interconnect (bert_tf.studies.comm_study.nvidia_rows).
+   interconnect (bert_tf.studies.planner_validation.nvidia_rows).
 2. The emulated-cluster study (run/comm_study.py): its planner predictions use the study's
    measured per-rank speed and the link probe, never the BERT jobs' communication times.
 Prints both tables (markdown) with the relative error; exits 1 when a row misses --tolerance.
@@ -16,14 +16,14 @@ import os
 from bert_tf import ConfigError, cli
 from bert_tf.model.config import BertConfig
 from bert_tf.tools import planner
-from bert_tf.studies import comm_study
+from bert_tf.studies import planner_validation
 
-cli.define_config_flags(comm_study.PlannerValidation)
+cli.define_config_flags(planner_validation.PlannerValidation)
 
 
 def main(_):
-    cfg = cli.config_from_flags(comm_study.PlannerValidation)
-    rows = comm_study.nvidia_rows(
+    cfg = cli.config_from_flags(planner_validation.PlannerValidation)
+    rows = planner_validation.nvidia_rows(
         planner.gradient_tensor_sizes(BertConfig.preset("large", vocab_size=30522))
     )
     print(
@@ -37,7 +37,7 @@ def main(_):
             f"{r['published']:,.0f} | "
             f"{r['predicted']:,.0f} | {r['error']:+.1%} |"
         )
-    misses = comm_study.nvidia_misses(rows, cfg.tolerance)
+    misses = planner_validation.nvidia_misses(rows, cfg.tolerance)
     if cfg.study:
         if not os.path.exists(cfg.study):
             raise ConfigError(f"--study={cfg.study} not found (run run/comm_study.py first)")
@@ -60,9 +60,9 @@ def main(_):
                     f"| {r['nodes']} | {r['rate_gbit']:g} | {r['config']} | "
                     f"{r['sequences_per_second']:.2f} | "
                     f"{r['predicted_sequences_per_second']:.2f} | {r['prediction_error']:+.1%} | "
-                    f"{comm_study.study_error(r):+.1%} |"
+                    f"{planner_validation.study_error(r):+.1%} |"
                 )
-        misses += comm_study.study_misses(study, cfg.tolerance)
+        misses += planner_validation.study_misses(study, cfg.tolerance)
     if misses:
         raise SystemExit(f"outside {cfg.tolerance:.0%}: " + "; ".join(misses))
 

@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 from bert_tf import ConfigError
-from bert_tf.train import batch_warmup, budget, optimization, pretrain_config, pretraining
+from bert_tf.train import batch_warmup, budget, modes, optimization, pretrain_config, pretraining
 from conftest import news_vocab
 
 
@@ -89,7 +89,7 @@ def test_a_modern_run_with_a_batch_warmup_resumed_mid_warmup_matches_an_uninterr
     assert train[-1]["mlm_loss"] < train[0]["mlm_loss"]
 
     # stopped at update 4 (mid-warmup: the batch is 2 micro-batches there), then resumed: the same weights
-    monkeypatch.setattr(pretraining.Static, "stop_requested", lambda self, step, boundary: step == 4)
+    monkeypatch.setattr(modes.Static, "stop_requested", lambda self, step, boundary: step == 4)
     pretraining.run(_modern(tiny_data, tmp_path / "parts"), log=lambda *a: None)
     monkeypatch.undo()
     assert tf.train.latest_checkpoint(str(tmp_path / "parts")).endswith("ckpt-4")

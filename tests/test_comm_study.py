@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from bert_tf.tools import planner
-from bert_tf.studies import comm_study
+from bert_tf.studies import comm_study, planner_validation
 from bert_tf.studies import emulated_cluster as ec
 from bert_tf.parallel.comm import CommConfig
 from conftest import REPO, mpi_env
@@ -87,13 +87,13 @@ def test_predictions_use_the_median_compute_speed_or_the_jobs_own_and_the_probed
     assert [r["speedup_vs_baseline"] for r in rows[:3]] == [1.0, 2.0, 2.5]
     assert rows[2]["bytes_vs_fp32_accum"] == pytest.approx(0.51) and "bytes_vs_fp32_accum" not in rows[1]
     assert "prediction_error" not in rows[3]
-    assert comm_study.study_misses({"rows": rows}, 10.0) == []
-    assert len(comm_study.study_misses({"rows": rows}, 0.0)) == 3
+    assert planner_validation.study_misses({"rows": rows}, 10.0) == []
+    assert len(planner_validation.study_misses({"rows": rows}, 0.0)) == 3
     # judged by the own-speed error; the median-fed one only for rows without it (older studies)
     judged = dict(rows[0], prediction_error=0.5, prediction_error_own_compute=0.1)
     older = {k: v for k, v in judged.items() if k != "prediction_error_own_compute"}
-    assert comm_study.study_misses({"rows": [judged]}, 0.25) == []
-    assert comm_study.study_misses({"rows": [older]}, 0.25) == ["emulated 2 nodes 1 Gbit/s fp32/every-mb"]
+    assert planner_validation.study_misses({"rows": [judged]}, 0.25) == []
+    assert planner_validation.study_misses({"rows": [older]}, 0.25) == ["emulated 2 nodes 1 Gbit/s fp32/every-mb"]
 
 
 def test_goals_compare_the_best_fp16_rung_with_the_baseline():

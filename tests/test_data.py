@@ -16,9 +16,9 @@ import pytest
 import tensorflow as tf
 
 from bert_tf import ConfigError
-from bert_tf.data import (compressed, corpus, input_pipeline, instances as ins, pretraining_data as pd, records as rec,
-                          sentences, tokenization)
-from bert_tf.train import startup
+from bert_tf.data import (compressed, corpus, input_pipeline, instances as ins, part_writer, pretraining_data as pd,
+                          records as rec, sentences, tokenization)
+from bert_tf.train import preflight
 from bert_tf.train import pretrain_config
 from conftest import REPO, mpi_env, mpirun
 
@@ -404,7 +404,7 @@ def test_heldout_split_is_by_document(tmp_path, vocab_file, corpus_dir, monkeypa
         pools[id(documents)] = len(documents)
         return real(doc_index, documents, *args, doc_id=doc_id, **kwargs)
 
-    monkeypatch.setattr(pd, "create_instances", recording)
+    monkeypatch.setattr(part_writer, "create_instances", recording)
     config = ins.InstanceConfig(max_seq_length=64, max_predictions_per_seq=10, dupe_factor=2, random_seed=7)
     summary = pd.create_pretraining_data([str(corpus_dir / "lee_background.cor") + "@documents"], "auto", tok,
                                          str(tmp_path), config, heldout_fraction=0.1)
@@ -462,7 +462,7 @@ def test_failed_creation_leaves_no_half_written_shard(tmp_path, vocab_file, corp
             raise RuntimeError("disk full")
         return real(instance, config)
 
-    monkeypatch.setattr(pd, "serialize", failing)
+    monkeypatch.setattr(part_writer, "serialize", failing)
     with pytest.raises(RuntimeError, match="disk full"):
         pd.create_pretraining_data([str(corpus_dir / "lee_background.cor") + "@documents"], "auto", tok,
                                    str(tmp_path), ins.InstanceConfig(max_seq_length=64, dupe_factor=2))
@@ -1014,8 +1014,8 @@ def test_full_sentence_records_need_mlm_only(tmp_path, vocab_file, corpus_dir):
     base = dict(vocab_file=vocab_file, train_files=str(out / "train-*"), max_seq_length=64,
                 max_predictions_per_seq=10, model_preset="tiny", checkpoint_dir=str(tmp_path / "run"))
     with pytest.raises(ConfigError, match=r"full: its records are FULL-SENTENCES instances .* --mlm_only"):
-        startup.check_inputs(pretrain_config.PretrainConfig(**base), 0, 1)
-    startup.check_inputs(pretrain_config.PretrainConfig(mlm_only=True, **base), 0, 1)
+        preflight.check_inputs(pretrain_config.PretrainConfig(**base), 0, 1)
+    preflight.check_inputs(pretrain_config.PretrainConfig(mlm_only=True, **base), 0, 1)
 
 
 # ----------------------------------------------------------------------------- inputs that are not text

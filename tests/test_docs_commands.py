@@ -168,8 +168,8 @@ COMMANDS = {
     "--vocab_file=data/wiki/vocab.txt --learning_rates=5e-5,4e-5,3e-5,2e-5 --seeds=1,2,3,4,5 "
     "--output_dir=runs/glue_small":
         by("test_glue.py::test_a_sweep_with_seeds_summarises_each_setting_and_selects_on_dev",
-           "NOT verbatim: the sweep and seeds through glue.sweep and glue.run_task (what run/glue.py calls), on "
-           "MRPC's layout, 2 settings x 2 seeds, a tiny BERT", uses="glue.sweep("),
+           "NOT verbatim: the sweep and seeds through glue_sweep.sweep and glue_sweep.run_task (what run/glue.py calls), on "
+           "MRPC's layout, 2 settings x 2 seeds, a tiny BERT", uses="glue_sweep.sweep("),
     "python run/squad.py --version=1.1 --train_file=squad/train-v1.1.json --predict_file=squad/dev-v1.1.json "
     "--init_checkpoint=runs/base_phase2 --vocab_file=data/wiki/vocab.txt --output_dir=runs/squad11":
         by("test_squad.py::test_both_versions_train_predict_and_score_end_to_end",

@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from bert_tf import ConfigError
-from bert_tf.tasks import glue
+from bert_tf.tasks import glue, glue_scoring, glue_sweep
 
 # header row (None: the file has none) and rows of each split, in each task's columns as distributed
 LAYOUT = {
@@ -148,15 +148,15 @@ def test_files_without_their_tasks_layout_are_named_with_the_line(tmp_path):
 def test_metrics_by_hand():
     labels, predictions = [1, 1, 0, 0, 1, 0], [1, 0, 0, 1, 1, 0]
     # tp 2, tn 2, fp 1, fn 1: MCC = (2*2 - 1*1) / sqrt(3*3*3*3) = 1/3; F1 = 2*2 / (3 + 3)
-    assert glue.matthews_corr(labels, predictions) == pytest.approx(1 / 3)
-    assert glue.f1(labels, predictions) == pytest.approx(2 / 3) and glue.accuracy(labels, predictions) == 4 / 6
-    assert glue.matthews_corr([1, 1, 0], [1, 1, 1]) == 0.0            # one predicted class: 0, as GLUE's
-    assert glue.pearson([1, 2, 3], [2, 4, 7]) == pytest.approx(5 / (2 * 114 / 9) ** 0.5)
+    assert glue_scoring.matthews_corr(labels, predictions) == pytest.approx(1 / 3)
+    assert glue_scoring.f1(labels, predictions) == pytest.approx(2 / 3) and glue_scoring.accuracy(labels, predictions) == 4 / 6
+    assert glue_scoring.matthews_corr([1, 1, 0], [1, 1, 1]) == 0.0            # one predicted class: 0, as GLUE's
+    assert glue_scoring.pearson([1, 2, 3], [2, 4, 7]) == pytest.approx(5 / (2 * 114 / 9) ** 0.5)
     # ties share ranks: x -> 1, 2.5, 2.5, 4; r = 4.5 / sqrt(4.5 * 5)
-    assert glue.ranks([1, 2, 2, 3]) == [1, 2.5, 2.5, 4]
-    assert glue.spearman([1, 2, 2, 3], [1, 3, 2, 4]) == pytest.approx(4.5 / (4.5 * 5) ** 0.5)
+    assert glue_scoring.ranks([1, 2, 2, 3]) == [1, 2.5, 2.5, 4]
+    assert glue_scoring.spearman([1, 2, 2, 3], [1, 3, 2, 4]) == pytest.approx(4.5 / (4.5 * 5) ** 0.5)
     with pytest.raises(ValueError, match="cola: 2 predictions for 3 labels"):
-        glue.score(glue.TASKS["cola"], [1, 0, 1], [1, 0])
+        glue_scoring.score(glue.TASKS["cola"], [1, 0, 1], [1, 0])
 
 
 def test_task_and_glue_scores_average_as_papers_do():
@@ -165,9 +165,9 @@ def test_task_and_glue_scores_average_as_papers_do():
                "stsb": {"dev": {"pearson": 0.9, "spearman": 0.8}},
                "mnli": {"dev_matched": {"accuracy": 0.8}, "dev_mismatched": {"accuracy": 0.7}},
                "wnli": {"dev": {"accuracy": 0.5}}}
-    assert glue.task_score(glue.TASKS["mnli"], results["mnli"]) == pytest.approx(0.75)
-    assert glue.glue_score(results) == pytest.approx((0.5 + 0.75 + 0.85 + 0.75 + 0.5) / 5)
-    assert glue.glue_score(results, without=("wnli",)) == pytest.approx((0.5 + 0.75 + 0.85 + 0.75) / 4)
+    assert glue_scoring.task_score(glue.TASKS["mnli"], results["mnli"]) == pytest.approx(0.75)
+    assert glue_scoring.glue_score(results) == pytest.approx((0.5 + 0.75 + 0.85 + 0.75 + 0.5) / 5)
+    assert glue_scoring.glue_score(results, without=("wnli",)) == pytest.approx((0.5 + 0.75 + 0.85 + 0.75) / 4)
 
 
 def test_submission_files_carry_the_index_and_the_label_names(tmp_path):
@@ -203,9 +203,9 @@ def test_a_copy_without_test_files_is_checked_scored_on_dev_and_says_so(tmp_path
                        "missing_test_files": [str(root / "RTE" / "test.tsv")]},
                "wnli": {"settings": [summary], "selected": {"setting": summary["setting"]}, "missing_test_files": []}}
     recipe = types.SimpleNamespace(max_seq_length=128, warmup_fraction=0.1, weight_decay=0.01, precision="float32")
-    table = glue.markdown(results, recipe, [0])
+    table = glue_sweep.markdown(results, recipe, [0])
     assert table.endswith(f"No test file, so no submission file: rte ({root / 'RTE' / 'test.tsv'})\n"), table
-    assert "No test file" not in glue.markdown({"wnli": results["wnli"]}, recipe, [0])
+    assert "No test file" not in glue_sweep.markdown({"wnli": results["wnli"]}, recipe, [0])
     (root / "RTE" / "dev.tsv").unlink()
     with pytest.raises(ConfigError, match=r"rte: .*RTE/dev.tsv not found"):
         glue.check_files(["cola", "rte"], str(root))
@@ -310,11 +310,11 @@ def test_a_sweep_with_seeds_summarises_each_setting_and_selects_on_dev(tiny_data
     data = write_glue(tmp_path / "glue", grown_layout(16))
     tokenizer = tokenization.Tokenizer.from_file(tiny_data["vocab_file"])
     config = modeling.BertConfig.preset("tiny", vocab_size=len(tokenizer))
-    assert len(glue.sweep([1e-3, 1e-5], [4, 8], [1, 2])) == 8
-    settings = glue.sweep([1e-3], [4, 8], [1])
+    assert len(glue_sweep.sweep([1e-3, 1e-5], [4, 8], [1, 2])) == 8
+    settings = glue_sweep.sweep([1e-3], [4, 8], [1])
     assert [s.label() for s in settings] == ["lr 0.001, batch 4, 1 epochs", "lr 0.001, batch 8, 1 epochs"]
-    result = glue.run_task(glue.TASKS["mrpc"], str(data), tokenizer, config, None, settings, [3, 4],
-                           finetuning.Recipe(max_seq_length=32), log=lambda *a, **k: None)
+    result = glue_sweep.run_task(glue.TASKS["mrpc"], str(data), tokenizer, config, None, settings, [3, 4],
+                                 finetuning.Recipe(max_seq_length=32), log=lambda *a, **k: None)
     assert len(result["runs"]) == 4 and len(result["settings"]) == 2
     for summary in result["settings"]:
         runs = [r for r in result["runs"] if r["setting"] == summary["setting"]]
@@ -336,5 +336,5 @@ def test_the_setting_selected_is_the_best_median_not_the_best_mean_or_seed():
     def summary(lr, median, mean, best):
         return {"setting": {"learning_rate": lr}, "score": {"median": median, "mean": mean, "max": best}}
     summaries = [summary(5e-5, 0.70, 0.72, 0.90), summary(3e-5, 0.74, 0.70, 0.75), summary(2e-5, 0.72, 0.73, 0.74)]
-    assert glue.select(summaries)["setting"]["learning_rate"] == 3e-5
-    assert glue.select([summary(1e-5, 0.5, 0.5, 0.5), summary(2e-5, 0.5, 0.6, 0.6)])["setting"]["learning_rate"] == 1e-5
+    assert glue_sweep.select(summaries)["setting"]["learning_rate"] == 3e-5
+    assert glue_sweep.select([summary(1e-5, 0.5, 0.5, 0.5), summary(2e-5, 0.5, 0.6, 0.6)])["setting"]["learning_rate"] == 1e-5

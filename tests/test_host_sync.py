@@ -9,7 +9,7 @@ from tensorflow.python.framework import ops
 
 from bert_tf.parallel import distributed
 from bert_tf.model import modeling
-from bert_tf.train import pretraining, training
+from bert_tf.train import modes, pretraining, training
 from bert_tf.train import startup
 from bert_tf.train import pretrain_config
 from conftest import random_features
@@ -87,8 +87,8 @@ def _loop_counts(tiny_data, tmp_path, total_steps, log_interval, accumulation_st
     trainer.train_step(job.input.next_update())               # compile outside the count
     trainer.step.assign(0)
     with fetches() as n, counting(distributed, "any_rank") as agreements:
-        with pretraining.StopSignal() as stop:
-            pretraining.train(cfg, job, pretraining.Static(stop, job, lambda *a, **k: None, cfg.stop_check_interval))
+        with modes.StopSignal() as stop:
+            pretraining.train(cfg, job, modes.Static(stop, job, lambda *a, **k: None, cfg.stop_check_interval))
     return n[0], agreements[0]
 
 

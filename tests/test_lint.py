@@ -1,5 +1,5 @@
 """Lint and types in the unit tier: ruff (ruff.toml's rules) over bert_tf/, run/, tests/ and scripts/, its file
-list covering every module, mypy (mypy.ini) over bert_tf/ and run/, and no `# noqa` without a reason on its
+list covering every module, ruff's formatter at 100 columns over bert_tf/ and run/, mypy (mypy.ini) over bert_tf/ and run/, and no `# noqa` without a reason on its
 line."""
 import re
 import subprocess
@@ -14,6 +14,20 @@ FOLDERS = ("bert_tf", "run", "tests", "scripts")
 
 def test_ruff_passes():
     proc = subprocess.run(RUFF + ["check", "--output-format=concise", *FOLDERS], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+
+
+def test_the_formatter_passes_at_100_columns_on_the_library_and_the_entry_points():
+    """`ruff format --check` over bert_tf/ and run/, with ruff.toml's limit at most 100 and the long-line rule
+    (E501) on for them: the formatter leaves a long string or comment alone, the linter does not."""
+    import tomllib
+    config = tomllib.loads((REPO / "ruff.toml").read_text())
+    assert config["line-length"] <= 100
+    assert "E501" not in config["lint"].get("ignore", [])
+    ignored = {glob for glob, rules in config["lint"].get("per-file-ignores", {}).items() if "E501" in rules}
+    assert not {g for g in ignored if g.startswith(("bert_tf", "run"))}, ignored
+    proc = subprocess.run(RUFF + ["format", "--check", "bert_tf", "run"], cwd=REPO, capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
 

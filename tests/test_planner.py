@@ -9,8 +9,8 @@ import pytest
 
 from bert_tf import ConfigError
 from bert_tf.model import modeling
-from bert_tf.tools import memory, planner
-from bert_tf.studies import comm_study
+from bert_tf.tools import memory, planner, spot
+from bert_tf.studies import planner_validation
 from bert_tf.parallel.comm import CommConfig
 from conftest import REPO, mpi_env
 
@@ -215,14 +215,14 @@ def test_batch_not_divisible_names_the_problem():
 def test_reproduces_nvidia_dgx2h_32_nodes_within_25_percent():
     """run/validate_planner.py (docs/planner_validation.md): NVIDIA's published 32 x 16 V100
     throughput from their single-GPU figures and the DGX-2H interconnect, mixed precision."""
-    rows = comm_study.nvidia_rows(planner.gradient_tensor_sizes(modeling.BertConfig.preset("large", vocab_size=30522)))
+    rows = planner_validation.nvidia_rows(planner.gradient_tensor_sizes(modeling.BertConfig.preset("large", vocab_size=30522)))
     goal = [r for r in rows if r["nodes"] == 32 and r["precision"] == "mixed"]
     assert [r["seq"] for r in goal] == [128, 512]
     for r in goal:
         assert abs(r["error"]) <= 0.25, r
-    assert comm_study.nvidia_misses(rows, 0.25) == []
+    assert planner_validation.nvidia_misses(rows, 0.25) == []
     # and a row that misses is reported
-    assert comm_study.nvidia_misses([dict(r, error=r["error"] + 0.3) for r in rows], 0.25) == [
+    assert planner_validation.nvidia_misses([dict(r, error=r["error"] + 0.3) for r in rows], 0.25) == [
         "DGX-2H 32 nodes seq 128", "DGX-2H 32 nodes seq 512"]
 
 
@@ -231,10 +231,10 @@ def test_preemptible_capacity_by_hand():
     # on average: 4 / 40 = 0.1 preemptions per hour.
     cluster = planner.Cluster(nodes=4, devices_per_node=4, inter_gbps=10)
     rows = [{"days": 100 / 24, "update_seconds": 36.0}]
-    pre = planner.Preemption(price_on_demand=3, price_spot=1, mtbp_hours=40, restart_minutes=10, elastic_minutes=3,
+    pre = spot.Preemption(price_on_demand=3, price_spot=1, mtbp_hours=40, restart_minutes=10, elastic_minutes=3,
                              join_minutes=3, replacement_minutes=20, save_interval=100, elastic_commit_interval=10)
     # 1.5e9 parameters: a commit copies 12 x 1.5e9 B at 10 GB/s = 1.8 s, every 10 x 36 s: 0.5% more time
-    out = planner.preemptible(rows, cluster, pre, parameters=1.5e9)
+    out = spot.preemptible(rows, cluster, pre, parameters=1.5e9)
     assert out["on-demand"]["days"] * 24 == pytest.approx(100)
     assert out["on-demand"]["cost"] == pytest.approx(100 * 16 * 3)
     # restart: 10 min + 20 min + 100 / 2 x 0.01 h = 1 h per preemption: 100 / (1 - 0.1 x 1)
@@ -246,7 +246,7 @@ def test_preemptible_capacity_by_hand():
     assert out["spot + checkpoint restart"]["cost"] == pytest.approx(100 / 0.9 * 16 * 1 * billed)
     assert out["spot + elastic"]["cost"] == pytest.approx(100 * 1.005 / (1 - 0.1 * (0.1 + 0.05 + 1 / 12)) * 16 * billed)
     # a node every 4 h: restarts lose 1 h per 1 h of progress: the run never ends
-    worse = planner.preemptible(rows, cluster, dataclasses.replace(pre, mtbp_hours=4), parameters=1.5e9)
+    worse = spot.preemptible(rows, cluster, dataclasses.replace(pre, mtbp_hours=4), parameters=1.5e9)
     assert worse["spot + checkpoint restart"]["days"] == float("inf")
     assert worse["spot + elastic"]["days"] < float("inf")
 
@@ -258,13 +258,13 @@ def test_impossible_preemption_inputs_name_the_flag():
                             (dict(restart_minutes=-1), "--restart_minutes must be >= 0"),
                             (dict(elastic_commit_interval=0), "--elastic_commit_interval must be >= 1")):
         with pytest.raises(ConfigError, match=message):
-            planner.Preemption(**{**values, **change})
+            spot.Preemption(**{**values, **change})
 
 
 def test_cheapest_names_the_options_within_one_percent():
     options = {"a": {"cost": 100.0}, "b": {"cost": 100.9}, "c": {"cost": 101.1}}
-    assert planner.cheapest(options) == ("a", ["b"])
-    assert planner.cheapest({**options, "a": {"cost": 102.0}}) == ("b", ["c"])      # 102 > 1.01 x 100.9
+    assert spot.cheapest(options) == ("a", ["b"])
+    assert spot.cheapest({**options, "a": {"cost": 102.0}}) == ("b", ["c"])      # 102 > 1.01 x 100.9
 
 
 def test_memory_estimate_follows_korthikanti_and_recomputation_keeps_only_layer_inputs():

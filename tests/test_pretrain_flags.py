@@ -11,7 +11,7 @@ from bert_tf import ConfigError
 from bert_tf.parallel import comm
 from bert_tf.studies import recipe_race
 from bert_tf.train import pretraining
-from bert_tf.train import startup
+from bert_tf.train import preflight
 from bert_tf.train import pretrain_config
 from conftest import REPO, mpi_env
 
@@ -80,13 +80,13 @@ def test_dry_run_finds_what_a_run_would_stop_at_and_writes_nothing(tiny_data, tm
     (tmp_path / "a_file").write_text("not a folder\n")
     overrides = {k: v.format(tmp=tmp_path) if isinstance(v, str) else v for k, v in overrides.items()}
     with pytest.raises(ConfigError, match=error):
-        startup.dry_run(config(tiny_data, tmp_path, **overrides))
+        preflight.dry_run(config(tiny_data, tmp_path, **overrides))
     assert not (tmp_path / "ckpt").exists()
 
 
 def test_dry_run_says_what_the_run_would_be(tiny_data, tmp_path):
     lines = []
-    startup.dry_run(config(tiny_data, tmp_path, micro_batch_size=3, accumulation_steps=5), log=lines.append)
+    preflight.dry_run(config(tiny_data, tmp_path, micro_batch_size=3, accumulation_steps=5), log=lines.append)
     vocab = len(open(tiny_data["vocab_file"]).read().splitlines())
     train, evaluation = len(glob.glob(tiny_data["train"])), len(glob.glob(tiny_data["eval"]))
     assert train >= 2 and evaluation >= 1

@@ -12,7 +12,7 @@ import tensorflow as tf
 from bert_tf import ConfigError
 from bert_tf.parallel import distributed
 from bert_tf.model import modeling
-from bert_tf.train import divergence, pretraining, training
+from bert_tf.train import divergence, figures, modes, pretraining, training
 from bert_tf.train import pretrain_config
 
 
@@ -21,13 +21,13 @@ def test_stop_signal_remembers_a_signal_and_puts_the_old_handlers_back():
         pass
     previous = signal.signal(signal.SIGTERM, sentinel)
     try:
-        with pretraining.StopSignal() as stop:
+        with modes.StopSignal() as stop:
             assert signal.getsignal(signal.SIGTERM) == stop.handle
             signal.raise_signal(signal.SIGTERM)
             assert stop.received == "SIGTERM"
         assert signal.getsignal(signal.SIGTERM) is sentinel
         with pytest.raises(RuntimeError):
-            with pretraining.StopSignal():
+            with modes.StopSignal():
                 raise RuntimeError("the loop failed")
         assert signal.getsignal(signal.SIGTERM) is sentinel       # also when the loop raises
     finally:
@@ -36,11 +36,11 @@ def test_stop_signal_remembers_a_signal_and_puts_the_old_handlers_back():
 
 def test_interval_metrics_average_losses_and_count_accuracies_over_the_interval():
     distributed.init()
-    interval = pretraining.IntervalMetrics(global_batch=8, seq_length=16)
+    interval = figures.IntervalMetrics(global_batch=8, seq_length=16)
 
-    def update(loss, mlm_loss, mlm_correct):      # one update of 8 sequences of 16 tokens (training.UpdateOutput)
+    def update(loss, mlm_loss, mlm_correct):      # one update of 8 sequences of 16 tokens (figures.UpdateOutput)
         output = modeling.PretrainOutput(loss=loss, mlm_loss=mlm_loss, mlm_correct=mlm_correct, mlm_weight=10)
-        return training.UpdateOutput(output=output, learning_rate=0.5, grad_norm=2.0, finite=True, sequences=8,
+        return figures.UpdateOutput(output=output, learning_rate=0.5, grad_norm=2.0, finite=True, sequences=8,
                                      useful_tokens=128)
     interval.add(update(3.0, 2.0, 3), {"compute_seconds": 1.0})
     interval.add(out := update(5.0, 4.0, 5), {"compute_seconds": 3.0})
@@ -51,7 +51,7 @@ def test_interval_metrics_average_losses_and_count_accuracies_over_the_interval(
     assert record.tokens_per_second == pytest.approx(16 * record.sequences_per_second)
     assert interval.updates == 0 and interval.sums == {}                 # the next interval starts empty
     # elastic mode, uneven shares: losses weighted like the gradients (x 0.5 here), counts as they are
-    interval = pretraining.IntervalMetrics(global_batch=8, seq_length=16, loss_weight=0.5)
+    interval = figures.IntervalMetrics(global_batch=8, seq_length=16, loss_weight=0.5)
     interval.add(out := update(3.0, 3.0, 3), {})
     record = interval.record(step=3, out=out)
     assert (record.loss, record.mlm_accuracy) == (1.5, 0.3)
@@ -227,7 +227,7 @@ def _guarded_run(tiny_data, tmp_path, monkeypatch, inject, **overrides):
     boost = tf.Variable(1.0, trainable=False)
     real_lr = optimization.learning_rate
     monkeypatch.setattr(optimization, "learning_rate", lambda *a, **k: real_lr(*a, **k) * boost)
-    checks, real_train, real_rollback = [], pretraining.train, pretraining.Static.rollback
+    checks, real_train, real_rollback = [], pretraining.train, modes.Static.rollback
 
     class Injected:
         def __init__(self, inner):
@@ -254,7 +254,7 @@ def _guarded_run(tiny_data, tmp_path, monkeypatch, inject, **overrides):
                                    for k, v in checkpointing.module_variables(job.trainer.model).items())))
         return target
     monkeypatch.setattr(pretraining, "train", spy_train)
-    monkeypatch.setattr(pretraining.Static, "rollback", spy_rollback)
+    monkeypatch.setattr(modes.Static, "rollback", spy_rollback)
     settings = dict(model_preset="tiny", vocab_file=tiny_data["vocab_file"], train_files=tiny_data["train"],
                     max_seq_length=64, max_predictions_per_seq=10, micro_batch_size=8, learning_rate=1e-3,
                     warmup_steps=5, total_steps=60, log_interval=2, save_interval=10, checkpoint_dir=str(tmp_path))
@@ -393,14 +393,14 @@ def _same_parameters(cls, name, expected):
 
 
 def test_both_modes_and_both_training_inputs_satisfy_the_loops_protocols():
-    """The loop's contracts are typing.Protocols (pretraining.Mode, input_pipeline.TrainingInput): every
+    """The loop's contracts are typing.Protocols (modes.Mode, input_pipeline.TrainingInput): every
     hook with the protocol's parameters, in both implementations; a missing hook or another signature fails."""
     import ast
     import textwrap
     import types
     from bert_tf.data import input_pipeline
     from bert_tf.train import elastic
-    for protocol, implementations in ((pretraining.Mode, (pretraining.Static, elastic.Elastic)),
+    for protocol, implementations in ((modes.Mode, (modes.Static, elastic.Elastic)),
                                       (input_pipeline.TrainingInput, (input_pipeline.PerRankInput,
                                                                       elastic.SharedStream))):
         methods, data = _protocol_members(protocol)
@@ -412,7 +412,7 @@ def test_both_modes_and_both_training_inputs_satisfy_the_loops_protocols():
             assigned = {t.attr for node in ast.walk(init) if isinstance(node, ast.Assign) for target in node.targets
                         for t in ast.walk(target) if isinstance(t, ast.Attribute)}
             assert data <= assigned | set(vars(cls)), (cls, data - assigned)
-    static = pretraining.Static(None, types.SimpleNamespace(samples_seen=5), print, 10)
-    assert isinstance(static, pretraining.Mode) and static.samples_seen == 5
+    static = modes.Static(None, types.SimpleNamespace(samples_seen=5), print, 10)
+    assert isinstance(static, modes.Mode) and static.samples_seen == 5
     stream = input_pipeline.PerRankInput(tf.data.Dataset.range(3), 1, gather=lambda b: [b])
     assert isinstance(stream, input_pipeline.TrainingInput)

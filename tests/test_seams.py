@@ -94,11 +94,11 @@ def test_every_finetuning_task_and_the_heads_they_build_keep_the_contract():
     """GLUE, SQuAD, encoded text classification and the corpus tasks are finetuning.FinetuningTasks, and the heads
     they build are FinetuningModels (STS-B's a regressor); GLUE's metadata record is not a task."""
     from bert_tf.model import modeling
-    from bert_tf.tasks import classification, finetuning, glue, proof, squad
+    from bert_tf.tasks import classification, finetuning, glue, glue_sweep, proof, squad
 
     encoded = classification.Labelled({"input_ids": np.zeros([2, 4], np.int32)}, np.zeros([2], np.int32))
-    tasks = [glue.GlueTask(glue.TASKS["mnli"], {"train": glue.Split([])}, 32),
-             glue.GlueTask(glue.TASKS["stsb"], {"train": glue.Split([])}, 32),
+    tasks = [glue_sweep.GlueTask(glue.TASKS["mnli"], {"train": glue.Split([])}, 32),
+             glue_sweep.GlueTask(glue.TASKS["stsb"], {"train": glue.Split([])}, 32),
              squad.SquadTask([]), classification.Classification(["neg", "pos"], encoded, encoded),
              proof.CorpusPairTask("word_order", [], [], seed=1), proof.CorpusSpanTask("odd_word", [], [], seed=1)]
     for task in tasks:

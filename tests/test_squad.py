@@ -9,7 +9,7 @@ import pytest
 
 from bert_tf import ConfigError
 from bert_tf.data import tokenization
-from bert_tf.tasks import squad
+from bert_tf.tasks import squad, squad_answers
 from conftest import REPO, mpirun
 
 WORDS = ["the", "denver", "broncos", "won", "super", "bowl", "50", "in", "2016", "smith", "steve", "'", "s",
@@ -96,16 +96,16 @@ def test_a_span_counts_only_in_the_window_where_its_start_has_the_most_context()
     logits[0, :, position[12]] = 9.0
     assert not windows[0].best_window[position[12]] and windows[0].best_window[position[6]]
     # answers of at most 3 tokens: the span from word 6 to word 12 is not one
-    predictions, _, _ = squad.predict_answers([squad.Example("q", question, words)], windows, logits, tok, "1.1",
-                                              max_answer_length=3)
+    predictions, _, _ = squad_answers.predict_answers([squad.Example("q", question, words)], windows, logits, tok, "1.1",
+                                                      max_answer_length=3)
     assert predictions == {"q": "50"}
 
 
 def test_final_text_keeps_the_contexts_own_characters():
-    assert squad.final_text("steve smith", "Steve Smith's", True) == "Steve Smith"
-    assert squad.final_text("2016", "2016.", True) == "2016"
-    assert squad.final_text("broncos", "(Broncos),", True) == "Broncos"
-    assert squad.final_text("nothing", "Steve Smith's", True) == "Steve Smith's"     # no match: the words whole
+    assert squad_answers.final_text("steve smith", "Steve Smith's", True) == "Steve Smith"
+    assert squad_answers.final_text("2016", "2016.", True) == "2016"
+    assert squad_answers.final_text("broncos", "(Broncos),", True) == "Broncos"
+    assert squad_answers.final_text("nothing", "Steve Smith's", True) == "Steve Smith's"     # no match: the words whole
 
 
 def test_answers_from_logits_v1_and_the_null_score_of_v2():
@@ -123,13 +123,13 @@ def test_answers_from_logits_v1_and_the_null_score_of_v2():
         logits[w, 1, min(p for p, word in window.token_to_word.items() if word == target[1])] = 5.0
         assert position
     logits[2, :, 0] = 20.0                                 # q3: [CLS] far above its best span
-    v1, _, _ = squad.predict_answers(path_examples[:2], windows[:2], logits[:2], tok, "1.1")
+    v1, _, _ = squad_answers.predict_answers(path_examples[:2], windows[:2], logits[:2], tok, "1.1")
     assert v1 == {"q1": "Denver Broncos", "q2": "2016"}     # the context's own characters, "." left out
-    v2, null_odds, nbest = squad.predict_answers(path_examples, windows, logits, tok, "2.0")
+    v2, null_odds, nbest = squad_answers.predict_answers(path_examples, windows, logits, tok, "2.0")
     assert v2 == {"q1": "Denver Broncos", "q2": "2016", "q3": ""}
     assert null_odds["q3"] == pytest.approx(40.0 - 10.0) and null_odds["q1"] == pytest.approx(-10.0 - 10.0)
     assert "" in [x["text"] for x in nbest["q1"]] and abs(sum(x["probability"] for x in nbest["q1"]) - 1) < 1e-6
-    v2_strict, _, _ = squad.predict_answers(path_examples, windows, logits, tok, "2.0", null_score_diff_threshold=-25.0)
+    v2_strict, _, _ = squad_answers.predict_answers(path_examples, windows, logits, tok, "2.0", null_score_diff_threshold=-25.0)
     assert v2_strict["q1"] == ""                           # -20 > -25: the threshold turns it into "no answer"
 
 

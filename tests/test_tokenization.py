@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from bert_tf.data import tokenization
+from bert_tf.data import basic_tokenizer, tokenization
 from conftest import REPO, mpi_env
 
 
@@ -87,7 +87,7 @@ def test_ascii_shortcut_equals_the_unicode_rules():
     for _ in range(2000):
         text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 30)))
         for lower in (True, False):
-            assert tokenization.basic_tokenize(text, lower) == tokenization._basic_tokenize_unicode(text, lower), text
+            assert basic_tokenizer.basic_tokenize(text, lower) == basic_tokenizer._basic_tokenize_unicode(text, lower), text
 
 
 @pytest.mark.parametrize("backend", ["tensorflow_text", "rust"])
@@ -163,3 +163,17 @@ def test_an_unknown_tokenizer_backend_is_named():
     from bert_tf import ConfigError
     with pytest.raises(ConfigError, match="--tokenizer=spacy: valid are tensorflow_text, rust, python"):
         tokenization.Tokenizer(tokenization.google_reserved_tokens(), backend="spacy")
+
+
+def test_the_departure_table_writer_reproduces_the_shipped_file_in_the_formatters_layout():
+    """run/tokenizer_agreement.py --write_departures rewrites bert_tf/data/tokenizer_departures.py: given the
+    shipped tables it writes the shipped text byte for byte, the layout `ruff format --check` keeps."""
+    import importlib.util
+    from bert_tf.data import tokenizer_departures
+    from conftest import REPO
+    spec = importlib.util.spec_from_file_location("tokenizer_agreement", REPO / "run" / "tokenizer_agreement.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    text = open(tokenizer_departures.__file__).read()
+    tables = {name: (t["versions"], t["ranges"]) for name, t in tokenizer_departures.TABLES.items()}
+    assert script.departures_source(text.split('"""')[1], tables) == text

@@ -122,7 +122,10 @@ def damage(path):
             return f"{name} is missing"
         size = os.path.getsize(file)
         if size != want["bytes"]:
-            return f"{name} has {size} bytes, its manifest says {want['bytes']} (truncated or overwritten)"
+            return (
+                f"{name} has {size} bytes, its manifest says {want['bytes']} "
+                "(truncated or overwritten)"
+            )
         if sha256(file) != want["sha256"]:
             return f"{name} does not match its manifest's SHA-256 (damaged)"
     if ".index" not in files or len(files) < 2:

@@ -34,7 +34,7 @@ def accuracies(sums: dict) -> dict:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TrainRecord:
-    """A "train" record: one log interval of pre-training (pretraining.IntervalMetrics), over all
+    """A "train" record: one log interval of pre-training (figures.IntervalMetrics), over all
     ranks unless said. The fields are metrics.jsonl's keys in its order; None: not written (no such
     head, timing or setting)."""
 
@@ -135,7 +135,8 @@ class MetricsWriter:
     def _open(self):
         directory = os.path.dirname(self.path)
         os.makedirs(directory, exist_ok=True)
-        import tensorflow as tf  # here, not at the top: reading metrics (read_metrics) needs no TensorFlow
+        # here, not at the top: reading metrics (read_metrics) needs no TensorFlow
+        import tensorflow as tf
 
         self.summary = tf.summary.create_file_writer(os.path.join(directory, "tensorboard"))
         self._metadata = _scalar_metadata()

@@ -1,19 +1,21 @@
 """A modern model (model/modern.py) in Hugging Face's ModernBERT layout: transformers'
 `ModernBertForMaskedLM` config.json and model.safetensors, both ways.
 
-    ours                                        Hugging Face (torch.nn.Linear weights are [out, in])
-    encoder/embeddings/word_embeddings [V, H]   model.embeddings.tok_embeddings.weight (decoder.weight tied)
-    encoder/embeddings/layer_norm/gamma         model.embeddings.norm.weight
-    encoder/layers/N/attention_norm/gamma       model.layers.N.attn_norm.weight (none in layer 0)
-    encoder/layers/N/attention/qkv/kernel       model.layers.N.attn.Wqkv.weight [3H, H]: q, k, v rows
-    encoder/layers/N/attention/output/kernel    model.layers.N.attn.Wo.weight
-    encoder/layers/N/mlp_norm/gamma             model.layers.N.mlp_norm.weight
-    encoder/layers/N/mlp_in/kernel [H, 2I]      model.layers.N.mlp.Wi.weight [2I, H]: value rows, then gate
-    encoder/layers/N/mlp_out/kernel             model.layers.N.mlp.Wo.weight
-    encoder/final_norm/gamma                    model.final_norm.weight
-    mlm_transform/kernel, mlm_layer_norm/gamma  head.dense.weight, head.norm.weight
-    mlm_output_bias                             decoder.bias
-    encoder/pooler, encoder/pooler_norm         (a fine-tuned classifier's own head.dense / head.norm)
+    ours (encoder/...)                Hugging Face (torch.nn.Linear weights are [out, in])
+    embeddings/word_embeddings [V, H] model.embeddings.tok_embeddings.weight (decoder.weight tied)
+    embeddings/layer_norm/gamma       model.embeddings.norm.weight
+    layers/N/attention_norm/gamma     model.layers.N.attn_norm.weight (none in layer 0)
+    layers/N/attention/qkv/kernel     model.layers.N.attn.Wqkv.weight [3H, H]: q, k, v rows
+    layers/N/attention/output/kernel  model.layers.N.attn.Wo.weight
+    layers/N/mlp_norm/gamma           model.layers.N.mlp_norm.weight
+    layers/N/mlp_in/kernel [H, 2I]    model.layers.N.mlp.Wi.weight [2I, H]: value rows, then gate
+    layers/N/mlp_out/kernel           model.layers.N.mlp.Wo.weight
+    final_norm/gamma                  model.final_norm.weight
+    pooler, pooler_norm               (a fine-tuned classifier's own head.dense / head.norm)
+    ours (heads)
+    mlm_transform/kernel              head.dense.weight
+    mlm_layer_norm/gamma              head.norm.weight
+    mlm_output_bias                   decoder.bias
 
 transformers' biases and LayerNorm betas are switched off by ModernBertConfig's *_bias fields, which
 this layout writes as False: a config with any of them on is refused when read.

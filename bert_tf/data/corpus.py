@@ -5,13 +5,14 @@ Formats (`FORMATS`):
   documents  one document per line (split into sentences here)
   mediawiki  a MediaWiki XML dump: article text with the markup stripped
   jsonl      JSON lines, one document per line: {"text": ...} (the field is `text_field`)
-  parquet    Parquet (Hugging Face datasets' shards, e.g. wikimedia/wikipedia): a row per document, its
-             text in column `text_field`, optionally a title in `title_field` (the document's first
-             sentence)
-  arrow      a `datasets.save_to_disk` folder (state.json and its Arrow stream files), columns as parquet
-  wikiextractor  WikiExtractor's output: <doc id=... title=...> title, paragraphs </doc> (AA/wiki_00, ...);
-             the title line dropped (`title_field`: a <doc> attribute as the first sentence), a
-             paragraph per line (rules in `wikiextractor`); its --json output is jsonl
+  parquet    Parquet (Hugging Face datasets' shards, e.g. wikimedia/wikipedia): a row per
+             document, its text in column `text_field`, optionally a title in `title_field` (the
+             document's first sentence)
+  arrow      a `datasets.save_to_disk` folder (state.json, Arrow stream files); columns as parquet
+  wikiextractor
+             WikiExtractor's output: <doc id=... title=...> title, paragraphs </doc> (AA/wiki_00,
+             ...); the title line dropped (`title_field`: a <doc> attribute as the first sentence),
+             a paragraph per line (rules in `wikiextractor`); its --json output is jsonl
 
 `auto` picks parquet for *.parquet files, arrow for a folder with state.json, mediawiki for files
 that start with a <mediawiki> element, wikiextractor for files that start with a <doc ...> line,
@@ -38,6 +39,7 @@ Compressed files are read by `compressed`, Parquet and Arrow by `tables`, WikiEx
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import xml.etree.ElementTree as ET
 
@@ -55,23 +57,19 @@ class ReadStats:
     documents: int = 0
     sentences: int = 0
     bad_bytes_lines: int = 0  # lines with bytes that were not UTF-8 (replaced)
-    skipped_pages: int = (
-        0  # MediaWiki: redirects and non-article namespaces; WikiExtractor: <doc>s without text
-    )
+    # MediaWiki: redirects and non-article namespaces; WikiExtractor: <doc>s without text
+    skipped_pages: int = 0
     bytes_read: int = 0  # bytes read from the files (compressed size for compressed files)
-    truncated_pages: int = (
-        0  # MediaWiki: a <page> the file ends inside; WikiExtractor: a <doc> likewise
-    )
-    bad_pages: int = (
-        0  # MediaWiki: a <page> that is not valid XML; WikiExtractor: a <doc> not closed
-    )
+    # MediaWiki: a <page> the file ends inside; WikiExtractor: a <doc> likewise
+    truncated_pages: int = 0
+    # MediaWiki: a <page> that is not valid XML; WikiExtractor: a <doc> not closed
+    bad_pages: int = 0
     stray_text: int = 0  # WikiExtractor: runs of lines outside <doc> ... </doc> (ignored)
     bad_json_lines: int = 0  # JSON lines: not JSON, or without a string in the text field
     bad_rows: int = 0  # Parquet/Arrow: a row whose text is not a string (null)
     truncated_files: int = 0  # compressed files that end before their end-of-stream marker
-    problems: list = dataclasses.field(
-        default_factory=list
-    )  # "file: byte N: what" for each skipped item
+    # "file: byte N: what" for each skipped item
+    problems: list = dataclasses.field(default_factory=list)
 
 
 def detect_format(path):
@@ -85,10 +83,7 @@ def detect_format(path):
     with compressed.open_binary(path) as f:
         try:
             head = f.read(4096).lstrip()
-        except (
-            EOFError,
-            OSError,
-        ):  # a truncated compressed file: reading it says so, with the file's name
+        except (EOFError, OSError):  # a truncated compressed file: reading it says so, by name
             head = b""
     if head.startswith(b"<mediawiki") or b"<mediawiki " in head[:200]:
         return "mediawiki"
@@ -118,14 +113,9 @@ def _folder_inputs(spec):
     """[spec], or for a folder without state.json (and not given @arrow) the WikiExtractor files
     under it."""
     path, _, fmt = spec.partition("@")
-    if (
-        not os.path.isdir(path)
-        or fmt == "arrow"
-        or any(
-            os.path.isfile(os.path.join(path, marker))
-            for marker in ("state.json", "dataset_dict.json")
-        )
-    ):
+    markers = ("state.json", "dataset_dict.json")
+    arrow = fmt == "arrow" or any(os.path.isfile(os.path.join(path, m)) for m in markers)
+    if not os.path.isdir(path) or arrow:
         return [spec]  # an Arrow folder (a DatasetDict's top folder gets its own message there)
     return [f + ("@" + fmt if fmt else "") for f in wikiextractor.folder_files(path)]
 
@@ -155,8 +145,9 @@ class Share:
     start: int = 0
     end: int | None = None
     text_field: str = "text"  # jsonl, parquet, arrow: the field holding a document's text
-    streams: tuple = ()  # multistream .bz2: offsets of the bz2 streams in [start, end), from the index;
-    # parquet / arrow: the numbers of the row groups / record batches
+    # multistream .bz2: offsets of the bz2 streams in [start, end), from the index; parquet /
+    # arrow: the numbers of the row groups / record batches
+    streams: tuple = ()
     title_field: str = ""  # parquet, arrow: a column whose value becomes the first sentence;
     # wikiextractor: an attribute of the <doc> tag, likewise
 
@@ -204,6 +195,41 @@ def plan_shares(specs, size, fmt="auto", text_field="text", title_field=""):
     entered (multistream bz2 streams, Parquet row groups, Arrow record batches) go whole to the rank
     their first byte falls to.
     """
+    files = _input_files(specs, fmt)
+    units = {
+        path: tables.table_units(path, kind, text_field, title_field)
+        if kind in TABLES
+        else compressed.read_stream_index(path)
+        for path, kind, _ in files
+        if kind in TABLES or compressed.multistream_index(path)
+    }
+    total = sum(n for _, _, n in files)
+    bounds = [total * r // size for r in range(size + 1)]  # rank r: bytes [bounds[r], bounds[r+1])
+    shares = [[] for _ in range(size)]
+    offset = 0
+    for i, (path, kind, n) in enumerate(files):
+        share = functools.partial(
+            Share, i, path, kind, text_field=text_field, title_field=title_field
+        )
+        if path in units:  # whole units to the rank their first byte falls to
+            ranges = _unit_ranges(units[path], kind in TABLES, n, offset, bounds)
+            for r, start, end, names in ranges:
+                shares[r].append(share(start, end, streams=names))
+        elif compressed.is_compressed(path) or n == 0:
+            owner = max(r for r in range(size) if bounds[r] <= offset) if n else 0
+            shares[owner].append(share())
+        else:
+            for r in range(size):
+                lo, hi = max(bounds[r], offset) - offset, min(bounds[r + 1], offset + n) - offset
+                if lo < hi:
+                    shares[r].append(share(lo, hi if hi < n else None))
+        offset += n
+    return shares
+
+
+def _input_files(specs, fmt):
+    """(path, format, size in bytes) of each input file, in corpus order: folders expanded
+    (`_folder_inputs`, an Arrow folder into its stream files), formats detected, text checked."""
     files = []
     for spec in (expanded for given in specs for expanded in _folder_inputs(given)):
         path, _, own_fmt = spec.partition("@")
@@ -220,70 +246,26 @@ def plan_shares(specs, size, fmt="auto", text_field="text", title_field=""):
         elif os.path.isdir(path):
             raise ConfigError(
                 f"{path} is a folder; only a datasets.save_to_disk folder (with state.json) is "
-                "read "
-                f"as a whole: give its files, or the folder with @arrow"
+                "read as a whole: give its files, or the folder with @arrow"
             )
         else:
             if kind not in TABLES:
                 check_text(path)
             files.append((path, kind, os.path.getsize(path)))
-    units = {
-        path: tables.table_units(path, kind, text_field, title_field)
-        if kind in TABLES
-        else compressed.read_stream_index(path)
-        for path, kind, _ in files
-        if kind in TABLES or compressed.multistream_index(path)
-    }
-    total = sum(n for _, _, n in files)
-    bounds = [
-        total * r // size for r in range(size + 1)
-    ]  # rank r owns global bytes [bounds[r], bounds[r+1])
-    shares = [[] for _ in range(size)]
-    offset = 0
-    for i, (path, kind, n) in enumerate(files):
-        if path in units:  # whole units to the rank their first byte falls to
-            offsets = [o for o, _ in units[path]] if kind in TABLES else units[path]
-            names = [u for _, u in units[path]] if kind in TABLES else offsets
-            offsets = offsets + [n]
-            for r in range(size):
-                mine = [
-                    j for j, o in enumerate(offsets[:-1]) if bounds[r] <= offset + o < bounds[r + 1]
-                ]
-                if mine:
-                    shares[r].append(
-                        Share(
-                            i,
-                            path,
-                            kind,
-                            offsets[mine[0]],
-                            offsets[mine[-1] + 1],
-                            text_field,
-                            tuple(names[j] for j in mine),
-                            title_field,
-                        )
-                    )
-        elif compressed.is_compressed(path) or n == 0:
-            owner = max(r for r in range(size) if bounds[r] <= offset) if n else 0
-            shares[owner].append(
-                Share(i, path, kind, text_field=text_field, title_field=title_field)
-            )
-        else:
-            for r in range(size):
-                lo, hi = max(bounds[r], offset) - offset, min(bounds[r + 1], offset + n) - offset
-                if lo < hi:
-                    shares[r].append(
-                        Share(
-                            i,
-                            path,
-                            kind,
-                            lo,
-                            hi if hi < n else None,
-                            text_field,
-                            title_field=title_field,
-                        )
-                    )
-        offset += n
-    return shares
+    return files
+
+
+def _unit_ranges(units, tabular, n, offset, bounds):
+    """(rank, start, end, unit names) for each rank that gets units of a file of `n` bytes at
+    `offset` in the corpus, a unit going whole to the rank its first byte falls to. units: the bz2
+    streams' offsets (named by offset), or for tables (offset, row group / record batch number)."""
+    offsets = [o for o, _ in units] if tabular else units
+    names = [u for _, u in units] if tabular else offsets
+    offsets = offsets + [n]
+    for r in range(len(bounds) - 1):
+        mine = [j for j, o in enumerate(offsets[:-1]) if bounds[r] <= offset + o < bounds[r + 1]]
+        if mine:
+            yield r, offsets[mine[0]], offsets[mine[-1] + 1], tuple(names[j] for j in mine)
 
 
 def read_share(shares, stats: ReadStats | None = None):
@@ -307,9 +289,8 @@ def read_share(shares, stats: ReadStats | None = None):
             if doc:
                 stats.documents += 1
                 stats.sentences += len(doc)
-                named_by_offset = share.streams or not compressed.is_compressed(
-                    share.path
-                )  # tables: unit << 32 | row
+                # tables: unit << 32 | row
+                named_by_offset = share.streams or not compressed.is_compressed(share.path)
                 yield (share.file_index, offset if named_by_offset else number), doc
 
 
@@ -457,11 +438,8 @@ def _page_to_document(xml_bytes, path, offset, stats):
         return None
     ns = (elem.findtext("ns") or "").strip()
     text = elem.findtext("revision/text") or ""
-    if (
-        ns == "0"
-        and elem.find("redirect") is None
-        and not text.lstrip().lower().startswith("#redirect")
-    ):
+    redirect = elem.find("redirect") is not None or text.lstrip().lower().startswith("#redirect")
+    if ns == "0" and not redirect:
         return wiki_to_sentences(text)
     stats.skipped_pages += 1
     return None

@@ -98,46 +98,7 @@ def check_file(
         for raw in tf.data.TFRecordDataset(path):
             if count == 0:
                 example = tf.train.Example.FromString(raw.numpy())
-                found = "instance_ids" in example.features.feature and len(
-                    example.features.feature["next_sentence_labels"].int64_list.value
-                )
-                if found != pack:
-                    describe = lambda k: (
-                        f"packed ({k} instances per row)" if k else "one instance per row"
-                    )
-                    raise ConfigError(
-                        f"{path}: records are {describe(found)}, unlike the run's other files "
-                        f"({describe(pack)}); give files of one layout"
-                    )
-                if dynamic_masking and "masked_lm_positions" in example.features.feature:
-                    raise ConfigError(
-                        f"{path}: records are already masked; train without --dynamic_masking "
-                        f"or create the data with --dynamic_masking"
-                    )
-                for name, length in expected.items():
-                    feature = example.features.feature.get(name)
-                    if feature is None:
-                        raise ConfigError(
-                            f"{path}: records lack the feature {name!r}"
-                            + (
-                                " (made with --dynamic_masking? then train with it too)"
-                                if name.startswith("masked_lm")
-                                else ""
-                            )
-                        )
-                    kind = feature.WhichOneof("kind")
-                    got = len(getattr(feature, kind).value)
-                    if got != length:
-                        flag = {
-                            "input_ids": "max_seq_length",
-                            "input_mask": "max_seq_length",
-                            "segment_ids": "max_seq_length",
-                            "next_sentence_labels": None,
-                        }.get(name, "max_predictions_per_seq")
-                        raise ConfigError(
-                            f"{path}: feature {name!r} has length {got} but the run expects "
-                            f"{length}" + (f" (--{flag})" if flag else "")
-                        )
+                _check_example(path, example, expected, dynamic_masking, pack)
             count += 1
             if not full:
                 break
@@ -148,6 +109,49 @@ def check_file(
     if count == 0:
         raise ConfigError(f"{path} has no records")
     return count
+
+
+def _check_example(path, example, expected, dynamic_masking, pack):
+    """The first record of `path` against the run: its layout (packed or not, masked or not) and
+    each feature's length (`expected`: feature -> length)."""
+    found = "instance_ids" in example.features.feature and len(
+        example.features.feature["next_sentence_labels"].int64_list.value
+    )
+    if found != pack:
+        describe = lambda k: f"packed ({k} instances per row)" if k else "one instance per row"
+        raise ConfigError(
+            f"{path}: records are {describe(found)}, unlike the run's other files "
+            f"({describe(pack)}); give files of one layout"
+        )
+    if dynamic_masking and "masked_lm_positions" in example.features.feature:
+        raise ConfigError(
+            f"{path}: records are already masked; train without --dynamic_masking "
+            f"or create the data with --dynamic_masking"
+        )
+    for name, length in expected.items():
+        feature = example.features.feature.get(name)
+        if feature is None:
+            raise ConfigError(
+                f"{path}: records lack the feature {name!r}"
+                + (
+                    " (made with --dynamic_masking? then train with it too)"
+                    if name.startswith("masked_lm")
+                    else ""
+                )
+            )
+        kind = feature.WhichOneof("kind")
+        got = len(getattr(feature, kind).value)
+        if got != length:
+            flag = {
+                "input_ids": "max_seq_length",
+                "input_mask": "max_seq_length",
+                "segment_ids": "max_seq_length",
+                "next_sentence_labels": None,
+            }.get(name, "max_predictions_per_seq")
+            raise ConfigError(
+                f"{path}: feature {name!r} has length {got} but the run expects "
+                f"{length}" + (f" (--{flag})" if flag else "")
+            )
 
 
 def records_masked(path) -> bool:

@@ -2,9 +2,20 @@
 documents at a time, made into instances (instances) and written as TFRecords (records), part by
 part, restartable.
 
-Documents are named by file and byte offset, and an instance's randomness follows from its document,
-so N ranks together write the same instances as one process, except the random-next pairs, whose B
-segment comes from the rank's current window of documents (and with it their truncation and masks).
+The corpus is cut by bytes into ranks x shards-per-rank parts (`corpus.plan_shares`); rank r makes
+parts r*num_shards ... (r+1)*num_shards-1, each into `train-r<rank>-<i>-of-<n>.tfrecord` (and
+`eval-...` for held-out documents) plus `part-r<rank>-<i>-of-<n>.json`, its summary with the
+shards' SHA-256, written last. Run again with the same arguments, a part whose summary, arguments
+and checksums match is skipped; any other part is made again from its start.
+
+A part reads only the documents that begin in its byte ranges and handles them a window of documents
+at a time: tokenised together, instances made (random partners drawn from the same window) and
+written before the next window is read (part_writer), so memory does not grow with the corpus.
+
+Documents are named by file and byte offset, and an instance's randomness and a document's held-out
+membership follow from its document, so for a seed the output is deterministic and N ranks together
+write the same instances as one process, except the random-next pairs, whose B segment comes from
+the rank's current window of documents (and with it their truncation and masks).
 """
 
 from __future__ import annotations
@@ -17,15 +28,9 @@ import time
 import numpy as np
 
 from bert_tf import ConfigError, sha256
-from bert_tf.data.instances import (
-    Counts,
-    InstanceConfig,
-    create_instances,
-    document_rng,
-    pack_full_sentences,
-    pack_instances,
-)
-from bert_tf.data.records import ShardWriter, serialize, serialize_packed
+from bert_tf.data import corpus
+from bert_tf.data.instances import Counts, InstanceConfig, document_rng
+from bert_tf.data.part_writer import PartWriter
 
 # Documents a rank holds at a time (tokenised, with their instances): bounds memory; random-next
 # partners are drawn from the same window, as google draws them from all documents of a run.
@@ -145,35 +150,16 @@ def create_pretraining_data(
     comm=None,
     log=print,
 ):
-    """Reads, tokenises and writes this rank's share of the corpus, in bounded memory; restartable.
-
-    The corpus is cut by bytes into size x num_shards parts (`corpus.plan_shares`); rank r makes
-    parts r*num_shards ... (r+1)*num_shards-1, each into `train-r<rank>-<i>-of-<n>.tfrecord` (and
-    `eval-...` for held-out documents) plus `part-r<rank>-<i>-of-<n>.json`, its summary with the
-    shards' SHA-256, written last. Run again with the same arguments, a part whose summary,
-    arguments and checksums match is skipped; any other part is made again from its start.
-
-    A part reads only the documents that begin in its byte ranges and handles them `window`
-    documents at a time: tokenised together, instances made (random partners drawn from the same
-    window) and written before the next window is read, so memory does not grow with the corpus.
-    A document's randomness and held-out membership follow from its file and byte offset, so for
-    a seed the output is deterministic, and the instances whose B segment is the real
-    continuation are the same for every rank count (random-next partners depend on the window).
+    """Reads, tokenises and writes this rank's share of the corpus, `window` documents at a time, in
+    bounded memory, as num_shards parts; restartable (parts and their files: the module docstring).
 
     With `dedup_documents` or `dedup_lines`, all ranks first agree over `comm` (collective: every
     rank calls this) which documents are later copies and which lines repeat `dedup_lines` times or
     more (`bert_tf.data.dedup`), and those are left out before the held-out split.
     Returns this rank's summary dict.
     """
-    from bert_tf.data import corpus
-
     start = time.time()
-    if dedup_lines < 0 or dedup_lines == 1:
-        raise ConfigError(
-            f"--dedup_lines={dedup_lines} would remove every line"
-            if dedup_lines == 1
-            else f"--dedup_lines must be 0 (off) or >= 2, got {dedup_lines}"
-        )
+    _check_dedup_lines(dedup_lines)
     os.makedirs(output_dir, exist_ok=True)
     parts = corpus.plan_shares(
         input_files, size * num_shards, input_format, text_field, title_field
@@ -192,7 +178,29 @@ def create_pretraining_data(
         dedup_documents,
         dedup_lines,
     )
-    summary = {
+    summary = _new_summary(rank)
+    mine = parts[rank * num_shards : (rank + 1) * num_shards]
+    decisions = _dedup_decisions(mine, comm, dedup_documents, dedup_lines, summary)
+    create = lambda shares, name: _create_part(
+        shares, tokenizer, output_dir, name, config, heldout_fraction, window, decisions
+    )
+    counts = _make_parts(mine, create, key, output_dir, rank, summary, log)
+    return _finish(summary, counts, start, input_files, rank, size)
+
+
+def _check_dedup_lines(dedup_lines):
+    """--dedup_lines is 0 (off) or at least 2: a line seen once is every line."""
+    if dedup_lines < 0 or dedup_lines == 1:
+        raise ConfigError(
+            f"--dedup_lines={dedup_lines} would remove every line"
+            if dedup_lines == 1
+            else f"--dedup_lines must be 0 (off) or >= 2, got {dedup_lines}"
+        )
+
+
+def _new_summary(rank):
+    """A rank's summary before its parts are added (`_add_part`)."""
+    return {
         "rank": rank,
         "shares": [],
         "documents": 0,
@@ -207,34 +215,43 @@ def create_pretraining_data(
         "parts_reused": 0,
         **{k: 0 for k in DEDUP_COUNTS},
     }
-    mine = parts[rank * num_shards : (rank + 1) * num_shards]
-    decisions = None
-    if dedup_documents or dedup_lines:
-        from bert_tf.data import dedup
 
-        t = time.time()
-        decisions = dedup.decide(
-            corpus.read_share([sh for part in mine for sh in part], corpus.ReadStats()),
-            comm,
-            dedup_documents,
-            dedup_lines,
-        )
-        summary["dedup_seconds"] = time.time() - t
-        summary["distinct_repeated_lines"] = len(decisions.repeated_lines)
+
+def _dedup_decisions(mine, comm, dedup_documents, dedup_lines, summary):
+    """What de-duplication leaves out of the corpus, agreed by all ranks over `comm` (collective),
+    with its time and the number of repeated lines in `summary`; None when it is off."""
+    if not (dedup_documents or dedup_lines):
+        return None
+    from bert_tf.data import dedup
+
+    t = time.time()
+    decisions = dedup.decide(
+        corpus.read_share([sh for part in mine for sh in part], corpus.ReadStats()),
+        comm,
+        dedup_documents,
+        dedup_lines,
+    )
+    summary["dedup_seconds"] = time.time() - t
+    summary["distinct_repeated_lines"] = len(decisions.repeated_lines)
+    return decisions
+
+
+def _make_parts(mine, create, key, output_dir, rank, summary, log):
+    """This rank's parts, each reused when complete (`read_completed`), else made by
+    `create(shares, name)` and its summary written; their totals added to `summary`. -> the splits'
+    Counts over the parts."""
     counts = {}
-    for i in range(num_shards):
-        name = f"r{rank:03d}-{i:04d}-of-{num_shards:04d}"
+    for i, shares in enumerate(mine):
+        name = f"r{rank:03d}-{i:04d}-of-{len(mine):04d}"
         part = read_completed(os.path.join(output_dir, f"part-{name}.json"), key)
         if part is not None:
             summary["parts_reused"] += 1
             log(f"rank {rank}: part {name} complete (summary and checksums match), skipped")
         else:
-            part = _create_part(
-                mine[i], tokenizer, output_dir, name, config, heldout_fraction, window, decisions
-            )
+            part = create(shares, name)
             _write_part_summary(part, os.path.join(output_dir, f"part-{name}.json"), key)
         _add_part(summary, counts, part)
-    return _finish(summary, counts, start, input_files, rank, size)
+    return counts
 
 
 def _write_part_summary(part, part_path, key):
@@ -279,9 +296,8 @@ def _finish(summary, counts, start, input_files, rank, size):
     summary["seconds"] = time.time() - start
     if not summary["documents"] and size == 1:
         raise ConfigError(f"no text found in {', '.join(input_files)} (empty corpus?)")
-    if not summary[
-        "documents"
-    ]:  # with several ranks, an error only if no rank found any (the caller's check)
+    # with several ranks, an error only if no rank found any (the caller's check)
+    if not summary["documents"]:
         summary["problems"].append(
             f"rank {rank}: no document begins in its share "
             f"({'more ranks than documents' if summary['shares'] else 'no bytes assigned'})"
@@ -293,8 +309,6 @@ def _create_part(
     shares, tokenizer, output_dir, name, config, heldout_fraction, window, decisions=None
 ):
     """One part: the documents beginning in `shares` -> train/eval shards named by `name`."""
-    from bert_tf.data import corpus
-
     stats = corpus.ReadStats()
     part = {
         "shares": [[sh.path, sh.start, sh.end] for sh in shares],
@@ -305,7 +319,7 @@ def _create_part(
         "files": {},
         **{k: 0 for k in DEDUP_COUNTS},
     }
-    writer = _PartWriter(tokenizer, output_dir, name, config)
+    writer = PartWriter(tokenizer, output_dir, name, config)
     try:
         for docs in _windows(_kept(corpus.read_share(shares, stats), decisions, part), window):
             pools = _tokenized_pools(docs, tokenizer, part, heldout_fraction, config.random_seed)
@@ -358,96 +372,6 @@ def _tokenized_pools(docs, tokenizer, part, heldout_fraction, seed):
     return pools
 
 
-class _PartWriter:
-    """A part's train and eval shards (opened at their first record) and their Counts: a window's
-    documents become instances, pass by pass, written as they come."""
-
-    def __init__(self, tokenizer, output_dir, name, config):
-        self.output_dir, self.name, self.config = output_dir, name, config
-        self.vocab_size = len(tokenizer)
-        self.special = {"CLS": tokenizer.cls_id, "SEP": tokenizer.sep_id, "MASK": tokenizer.mask_id}
-        self.word_starts = [not t.startswith("##") for t in tokenizer.vocab]
-        self.counts = {"train": Counts(), "eval": Counts()}
-        self.writers = {}
-        self.running = {}  # full_sentences: (split, dupe) -> the sequence that runs into the next window
-
-    def add(self, split, members):
-        """One window's documents of `split` ([(document seed, token-id lists)]), config.dupe_factor
-        passes."""
-        config = self.config
-        if split not in self.writers:
-            self.writers[split] = ShardWriter(
-                os.path.join(self.output_dir, f"{split}-{self.name}.tfrecord")
-            )
-        pool = [tokens for _, tokens in members]
-        for dupe in range(config.dupe_factor):
-            if config.full_sentences:
-                self._write_full_sentences(split, members, dupe)
-                continue
-            instances = [
-                inst
-                for j, (seed, _) in enumerate(members)
-                for inst in create_instances(
-                    j,
-                    pool,
-                    config,
-                    self.special,
-                    self.vocab_size,
-                    self.word_starts,
-                    dupe=dupe,
-                    doc_id=seed,
-                    counts=self.counts[split],
-                )
-            ]
-            if (
-                config.pack
-            ):  # a window's instances packed together; rows shuffled per window and pass
-                rows = pack_instances(
-                    instances, config, document_rng(config.random_seed, dupe, members[0][0], "pack")
-                )
-                self._write(split, (serialize_packed(row, config) for row in rows))
-            else:
-                self._write(split, (serialize(inst, config) for inst in instances))
-
-    def flush(self):
-        """Ends the FULL-SENTENCES streams: their unfinished sequences written."""
-        for split, dupe in sorted(self.running):
-            self._write_full_sentences(split, [], dupe, flush=True)
-
-    def close(self, part):
-        for split, writer in self.writers.items():
-            part["files"][split] = writer.close()
-            part[split] = dataclasses.asdict(self.counts[split])
-
-    def abort(self):
-        for writer in self.writers.values():
-            writer.abort()
-
-    def _write(self, split, records):
-        for record in records:
-            self.writers[split].write(record)
-            self.counts[split].rows += 1
-
-    def _write_full_sentences(self, split, members, dupe, flush=False):
-        self._write(
-            split,
-            (
-                serialize(inst, self.config)
-                for inst in pack_full_sentences(
-                    members,
-                    self.running.setdefault((split, dupe), {}),
-                    self.config,
-                    self.special,
-                    self.vocab_size,
-                    self.word_starts,
-                    dupe,
-                    self.counts[split],
-                    flush,
-                )
-            ),
-        )
-
-
 def summarize(summaries, max_seq_length=None):
     """Totals over ranks and the derived rates printed at the end of creation (with max_seq_length,
     the fraction of the rows' token slots that is padding)."""
@@ -456,9 +380,8 @@ def summarize(summaries, max_seq_length=None):
         for k in ("documents", "sentences", "tokens", "bad_bytes_lines", *DEDUP_COUNTS)
     }
     if "distinct_repeated_lines" in summaries[0]:
-        total["distinct_repeated_lines"] = summaries[0][
-            "distinct_repeated_lines"
-        ]  # the same set on every rank
+        # the same set on every rank
+        total["distinct_repeated_lines"] = summaries[0]["distinct_repeated_lines"]
     total["unk_rate"] = sum(s["unk_rate"] * s["tokens"] for s in summaries) / max(
         total["tokens"], 1
     )

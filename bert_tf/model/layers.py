@@ -24,10 +24,13 @@ class Encoder(Protocol):
     modern.ModernEncoder):
 
         sequence, pooled = encoder(input_ids, input_mask, segment_ids, dtype=, seed=, training=,
-                                   position_ids=None, instance_ids=None)    # [B, S, H], [B, H]; compute dtype
-        encoder.pool(sequence, positions=None)     # the pooler on [CLS]: [B, H], or [B, K, H] at positions [B, K]
-        encoder.config                             # the BertConfig it was built from
-        encoder.trainable_variables                # (tf.Module's) what a checkpoint holds, in a fixed order
+                                   position_ids=None, instance_ids=None)
+                                            # [B, S, H], [B, H]; compute dtype
+        encoder.pool(sequence, positions=None)
+                                            # the pooler on [CLS]: [B, H], or [B, K, H] at
+                                            # positions [B, K]
+        encoder.config                      # the BertConfig it was built from
+        encoder.trainable_variables         # tf.Module's: what a checkpoint holds, in a fixed order
 
     segment_ids are taken by both and ignored by the modern one (no token types); packed rows pass
     position_ids and instance_ids [B, S] (1, 2, ... per instance, 0 for padding) and attention stays

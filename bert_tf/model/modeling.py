@@ -238,7 +238,7 @@ class TensorRecord:
 @dataclasses.dataclass(frozen=True, eq=False, kw_only=True)
 class PretrainOutput(TensorRecord):
     """BertPretrainer's output: float32 scalars [] (batch means and sums, for exact cross-batch
-    rates). Names ending in "loss" are means, the rest counts (training.is_mean); the nsp_ ones are
+    rates). Names ending in "loss" are means, the rest counts (figures.is_mean); the nsp_ ones are
     None without the NSP head (use_nsp=False: --mlm_only, ModernBERT's recipes)."""
 
     loss: tf.Tensor  # mlm_loss + nsp_loss (mlm_loss alone without NSP): what is trained

@@ -6,16 +6,18 @@ Every way bert_tf moves gradients is a GradientExchange: a Horovod allreduce in 
 (local_sgd.OuterStep, which exchanges nothing per update and the weights' change every H updates).
 The trainer, the loop, checkpoints and elastic re-forms use only what the contract names:
 
-    exchange(grads, scale=None) -> grads   the update's gradients, the same on every rank (scale: the loss
-                                           scale they carry; an exchange with buffers keeps them
-                                           unscaled)
-    exchange.wait_for_ranks()              returns when every rank has reached it (timed updates split the
-                                           wait for a straggler from the time on the link); None: no
-                                           collective
-    exchange.own()                         state that is this rank's own (error feedback): each rank saves its
-                                           own file (exchange_state.py)
-    exchange.shared()                      state every rank holds alike: checkpointed, broadcast on a resume
-    exchange.reset(size) -> str            a re-form at `size` ranks: own state restarted alike everywhere
+    exchange(grads, scale=None) -> grads   the update's gradients, the same on every rank (scale:
+                                           the loss scale they carry; an exchange with buffers keeps
+                                           them unscaled)
+    exchange.wait_for_ranks()              returns when every rank has reached it (timed updates
+                                           split the wait for a straggler from the time on the
+                                           link); None: no collective
+    exchange.own()                         state that is this rank's own (error feedback): each rank
+                                           saves its own file (exchange_state.py)
+    exchange.shared()                      state every rank holds alike: checkpointed, broadcast on
+                                           a resume
+    exchange.reset(size) -> str            a re-form at `size` ranks: own state restarted alike
+                                           everywhere
     exchange.attach_clock(clock)           count a warmup on the optimizer's updates
     exchange.describe() -> dict            what a checkpoint records of it
     exchange.method, exchange.weight       its name (--exchange's value, or diloco), and the factor

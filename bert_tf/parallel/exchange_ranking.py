@@ -72,7 +72,10 @@ def describe_ranking(rows, unit="days") -> str:
 
     def one(r):
         if r["to_quality"] is None:
-            return f"{r['method']}: {r['seconds']:.3g} {unit}, never reached float16's accuracy in the race"
+            return (
+                f"{r['method']}: {r['seconds']:.3g} {unit}, never reached float16's accuracy in "
+                "the race"
+            )
         return (
             f"{r['method']}: {r['to_quality']:.3g} {unit} (x{r['factor']:.2f} updates{r['note']})"
         )

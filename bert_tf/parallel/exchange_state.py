@@ -165,12 +165,14 @@ def load(exchange, directory, step, rank, ranks, digest) -> str:
     if {k: header.get(k) for k in wanted if k != "digest"} != {
         k: v for k, v in wanted.items() if k != "digest"
     }:
-        return f"{target} was written by {name(header)} on {header.get('ranks')} ranks, this run uses {name(wanted)}"
+        return (
+            f"{target} was written by {name(header)} on {header.get('ranks')} ranks, this run "
+            f"uses {name(wanted)}"
+        )
     if header.get("digest") != digest:
         return (
             f"{target} is from another run (saved with weights {header.get('digest')}, this "
-            "checkpoint's are "
-            f"{digest})"
+            f"checkpoint's are {digest})"
         )
     variables = exchange.own() + (exchange.shared() if rank == 0 else [])
     values = [arrays[f"own_{i}"] for i in range(len(exchange.own()))] + (
@@ -187,7 +189,10 @@ def summary(problems: list, ranks) -> str:
     """One log line from every rank's `load` answer (rank order)."""
     failed = [(r, p) for r, p in enumerate(problems) if p]
     if not failed:
-        return f"gradient compression: each of the {ranks} ranks restored its own error buffers from its own file"
+        return (
+            f"gradient compression: each of the {ranks} ranks restored its own error buffers "
+            "from its own file"
+        )
     kept = ranks - len(failed)
     return (
         "gradient compression: "

@@ -150,65 +150,57 @@ class EmulatedCluster:
                 (f"{PREFIX}-launch", LAUNCHER_ADDRESS)
             ]
             for i, (ns, address) in enumerate(members):
-                _ip("ip", "netns", "add", ns)
-                _ip("ip", "link", "set", "lo", "up", ns=ns)
-                _ip(
-                    "ip",
-                    "link",
-                    "add",
-                    "eth0",
-                    "netns",
-                    ns,
-                    "type",
-                    "veth",
-                    "peer",
-                    "name",
-                    f"p{i}",
-                    "netns",
-                    bridge,
-                )
-                _ip("ip", "addr", "add", f"{address}/24", "dev", "eth0", ns=ns)
-                _ip("ip", "link", "set", "eth0", "up", ns=ns)
-                _ip("ip", "link", "set", f"p{i}", "master", "br0", "up", ns=bridge)
-                if ns != f"{PREFIX}-launch":  # the launcher's control traffic is not shaped
-                    self._shape(ns)
-                # This machine's hostname resolves to the node's own address inside the node, as on
-                # a real cluster: Horovod 0.28.1 makes its process-set Gloo contexts on the
-                # hostname's address, not on HOROVOD_GLOO_IFACE (with 127.0.0.1 the elastic ranks
-                # cannot connect).
-                os.makedirs(os.path.join(NETNS_ETC, ns), exist_ok=True)
-                with open(os.path.join(NETNS_ETC, ns, "hosts"), "w") as f:
-                    f.write(f"127.0.0.1 localhost\n{address} {socket.gethostname()}\n")
-            self.workdir = tempfile.mkdtemp(prefix="bert_tf_cluster_")
-            self.hostfile = os.path.join(self.workdir, "hosts")
-            with open(self.hostfile, "w") as f:
-                f.write("".join(f"{h} slots={self.slots}\n" for h in self.hosts))
-            self.agent = os.path.join(self.workdir, "netns_agent.sh")
-            with open(self.agent, "w") as f:
-                f.write(
-                    AGENT.format(
-                        mapping=" ".join(f"{h}={ns}" for h, ns in zip(self.hosts, self.namespaces))
-                    )
-                )
-            os.chmod(self.agent, 0o755)
-            bin_dir = os.path.join(self.workdir, "bin")
-            os.makedirs(bin_dir)
-            with open(os.path.join(bin_dir, "ssh"), "w") as f:
-                f.write(
-                    SSH_SHIM.format(
-                        mapping=" ".join(f"{h}={ns}" for h, ns in zip(self.hosts, self.namespaces)),
-                        ports=" ".join(f"{h}=p{i}" for i, h in enumerate(self.hosts)),
-                        bridge=f"{PREFIX}-br",
-                    )
-                )
-            os.chmod(os.path.join(bin_dir, "ssh"), 0o755)
-            self.ssh_dir = bin_dir
+                self._join(i, ns, address, bridge)
+            self._write_launchers()
             self.live_hosts = os.path.join(self.workdir, "live_hosts")
             self.set_live(self.hosts)
         except BaseException:
             self.down()
             raise
         return self
+
+    def _join(self, i, ns, address, bridge):
+        """Namespace `ns` with its eth0 at `address`, cabled to the bridge's port p{i} (shaped
+        unless it is the launcher's), and this machine's hostname resolving to `address` in it."""
+        _ip("ip", "netns", "add", ns)
+        _ip("ip", "link", "set", "lo", "up", ns=ns)
+        veth = ["type", "veth", "peer", "name", f"p{i}", "netns", bridge]
+        _ip("ip", "link", "add", "eth0", "netns", ns, *veth)
+        _ip("ip", "addr", "add", f"{address}/24", "dev", "eth0", ns=ns)
+        _ip("ip", "link", "set", "eth0", "up", ns=ns)
+        _ip("ip", "link", "set", f"p{i}", "master", "br0", "up", ns=bridge)
+        if ns != f"{PREFIX}-launch":  # the launcher's control traffic is not shaped
+            self._shape(ns)
+        # This machine's hostname resolves to the node's own address inside the node, as on a real
+        # cluster: Horovod 0.28.1 makes its process-set Gloo contexts on the hostname's address,
+        # not on HOROVOD_GLOO_IFACE (with 127.0.0.1 the elastic ranks cannot connect).
+        os.makedirs(os.path.join(NETNS_ETC, ns), exist_ok=True)
+        with open(os.path.join(NETNS_ETC, ns, "hosts"), "w") as f:
+            f.write(f"127.0.0.1 localhost\n{address} {socket.gethostname()}\n")
+
+    def _write_launchers(self):
+        """The work folder: the hostfile, OpenMPI's launch agent and the ssh shim (bin/ssh)."""
+        self.workdir = tempfile.mkdtemp(prefix="bert_tf_cluster_")
+        self.hostfile = os.path.join(self.workdir, "hosts")
+        with open(self.hostfile, "w") as f:
+            f.write("".join(f"{h} slots={self.slots}\n" for h in self.hosts))
+        mapping = " ".join(f"{h}={ns}" for h, ns in zip(self.hosts, self.namespaces))
+        self.agent = os.path.join(self.workdir, "netns_agent.sh")
+        with open(self.agent, "w") as f:
+            f.write(AGENT.format(mapping=mapping))
+        os.chmod(self.agent, 0o755)
+        bin_dir = os.path.join(self.workdir, "bin")
+        os.makedirs(bin_dir)
+        with open(os.path.join(bin_dir, "ssh"), "w") as f:
+            f.write(
+                SSH_SHIM.format(
+                    mapping=mapping,
+                    ports=" ".join(f"{h}=p{i}" for i, h in enumerate(self.hosts)),
+                    bridge=f"{PREFIX}-br",
+                )
+            )
+        os.chmod(os.path.join(bin_dir, "ssh"), 0o755)
+        self.ssh_dir = bin_dir
 
     def _shape(self, ns):
         """Token bucket at the link rate on the node's sending side (+ netem delay when asked)."""
@@ -407,7 +399,10 @@ link_up || {{ echo "ssh: connect to host $host port 22: No route to host" >&2; e
 ip netns exec "$ns" setsid bash -c "$*" &
 child=$!
 lost=$(mktemp)
-trap 'kill -KILL -- -$child 2>/dev/null; kill ${{watchdog:-}} 2>/dev/null; rm -f "$lost"; exit 143' TERM INT
+on_signal() {{
+  kill -KILL -- -$child 2>/dev/null; kill ${{watchdog:-}} 2>/dev/null; rm -f "$lost"; exit 143
+}}
+trap on_signal TERM INT
 # the watchdog must not hold the launcher's output pipe: horovodrun waits for its EOF
 (down=0
  while sleep 1; do

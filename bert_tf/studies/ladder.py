@@ -1,10 +1,10 @@
 """The single-device speed ladder (run/benchmark.py): one BERT update timed with each lever, next to
 the peer a Keras user would pick instead, and the fastest bert_tf configuration written as
-run/pretrain.py flags. The rungs (RUNGS) and what each reports are in run/benchmark.py's docstring;
-one rung is timed by bert_tf/studies/rung.py. The peer is passed in as a function
-(run/benchmark.py's keras-hub model: the library never imports Keras) called as peer(config, timing,
-precision, xla, micro_batch_size, accumulation=1, profile_dir="") and returning what
-rung.timed_updates does (traced: the seconds).
+run/pretrain.py flags. The rungs and the flags are bert_tf/studies/ladder_config.py, what each rung
+reports is in run/benchmark.py's docstring; one rung is timed by bert_tf/studies/rung.py. The peer
+is passed in as a function (run/benchmark.py's keras-hub model: the library never imports Keras)
+called as peer(config, timing, precision, xla, micro_batch_size, accumulation=1, profile_dir="")
+and returning what rung.timed_updates does (traced: the seconds).
 """
 
 from __future__ import annotations
@@ -13,215 +13,10 @@ import dataclasses
 import os
 import resource
 
-from bert_tf import ConfigError, knob, knobs
+from bert_tf import ConfigError
 from bert_tf.studies import machine_load
-from bert_tf.studies.rung import TRACED_UPDATES, Timing, run_rung
-
-# tf32: float32 with TensorFloat-32 matmuls (GPUs from Ampere on); fp32 is then strict float32.
-PRECISION = {
-    "fp32": "float32",
-    "bf16": "mixed_bfloat16",
-    "fp16": "mixed_float16",
-    "tf32": "float32",
-}
-DTYPE_NAME = {"float32": "float32", "mixed_bfloat16": "bfloat16", "mixed_float16": "float16"}
-PRECISION_RUNGS = [*PRECISION, *(f"{p}+{way}" for way in ("xla", "fuse") for p in PRECISION)]
-RUNGS = [*PRECISION_RUNGS, "best+accum", "best-dropout", "keras-hub"]
-# Without a GPU, XLA's CPU backend misses the bf16 matrix units, so both ways are timed; on a GPU,
-# XLA fuses around cuBLAS and float16/bfloat16 use the tensor cores: the fast rungs first.
-CPU_RUNGS = [
-    "fp32",
-    "fp32+xla",
-    "fp32+fuse",
-    "bf16",
-    "bf16+xla",
-    "bf16+fuse",
-    "fp16",
-    "fp16+xla",
-    "best+accum",
-    "best-dropout",
-    "keras-hub",
-]
-GPU_RUNGS = [
-    "fp16+xla",
-    "bf16+xla",
-    "tf32+xla",
-    "fp32+xla",
-    "fp16",
-    "best+accum",
-    "best-dropout",
-    "keras-hub",
-]
-
-
-@dataclasses.dataclass(frozen=True)
-class BenchmarkConfig:
-    """run/benchmark.py's flags. rungs: the ladder to climb (None: the device's, default_rungs;
-    run/benchmark.py resolves it before ladder.run)."""
-
-    model_preset: str = knobs.model_preset("base")
-    sequence: knobs.Sequence = knobs.Sequence()
-    vocab_size: int = knob(30522, "Vocabulary size.")
-    micro_batch_size: int = knob(8, "Sequences per forward/backward pass (one micro-batch).")
-    tune_micro_batch_sizes: list[int] = knob(
-        [],
-        "Also time the fastest bert_tf rung at these micro-batches "
-        "(the flagfile then names the fastest per sequence).",
-    )
-    accumulation_steps: int = knob(4, "Micro-batches per update on the accumulation rung.")
-    warmup_updates: int = knob(2, "Updates not timed (compilation).")
-    updates: int = knob(5, "Timed updates per rung.")
-    rungs: list[str] | None = knob(
-        None,
-        "Rungs to run (default: the CPU ladder, or the GPU ladder where TensorFlow "
-        "sees a GPU; see CPU_RUNGS and GPU_RUNGS in bert_tf/studies/ladder.py).",
-    )
-    peak_seconds: float = knob(3.0, "Seconds per matmul-peak measurement (each dtype, both ways).")
-    peak_size: int = knob(2048, "n of the n x n x n matmul the peak is measured with.")
-    peak_repeats: int = knob(
-        3, "Times each matmul peak is measured (the best counts; the spread is reported)."
-    )
-    output_dir: str = knobs.output_dir("ladder.json and ladder.png", default="runs/benchmark")
-    train_files: str = knobs.train_files(
-        "",
-        "comma-separated globs; also measure input_pipeline.make_dataset "
-        "alone on them (static and dynamic masking, sequences/s per rank) next "
-        "to the model's consumption; needs --vocab_file.",
-    )
-    vocab_file: str = knobs.vocab_file(
-        "", detail="of --train_files (dynamic masking's special and [MASK] ids)."
-    )
-    rung_train_files: list[str] = knob(
-        [],
-        "After the ladder, train the fastest bert_tf rung on batches of these "
-        "TFRecord globs (each glob a rung: one made without and one with "
-        "create_pretraining_data.py --pack) and report useful (non-padding) "
-        "tokens/s and instances/s next to rows/s.",
-    )
-    input_seconds: float = knob(5.0, "Seconds per input-pipeline measurement.")
-    profile_dir: str = knob(
-        "",
-        "After the ladder, trace 3 updates of the fastest bert_tf rung and of keras-hub's "
-        "fastest with the TensorFlow profiler into DIR/bert_tf and DIR/keras-hub "
-        "(TensorBoard's profile tab reads them) and print where each spends its time, by "
-        "kind of op.",
-    )
-    write_flagfile: str = knob(
-        "", "Write the fastest bert_tf configuration here as run/pretrain.py flags."
-    )
-    device_figures: str = knob(
-        "",
-        "Add the fastest bert_tf rung's sequences/s to this JSON as the device's phase-1 "
-        "(sequence 128) or phase-2 (512) speed, for run/plan.py --device_figures.",
-    )
-
-    def timing(self) -> Timing:
-        return Timing(
-            self.sequence.max_seq_length,
-            self.sequence.max_predictions_per_seq,
-            self.warmup_updates,
-            self.updates,
-        )
-
-
-def default_rungs(gpu: bool, fusion: bool):
-    """The ladder for this device; the +fuse rungs only where the process started with
-    auto-clustering on (training.FUSION_ENV), and main says so when it leaves them out."""
-    return [r for r in (GPU_RUNGS if gpu else CPU_RUNGS) if fusion or not r.endswith("+fuse")]
-
-
-def check_rungs(rungs, gpu=False, fusion=False):
-    """Everything about --rungs but whether the peer can be imported (run/benchmark.py checks
-    that)."""
-    from bert_tf.train import training
-
-    unknown = [r for r in rungs if r not in RUNGS]
-    if unknown:
-        raise ConfigError(
-            f"--rungs: unknown {', '.join(map(repr, unknown))}; valid: {', '.join(RUNGS)}"
-        )
-    if not rungs:
-        raise ConfigError("--rungs is empty")
-    if not gpu and any(r.startswith("tf32") for r in rungs):
-        raise ConfigError(
-            "--rungs: tf32 needs a GPU with TensorFloat-32 (Ampere or newer); TensorFlow sees no "
-            "GPU here"
-        )
-    if not fusion and any(r.endswith("+fuse") for r in rungs):
-        raise ConfigError(
-            f"--rungs: the +fuse rungs need {training.FUSION_ENV} in the environment when the "
-            "benchmark starts (TensorFlow reads it once, early); the other rungs keep out of it"
-        )
-    if "best-dropout" in rungs and not any(
-        r in rungs[: rungs.index("best-dropout")] for r in PRECISION_RUNGS
-    ):
-        raise ConfigError("--rungs: best-dropout needs a bert_tf rung before it")
-
-
-def check_writable(path, flag="write_flagfile"):
-    """Fails before an hour of measuring if the file could not be written at the end."""
-    directory = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(directory):
-        raise ConfigError(f"--{flag}={path}: directory {directory} does not exist")
-    if (
-        os.path.isdir(path)
-        or not os.access(directory, os.W_OK)
-        or (os.path.exists(path) and not os.access(path, os.W_OK))
-    ):
-        raise ConfigError(f"--{flag}={path}: not writable")
-
-
-def check_settings(s: BenchmarkConfig):
-    """(tuned micro-batches, [(records glob, instances per row)]), after every check that can fail
-    before an hour of measuring: micro-batches, output files, the plan's sequence lengths, input
-    files."""
-    from bert_tf.data import input_pipeline
-    from bert_tf.tools import planner
-
-    if s.rungs is None:
-        raise ValueError(
-            "the ladder needs its rungs resolved (default_rungs): run/benchmark.py does it"
-        )
-    batch_sizes = list(s.tune_micro_batch_sizes)
-    if any(b < 1 for b in batch_sizes) or s.micro_batch_size < 1:
-        raise ConfigError(
-            f"--micro_batch_size/--tune_micro_batch_sizes must be >= 1, got {s.micro_batch_size}, "
-            f"{batch_sizes}"
-        )
-    for flag in ("write_flagfile", "device_figures"):
-        if getattr(s, flag):
-            check_writable(getattr(s, flag), flag)
-            if not any(r in PRECISION_RUNGS for r in s.rungs):
-                raise ConfigError(f"--{flag} needs at least one bert_tf precision rung in --rungs")
-    if s.device_figures:
-        if s.sequence.max_seq_length not in planner.DEVICE_FIGURES.values():
-            raise ConfigError(
-                f"--device_figures: the plan's phases run at sequence 128 and 512, not "
-                f"--max_seq_length={s.sequence.max_seq_length}"
-            )
-        if os.path.exists(s.device_figures):
-            planner.read_device_figures(s.device_figures, s.model_preset)  # one it can add to
-    seq = s.sequence
-    records = []
-    for (
-        pattern
-    ) in s.rung_train_files:  # (glob, instances per row), checked before an hour of measuring
-        files = input_pipeline.list_files(pattern)
-        records.append(
-            (
-                pattern,
-                input_pipeline.check_files(files, seq.max_seq_length, seq.max_predictions_per_seq),
-            )
-        )
-    if s.train_files:
-        if not s.vocab_file:
-            raise ConfigError("--train_files needs --vocab_file")
-        input_pipeline.check_files(
-            input_pipeline.list_files(s.train_files),
-            seq.max_seq_length,
-            seq.max_predictions_per_seq,
-        )
-    return batch_sizes, records
+from bert_tf.studies.ladder_config import DTYPE_NAME, PRECISION, BenchmarkConfig, check_settings
+from bert_tf.studies.rung import TRACED_UPDATES, run_rung
 
 
 class Ladder:
@@ -231,13 +26,8 @@ class Ladder:
     def __init__(self, config, s: BenchmarkConfig, peaks, flops_per_seq, peer, fusion):
         from bert_tf.studies import matmul_peaks
 
-        self.config, self.s, self.timing, self.peer, self.fusion = (
-            config,
-            s,
-            s.timing(),
-            peer,
-            fusion,
-        )
+        self.config, self.s, self.timing = config, s, s.timing()
+        self.peer, self.fusion = peer, fusion
         self.peaks, self.flops_per_seq = peaks, flops_per_seq
         self.hw_peak = matmul_peaks.hardware_peak(peaks)[0]
         self.rows = []
@@ -344,9 +134,7 @@ class Ladder:
         for precision in ("float32", "mixed_bfloat16"):
             for xla in (False, True):
                 name = f"keras-hub {precision.replace('mixed_', '')}{'+xla' if xla else ''}"
-                if (
-                    not xla and self.fusion
-                ):  # the peer with the same lever: its steps are auto-clustered too
+                if not xla and self.fusion:  # the peer with the same lever: auto-clustered too
                     name += "+autojit"
                 self.record(
                     name,
@@ -357,9 +145,7 @@ class Ladder:
                     self.peer(self.config, self.timing, precision, xla, micro),
                     peer=True,
                 )
-        if (
-            self.s.accumulation_steps > 1
-        ):  # the peer's best with its own accumulation, as best+accum
+        if self.s.accumulation_steps > 1:  # the peer's best with its own accumulation: best+accum
             base = self.fastest(peer=True)
             self.record(
                 f"{base['rung']}+accum",
@@ -406,8 +192,7 @@ class Ladder:
         )
         print(
             f"dropout costs {1 - base['sequences_per_second'] / row['sequences_per_second']:.1%} "
-            "of the "
-            f"fastest rung's ({base['rung']}) time",
+            f"of the fastest rung's ({base['rung']}) time",
             flush=True,
         )
 
@@ -484,8 +269,7 @@ class Ladder:
             print(
                 f"  {pattern}: {row['useful_tokens_per_second']:.0f} useful tokens/s "
                 f"({1 - row['useful_tokens_per_second'] / row['tokens_per_second']:.1%} of the "
-                "rows' tokens are "
-                f"padding), {row['instances_per_second']:.2f} instances/s",
+                f"rows' tokens are padding), {row['instances_per_second']:.2f} instances/s",
                 flush=True,
             )
 
@@ -557,14 +341,12 @@ def print_machine_load(rows, peak_loads):
             f"{len(busy_peaks)} peak measurements, with up to "
             f"{max(s['other_cores'] for s in loads):.2f} cores of "
             f"other processes and {max(s['steal_cores'] for s in loads):.2f} of steal: those "
-            "figures measure the "
-            "neighbours too"
+            "figures measure the neighbours too"
         )
     else:
         print(
             "the machine was quiet during every timed measurement (other processes and steal "
-            "below "
-            f"{machine_load.BUSY_WARNING_CORES} cores)"
+            f"below {machine_load.BUSY_WARNING_CORES} cores)"
         )
 
 
@@ -572,14 +354,12 @@ def print_best(best, peer, peak_rss_gb):
     if best:
         print(
             f"best bert_tf: {best['rung']} at {best['sequences_per_second']:.2f} seq/s, MFU "
-            f"{best['mfu']:.1%} "
-            f"of the hardware peak"
+            f"{best['mfu']:.1%} of the hardware peak"
         )
     if best and peer:
         print(
             f"keras-hub best: {peer['rung']} at {peer['sequences_per_second']:.2f} seq/s; bert_tf "
-            "/ keras-hub = "
-            f"{best['sequences_per_second'] / peer['sequences_per_second']:.2f}x"
+            f"/ keras-hub = {best['sequences_per_second'] / peer['sequences_per_second']:.2f}x"
         )
     print(f"peak host memory {peak_rss_gb:.2f} GB")
 
@@ -603,9 +383,8 @@ def input_headroom(s: BenchmarkConfig, best):
     for kind, rate in headroom.items():
         print(
             f"input pipeline alone, {kind} masking: {rate:.0f} seq/s per rank = "
-            f"{rate / consumed:.1f}x the "
-            f"fastest rung's {consumed:.2f} seq/s ({'ok' if rate >= 10 * consumed else 'below'} "
-            "the 10x goal)"
+            f"{rate / consumed:.1f}x the fastest rung's {consumed:.2f} seq/s "
+            f"({'ok' if rate >= 10 * consumed else 'below'} the 10x goal)"
         )
     return headroom
 
@@ -628,9 +407,9 @@ def run(s: BenchmarkConfig, peer, fusion):
     described = device.device_description()
     print(f"device: {described}")
     print(
-        f"{s.model_preset}: {config.num_hidden_layers} layers, hidden {config.hidden_size}; seq "
-        f"{seq.max_seq_length}, "
-        f"micro-batch {s.micro_batch_size}; {flops_per_seq / 1e9:.2f} GFLOP per sequence (train)",
+        f"{s.model_preset}: {config.num_hidden_layers} layers, hidden {config.hidden_size}; "
+        f"seq {seq.max_seq_length}, micro-batch {s.micro_batch_size}; "
+        f"{flops_per_seq / 1e9:.2f} GFLOP per sequence (train)",
         flush=True,
     )
     peaks, peak_samples, peak_loads = measure_peaks(s)

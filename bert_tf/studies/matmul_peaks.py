@@ -15,7 +15,8 @@ def matmul_peak(dtype="float32", n=2048, seconds=3.0, jit=True) -> float:
     """Sustained FLOP/s of an n x n x n tf.matmul in `dtype` on this machine, XLA-compiled
     (jit=True) or through TensorFlow's own kernel (jit=False). At least one timed call, so a
     dtype without hardware arithmetic (float16 on most CPUs) costs more than `seconds`."""
-    import tensorflow as tf  # here: the FLOP counts above are arithmetic the planner uses without it
+    # here: the FLOP counts above are arithmetic the planner uses without it
+    import tensorflow as tf
 
     dtype = tf.as_dtype(dtype)
     a = tf.random.normal([n, n], dtype=tf.float32)

@@ -19,8 +19,8 @@ Kinds, the first whose pattern matches the op type or HLO name (XLA's prefixed "
     variables         reads, assignments and the optimizer's fused apply kernels
     data movement     gathers, scatters, transposes, copies, slicing, concatenation, reshapes
     executor          the executors' own time between ops
-    element-wise      everything else: arithmetic, activations, softmax, LayerNorm, reductions, their gradients,
-                      and XLA's fusions of them (the optimizer update)
+    element-wise      everything else: arithmetic, activations, softmax, LayerNorm, reductions,
+                      their gradients, and XLA's fusions of them (the optimizer update)
 """
 
 from __future__ import annotations

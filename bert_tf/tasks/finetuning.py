@@ -1,7 +1,7 @@
-"""Fine-tuning: one loop, `run`, over one contract, `FinetuningTask`, which GLUE (glue.GlueTask),
-SQuAD (squad.SquadTask), labelled text files (classification.Classification) and the tasks made from
-a corpus (proof.CorpusPairTask, proof.CorpusSpanTask) implement; the recipe BERT papers fine-tune
-with as its defaults.
+"""Fine-tuning: one loop, `run`, over one contract, `FinetuningTask`, which GLUE
+(glue_sweep.GlueTask), SQuAD (squad.SquadTask), labelled text files (classification.Classification)
+and the tasks made from a corpus (proof.CorpusPairTask, proof.CorpusSpanTask) implement; the recipe
+BERT papers fine-tune with as its defaults.
 
 A task builds its model (a head on `modeling.encoder(config)`: `FinetuningModel`), gives its
 training features, predicts (its own typed predictions: label indices, answers) and scores them;
@@ -52,7 +52,7 @@ P = TypeVar("P")  # a task's predictions
 class FinetuneOutput(modeling.TensorRecord):
     """A fine-tuning head's output: float32 scalars [] over the batch (a TensorRecord: it passes
     through the Trainer's tf.functions and XLA as it is; "loss" a mean, the rest counts, as
-    training.is_mean says)."""
+    figures.is_mean says)."""
 
     loss: tf.Tensor  # the mean training loss: what is trained
     correct: tf.Tensor | None = None  # rows classified right (None: a regression or span head)
@@ -86,13 +86,15 @@ class FinetuningModel(Protocol):
 class FinetuningTask(Protocol[P]):
     """A fine-tuning task, all the loop knows of it:
 
-    name                              what logs and results call it
-    build_model(config)               a FinetuningModel: its head on modeling.encoder(config)
-    train_features(tokenizer)         Features to train on, labels included (None: predict with the untrained head)
-    predict(model, tokenizer)         its predictions (P, a dataclass of the task's own): the task encodes what it
-                                      predicts (dev and test splits, SQuAD's windows) and maps the
-                                      model's output back to its answers
-    metrics(predictions)              {name: value} of those predictions (empty when there is nothing to score)
+    name                       what logs and results call it
+    build_model(config)        a FinetuningModel: its head on modeling.encoder(config)
+    train_features(tokenizer)  Features to train on, labels included (None: predict with the
+                               untrained head)
+    predict(model, tokenizer)  its predictions (P, a dataclass of the task's own): the task encodes
+                               what it predicts (dev and test splits, SQuAD's windows) and maps the
+                               model's output back to its answers
+    metrics(predictions)       {name: value} of those predictions (empty when there is nothing to
+                               score)
     """
 
     name: str
@@ -307,13 +309,13 @@ def export(
     (id2label / label2id; STS-B: regression) or BertForQuestionAnswering loads without conversion.
     model: a classification.BertClassifier (labels: its label names) or a
     squad.BertSpanExtractor."""
-    from bert_tf.artifacts import checkpoint_formats, checkpointing
+    from bert_tf.artifacts import bert_format, checkpoint_formats, checkpointing
 
     weights = {name: v.numpy() for name, v in checkpointing.module_variables(model).items()}
     if "span/kernel" in weights:
-        hf = checkpoint_formats.config_to_huggingface(model.config, "BertForQuestionAnswering")
+        hf = bert_format.config_to_huggingface(model.config, "BertForQuestionAnswering")
     else:
-        hf = checkpoint_formats.config_to_huggingface(
+        hf = bert_format.config_to_huggingface(
             model.config,
             "BertForSequenceClassification",
             labels,

@@ -4,14 +4,15 @@ follows google-research/bert's run_squad.py (Devlin et al. 2019):
 
 - The context is split on whitespace into words; each word is WordPiece-tokenised, remembering which
   word every token came from, so a span of tokens maps back to a span of words and then to the
-  original characters (`final_text`, which also drops what tokenisation added or removed).
+  original characters (squad_answers.final_text, which also drops what tokenisation added or
+  removed).
 - A question longer than --max_query_length is cut to it (and counted). A context longer than a
   window becomes several windows of --max_seq_length tokens ([CLS] question [SEP] context [SEP]),
   each starting --doc_stride tokens after the previous one; a token's best window is the one where
   it has the most context on both sides, and only there can an answer start.
 - Training: a window that does not contain the whole answer, and every window of an unanswerable
   v2.0 question, is trained to point at [CLS] (position 0): "no answer here".
-- Prediction: the n best (start, end) pairs of each window (--n_best_size, at most
+- Prediction (squad_answers): the n best (start, end) pairs of each window (--n_best_size, at most
   --max_answer_length tokens, starting in its best window), best over the windows. v2.0: the
   no-answer score is the smallest [CLS] start + end logit over the windows, and a question is
   answered "" when that score exceeds the best span's by more than --null_score_diff_threshold;
@@ -23,20 +24,16 @@ follows google-research/bert's run_squad.py (Devlin et al. 2019):
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import json
-import math
-import os
 from typing import Callable
 
 import numpy as np
 import tensorflow as tf
 
 from bert_tf import ConfigError
-from bert_tf.data import tokenization
 from bert_tf.model import modeling
-from bert_tf.tasks import finetuning, squad_scoring
+from bert_tf.tasks import finetuning, squad_answers, squad_scoring
 
 
 @dataclasses.dataclass
@@ -101,9 +98,10 @@ def examples_of(data: list, version: str, training: bool, path="(in memory)", lo
                 )
                 if training and not example.impossible:
                     if not qa.get("answers"):
+                        hint = "" if version == "2.0" else ": a v2.0 file? give --version=2.0"
                         raise ConfigError(
                             f"{path}: question {qa['id']!r} has no answer (and is not marked "
-                            f"is_impossible{'' if version == '2.0' else ': a v2.0 file? give --version=2.0'})"
+                            f"is_impossible{hint})"
                         )
                     answer = qa["answers"][0]
                     start, text = answer["answer_start"], answer["text"]
@@ -293,128 +291,6 @@ class BertSpanExtractor(tf.Module):
         return finetuning.FinetuneOutput(loss=loss, count=tf.cast(tf.shape(start)[0], tf.float32))
 
 
-def final_text(predicted: str, original: str, lower_case: bool) -> str:
-    """The original words' text of a predicted span: `predicted` is the detokenised WordPiece text
-    (lower-cased, punctuation split off), `original` the words it came from; the characters of
-    `original` that line up with `predicted` once spaces are ignored, else `original` whole."""
-    tokenized = " ".join(tokenization.basic_tokenize(original, lower_case))
-    at = tokenized.find(predicted)
-    if at < 0:
-        return original
-
-    def without_spaces(text):
-        chars, positions = [], []
-        for i, ch in enumerate(text):
-            if ch != " ":
-                chars.append(ch)
-                positions.append(i)
-        return "".join(chars), positions
-
-    original_chars, original_at = without_spaces(original)
-    tokenized_chars, tokenized_at = without_spaces(tokenized)
-    if len(original_chars) != len(
-        tokenized_chars
-    ):  # tokenisation changed characters (accents): keep it whole
-        return original
-    index = {position: i for i, position in enumerate(tokenized_at)}
-    first, last = index.get(at), index.get(at + len(predicted) - 1)
-    if first is None or last is None:
-        return original
-    return original[original_at[first] : original_at[last] + 1]
-
-
-def predict_answers(
-    examples,
-    windows,
-    logits,
-    tokenizer,
-    version="1.1",
-    n_best_size=20,
-    max_answer_length=30,
-    null_score_diff_threshold=0.0,
-):
-    """(predictions {qid: text}, null_odds {qid: score difference} (v2.0), n-best {qid: [entries]}).
-    logits: [windows, 2, S], the start and end logits of every window."""
-    by_example = collections.defaultdict(list)
-    for w, window in enumerate(windows):
-        by_example[window.example].append(w)
-    predictions, null_odds, nbest_all = {}, {}, {}
-    for e, example in enumerate(examples):
-        candidates, null = [], None
-        for w in by_example[e]:
-            window, (start_logits, end_logits) = windows[w], logits[w]
-            if version == "2.0":
-                score = start_logits[0] + end_logits[0]
-                if null is None or score < null[0]:
-                    null = (score, start_logits[0], end_logits[0])
-            starts = np.argsort(-start_logits)[:n_best_size]
-            ends = np.argsort(-end_logits)[:n_best_size]
-            for s in starts:
-                for t in ends:
-                    if (
-                        s not in window.token_to_word
-                        or t not in window.token_to_word
-                        or not window.best_window[s]
-                    ):
-                        continue
-                    if t < s or t - s + 1 > max_answer_length:
-                        continue
-                    candidates.append(
-                        (start_logits[s] + end_logits[t], start_logits[s], end_logits[t], w, s, t)
-                    )
-        candidates.sort(key=lambda c: -c[0])
-        nbest, seen = [], set()
-        for _, start_logit, end_logit, w, s, t in candidates:
-            if len(nbest) == n_best_size:
-                break
-            window = windows[w]
-            pieces = " ".join(tokenizer.vocab[i] for i in window.input_ids[s : t + 1])
-            predicted = " ".join(pieces.replace(" ##", "").replace("##", "").split())
-            words = " ".join(example.words[window.token_to_word[s] : window.token_to_word[t] + 1])
-            text = final_text(predicted, words, tokenizer.lower_case)
-            if text in seen:
-                continue
-            seen.add(text)
-            nbest.append(
-                {"text": text, "start_logit": float(start_logit), "end_logit": float(end_logit)}
-            )
-        if version == "2.0":  # "no answer" is always among them
-            nbest.append({"text": "", "start_logit": float(null[1]), "end_logit": float(null[2])})
-            nbest.sort(key=lambda x: -(x["start_logit"] + x["end_logit"]))
-        if not nbest:
-            nbest = [{"text": "", "start_logit": 0.0, "end_logit": 0.0}]
-        scores = np.array([x["start_logit"] + x["end_logit"] for x in nbest])
-        probabilities = np.exp(scores - scores.max())
-        for entry, p in zip(nbest, probabilities / probabilities.sum()):
-            entry["probability"] = float(p)
-        answered = [x for x in nbest if x["text"]]
-        if version == "2.0":
-            best = answered[0] if answered else None
-            difference = float(null[0]) - (
-                best["start_logit"] + best["end_logit"] if best else -math.inf
-            )
-            null_odds[example.qid] = difference if math.isfinite(difference) else 1e9
-            predictions[example.qid] = (
-                "" if best is None or difference > null_score_diff_threshold else best["text"]
-            )
-        else:
-            predictions[example.qid] = nbest[0]["text"]
-        nbest_all[example.qid] = nbest
-    return predictions, null_odds, nbest_all
-
-
-def write_predictions(out_dir, predictions, null_odds, nbest, version):
-    """predictions.json (and null_odds.json for v2.0) as the official evaluation scripts read them,
-    nbest_predictions.json beside them."""
-    os.makedirs(out_dir, exist_ok=True)
-    paths = {"predictions": predictions, "nbest_predictions": nbest}
-    if version == "2.0":
-        paths["null_odds"] = null_odds
-    for name, value in paths.items():
-        with open(os.path.join(out_dir, f"{name}.json"), "w", encoding="utf-8") as f:
-            json.dump(value, f, indent=1, ensure_ascii=False)
-
-
 @dataclasses.dataclass(frozen=True)
 class Windowing:
     """make_windows' settings: tokens per window, the stride between a context's windows, the
@@ -480,7 +356,7 @@ class SquadTask:
         )
         logits = finetuning.predict(model.predict, features(windows, self.windowing.max_seq_length))
         return Answers(
-            *predict_answers(
+            *squad_answers.predict_answers(
                 self.questions,
                 windows,
                 logits,

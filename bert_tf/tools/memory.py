@@ -51,23 +51,27 @@ def exchange_state_bytes(shapes, comm: CommConfig, ranks: int) -> dict:
     """Bytes of the gradient exchange's state on ONE of `ranks` ranks, float32 as the code allocates
     it (bert_tf/parallel/compression.py, exchange_state.py, local_sgd.py), for these shapes
     (gradient_tensor_shapes):
-      own            this rank's error-feedback buffers, different on every rank (powersgd: an n x m error per
-                     compressed matrix, comm.powersgd_plan; onebit: an error of every element and
-                     the averaging side's error of this rank's chunk, comm.onebit_chunk, which
-                     shrinks as ranks grow)
-      shared         state the same on every rank (powersgd: Q, m x r per compressed matrix; DiLoCo: the anchor
-                     and the velocity, 2 x the weights); none and fp16 keep nothing
+      own            this rank's error-feedback buffers, different on every rank (powersgd: an
+                     n x m error per compressed matrix, comm.powersgd_plan; onebit: an error of
+                     every element and the averaging side's error of this rank's chunk,
+                     comm.onebit_chunk, which shrinks as ranks grow)
+      shared         state the same on every rank (powersgd: Q, m x r per compressed matrix;
+                     DiLoCo: the anchor and the velocity, 2 x the weights); none and fp16 keep
+                     nothing
       steady         own + shared: on the device for the whole run
-      save_host      at a save, the host copy of its own buffers each rank writes to its own file; file: its size
+      save_host      at a save, the host copy of its own buffers each rank writes to its own
+                     file; file: its size
       resume_host    at a resume, its own file read back into the host
-      resume_device  and copied into the variables one buffer at a time: at most the largest on the device at once
-      checkpoint     the shared part, which rank 0 alone writes (Q in its own file, DiLoCo's in the main
-                     checkpoint) and which a resume reads (Q: rank 0, then a broadcast; DiLoCo's:
-                     every rank)
+      resume_device  and copied into the variables one buffer at a time: at most the largest on
+                     the device at once
+      checkpoint     the shared part, which rank 0 alone writes (Q in its own file, DiLoCo's in
+                     the main checkpoint) and which a resume reads (Q: rank 0, then a broadcast;
+                     DiLoCo's: every rank)
     and, for the record, the gather design the per-rank files replace (`capture`, `after_restore`):
-      old_save_rank0  every rank's own buffers gathered into rank 0's device (ranks x own, kept there as
-                      `saved`), then copied to its host for the checkpoint
-      old_resume      that gathered copy on every rank after a resume, kept on its device (ranks x own)
+      old_save_rank0  every rank's own buffers gathered into rank 0's device (ranks x own, kept
+                      there as `saved`), then copied to its host for the checkpoint
+      old_resume      that gathered copy on every rank after a resume, kept on its device
+                      (ranks x own)
     The file's header and the counters are left out, and so are the tensors an exchange computes in
     an update."""
     if comm.exchange == "auto":

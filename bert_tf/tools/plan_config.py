@@ -2,7 +2,8 @@
 it).
 
 Defaults are NVIDIA's LAMB recipe for BERT-large and their single-V100 throughputs (run/plan.py's
-docstring); the cluster, phases and preemption model they describe are bert_tf/tools/planner.py's.
+docstring); the cluster and phases they describe are bert_tf/tools/planner.py's, the preemption
+model bert_tf/tools/spot.py's.
 No TensorFlow, no absl.
 """
 
@@ -13,7 +14,7 @@ import dataclasses
 from bert_tf import ConfigError, knob, knobs
 from bert_tf.model.config import RECOMPUTE
 from bert_tf.parallel.comm import CommConfig
-from bert_tf.tools import planner
+from bert_tf.tools import planner, spot
 from bert_tf.train.train_config import PRECISIONS
 
 
@@ -90,17 +91,17 @@ class PlanConfig:
     # tests/test_elastic.py): a GPU cluster's restart adds XLA compilation and a larger checkpoint
     # to read: give your own figures.
     restart_minutes: float = knob(
-        planner.MEASURED_RESTART_MINUTES,
+        spot.MEASURED_RESTART_MINUTES,
         "Time a kill-and-restart from the last checkpoint loses beyond the updates since "
         "it: start-up, restore, first update (default: measured on the emulated cluster).",
     )
     elastic_minutes: float = knob(
-        planner.MEASURED_ELASTIC_MINUTES,
+        spot.MEASURED_ELASTIC_MINUTES,
         "Time an elastic event loses: detection + restore + first update at the new size "
         "(default: measured on the emulated cluster).",
     )
     join_minutes: float = knob(
-        planner.MEASURED_JOIN_MINUTES,
+        spot.MEASURED_JOIN_MINUTES,
         "Time the ranks wait when a replacement node joins "
         "(default: measured on the emulated cluster).",
     )
@@ -196,8 +197,8 @@ class PlanConfig:
     def micro_batches(self) -> tuple[int, int]:
         return self.phase1_micro_batch_size, self.phase2_micro_batch_size
 
-    def preemption(self) -> planner.Preemption:
-        return planner.Preemption(
+    def preemption(self) -> spot.Preemption:
+        return spot.Preemption(
             self.price_per_device_hour,
             self.spot_price_per_device_hour,
             self.mtbp_hours,

@@ -28,25 +28,7 @@ Model (per optimizer update, per phase):
     throughput   B / T sequences/s;  scaling efficiency = T_c / T (1 = no communication cost)
     phase time   total sequences / throughput;  cost = time x N x price per device-hour
 
-Preemptible (spot) capacity, per phase of T hours on n nodes of N devices (`preemptible`):
-
-    preemptions     Lambda = n / MTBP per hour     (MTBP: mean time between preemptions of ONE node;
-                                                     nodes are preempted independently)
-    on demand       T_od = T;  cost = T x N x price_on_demand
-    spot + checkpoint restart: every preemption stops the job; it restarts from the last checkpoint
-                    once the node is replaced, losing
-        L_r = restart + replacement + save_interval / 2 x u          (u: update seconds of the phase)
-        T_r = T / (1 - Lambda L_r)       (the lost time recurs at the same rate; no end if Lambda L_r >= 1)
-    spot + elastic: the job goes on without the node, then takes its replacement in, losing
-        L_e = elastic + join + commit_interval / 2 x u + replacement / n
-              (elastic: detection + restore + first update; join: the ranks wait for the newcomer's
-               start-up; the missing node's share of the work while it is being replaced)
-        and committing costs c = 12 x parameters bytes (fp32 weights + two optimizer slots) / host
-        copy bandwidth every commit_interval updates: T_e = T (1 + c / (commit_interval x u)) / (1 -
-        Lambda L_e)
-    spot cost       T_x x N x price_spot x (1 - Lambda x replacement / n)   (a preempted node is not
-                                                                            billed until replaced)
-Assumes events far enough apart not to overlap (Lambda x L << 1) and a replacement always available.
+Preemptible (spot) capacity on top of these phases: bert_tf/tools/spot.py.
 
 Bandwidths are in Gbit/s on input and converted to bytes/s; latencies and o in microseconds.
 Not modelled: stragglers, input stalls, and fixed per-update costs beyond those inside r
@@ -213,16 +195,7 @@ def plan_phase(
     shapes = [s for s in tensor_sizes if isinstance(s, tuple)]
     tensor_sizes = [math.prod(s) if isinstance(s, tuple) else s for s in tensor_sizes]
     N = cluster.devices
-    if phase.global_batch % N:
-        raise ConfigError(
-            f"{phase.name}: global batch {phase.global_batch} is not divisible by {N} devices "
-            f"(--{phase.name}_global_batch_size; --nodes x --devices_per_node)"
-        )
-    if (phase.global_batch // N) % accumulation:
-        raise ConfigError(
-            f"{phase.name}: per-device batch {phase.global_batch // N} is not divisible by "
-            f"--{phase.name}_accumulation={accumulation}"
-        )
+    _check_batches(phase, N, accumulation)
     if comm.exchange == "auto":
         raise ConfigError("--exchange=auto: resolve it first (planner.exchange_ranking)")
     comm = comm.resolved()
@@ -236,29 +209,9 @@ def plan_phase(
         comm_time, gradient_bytes, messages = compressed_exchange_seconds(shapes, cluster, comm)
         comm_time += overhead_seconds
     else:
-        # DiLoCo (--local_updates=H): the weights' change in float16 once every H updates, nothing
-        # between
-        width = 2 if comm.method == "fp16" or comm.local_updates else 4
-        tensor_bytes = [size * width for size in tensor_sizes]
-        gradient_bytes = sum(tensor_bytes)
-        messages = fusion_messages(tensor_bytes, comm.fusion_threshold_mb)
-        allreduces = (
-            accumulation if comm.allreduce_every_micro_batch else 1 / max(comm.local_updates, 1)
+        comm_time, gradient_bytes, messages = allreduce_exchange_seconds(
+            tensor_sizes, cluster, comm, accumulation
         )
-        comm_time = allreduces * allreduce_seconds(
-            gradient_bytes, cluster, messages, comm.cycle_time_ms
-        )
-        if comm.local_updates:
-            gradient_bytes /= comm.local_updates  # per update, on average
-        if comm.local_updates and comm.local_group == "node" and cluster.devices_per_node > 1:
-            # each node one worker: its float32 gradients averaged inside the node every update
-            inner = [4 * size for size in tensor_sizes]
-            comm_time += allreduce_seconds(
-                sum(inner),
-                dataclasses.replace(cluster, nodes=1),
-                fusion_messages(inner, comm.fusion_threshold_mb),
-                comm.cycle_time_ms,
-            )
     step = compute + comm_time
     throughput = phase.global_batch / step
     seconds = phase.total_sequences * update_factor / throughput
@@ -275,6 +228,47 @@ def plan_phase(
         "days": seconds / 86400,
         "cost": seconds / 3600 * N * cluster.price_per_device_hour,
     }
+
+
+def _check_batches(phase: Phase, devices: int, accumulation: int) -> None:
+    """The global batch splits evenly over the devices, and each device's over the micro-batches."""
+    if phase.global_batch % devices:
+        raise ConfigError(
+            f"{phase.name}: global batch {phase.global_batch} is not divisible by {devices} "
+            f"devices (--{phase.name}_global_batch_size; --nodes x --devices_per_node)"
+        )
+    if (phase.global_batch // devices) % accumulation:
+        raise ConfigError(
+            f"{phase.name}: per-device batch {phase.global_batch // devices} is not divisible by "
+            f"--{phase.name}_accumulation={accumulation}"
+        )
+
+
+def allreduce_exchange_seconds(tensor_sizes, cluster: Cluster, comm: CommConfig, accumulation: int):
+    """(seconds, gradient bytes, messages) per update of an allreduce exchange (none, fp16, DiLoCo)
+    of tensors of `tensor_sizes` elements; comm resolved. DiLoCo (--local_updates=H) sends the
+    weights' change in float16 once every H updates, nothing between: seconds and bytes are per
+    update on average."""
+    width = 2 if comm.method == "fp16" or comm.local_updates else 4
+    tensor_bytes = [size * width for size in tensor_sizes]
+    gradient_bytes = sum(tensor_bytes)
+    messages = fusion_messages(tensor_bytes, comm.fusion_threshold_mb)
+    allreduces = (
+        accumulation if comm.allreduce_every_micro_batch else 1 / max(comm.local_updates, 1)
+    )
+    seconds = allreduces * allreduce_seconds(gradient_bytes, cluster, messages, comm.cycle_time_ms)
+    if comm.local_updates:
+        gradient_bytes /= comm.local_updates
+    if comm.local_updates and comm.local_group == "node" and cluster.devices_per_node > 1:
+        # each node one worker: its float32 gradients averaged inside the node every update
+        inner = [4 * size for size in tensor_sizes]
+        seconds += allreduce_seconds(
+            sum(inner),
+            dataclasses.replace(cluster, nodes=1),
+            fusion_messages(inner, comm.fusion_threshold_mb),
+            comm.cycle_time_ms,
+        )
+    return seconds, gradient_bytes, messages
 
 
 def compressed_exchange_seconds(shapes, cluster: Cluster, comm: CommConfig):
@@ -320,11 +314,9 @@ def exchange_ranking(
     """rank_exchanges over the plan's days for each candidate exchange (exchange_choices);
     overheads: method (any rank) -> seconds of computation a compressed exchange adds per update
     (run/comm_study.py --compression_cost)."""
-    comms = exchange_choices(comm)
+    comms, overheads = exchange_choices(comm), overheads or {}
     days = {
-        label: plan(shapes, phases, cluster, c, accumulation, (overheads or {}).get(c.method, 0.0))[
-            "days"
-        ]
+        label: plan(shapes, phases, cluster, c, accumulation, overheads.get(c.method, 0.0))["days"]
         for label, c in comms.items()
     }
     return rank_exchanges(days, comms, factors)
@@ -364,99 +356,9 @@ def best_knob(tensor_sizes, phases, cluster, comm, accumulation):
     return days(comm), sorted(((d, name) for name, d in results.items()), key=lambda x: x[0])
 
 
-# run/elastic_recovery.py on this project's 2-core machine (docs/results.md, "Elastic training"):
-# tiny BERT, 3 emulated nodes. Restart: kill -> first update of the relaunched job 50.6 s; elastic:
-# kill -> first update on the survivors 35.4 s (30 s of it Gloo's timeout); a replacement joining
-# stalls the ranks 18.0 s. run/plan.py's defaults for Preemption's restart_minutes, elastic_minutes
-# and join_minutes.
-MEASURED_RESTART_MINUTES = 50.6 / 60
-MEASURED_ELASTIC_MINUTES = 35.4 / 60
-MEASURED_JOIN_MINUTES = 18.0 / 60
-
-
-@dataclasses.dataclass
-class Preemption:
-    """Preemptible capacity and what a preemption costs (module docstring: the equations)."""
-
-    price_on_demand: float  # per device-hour
-    price_spot: float  # per device-hour
-    mtbp_hours: float  # mean time between preemptions of one node
-    restart_minutes: float  # kill-and-restart from a checkpoint, without the lost updates
-    elastic_minutes: float  # an elastic event: detection + restore + first update
-    join_minutes: float  # the ranks wait for a joining node's start-up
-    replacement_minutes: float  # until a preempted node is replaced
-    save_interval: int  # updates between checkpoints
-    elastic_commit_interval: int  # updates between elastic commits
-    host_copy_gbytes_per_s: float = 10.0  # device -> host copy of one commit
-
-    def __post_init__(self):
-        for name in ("mtbp_hours", "host_copy_gbytes_per_s"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"--{name} must be > 0, got {getattr(self, name)}")
-        for name in (
-            "price_on_demand",
-            "price_spot",
-            "restart_minutes",
-            "elastic_minutes",
-            "join_minutes",
-            "replacement_minutes",
-        ):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"--{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("save_interval", "elastic_commit_interval"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"--{name} must be >= 1, got {getattr(self, name)}")
-
-
-def preemptible(phase_rows, cluster: Cluster, pre: Preemption, parameters: int) -> dict:
-    """{"on-demand" | "spot + checkpoint restart" | "spot + elastic": {"days", "cost"}} for the
-    phases of `plan()` (module docstring: the equations). days is inf when preemptions outpace
-    progress."""
-    n, N = cluster.nodes, cluster.devices
-    rate = n / pre.mtbp_hours
-    replacement = pre.replacement_minutes / 60
-    commit_hours = 12 * parameters / (pre.host_copy_gbytes_per_s * 1e9) / 3600
-    hours = {"on-demand": 0.0, "spot + checkpoint restart": 0.0, "spot + elastic": 0.0}
-    for row in phase_rows:
-        T, u = row["days"] * 24, row["update_seconds"] / 3600
-        lost_restart = pre.restart_minutes / 60 + replacement + pre.save_interval / 2 * u
-        commits = pre.elastic_commit_interval
-        lost_elastic = (
-            (pre.elastic_minutes + pre.join_minutes) / 60 + commits / 2 * u + replacement / n
-        )
-        hours["on-demand"] += T
-        hours["spot + checkpoint restart"] += _stretched(T, rate * lost_restart)
-        hours["spot + elastic"] += _stretched(
-            T * (1 + commit_hours / (commits * u)), rate * lost_elastic
-        )
-    billed = 1 - rate * replacement / n
-    prices = {
-        "on-demand": pre.price_on_demand,
-        "spot + checkpoint restart": pre.price_spot * billed,
-        "spot + elastic": pre.price_spot * billed,
-    }
-    return {k: {"days": h / 24, "cost": h * N * prices[k]} for k, h in hours.items()}
-
-
-def cheapest(options: dict, within=0.01):
-    """(the cheapest option's name, the others costing at most `within` more), for preemptible()'s
-    result."""
-    ranked = sorted(options, key=lambda k: options[k]["cost"])
-    return ranked[0], [
-        k for k in ranked[1:] if options[k]["cost"] <= (1 + within) * options[ranked[0]]["cost"]
-    ]
-
-
-def _stretched(hours, lost_fraction):
-    return hours / (1 - lost_fraction) if lost_fraction < 1 else float("inf")
-
-
-# -- measured device figures (run/benchmark.py --device_figures, scripts/gpu_check.sh) ->
-# run/plan.py ----------
-DEVICE_FIGURES = {
-    "phase1_device_seq_s": 128,
-    "phase2_device_seq_s": 512,
-}  # plan flag -> the sequence it is for
+# -- measured device figures (run/benchmark.py --device_figures, scripts/gpu_check.sh) -> plan.py
+# run/plan.py's flag -> the sequence length it is for
+DEVICE_FIGURES = {"phase1_device_seq_s": 128, "phase2_device_seq_s": 512}
 LINK_FIGURES = ("intra_gbps",)
 
 

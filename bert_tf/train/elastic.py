@@ -1,5 +1,5 @@
-"""Elastic pre-training: ranks may leave (a preempted node) or join between updates; training goes
-on.
+"""Elastic pre-training: ranks may leave (a preempted node) or join between updates; training
+goes on.
 
     horovodrun -np 3 --min-np 2 --max-np 4 --gloo --network-interface eth0 \
         --host-discovery-script 'scripts/discover_hosts.sh hosts.live' \
@@ -75,8 +75,7 @@ def check_launch(environ=None, gloo_built=None):
         raise ConfigError(
             "--elastic needs an elastic launch: horovodrun -np N --min-np MIN --max-np MAX --gloo "
             "--host-discovery-script SCRIPT python run/pretrain.py --elastic ... (HOROVOD_ELASTIC "
-            "is "
-            "not set: this process was started by mpirun, by horovodrun without "
+            "is not set: this process was started by mpirun, by horovodrun without "
             "--host-discovery-script/--min-np, or directly)"
         )
     if environ.get("HOROVOD_CONTROLLER") != "gloo":
@@ -171,9 +170,8 @@ class TrainingState:
     def __init__(self, variables, stream: SharedStream, samples_seen, world, exchange=None):
         self.variables, self.stream, self.world = variables, stream, world
         self.samples_seen = samples_seen
-        self.exchange = (
-            exchange  # the exchange the job trains with (exchange_state.record), rank 0's at a sync
-        )
+        # the exchange the job trains with (exchange_state.record), rank 0's at a sync
+        self.exchange = exchange
         # rank 0 restored a checkpoint and no formation has started since: its error buffers are in
         # its files
         self.from_checkpoint = samples_seen > 0
@@ -238,17 +236,15 @@ class Elastic:
 
     WAITING = (
         "waiting for Horovod to re-form the ranks (at least horovodrun --min-np of them; it gives "
-        "up "
-        "after --elastic-timeout, 600 s by default)"
+        "up after --elastic-timeout, 600 s by default)"
     )
 
     def __init__(self, cfg, job, log=print, world=None):
         self.cfg, self.job, self.log = cfg, job, log
         self.world = world if world is not None else distributed.ElasticWorld()
         self.per_update = micro_batches_per_update(cfg.global_batch_size, cfg.micro_batch_size)
-        outer = (
-            list(job.outer.variables) if job.outer is not None else []
-        )  # DiLoCo's anchor and momentum
+        # DiLoCo's anchor and momentum
+        outer = list(job.outer.variables) if job.outer is not None else []
         self.state = TrainingState(
             job.trainer.state_variables() + outer,
             job.input,
@@ -295,8 +291,7 @@ class Elastic:
         job.ckpts.set_writer(self.rank == 0)
         self.say(
             f"elastic: {describe_share(self.per_update, self.cfg.micro_batch_size, self.size)}; "
-            f"from step {step} "
-            f"({self.samples_seen} samples seen), committing every "
+            f"from step {step} ({self.samples_seen} samples seen), committing every "
             f"{self.cfg.elastic_commit_interval} updates"
         )
 
@@ -310,15 +305,12 @@ class Elastic:
         changed = exchange_state.record(trainer.config.comm) != self.state.exchange
         if note and (changed or self.state.from_checkpoint):  # a re-form keeps it silently
             self.say(note)
-        if (
-            changed
-        ):  # an allreduce is made for each share (update_batch): this formation's, with its weight
-            exchange = (
-                distributed.make_gradient_exchange(comm, trainer.variables, seed=cfg.seed)
-                if comm.compressed
-                else Local()
-            )
+        # an allreduce is made for each share (update_batch): this formation's, with its weight
+        if changed and comm.compressed:
+            exchange = distributed.make_gradient_exchange(comm, trainer.variables, seed=cfg.seed)
             trainer.use_exchange(exchange, comm)
+        elif changed:
+            trainer.use_exchange(Local(), comm)
 
     def _choose(self):
         from bert_tf.parallel import auto_exchange
@@ -340,18 +332,15 @@ class Elastic:
         curve's micro- batches at the committed sequences (at least one per rank); this rank's share
         set when it changes."""
         warmup, trainer = self.job.warmup, self.job.trainer
-        micro = (
-            self.per_update
-            if warmup is None
-            else warmup.micro_batches_at(samples_seen, least=self.size)
-        )
+        micro = self.per_update
+        if warmup is not None:
+            micro = warmup.micro_batches_at(samples_seen, least=self.size)
         if micro != self.micro:
             self.micro = micro
             _, self.loss_weight = rank_share(micro, self.rank, self.size)
             exchange = trainer.exchange
-            if (
-                exchange.own() or exchange.shared()
-            ):  # one with state keeps it (DiLoCo: each rank its own updates)
+            # one with state keeps it (DiLoCo: each rank its own updates)
+            if exchange.own() or exchange.shared():
                 exchange.weight = self.loss_weight
             else:  # an allreduce: this formation's, with this rank's weight
                 exchange = self.world.gradient_allreduce(
@@ -404,12 +393,8 @@ class Elastic:
     def _agree(self, step, event):
         """A collective: every rank's weights digest, written by rank 0; a disagreement stops the
         job."""
-        digests = [
-            d.decode()
-            for d in self.world.gather_bytes(
-                weights_digest(self.job.trainer.model.variables).encode()
-            )
-        ]
+        mine = weights_digest(self.job.trainer.model.variables).encode()
+        digests = [d.decode() for d in self.world.gather_bytes(mine)]
         self.job.writer.write(
             {
                 "kind": "elastic",
@@ -455,8 +440,7 @@ class Elastic:
                     raise
                 self.log(
                     f"elastic: rank {rank}: a collective failed ({_failure_reason(e)}); rolling "
-                    "back to the "
-                    f"last commit, {self.WAITING}",
+                    f"back to the last commit, {self.WAITING}",
                     flush=True,
                 )
                 self.state.restore()

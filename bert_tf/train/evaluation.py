@@ -11,7 +11,7 @@ import tensorflow as tf
 from bert_tf.artifacts import metrics
 from bert_tf.data import input_pipeline
 from bert_tf.parallel import distributed
-from bert_tf.train import training
+from bert_tf.train.figures import is_mean
 
 
 def make_evaluator(
@@ -41,43 +41,46 @@ def make_evaluator(
             dataset = dataset.take(cfg.eval_batches)
         sums, label_counts = {}, np.zeros([vocab_size], np.float64)
         for features in dataset:
-            out = forward(features)
-            n = float(tf.shape(features["input_ids"])[0])
-            for (
-                key,
-                value,
-            ) in out.present().items():  # means weighted by the batch, counts as they are
-                if key != "loss":
-                    sums[key] = sums.get(key, 0.0) + float(value) * (
-                        n if training.is_mean(key) else 1.0
-                    )
-            sums["sequences"] = sums.get("sequences", 0.0) + n
-            ids = tf.boolean_mask(
-                features["masked_lm_ids"], features["masked_lm_weights"] > 0
-            ).numpy()
-            np.add.at(label_counts, ids, 1)
+            _add_batch(sums, label_counts, forward(features), features)
         total = distributed.sum_across_ranks(sums)
         # the most frequent masked token over all ranks' eval labels
         label_counts = distributed.sum_array_across_ranks(label_counts, name="eval_label_counts")
-        acc = metrics.accuracies(total)
-        found = label_counts.any()
-        return metrics.EvalRecord(
-            step=step,
-            eval_mlm_loss=total.get("mlm_loss", 0.0) / max(total.get("sequences", 0.0), 1.0),
-            eval_sequences=total.get("sequences", 0.0),
-            eval_mlm_accuracy=acc.get("mlm_accuracy"),
-            eval_nsp_accuracy=acc.get("nsp_accuracy"),
-            eval_nsp_loss=total["nsp_loss"] / max(total["sequences"], 1.0)
-            if "nsp_loss" in total
-            else None,
-            eval_most_frequent_token=int(label_counts.argmax()) if found else None,
-            eval_most_frequent_token_accuracy=label_counts.max()
-            / max(total.get("mlm_weight", 0.0), 1.0)
-            if found
-            else None,
-        )
+        return _eval_record(step, total, label_counts)
 
     return evaluate
+
+
+def _add_batch(sums: dict, label_counts: np.ndarray, out, features) -> None:
+    """One eval batch into this rank's sums (means weighted by the batch, counts as they are) and
+    its masked labels into label_counts [vocab_size]."""
+    n = float(tf.shape(features["input_ids"])[0])
+    for key, value in out.present().items():
+        if key != "loss":
+            sums[key] = sums.get(key, 0.0) + float(value) * (n if is_mean(key) else 1.0)
+    sums["sequences"] = sums.get("sequences", 0.0) + n
+    ids = tf.boolean_mask(features["masked_lm_ids"], features["masked_lm_weights"] > 0).numpy()
+    np.add.at(label_counts, ids, 1)
+
+
+def _eval_record(step: int, total: dict, label_counts: np.ndarray) -> metrics.EvalRecord:
+    """The held-out record from the sums and label counts over all ranks."""
+    acc = metrics.accuracies(total)
+    found = label_counts.any()
+    return metrics.EvalRecord(
+        step=step,
+        eval_mlm_loss=total.get("mlm_loss", 0.0) / max(total.get("sequences", 0.0), 1.0),
+        eval_sequences=total.get("sequences", 0.0),
+        eval_mlm_accuracy=acc.get("mlm_accuracy"),
+        eval_nsp_accuracy=acc.get("nsp_accuracy"),
+        eval_nsp_loss=total["nsp_loss"] / max(total["sequences"], 1.0)
+        if "nsp_loss" in total
+        else None,
+        eval_most_frequent_token=int(label_counts.argmax()) if found else None,
+        eval_most_frequent_token_accuracy=label_counts.max()
+        / max(total.get("mlm_weight", 0.0), 1.0)
+        if found
+        else None,
+    )
 
 
 def _no_eval_files(step: int) -> metrics.EvalRecord:

@@ -3,7 +3,7 @@
 Each field is a `knob` holding its flag's default, help text and choices (bert_tf/cli.py generates
 the flags from them), so a knob has one name, one default and one description. Constructing a config
 checks its values and nothing else: no file, folder or interface is looked at here
-(train/startup.py's check_inputs does that, before anything is built).
+(train/preflight.py's check_inputs does that, before anything is built).
 """
 
 from __future__ import annotations
@@ -171,6 +171,17 @@ class PretrainConfig(TrainConfig, divergence.GuardConfig):
             )
 
     def validate(self):
+        self._check_run_knobs()
+        super().validate()
+        self._check_required_and_counts()
+        self._check_fit_micro_batch()
+        self._check_ladder_and_auto_exchange()
+        self._check_evaluation()
+        self._check_elastic()
+        self._check_recipe()
+
+    def _check_run_knobs(self):
+        """Logging, the divergence guard, recomputation, the clock and the target accuracy."""
         metrics.check_wandb(self.wandb_project, self.wandb_mode)
         divergence.GuardConfig.validate(self)
         if self.recompute not in model_config.RECOMPUTE:
@@ -192,7 +203,9 @@ class PretrainConfig(TrainConfig, divergence.GuardConfig):
             raise ConfigError(
                 "--target_mlm_accuracy needs --eval_files and --eval_interval (how often to look)"
             )
-        super().validate()
+
+    def _check_required_and_counts(self):
+        """The flags a run cannot do without, and the counts' ranges."""
         if not self.checkpoint_dir:
             raise ConfigError("--checkpoint_dir is required")
         if not self.vocab_file:
@@ -217,19 +230,22 @@ class PretrainConfig(TrainConfig, divergence.GuardConfig):
         ):
             if getattr(self, name) < 0:
                 raise ConfigError(f"--{name} must be >= 0 (0: {zero}), got {getattr(self, name)}")
+
+    def _check_fit_micro_batch(self):
+        """--fit_micro_batch re-splits a static run's per-rank batch: it must divide it."""
         if self.fit_micro_batch and not self.elastic:  # the per-rank batch stays the recipe's
             per_rank = self.micro_batch_size * self.accumulation_steps
             if per_rank % self.fit_micro_batch:
                 raise ConfigError(
                     f"--fit_micro_batch={self.fit_micro_batch}: the per-rank batch "
-                    "--micro_batch_size x "
-                    f"--accumulation_steps = {self.micro_batch_size} x {self.accumulation_steps} = "
-                    f"{per_rank} is not a "
-                    "positive multiple of it; tune with run/benchmark.py "
-                    "--tune_micro_batch_sizes=<divisors of "
+                    f"--micro_batch_size x --accumulation_steps = {self.micro_batch_size} x "
+                    f"{self.accumulation_steps} = {per_rank} is not a positive multiple of it; "
+                    "tune with run/benchmark.py --tune_micro_batch_sizes=<divisors of "
                     f"{per_rank}> or drop the line"
                 )
-        self._check_ladder_and_auto_exchange()
+
+    def _check_evaluation(self):
+        """The held-out evaluation's intervals and the masked positions' count."""
         if self.eval_interval < 0 or self.eval_batches < 0:
             raise ConfigError("--eval_interval and --eval_batches must be >= 0")
         if self.eval_interval and not self.eval_files:
@@ -239,12 +255,14 @@ class PretrainConfig(TrainConfig, divergence.GuardConfig):
                 f"--max_predictions_per_seq={self.max_predictions_per_seq} exceeds "
                 f"--max_seq_length={self.max_seq_length}"
             )
+
+    def _check_elastic(self):
+        """--elastic's global batch and commits; --global_batch_size only with it."""
         if self.elastic:
             if not self.global_batch_size:
                 raise ConfigError(
                     "--elastic needs --global_batch_size (sequences per update, kept whatever the "
-                    "rank "
-                    "count; --accumulation_steps is then derived from it at every resize)"
+                    "rank count; --accumulation_steps is then derived from it at every resize)"
                 )
             shares.micro_batches_per_update(
                 self.global_batch_size, self.fit_micro_batch or self.micro_batch_size
@@ -253,8 +271,7 @@ class PretrainConfig(TrainConfig, divergence.GuardConfig):
                 raise ConfigError(
                     f"--accumulation_steps={self.accumulation_steps} with --elastic: each rank's "
                     "micro-batches per update follow from --global_batch_size and the rank count; "
-                    "leave "
-                    f"it at 1"
+                    "leave it at 1"
                 )
             if self.elastic_commit_interval < 1:
                 raise ConfigError(
@@ -263,10 +280,8 @@ class PretrainConfig(TrainConfig, divergence.GuardConfig):
         elif self.global_batch_size:
             raise ConfigError(
                 "--global_batch_size is for --elastic; otherwise the global batch is "
-                "--micro_batch_size x "
-                "--accumulation_steps x ranks"
+                "--micro_batch_size x --accumulation_steps x ranks"
             )
-        self._check_recipe()
 
     def eval_predictions(self) -> int:
         return self.eval_max_predictions_per_seq or self.max_predictions_per_seq
@@ -282,40 +297,35 @@ class PretrainConfig(TrainConfig, divergence.GuardConfig):
             raise ConfigError(
                 f"--batch_warmup_sequences={self.batch_warmup_sequences} with --elastic needs "
                 f"--global_batch_size of at least 2 micro-batches (--micro_batch_size={micro}): "
-                "the "
-                f"batch grows by micro-batches"
+                "the batch grows by micro-batches"
             )
         static_warmup = self.batch_warmup_sequences and not self.elastic
         if static_warmup and self.accumulation_steps < 2 and not self.fit_micro_batch:
             raise ConfigError(
                 f"--batch_warmup_sequences={self.batch_warmup_sequences} needs "
-                "--accumulation_steps > 1: "
-                f"the batch grows by micro-batches, from one per rank to --accumulation_steps"
+                "--accumulation_steps > 1: the batch grows by micro-batches, from one per rank to "
+                "--accumulation_steps"
             )
         every = self.comm.local_updates
         if every and self.elastic and self.elastic_commit_interval % every:
             raise ConfigError(
                 f"--elastic_commit_interval={self.elastic_commit_interval} must be a multiple of "
                 f"--local_updates={every} with --elastic: a commit holds the weights every rank "
-                "agrees "
-                f"on, right after a synchronisation"
+                "agrees on, right after a synchronisation"
             )
         if every and self.elastic and self.comm.local_group == "node":
             raise ConfigError(
                 "--local_group=node with --elastic: not supported. With a process set per node, "
                 "Horovod 0.28.1 aborts every surviving rank when a node is lost (std::terminate on "
-                "a "
-                "Gloo error, exit 134) before any re-form can run: scripts/"
-                "probe_elastic_process_sets.py, horovod/horovod#3501 and #4021. Use "
+                "a Gloo error, exit 134) before any re-form can run: "
+                "scripts/probe_elastic_process_sets.py, horovod/horovod#3501 and #4021. Use "
                 "--local_group=rank"
             )
         if every and (self.save_interval % every or self.eval_interval % every):
             raise ConfigError(
                 f"--save_interval={self.save_interval} and --eval_interval={self.eval_interval} "
-                "must be "
-                f"multiples of --local_updates={every}: the ranks' weights agree only right after "
-                "a "
-                f"synchronisation"
+                f"must be multiples of --local_updates={every}: the ranks' weights agree only "
+                "right after a synchronisation"
             )
         if self.dynamic_masking and not 0 < self.masked_lm_prob < 1:
             raise ConfigError(f"--masked_lm_prob must be in (0, 1), got {self.masked_lm_prob}")

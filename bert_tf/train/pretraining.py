@@ -9,9 +9,9 @@ sync). Order of events:
     -> build: check the records, model + optimizer variables, restore (resume) or
        --init_checkpoint, broadcast from rank 0, input at the restored position -> a Job
     -> train: the one loop (accumulate micro-batches, allreduce once, update; log / eval / save /
-       stop), with a mode object for what differs: `Static` (fixed ranks, SIGTERM/SIGINT save and
-       stop) or elastic.Elastic (--elastic: commits, re-forming, weights digests;
-       bert_tf/train/elastic.py)
+       stop), with a mode object (modes.Mode) for what differs: modes.Static (fixed ranks,
+       SIGTERM/SIGINT save and stop) or elastic.Elastic (--elastic: commits, re-forming, weights
+       digests; bert_tf/train/elastic.py)
 
 --elastic: build leaves the agreement to the elastic state's first sync (no collective before it, so
 a rank that joins later runs the same code).
@@ -21,70 +21,16 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import signal
 import sys
 import time
-from typing import Callable, Protocol, runtime_checkable
-
-import tensorflow as tf
 
 from bert_tf.artifacts import checkpointing, metrics
 from bert_tf.parallel import distributed, exchange_state, watchdog
-from bert_tf.train import budget, divergence, elastic, training
+from bert_tf.train import budget, elastic
+from bert_tf.train.figures import IntervalMetrics
+from bert_tf.train.modes import Mode, Static, StopSignal
 from bert_tf.train.pretrain_config import PretrainConfig
 from bert_tf.train.startup import Job, build
-
-
-@runtime_checkable
-class Mode(Protocol):
-    """What differs between a fixed set of ranks (`Static`) and elastic mode (`elastic.Elastic`):
-    the rank's view of the run and the hooks the loop calls. Both satisfy it
-    (tests/test_pretraining.py)."""
-
-    say: Callable[..., None]  # print on the rank that logs, nothing elsewhere
-    size: int  # ranks now
-    samples_seen: int  # sequences all ranks consumed before this (re)start
-    loss_weight: float  # this rank's share of an update's mean (1.0 when the shares are equal)
-
-    def begin(self, step: int) -> None: ...  # at every (re)start, before the first record
-    def started(self, step: int) -> None: ...  # after the run record is written
-    def update_batch(
-        self, step: int, samples_seen: int
-    ) -> int: ...  # the next update's global batch, set
-    def stop_requested(
-        self, step: int, boundary: bool
-    ) -> bool: ...  # a collective where it says so
-    def stop_reason(self) -> str: ...  # why stop_requested said True
-    def after_update(self, step: int) -> None: ...
-    def commit(self, step: int, samples_seen: int) -> None: ...
-    def end(self, step: int) -> None: ...
-    def rollback(
-        self, before_step: int | None = None
-    ) -> str: ...  # the divergence guard: back to a good state
-
-
-class StopSignal:
-    """Remembers SIGTERM/SIGINT so the loop can save and leave at the next step boundary; as a
-    context manager, puts the handlers that were there before back on exit."""
-
-    SIGNALS = (signal.SIGTERM, signal.SIGINT)
-
-    def __init__(self):
-        self.received = None
-        self._previous = {}
-
-    def __enter__(self):
-        for sig in self.SIGNALS:
-            self._previous[sig] = signal.signal(sig, self.handle)
-        return self
-
-    def __exit__(self, *exc):
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-        return False
-
-    def handle(self, signum, frame):
-        self.received = signal.Signals(signum).name
 
 
 def run(cfg: PretrainConfig, log=print):
@@ -99,9 +45,8 @@ def run(cfg: PretrainConfig, log=print):
     hvd = distributed.init(cfg.intra_op_threads, cfg.inter_op_threads)
     say = log if distributed.rank() == 0 else metrics.silent
     say(distributed.describe(hvd))
-    if (
-        not cfg.elastic and distributed.size() > 1
-    ):  # elastic mode: Horovod re-forms without the lost rank
+    # elastic mode: Horovod re-forms without the lost rank
+    if not cfg.elastic and distributed.size() > 1:
         watchdog.install(
             cfg.comm.collective_timeout_minutes,
             distributed.rank(),
@@ -146,207 +91,18 @@ def _warn_on_save_time(cfg: PretrainConfig, job: Job, say):
         say(warning)
 
 
-class IntervalMetrics:
-    """Sums one log interval's per-update outputs on the device (no fetch per update) and the
-    timed updates' splits on this rank; `record` fetches the sums once, turns them into a
-    "train" record (metrics.TrainRecord: losses and accuracies over all ranks) and starts the next
-    interval."""
-
-    SUMMED = (
-        "loss",
-        "mlm_loss",
-        "nsp_loss",
-        "mlm_correct",
-        "mlm_weight",
-        "nsp_correct",
-        "nsp_count",
-        "sequences",
-        "useful_tokens",
-        "instances",
-    )
-
-    def __init__(self, global_batch, seq_length, network_interface="", loss_weight=1.0):
-        self.global_batch_size, self.seq_length, self.interface = (
-            global_batch,
-            seq_length,
-            network_interface,
-        )
-        # elastic mode with uneven shares: this rank's losses weighted like its gradients, so the
-        # ranks' average is the mean over the whole global batch
-        self.loss_weight = loss_weight
-        self.tx_start = metrics.read_tx_bytes(network_interface) if network_interface else 0
-        self._reset()
-
-    def _reset(self):
-        self.start, self.updates, self.sums, self.timing, self.timed = time.time(), 0, {}, {}, 0
-
-    def add(self, out: training.UpdateOutput, timing):
-        """out: one update's outputs (tensors stay on the device); timing: its split, or {}."""
-        self.updates += 1
-        figures = out.figures()
-        for key in self.SUMMED:
-            if key in figures:
-                value = tf.cast(figures[key], tf.float64) * (
-                    self.loss_weight if training.is_mean(key) else 1.0
-                )
-                self.sums[key] = self.sums[key] + value if key in self.sums else value
-        if timing:
-            self.timed += 1
-            for key, seconds in timing.items():
-                self.timing[key] = self.timing.get(key, 0.0) + seconds
-
-    def record(self, step, out: training.UpdateOutput) -> metrics.TrainRecord:
-        """A collective: every rank calls it at the same step. `out`: the last update's outputs."""
-        size = distributed.size()
-        total = distributed.sum_across_ranks(self.sums)
-        seconds = time.time() - self.start
-        n = self.updates
-        trained = float(
-            total.get("sequences", n * self.global_batch_size)
-        )  # a batch warmup's updates are smaller
-        tx = None
-        if self.interface:
-            tx_now = metrics.read_tx_bytes(self.interface)
-            tx, self.tx_start = (tx_now - self.tx_start) / n, tx_now
-        record = metrics.TrainRecord(
-            step=step,
-            **{key: value / (n * size) for key, value in total.items() if training.is_mean(key)},
-            **metrics.accuracies(total),
-            learning_rate=float(out.learning_rate),
-            grad_norm=float(out.grad_norm),
-            sequences_per_second=trained / seconds,
-            tokens_per_second=trained * self.seq_length / seconds,
-            sequences=int(total["sequences"])
-            if "sequences" in total
-            else None,  # trained, all ranks
-            # non-padding tokens (and with packed rows, instances) over all ranks
-            **{
-                f"{key}_per_second": float(total[key]) / seconds
-                for key in ("useful_tokens", "instances")
-                if key in total
-            },
-            **{key: value / self.timed for key, value in self.timing.items()},  # this rank's split
-            tx_bytes_per_update=tx,
-            loss_scale=None if out.loss_scale is None else float(out.loss_scale),
-        )
-        self._reset()
-        return record
-
-
-class Static:
-    """The mode object of `train` for a fixed set of ranks (elastic.Elastic is the other): nothing
-    to commit or re-form; a SIGTERM/SIGINT that reached any rank saves and stops every rank, agreed
-    on every `check_interval` updates and at log and save steps (the only host synchronisation
-    between log intervals)."""
-
-    loss_weight = 1.0
-
-    def __init__(self, stop: StopSignal, job: Job, say, check_interval, solo_minutes=None):
-        self.stop, self.job, self.say, self.check_interval = stop, job, say, check_interval
-        self.solo_minutes = (
-            solo_minutes  # the limit on the others' wait for rank 0's restore (None: the installed)
-        )
-        self.samples_seen, self.size = job.samples_seen, distributed.size()
-
-    def begin(self, step):
-        pass
-
-    def started(self, step):
-        pass
-
-    def update_batch(self, step, samples_seen) -> int:
-        """The global batch of update `step` (0-based); with a batch warmup, its micro-batches set
-        on the trainer and the input first (train/batch_warmup.py)."""
-        warmup, trainer = self.job.warmup, self.job.trainer
-        if warmup is None:
-            return self.job.global_batch
-        k = warmup.micro_batches(step)
-        if k != trainer.rank_micro_batches:
-            trainer.set_share(range(k), k, trainer.exchange, trainer.seed_offset)
-            setattr(
-                self.job.input, "rank_micro_batches", k
-            )  # static runs read a PerRankInput: it has one
-            trainer.batch_lr_scale.assign(warmup.lr_scale(step))
-        return k * warmup.per_micro_batch
-
-    def stop_requested(self, step, boundary) -> bool:
-        """A collective on check steps: True on every rank when one received a signal."""
-        return (boundary or step % self.check_interval == 0) and distributed.any_rank(
-            self.stop.received is not None
-        )
-
-    def stop_reason(self) -> str:
-        return self.stop.received or "a signal to another rank"
-
-    def after_update(self, step):
-        outer = self.job.outer
-        if outer is not None and outer.due(step):  # DiLoCo: the ranks' weights agree again
-            outer.sync(self.job.trainer.variables)
-
-    def commit(self, step, samples_seen):
-        pass
-
-    def end(self, step):
-        pass
-
-    def rollback(self, before_step=None) -> str:
-        """The divergence guard: rank 0 restores the newest intact checkpoint (of a step before
-        `before_step`), every rank takes its state."""
-        job = self.job
-        rank0 = distributed.rank() == 0
-        path = job.ckpts.latest(log=self.say, before_step=before_step) if rank0 else None
-        if (
-            rank0 and path is not None
-        ):  # hashing every file, then reading: the others wait, labelled
-            job.ckpts.restore(path)
-        distributed.barrier(
-            "rank 0's restore of a checkpoint for the divergence guard's rollback",
-            self.solo_minutes,
-        )
-        if distributed.any_rank(rank0 and path is None):
-            raise divergence.Diverged(
-                f"the run diverged and {job.ckpts.directory} holds no intact checkpoint "
-                + (f"before step {before_step}" if before_step is not None else "yet")
-                + " to roll back to; lower --learning_rate, or save more often "
-                "(--save_interval) and keep more (--keep_last)"
-            )
-        outer = list(job.outer.variables) if job.outer is not None else []
-        distributed.broadcast_variables(job.trainer.state_variables() + outer, root_rank=0)
-        if (
-            job.trainer.exchange.own()
-        ):  # each rank its own buffers of that checkpoint (or zeros, and why)
-            self.say(
-                exchange_state.restore(
-                    job.trainer,
-                    job.ckpts.directory,
-                    int(job.trainer.step.numpy()),
-                    distributed.rank(),
-                    distributed.size(),
-                    distributed.gather_bytes,
-                    distributed.broadcast_variables,
-                )
-            )
-        return os.path.basename(path) if rank0 and path is not None else "rank 0's checkpoint"
-
-
 def train(cfg: PretrainConfig, job: Job, mode: Mode) -> dict:
     """The loop, from the restored step to --total_steps or a stop; returns the last record.
-    `mode` (Static or elastic.Elastic) supplies the rank's view (say, size, samples_seen,
+    `mode` (modes.Static or elastic.Elastic) supplies the rank's view (say, size, samples_seen,
     loss_weight) and the hooks where the modes differ; elastic mode runs it again after every
     re-forming."""
-    trainer, writer = job.trainer, job.writer
+    trainer = job.trainer
     start_step = step = int(trainer.step.numpy())
     _begin(job, mode, step)
     say, samples_seen = mode.say, mode.samples_seen
-    interval = IntervalMetrics(
-        job.global_batch, cfg.max_seq_length, cfg.network_interface, mode.loss_weight
-    )
+    interval = _interval_metrics(cfg, job, mode)
     last: metrics.TrainRecord | None = None
-    plan = (
-        budget.Budget(cfg.time_budget_hours, cfg.warmup_steps, cfg.total_steps, warmup=job.warmup)
-        if cfg.time_budget_hours
-        else None
-    )
+    plan = _budget(cfg, job)
     end_step = cfg.total_steps if plan is None else sys.maxsize  # a budget ends on the clock
     why, spent = "", False  # a stop of our own: the budget or the target
     job.clock.start()
@@ -363,69 +119,71 @@ def train(cfg: PretrainConfig, job: Job, mode: Mode) -> dict:
         samples_seen += batch
         interval.add(out, trainer.timing)
         stopping = mode.stop_requested(step, logging or saving)
-        if (
-            plan is not None
-            and (logging or saving or step % cfg.stop_check_interval == 0)
-            and distributed.any_rank(plan.spent(job.clock))
-        ):
+        if _budget_spent(cfg, job, plan, step, logging or saving):
             stopping, spent, why = True, True, f"the time budget ({cfg.time_budget_hours:g} h)"
         if logging or stopping:
-            last = _log_interval(
-                job, mode, interval.record(step, out), step, samples_seen, plan, start_step
-            )
+            last = _log_interval(job, mode, interval, out, step, samples_seen, plan, start_step)
             reason = job.guard.observe(last.loss, int(trainer.consecutive_skips.numpy()))
             if reason and not stopping:
                 step = rollback(cfg, job, mode, reason, step)
-                interval = IntervalMetrics(
-                    job.global_batch, cfg.max_seq_length, cfg.network_interface, mode.loss_weight
-                )
-                if plan is not None:
-                    plan.mark = (
-                        step,
-                        job.clock.elapsed(),
-                    )  # the rate from here (the step went back)
+                interval = _interval_metrics(cfg, job, mode)
+                if plan is not None:  # the rate from here (the step went back)
+                    plan.mark = (step, job.clock.elapsed())
                 continue
         mode.after_update(step)
-        if (
-            cfg.eval_interval
-            and step % cfg.eval_interval == 0
-            and step != cfg.total_steps
-            and not spent
-        ):
-            evaluation = job.evaluate(step)
-            writer.write(evaluation)
-            if target_reached(cfg, job, evaluation, step, say):
-                stopping, why = True, "the target MLM accuracy"
-        # while the guard suspects a spike, periodic saves and commits wait: the newest stays a good
-        # one
-        if (
-            step % cfg.save_interval == 0
-            and not job.guard.suspect
-            or step == cfg.total_steps
-            or stopping
-        ):
+        due = cfg.eval_interval and step % cfg.eval_interval == 0 and step != cfg.total_steps
+        if due and not spent and _evaluate(cfg, job, step, say):
+            stopping, why = True, "the target MLM accuracy"
+        # while the guard suspects a spike, periodic saves and commits wait: the newest stays good
+        periodic = step % cfg.save_interval == 0 and not job.guard.suspect
+        if periodic or step == cfg.total_steps or stopping:
             _save(cfg, job, mode, step, samples_seen)
         if stopping:
             say(f"stopping at step {step} on {why or mode.stop_reason()}")
             break
         if not job.guard.suspect:
             mode.commit(step, samples_seen)
-    return _finish(
-        cfg,
-        job,
-        mode,
-        step,
-        last,
-        stopped_early=step < cfg.total_steps and not why if plan is None else not spent,
-        evaluate=step == cfg.total_steps or spent,
+    stopped_early = step < cfg.total_steps and not why if plan is None else not spent
+    return _finish(cfg, job, mode, step, last, stopped_early, step == cfg.total_steps or spent)
+
+
+def _interval_metrics(cfg: PretrainConfig, job: Job, mode: Mode) -> IntervalMetrics:
+    """A log interval's sums, from now (the start, and after a rollback)."""
+    return IntervalMetrics(
+        job.global_batch, cfg.max_seq_length, cfg.network_interface, mode.loss_weight
     )
+
+
+def _budget(cfg: PretrainConfig, job: Job) -> budget.Budget | None:
+    """--time_budget_hours: the plan that predicts the run's updates from its rate; else None."""
+    if not cfg.time_budget_hours:
+        return None
+    return budget.Budget(
+        cfg.time_budget_hours, cfg.warmup_steps, cfg.total_steps, warmup=job.warmup
+    )
+
+
+def _budget_spent(cfg: PretrainConfig, job: Job, plan, step, boundary) -> bool:
+    """A collective on check steps (log, save, every --stop_check_interval updates): True on every
+    rank when any rank's clock says the time budget is spent."""
+    return (
+        plan is not None
+        and (boundary or step % cfg.stop_check_interval == 0)
+        and distributed.any_rank(plan.spent(job.clock))
+    )
+
+
+def _evaluate(cfg: PretrainConfig, job: Job, step, say) -> bool:
+    """An eval step: the held-out figures written; True when they reach the target."""
+    evaluation = job.evaluate(step)
+    job.writer.write(evaluation)
+    return target_reached(cfg, job, evaluation, step, say)
 
 
 def _save(cfg: PretrainConfig, job: Job, mode: Mode, step, samples_seen):
     """A checkpoint (rank 0 writes it; the collectives before it run on every rank)."""
-    if job.outer is not None and not job.outer.due(
-        step
-    ):  # a stop between synchronisations: one more
+    # a stop between synchronisations: one more
+    if job.outer is not None and not job.outer.due(step):
         job.outer.sync(job.trainer.variables)
     job.input.capture(job.position, samples_seen)  # static: a collective
     # every rank's own error buffers to its own file (no collective), before rank 0 names the
@@ -447,13 +205,11 @@ def _save(cfg: PretrainConfig, job: Job, mode: Mode, step, samples_seen):
     )
     if path:
         seconds = time.monotonic() - start
-        job.checkpoint_extra["save_seconds"] = round(
-            seconds, 3
-        )  # in the next one's JSON, for a resumed run
+        # in the next one's JSON, for a resumed run
+        job.checkpoint_extra["save_seconds"] = round(seconds, 3)
         mode.say(f"saved {path} in {seconds:.1f} s")
-    if (
-        not cfg.elastic and mode.size > 1
-    ):  # the others wait for it here, labelled, under the solo work's limit
+    # the others wait for it here, labelled, under the solo work's limit
+    if not cfg.elastic and mode.size > 1:
         distributed.barrier(f"rank 0's save of checkpoint {step}", solo_minutes(cfg))
 
 
@@ -474,13 +230,14 @@ def _begin(job: Job, mode: Mode, step):
 
 
 def _log_interval(
-    job: Job, mode: Mode, last: metrics.TrainRecord, step, samples_seen, plan, start_step
+    job: Job, mode: Mode, interval: IntervalMetrics, out, step, samples_seen, plan, start_step
 ) -> metrics.TrainRecord:
-    """A log step: the interval's record completed, the budget's schedule re-predicted (rank 0's
-    prediction, on every rank), written and shown."""
+    """A log step (a collective): the interval's record (`out`: its last update's outputs)
+    completed, the budget's schedule re-predicted (rank 0's prediction, on every rank), written and
+    shown."""
     trainer = job.trainer
     last = dataclasses.replace(
-        last,
+        interval.record(step, out),
         skipped_steps=int(trainer.skipped_steps.numpy()),
         samples_seen=samples_seen,
         ranks=mode.size,
@@ -520,8 +277,8 @@ def _finish(
     if cfg.ladder_sequences_per_second and "sequences_per_second" in summary:
         say(
             f"measured {summary['sequences_per_second'] / mode.size:.2f} seq/s per rank (last "
-            "interval) vs "
-            f"the ladder's {cfg.ladder_sequences_per_second:.2f} for this configuration"
+            f"interval) vs the ladder's {cfg.ladder_sequences_per_second:.2f} for this "
+            "configuration"
         )
     return summary
 
@@ -544,9 +301,8 @@ def target_reached(cfg, job, evaluation, step, say) -> bool:
     )
     say(
         f"target reached: held-out MLM accuracy {accuracy:.4f} >= {cfg.target_mlm_accuracy:g} at "
-        f"step {step}; "
-        f"time to train {metrics.hms(seconds)} ({seconds:.1f} s from the first update, evaluations "
-        "included)"
+        f"step {step}; time to train {metrics.hms(seconds)} ({seconds:.1f} s from the first "
+        "update, evaluations included)"
     )
     return True
 
@@ -568,9 +324,8 @@ def rollback(cfg, job, mode, reason, step) -> int:
     scale = float(trainer.lr_scale.numpy())
     mode.say(
         f"divergence guard: {reason} at step {step}: rolled back to {target} (step {back}) in "
-        f"{seconds:.1f} s; "
-        f"{step - back} updates undone, the data they read skipped; learning rate x{scale:g} "
-        f"(rollback {job.guard.rollbacks} of at most {cfg.max_rollbacks})"
+        f"{seconds:.1f} s; {step - back} updates undone, the data they read skipped; learning "
+        f"rate x{scale:g} (rollback {job.guard.rollbacks} of at most {cfg.max_rollbacks})"
     )
     job.writer.write(
         {

@@ -1,6 +1,6 @@
-"""What happens before the first update, on every rank: the inputs checked (`check_inputs`), the
-model built and restored (or initialised) and equal on all ranks, the input at the restored
-position; all of it handed to the loop as a `Job` (`build`). `dry_run` checks without building.
+"""What happens before the first update, on every rank: the inputs checked (preflight.check_inputs),
+the model built and restored (or initialised) and equal on all ranks, the input at the restored
+position; all of it handed to the loop as a `Job` (`build`).
 """
 
 from __future__ import annotations
@@ -16,150 +16,11 @@ import tensorflow as tf
 from bert_tf import ConfigError
 from bert_tf.artifacts import checkpoint_formats, checkpointing, metrics
 from bert_tf.data import input_pipeline, tokenization
-from bert_tf.parallel import auto_exchange, device, distributed, exchange_state, local_sgd
+from bert_tf.parallel import auto_exchange, distributed, exchange_state, local_sgd
 from bert_tf.model import modeling
-from bert_tf.train import batch_warmup, budget, divergence, elastic, training
+from bert_tf.train import batch_warmup, budget, divergence, elastic, preflight, training
 from bert_tf.train.evaluation import make_evaluator
 from bert_tf.train.pretrain_config import PretrainConfig
-
-
-def build_model_config(cfg: PretrainConfig, vocab_size: int, init=None) -> modeling.BertConfig:
-    """--bert_config_file, else the --init_checkpoint's own config (unless another --model_preset is
-    asked for), else the preset; `init` is the read init checkpoint, checked against the result."""
-    if cfg.bert_config_file:
-        config = modeling.BertConfig.from_json_file(cfg.bert_config_file)
-    elif init is not None and init.config is not None and cfg.model_preset in ("", "base"):
-        config = init.config
-    else:
-        config = modeling.BertConfig.preset(cfg.model_preset, vocab_size=vocab_size)
-    if init is not None:  # first: its errors name the checkpoint file
-        checkpoint_formats.check_fits(init, config, vocab_size, cfg.vocab_file, cfg.max_seq_length)
-    modeling.check_features_fit(config, cfg.max_seq_length, vocab_size)
-    return config
-
-
-@dataclasses.dataclass
-class Inputs:
-    """What a run reads, checked (`check_inputs`)."""
-
-    tokenizer: tokenization.Tokenizer
-    init: checkpoint_formats.Checkpoint | None  # the read --init_checkpoint, or None
-    model_config: modeling.BertConfig
-    train_files: list
-    eval_files: list
-    pack: int = 0  # instances per row of the training records (0: google's layout)
-    eval_pack: int = 0  # the same for the evaluation records
-    eval_masked: bool = False  # masked evaluation records under --dynamic_masking: read as they are
-
-
-def check_inputs(cfg: PretrainConfig, rank: int, size: int) -> Inputs:
-    """What a run reads, checked before anything is built or written: --network_interface, the
-    vocabulary, --init_checkpoint (read, unless resuming, and checked against the model config), the
-    records of this rank's training files and every evaluation file. The config's own checks
-    (PretrainConfig.validate) look at values only; everything on disk or the network is looked at
-    here."""
-    if cfg.network_interface and not os.path.exists(metrics.tx_counter(cfg.network_interface)):
-        raise ConfigError(
-            f"--network_interface={cfg.network_interface}: no such interface here "
-            f"({metrics.tx_counter(cfg.network_interface)} not found)"
-        )
-    if cfg.init_checkpoint:
-        try:
-            checkpoint_formats.locate(cfg.init_checkpoint)  # exists and is a format we read
-        except ConfigError as e:
-            raise ConfigError(f"--init_checkpoint={cfg.init_checkpoint}: {e}") from None
-    tokenizer = tokenization.Tokenizer.from_file(cfg.vocab_file, cfg.do_lower_case)
-    init = (
-        checkpoint_formats.read(cfg.init_checkpoint)
-        if cfg.init_checkpoint
-        and not checkpointing.latest_intact(cfg.checkpoint_dir, log=lambda *_: None)
-        else None
-    )
-    model_config = build_model_config(cfg, len(tokenizer), init)
-    train_files = input_pipeline.list_files(cfg.train_files) if cfg.train_files else []
-    if not train_files:
-        raise ConfigError("--train_files matched no files")
-    pack = input_pipeline.check_files(
-        input_pipeline.shard_files(train_files, rank, size)[0],
-        cfg.max_seq_length,
-        cfg.max_predictions_per_seq,
-        cfg.dynamic_masking,
-    )
-    packed = input_pipeline.full_sentence_folders(train_files)
-    if packed and not cfg.mlm_only:
-        raise ConfigError(
-            f"{packed[0]}: its records are FULL-SENTENCES instances (summary.json: "
-            f"full_sentences), which have no sentence pairs to train next-sentence prediction on: "
-            f"pre-train them with --mlm_only"
-        )
-    eval_files = input_pipeline.list_files(cfg.eval_files) if cfg.eval_files else []
-    # masked held-out records keep their masks under --dynamic_masking: recipes that mask at other
-    # rates are compared on the same masked tokens (the budget recipe trains at 30%, evaluates at
-    # 15%)
-    eval_masked = (
-        bool(eval_files) and cfg.dynamic_masking and input_pipeline.records_masked(eval_files[0])
-    )
-    eval_pack = (
-        input_pipeline.check_files(
-            eval_files,
-            cfg.max_seq_length,
-            cfg.eval_predictions(),
-            cfg.dynamic_masking and not eval_masked,
-        )
-        if eval_files
-        else 0
-    )
-    return Inputs(
-        tokenizer=tokenizer,
-        init=init,
-        model_config=model_config,
-        train_files=train_files,
-        eval_files=eval_files,
-        pack=pack,
-        eval_pack=eval_pack,
-        eval_masked=eval_masked,
-    )
-
-
-def dry_run(cfg: PretrainConfig, log=print):
-    """--dry_run: check_inputs as a single rank that reads every file, and whether --checkpoint_dir
-    can be written; then one line saying what the run would be. No Horovod, no model, nothing
-    written: for checking a flagfile on a login node before the job waits in a queue."""
-    cfg = cfg.resolved()
-    inputs = check_inputs(cfg, rank=0, size=1)
-    target = os.path.abspath(cfg.checkpoint_dir)
-    while "://" not in cfg.checkpoint_dir and not os.path.exists(target):
-        target = os.path.dirname(target)
-    if "://" not in cfg.checkpoint_dir and not (
-        os.path.isdir(target) and os.access(target, os.W_OK | os.X_OK)
-    ):
-        raise ConfigError(
-            f"--checkpoint_dir={cfg.checkpoint_dir} cannot be created: {target} is not a writable "
-            "folder"
-        )
-    latest = checkpointing.latest_intact(cfg.checkpoint_dir, log)
-    config = inputs.model_config
-    start = (
-        f"resumes from {latest}"
-        if latest
-        else f"starts from {inputs.init.path} ({inputs.init.format} format)"
-        if inputs.init
-        else "starts from random weights"
-    )
-    log(
-        f"dry run: flags and inputs check out: model {config.num_hidden_layers} layers, hidden "
-        f"{config.hidden_size}, "
-        f"vocab {config.vocab_size}; {len(inputs.train_files)} training and "
-        f"{len(inputs.eval_files)} evaluation "
-        f"files of {cfg.max_seq_length}-token records; {cfg.micro_batch_size} x "
-        f"{cfg.accumulation_steps} sequences per rank "
-        f"per update (x ranks = global batch); {start}; checkpoints in {cfg.checkpoint_dir}"
-    )
-    warning = device.precision_warning(
-        cfg.precision, device.device_description(), cfg.ladder_sequences_per_second
-    )
-    if warning:
-        log(warning)
 
 
 @dataclasses.dataclass
@@ -177,9 +38,8 @@ class Job:
     parameters: int
     eval_files: list
     started_from_init: bool  # from --init_checkpoint, not resumed
-    exchange_record: (
-        dict | None
-    )  # elastic mode, rank 0: the exchange the restored checkpoint recorded
+    # elastic mode, rank 0: the exchange the restored checkpoint recorded
+    exchange_record: dict | None
     checkpoint_extra: dict  # the JSON beside each checkpoint
     run_record: dict  # metrics.jsonl's first record: what was asked and what it resolved to
     guard: divergence.Guard  # spikes and runs of skipped updates -> rollbacks
@@ -192,9 +52,7 @@ def make_batch_warmup(cfg: PretrainConfig, size: int, say) -> batch_warmup.Batch
     """--batch_warmup_sequences on `size` ranks, checked against the run's length."""
     if not cfg.batch_warmup_sequences:
         return None
-    if (
-        cfg.elastic
-    ):  # the global batch's micro-batches, whatever the ranks (elastic.Elastic.update_batch)
+    if cfg.elastic:  # the global batch's micro-batches, whatever the ranks (Elastic.update_batch)
         warmup = batch_warmup.BatchWarmup(
             cfg.batch_warmup_sequences,
             cfg.global_batch_size // cfg.micro_batch_size,
@@ -208,14 +66,10 @@ def make_batch_warmup(cfg: PretrainConfig, size: int, say) -> batch_warmup.Batch
     if len(warmup.steps) >= cfg.total_steps:
         raise ConfigError(
             f"--batch_warmup_sequences={cfg.batch_warmup_sequences} takes {len(warmup.steps)} "
-            "updates on "
-            f"{size} rank(s), not fewer than --total_steps={cfg.total_steps}: a batch warmup "
-            "longer than "
-            f"the run"
+            f"updates on {size} rank(s), not fewer than --total_steps={cfg.total_steps}: a batch "
+            "warmup longer than the run"
         )
-    rate = (
-        cfg.ladder_sequences_per_second * size
-    )  # the ladder's seq/s: how long the warmup's sequences take
+    rate = cfg.ladder_sequences_per_second * size  # the ladder's: how long the warmup takes
     if (
         cfg.time_budget_hours
         and rate
@@ -225,8 +79,7 @@ def make_batch_warmup(cfg: PretrainConfig, size: int, say) -> batch_warmup.Batch
             f"--time_budget_hours={cfg.time_budget_hours:g} is too short for "
             f"--batch_warmup_sequences={cfg.batch_warmup_sequences}: at the ladder's "
             f"{cfg.ladder_sequences_per_second:g} seq/s per rank on {size} rank(s) the warmup "
-            "alone takes "
-            f"{cfg.batch_warmup_sequences / rate / 3600:.2f} h"
+            f"alone takes {cfg.batch_warmup_sequences / rate / 3600:.2f} h"
         )
     say(warmup.describe())
     return warmup
@@ -238,9 +91,9 @@ def describe(cfg: PretrainConfig, size: int, global_batch: int) -> str:
         ("elastic  " if cfg.elastic else f"ranks {size}  ")
         + f"micro-batch {cfg.micro_batch_size}/rank  "
         + ("" if cfg.elastic else f"accumulation {cfg.accumulation_steps}  ")
-        + f"global batch {global_batch} sequences  seq {cfg.max_seq_length}  precision "
-        f"{cfg.precision}  "
-        f"xla {cfg.xla}{'  fuse' if cfg.fuse else ''}  gradients {describe_exchange(cfg.comm)}"
+        + f"global batch {global_batch} sequences  seq {cfg.max_seq_length}  "
+        f"precision {cfg.precision}  xla {cfg.xla}{'  fuse' if cfg.fuse else ''}  "
+        f"gradients {describe_exchange(cfg.comm)}"
         + ("  allreduce every micro-batch" if cfg.comm.allreduce_every_micro_batch else "")
         + (
             f"  (ladder: {cfg.ladder_sequences_per_second:.2f} seq/s per rank)"
@@ -255,8 +108,7 @@ def describe_exchange(comm) -> str:
     if comm.local_updates:
         return (
             f"DiLoCo{' (each node one worker)' if comm.local_group == 'node' else ''}: the "
-            "weights' change in "
-            f"float16 every {comm.local_updates} updates (outer learning rate "
+            f"weights' change in float16 every {comm.local_updates} updates (outer learning rate "
             f"{comm.outer_learning_rate:g}, Nesterov momentum {comm.outer_momentum:g})"
         )
     return (
@@ -306,112 +158,144 @@ def build(cfg: PretrainConfig, say, asked: PretrainConfig | None = None) -> Job:
     rank, size = distributed.rank(), distributed.size()
     # --init_checkpoint and the records are read and checked before anything is written to
     # --checkpoint_dir.
-    inputs = check_inputs(cfg, rank, size)
-    tokenizer, init, model_config = inputs.tokenizer, inputs.init, inputs.model_config
+    inputs = preflight.check_inputs(cfg, rank, size)
     warmup = make_batch_warmup(cfg, size, say)
-    cfg = dataclasses.replace(cfg, comm=settle_exchange(cfg, model_config, rank, say))
+    cfg = dataclasses.replace(cfg, comm=settle_exchange(cfg, inputs.model_config, rank, say))
     global_batch = (
         cfg.global_batch_size
         if cfg.elastic
         else cfg.micro_batch_size * cfg.accumulation_steps * size
     )
     say(describe(cfg, size, global_batch))
-    warning = device.precision_warning(
-        cfg.precision, device.device_description(), cfg.ladder_sequences_per_second
-    )
+    warning = preflight.precision_warning(cfg)
     if warning:
         say(warning)
+    trainer, outer, parameters = make_model(cfg, inputs.model_config, rank, say)
+    ckpts, position, clock = make_checkpoints(cfg, trainer, outer, rank)
+    samples_seen = start_state(cfg, inputs, trainer, outer, ckpts, clock, global_batch, say)
+    masker = make_masker(cfg, inputs.tokenizer)
+    step = int(trainer.step.numpy())
+    train_input = resume_input(cfg, inputs, masker, position, samples_seen, step, say)
+    record = run_record(cfg, asked or cfg, global_batch, parameters)
+    writer = metrics.MetricsWriter(cfg.checkpoint_dir, rank == 0, cfg.wandb_project, cfg.wandb_mode)
+    vocab_size, eval_masker = len(inputs.tokenizer), None if inputs.eval_masked else masker
+    evaluate = make_evaluator(
+        trainer, cfg, inputs.eval_files, vocab_size, eval_masker, inputs.eval_pack
+    )
+    return Job(
+        trainer=trainer,
+        input=train_input,
+        position=position,
+        ckpts=ckpts,
+        writer=writer,
+        evaluate=evaluate,
+        samples_seen=samples_seen,
+        global_batch=global_batch,
+        parameters=parameters,
+        eval_files=inputs.eval_files,
+        started_from_init=inputs.init is not None,
+        exchange_record=recorded_exchange(cfg) if cfg.elastic and rank == 0 else None,
+        checkpoint_extra={
+            "global_batch": global_batch,
+            "model_config": inputs.model_config.to_dict(),
+            "vocab_size": vocab_size,
+        },
+        run_record=record,
+        guard=divergence.Guard(cfg),
+        clock=clock,
+        warmup=warmup,
+        outer=outer,
+    )
 
+
+def make_model(cfg: PretrainConfig, model_config: modeling.BertConfig, rank: int, say):
+    """The model (seeded by --seed) in its trainer; returns (trainer, DiLoCo's outer step or None,
+    the parameter count)."""
     tf.random.set_seed(cfg.seed)
     model = modeling.BertPretrainer(model_config, use_nsp=not cfg.mlm_only, recompute=cfg.recompute)
     trainer, outer = make_trainer(cfg, model, rank)
     parameters = sum(int(tf.size(v)) for v in trainer.variables)
     say(
         f"model: {model_config.architecture}, {model_config.num_hidden_layers} layers, hidden "
-        f"{model_config.hidden_size}, "
-        f"vocab {model_config.vocab_size}, {parameters / 1e6:.2f}M parameters"
+        f"{model_config.hidden_size}, vocab {model_config.vocab_size}, "
+        f"{parameters / 1e6:.2f}M parameters"
     )
+    return trainer, outer, parameters
 
+
+def make_checkpoints(cfg: PretrainConfig, trainer, outer, rank: int):
+    """--checkpoint_dir's checkpoints of the trainer, the input position, the run's clock and
+    DiLoCo's outer step; returns (checkpoints, position, clock), the last two still fresh."""
     position = input_pipeline.InputPosition()
     clock = budget.RunClock()
     items = {**trainer.checkpoint_items(), "input_position": position, "clock": clock}
     if outer is not None:
         items["outer_step"] = outer
     ckpts = checkpointing.Checkpoints(cfg.checkpoint_dir, items, cfg.keep_last, is_writer=rank == 0)
+    return ckpts, position, clock
+
+
+def start_state(
+    cfg: PretrainConfig,
+    inputs: preflight.Inputs,
+    trainer,
+    outer,
+    ckpts,
+    clock,
+    global_batch: int,
+    say,
+) -> int:
+    """The state the run starts from: restored (or initialised), the model config written beside
+    it, static runs' ranks made equal; the time budget's plan said. Returns the samples already
+    consumed."""
+    rank, size = distributed.rank(), distributed.size()
     # elastic: rank 0 alone reads the checkpoint; the others (and later newcomers) get the state by
     # broadcast
     samples_seen = (
-        restore(cfg, trainer, ckpts, global_batch, init, say) if rank == 0 or not cfg.elastic else 0
+        restore(cfg, trainer, ckpts, global_batch, inputs.init, say)
+        if rank == 0 or not cfg.elastic
+        else 0
     )
     if rank == 0:
-        model_config.to_json_file(os.path.join(cfg.checkpoint_dir, "bert_config.json"))
+        inputs.model_config.to_json_file(os.path.join(cfg.checkpoint_dir, "bert_config.json"))
     if not cfg.elastic:
         settle(cfg, trainer, outer, samples_seen, say)
     if cfg.time_budget_hours:
+        seconds = float(clock.seconds.numpy())
         say(
             budget.budget_plan(
-                cfg,
-                size,
-                distributed.local_size(),
-                global_batch,
-                model_config,
-                float(clock.seconds.numpy()),
+                cfg, size, distributed.local_size(), global_batch, inputs.model_config, seconds
             )
         )
+    return samples_seen
 
-    masker = None
-    if cfg.dynamic_masking:
-        masker = input_pipeline.dynamic_masker(
-            len(tokenizer),
-            [tokenizer.cls_id, tokenizer.sep_id, tokenizer.pad_id],
-            cfg.max_predictions_per_seq,
-            cfg.masked_lm_prob,
-            tokenizer.mask_id,
-        )
-    train_input = resume_input(
-        cfg, inputs, masker, position, samples_seen, int(trainer.step.numpy()), say
+
+def make_masker(cfg: PretrainConfig, tokenizer: tokenization.Tokenizer):
+    """--dynamic_masking's masker (input_pipeline.dynamic_masker), or None: the records' masks."""
+    if not cfg.dynamic_masking:
+        return None
+    return input_pipeline.dynamic_masker(
+        len(tokenizer),
+        [tokenizer.cls_id, tokenizer.sep_id, tokenizer.pad_id],
+        cfg.max_predictions_per_seq,
+        cfg.masked_lm_prob,
+        tokenizer.mask_id,
     )
-    run_record = {
+
+
+def run_record(
+    cfg: PretrainConfig, asked: PretrainConfig, global_batch: int, parameters: int
+) -> dict:
+    """metrics.jsonl's first record (the export's model card reads it): what was asked, what it
+    resolved to, and the command line."""
+    return {
         "kind": "run",
         "global_batch": global_batch,
         "parameters": parameters,
-        "config": as_record(asked or cfg),
+        "config": as_record(asked),
         "resolved": as_record(cfg),
         "command": "python " + shlex.join(sys.argv),
-    }  # for the export's model card
-    return Job(
-        trainer=trainer,
-        input=train_input,
-        position=position,
-        ckpts=ckpts,
-        writer=metrics.MetricsWriter(
-            cfg.checkpoint_dir, rank == 0, cfg.wandb_project, cfg.wandb_mode
-        ),
-        evaluate=make_evaluator(
-            trainer,
-            cfg,
-            inputs.eval_files,
-            len(tokenizer),
-            None if inputs.eval_masked else masker,
-            inputs.eval_pack,
-        ),
-        samples_seen=samples_seen,
-        global_batch=global_batch,
-        parameters=parameters,
-        eval_files=inputs.eval_files,
-        started_from_init=init is not None,
-        exchange_record=recorded_exchange(cfg) if cfg.elastic and rank == 0 else None,
-        checkpoint_extra={
-            "global_batch": global_batch,
-            "model_config": model_config.to_dict(),
-            "vocab_size": len(tokenizer),
-        },
-        run_record=run_record,
-        guard=divergence.Guard(cfg),
-        clock=clock,
-        warmup=warmup,
-        outer=outer,
-    )
+    }
 
 
 def as_record(cfg: PretrainConfig) -> dict:
@@ -511,7 +395,9 @@ def settle(cfg, trainer, outer, samples_seen, say):
         outer.anchor_to(trainer.variables)
 
 
-def resume_input(cfg: PretrainConfig, inputs: Inputs, masker, position, samples_seen, step, say):
+def resume_input(
+    cfg: PretrainConfig, inputs: preflight.Inputs, masker, position, samples_seen, step, say
+):
     """The training input at the restored position: the saved iterator states (a seek, whatever the
     step); when they do not apply (another rank count, the other mode), a fresh pass, reshuffled by
     the step (static runs) so it does not replay the first pass's order."""
@@ -527,8 +413,8 @@ def resume_input(cfg: PretrainConfig, inputs: Inputs, masker, position, samples_
         say(
             f"input: the checkpoint's position was saved by {position.saved_by()}, this run "
             f"{'is elastic' if cfg.elastic else f'has {size}'}: a fresh pass over the training "
-            "files starts at "
-            f"step {step} (records read since the last pass began may be read again)"
+            f"files starts at step {step} (records read since the last pass began may be read "
+            "again)"
         )
     return train_input
 
@@ -549,12 +435,9 @@ def restore(cfg: PretrainConfig, trainer, ckpts, global_batch, init, say) -> int
         # checkpoints written before the position moved into them kept it in the JSON file only
         return samples_seen or int(extra.get("samples_seen", step * global_batch))
     if init is not None:
-        fresh = checkpoint_formats.assign(
-            trainer.model, init, log=say
-        )  # says which head (if any) starts at random
-        heads_fresh = [
-            part for part in fresh if part.endswith("head")
-        ]  # a modern export's pooler is not a head
+        # says which head (if any) starts at random; a modern export's pooler is not a head
+        fresh = checkpoint_formats.assign(trainer.model, init, log=say)
+        heads_fresh = [part for part in fresh if part.endswith("head")]
         say(
             f"initialised encoder{'' if heads_fresh else ' and heads'} from {init.path} "
             f"({init.format} format)"

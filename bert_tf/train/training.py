@@ -11,7 +11,8 @@ exchange.
     exchange(grads)                     plain tf.function: Horovod's collectives cannot be
                                         compiled by XLA, so the gradients leave the compiled
                                         code here, ONCE per update, after accumulation
-    apply(grads)                        (XLA always: no matmul in it) unscale, skip if not finite, clip, step
+    apply(grads)                        (XLA always: no matmul in it) unscale, skip if not
+                                        finite, clip, step
 
 --fuse compiles `accumulate` and `finish` with jit_compile=None under XLA auto-clustering of fusible
 ops (FUSION_FLAGS, set at launch): the matmuls stay TensorFlow kernels, the element-wise work
@@ -42,14 +43,13 @@ import contextlib
 import dataclasses
 import os
 import time
-from typing import Any, TypeVar
 
 import tensorflow as tf
 
 from bert_tf import ConfigError
-from bert_tf.model.modeling import TensorRecord
 from bert_tf.parallel.exchange import Local, as_exchange
 from bert_tf.train import optimization
+from bert_tf.train.figures import UpdateOutput, sum_metrics
 from bert_tf.parallel import watchdog
 from bert_tf.train.train_config import PRECISIONS, TrainConfig  # noqa: F401  (training.TrainConfig: its old home)
 
@@ -96,38 +96,6 @@ FUSION_ENV = f"TF_XLA_FLAGS='{' '.join(FUSION_FLAGS)}'"
 
 def fusion_enabled() -> bool:
     return all(f in os.environ.get("TF_XLA_FLAGS", "").split() for f in FUSION_FLAGS)
-
-
-R = TypeVar("R", bound=TensorRecord)
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class UpdateOutput:
-    """What `Trainer.train_step` returns: one update's tensors, on the device (nothing fetched).
-    `output` is the model's record (modeling.PretrainOutput, finetuning.FinetuneOutput) over this
-    rank's micro-batches, means averaged and counts summed (sum_metrics); the rest are the update's
-    own, scalars []."""
-
-    output: Any
-    grad_norm: tf.Tensor  # of the update's gradients, before clipping
-    learning_rate: tf.Tensor
-    finite: tf.Tensor  # bool: False when a non-finite gradient skipped the update
-    sequences: tf.Tensor  # sequences this rank trained on (int32)
-    useful_tokens: tf.Tensor  # their non-padding tokens (int32)
-    instances: tf.Tensor | None = None  # packed rows: the instances they held; else None
-    loss_scale: tf.Tensor | None = None  # mixed_float16's loss scale; else None
-
-    @property
-    def loss(self) -> tf.Tensor:
-        return self.output.loss
-
-    def figures(self) -> dict[str, Any]:
-        """{name: tensor}: the model's fields and the update's (not `output` itself), None left out;
-        what pretraining.IntervalMetrics sums by name."""
-        update = {
-            f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "output"
-        }
-        return {**self.output.present(), **{k: v for k, v in update.items() if v is not None}}
 
 
 class Trainer:
@@ -467,20 +435,3 @@ def _device_clock():
     """perf_counter once the device has finished what was queued (asynchronous GPU kernels)."""
     tf.test.experimental.sync_devices()
     return time.perf_counter()
-
-
-def is_mean(key) -> bool:
-    """The metric convention: keys ending in "loss" are means (averaged over micro-batches and
-    ranks); the rest (correct, weight, count) are counts, summed."""
-    return key.endswith("loss")
-
-
-def sum_metrics(outs: list[R]) -> R:
-    """One update's output (a model's TensorRecord) from its micro-batches': each field is_mean says
-    is a mean averaged, the rest summed; fields the model leaves None stay None."""
-    n = float(len(outs))
-    metrics = {}
-    for key in outs[0].present():
-        total = tf.add_n([getattr(o, key) for o in outs])
-        metrics[key] = total / n if is_mean(key) else total
-    return dataclasses.replace(outs[0], **metrics)
