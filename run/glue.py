@@ -81,7 +81,7 @@ def main(argv):
     tokenizer, init, config = cli.finetune_start(cfg.start, cfg.max_seq_length)
     hvd = distributed.init()
     for s in settings:  # divisible: checked up front
-        finetuning.Recipe(global_batch=s.batch_size).per_rank_batch(hvd.size())
+        finetuning.Recipe(global_batch=s.global_batch).per_rank_batch(hvd.size())
     rank = hvd.rank()
     log = print if rank == 0 else (lambda *a, **k: None)
     for name, paths in no_test.items():

@@ -54,7 +54,7 @@ def test_classifier_head_reaches_100_percent_on_a_separable_set():
     assert len(ey) > 40 and 0.4 < ey.mean() < 0.6
     config = modeling.BertConfig.preset("tiny", vocab_size=len(VOCAB))
     metrics, _ = classification.train_and_evaluate(config, ["neg", "pos"], (x, y), (ex, ey), epochs=15,
-                                                   batch_size=8, learning_rate=2e-3)
+                                                   per_rank_batch=8, learning_rate=2e-3)
     assert metrics["eval_examples"] == len(ey)
     assert metrics["accuracy"] == 1.0 and metrics["f1"] == 1.0
     assert metrics["final_train_loss"] < 0.05                 # from ln 2 = 0.69 at the start (measured 4e-4)
@@ -177,7 +177,7 @@ def test_finetuning_on_two_ranks_keeps_identical_weights(tmp_path, monkeypatch):
     monkeypatch.setattr(training.Trainer, "train_step",
                         lambda self, batches: finetuning.FinetuneOutput(loss=tf.constant(0.0)))
     _, untrained = classification.train_and_evaluate(modeling.BertConfig.preset("tiny", vocab_size=len(vocab)),
-                                                     ["neg", "pos"], (x, y), (x, y), epochs=3, batch_size=4, seed=0)
+                                                     ["neg", "pos"], (x, y), (x, y), epochs=3, per_rank_batch=4, seed=0)
     initial = hashlib.sha256(b"".join(v.numpy().tobytes() for v in untrained.trainable_variables)).hexdigest()
     assert a["digest"] != initial
 

@@ -38,14 +38,14 @@ class Ladder:
         precision,
         xla,
         accumulation,
-        batch_size,
+        micro_batch,
         result,
         peer=False,
         diagnostic=False,
         tf32=False,
         fuse=False,
     ):
-        seqs = batch_size * accumulation / result["update_seconds"]
+        seqs = micro_batch * accumulation / result["update_seconds"]
         achieved = seqs * self.flops_per_seq
         dtype_peak = max(self.peaks[DTYPE_NAME[precision]].values())
         seq = self.s.sequence.max_seq_length
@@ -56,7 +56,7 @@ class Ladder:
             "xla": xla,
             "fuse": fuse,
             "accumulation_steps": accumulation,
-            "batch_size": batch_size,
+            "batch_size": micro_batch,
             "peer": peer,
             "diagnostic": diagnostic,
             "sequences_per_second": seqs,
@@ -196,7 +196,7 @@ class Ladder:
             flush=True,
         )
 
-    def again(self, base, batch_size, **kwargs):
+    def again(self, base, micro_batch, **kwargs):
         """The row `base`'s configuration timed again at `batch_size` (with run_rung's
         records/profile_dir)."""
         return run_rung(
@@ -205,18 +205,18 @@ class Ladder:
             base["precision"],
             base["xla"],
             base["accumulation_steps"],
-            batch_size,
+            micro_batch,
             tf32=base["tf32"],
             fuse=base["fuse"],
             **kwargs,
         )
 
-    def tune(self, batch_sizes):
+    def tune(self, micro_batches):
         """The fastest rung of each side again at each of the tuned micro-batches."""
-        if not (batch_sizes and self.fastest()):
+        if not (micro_batches and self.fastest()):
             return
         base = self.fastest()
-        for b in batch_sizes:
+        for b in micro_batches:
             if b != base["batch_size"]:
                 self.record(
                     f"{base['rung']} b{b}",
@@ -229,7 +229,7 @@ class Ladder:
                     fuse=base["fuse"],
                 )
         peer = self.fastest(peer=True)  # the peer's best at the same micro-batches
-        for b in batch_sizes if peer else ():
+        for b in micro_batches if peer else ():
             if b != peer["batch_size"]:
                 self.record(
                     f"{peer['rung']} b{b}",
@@ -398,7 +398,7 @@ def run(s: BenchmarkConfig, peer, fusion):
     from bert_tf.tools import flops
     from bert_tf.studies import ladder_report
 
-    batch_sizes, records = check_settings(s)
+    micro_batches, records = check_settings(s)
     config = modeling.BertConfig.preset(s.model_preset, vocab_size=s.vocab_size)
     seq = s.sequence
     flops_per_seq = flops.training_flops_per_sequence(
@@ -415,7 +415,7 @@ def run(s: BenchmarkConfig, peer, fusion):
     peaks, peak_samples, peak_loads = measure_peaks(s)
     ladder = Ladder(config, s, peaks, flops_per_seq, peer, fusion)
     ladder.climb(s.rungs)
-    ladder.tune(batch_sizes)
+    ladder.tune(micro_batches)
     best, peer_best = ladder.fastest(), ladder.fastest(peer=True)
     ladder.on_records(records, best)
     profiles = ladder.profile(s.profile_dir, best, peer_best)
@@ -424,7 +424,15 @@ def run(s: BenchmarkConfig, peer, fusion):
     print_best(best, peer_best, peak_rss_gb)
     headroom = input_headroom(s, best)
     report = ladder_report.report(
-        s, ladder, peak_samples, peak_loads, described, batch_sizes, headroom, profiles, peak_rss_gb
+        s,
+        ladder,
+        peak_samples,
+        peak_loads,
+        described,
+        micro_batches,
+        headroom,
+        profiles,
+        peak_rss_gb,
     )
     ladder_report.save(report, s, best)
     return report

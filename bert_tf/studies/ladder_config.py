@@ -176,11 +176,11 @@ def check_settings(s: BenchmarkConfig):
         raise ValueError(
             "the ladder needs its rungs resolved (default_rungs): run/benchmark.py does it"
         )
-    batch_sizes = list(s.tune_micro_batch_sizes)
-    if any(b < 1 for b in batch_sizes) or s.micro_batch_size < 1:
+    micro_batches = list(s.tune_micro_batch_sizes)
+    if any(b < 1 for b in micro_batches) or s.micro_batch_size < 1:
         raise ConfigError(
             f"--micro_batch_size/--tune_micro_batch_sizes must be >= 1, got {s.micro_batch_size}, "
-            f"{batch_sizes}"
+            f"{micro_batches}"
         )
     for flag in ("write_flagfile", "device_figures"):
         if getattr(s, flag):
@@ -214,4 +214,4 @@ def check_settings(s: BenchmarkConfig):
             seq.max_seq_length,
             seq.max_predictions_per_seq,
         )
-    return batch_sizes, records
+    return micro_batches, records

@@ -10,7 +10,7 @@ import os
 
 
 def report(
-    s, ladder, peak_samples, peak_loads, device, batch_sizes, headroom, profiles, peak_rss_gb
+    s, ladder, peak_samples, peak_loads, device, micro_batches, headroom, profiles, peak_rss_gb
 ) -> dict:
     """ladder.json's content: `s` the ladder's BenchmarkConfig, `ladder` its Ladder (rows, peaks,
     FLOPs per sequence)."""
@@ -37,7 +37,7 @@ def report(
         "input_pipeline_sequences_per_second": headroom,
         "peak_host_memory_gb": peak_rss_gb,
         "cpu_count": os.cpu_count(),
-        "tune_batch_sizes": batch_sizes,
+        "tune_batch_sizes": micro_batches,
         "profiles": profiles,
         "command": "python run/benchmark.py "
         + " ".join(

@@ -247,19 +247,19 @@ def train_and_evaluate(
     init_checkpoint=None,
     vocab_size=None,
     epochs=3,
-    batch_size=32,
+    per_rank_batch=32,
     learning_rate=2e-5,
     warmup_fraction=0.1,
     seed=0,
     precision="float32",
-    allreduce=None,
+    exchange=None,
     broadcast=None,
     rank=0,
     size=1,
 ):
     """finetuning.run on a Classification (encoder from `init_checkpoint`, else random), for callers
-    of the older shape. train / evaluation: (features dict of numpy arrays, labels). batch_size:
-    examples per rank per update. allreduce: the gradient exchange (a GradientExchange), broadcast:
+    of the older shape. train / evaluation: (features dict of numpy arrays, labels). per_rank_batch:
+    examples per rank per update. exchange: the gradient exchange (a GradientExchange), broadcast:
     rank 0's variables to all, for a finetuning.Distributed. vocab_size: checked against the
     checkpoint's. Returns (report's metrics, model)."""
     from bert_tf.artifacts import checkpoint_formats
@@ -276,7 +276,7 @@ def train_and_evaluate(
     task = Classification(label_names, Labelled(*train), Labelled(*evaluation))
     recipe = finetuning.Recipe(
         learning_rate=learning_rate,
-        global_batch=batch_size * size,
+        global_batch=per_rank_batch * size,
         epochs=epochs,
         warmup_fraction=warmup_fraction,
         seed=seed,
@@ -288,7 +288,7 @@ def train_and_evaluate(
         model_config,
         init,
         recipe,
-        finetuning.Distributed(rank, size, allreduce, broadcast),
+        finetuning.Distributed(rank, size, exchange, broadcast),
     )
     return report(outcome), outcome.model
 

@@ -20,16 +20,28 @@ if TYPE_CHECKING:
 @dataclasses.dataclass(frozen=True)
 class Setting:
     learning_rate: float
-    batch_size: int  # sequences per update over all ranks
+    global_batch: int  # sequences per update over all ranks
     epochs: float
 
     def label(self) -> str:
-        return f"lr {self.learning_rate:g}, batch {self.batch_size}, {self.epochs:g} epochs"
+        return f"lr {self.learning_rate:g}, batch {self.global_batch}, {self.epochs:g} epochs"
+
+    def record(self) -> dict:
+        """As glue.json writes it: the global batch under "batch_size", the key readers know."""
+        return {
+            "learning_rate": self.learning_rate,
+            "batch_size": self.global_batch,
+            "epochs": self.epochs,
+        }
+
+    @classmethod
+    def from_record(cls, record: dict) -> "Setting":
+        return cls(record["learning_rate"], record["batch_size"], record["epochs"])
 
 
-def sweep(learning_rates, batch_sizes, epochs) -> list:
+def sweep(learning_rates, global_batches, epochs) -> list:
     """Every combination, in the order given (the recipe alone: 2e-5 x 32 x 3)."""
-    return [Setting(lr, b, e) for lr in learning_rates for b in batch_sizes for e in epochs]
+    return [Setting(lr, b, e) for lr in learning_rates for b in global_batches for e in epochs]
 
 
 def encode_split(task: TaskInfo, split: Split, tokenizer, max_seq_length):
@@ -170,7 +182,7 @@ def _summaries(task: TaskInfo, runs):
 
     by_setting = {}
     for run in runs:
-        by_setting.setdefault(Setting(**run["setting"]), []).append(run)
+        by_setting.setdefault(Setting.from_record(run["setting"]), []).append(run)
     summaries = []
     for setting, group in by_setting.items():
         metrics = {
@@ -180,7 +192,7 @@ def _summaries(task: TaskInfo, runs):
         }
         summaries.append(
             {
-                "setting": dataclasses.asdict(setting),
+                "setting": setting.record(),
                 "score": finetuning.summarize([g["score"] for g in group]),
                 "metrics": metrics,
             }
@@ -219,7 +231,7 @@ def run_task(
             r = dataclasses.replace(
                 recipe,
                 learning_rate=setting.learning_rate,
-                global_batch=setting.batch_size,
+                global_batch=setting.global_batch,
                 epochs=setting.epochs,
                 seed=seed,
             )
@@ -227,7 +239,7 @@ def run_task(
             dev = glue_task.scores(outcome.predictions)
             runs.append(
                 {
-                    "setting": dataclasses.asdict(setting),
+                    "setting": setting.record(),
                     "seed": seed,
                     "dev": dev,
                     "score": outcome.metrics["score"],
@@ -253,8 +265,8 @@ def _result(glue_task: GlueTask, tokenizer, runs: list, kept: dict | None) -> di
     predictions."""
     summaries, by_setting = _summaries(glue_task.info, runs)
     best = select(summaries)
-    chosen = max(by_setting[Setting(**best["setting"])], key=lambda g: g["score"])
-    out = {"model": kept[Setting(**best["setting"])][1]} if kept is not None else {}
+    chosen = max(by_setting[Setting.from_record(best["setting"])], key=lambda g: g["score"])
+    out = {"model": kept[Setting.from_record(best["setting"])][1]} if kept is not None else {}
     encoded = glue_task.encoded(tokenizer)
     return {
         **out,
@@ -289,7 +301,7 @@ def markdown(results: dict, recipe, seeds) -> str:
     for name, result in results.items():
         for summary in result["settings"]:
             chosen = "yes" if summary["setting"] == result["selected"]["setting"] else ""
-            label = Setting(**summary["setting"]).label()
+            label = Setting.from_record(summary["setting"]).label()
             for metric, s in summary["metrics"].items():
                 lines.append(
                     f"| {name} | {label} | {metric} | {100 * s['mean']:.2f} ± {100 * s['std']:.2f} "

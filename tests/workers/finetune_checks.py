@@ -18,8 +18,8 @@ examples = classification.Examples(["pos", "pos", "neg", "neg"] * 8, texts, [Non
 x, y, _ = classification.encode(examples, tok, 8, ["neg", "pos"])
 config = modeling.BertConfig.preset("tiny", vocab_size=len(vocab))
 metrics, model = classification.train_and_evaluate(
-    config, ["neg", "pos"], (x, y), (x, y), epochs=3, batch_size=4, seed=hvd.rank(),   # different init per rank
-    allreduce=distributed.make_gradient_allreduce(False, name="ft"), broadcast=distributed.broadcast_variables,
+    config, ["neg", "pos"], (x, y), (x, y), epochs=3, per_rank_batch=4, seed=hvd.rank(),   # different init per rank
+    exchange=distributed.make_gradient_allreduce(False, name="ft"), broadcast=distributed.broadcast_variables,
     rank=hvd.rank(), size=hvd.size())
 digest = hashlib.sha256(b"".join(v.numpy().tobytes() for v in model.trainable_variables)).hexdigest()
 with open(os.path.join(out_dir, f"rank{hvd.rank()}.json"), "w") as f:
