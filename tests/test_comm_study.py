@@ -116,6 +116,7 @@ def test_a_study_run_again_keeps_only_the_good_rows_of_the_same_settings(tmp_pat
 
 
 @pytest.mark.cluster
+@pytest.mark.long  # a measured study (minutes): with -m long (pytest.ini)
 @pytest.mark.skipif(ec.preflight() is not None, reason=f"emulated cluster unavailable: {ec.preflight()}")
 def test_planner_predicts_the_emulated_study_within_25_percent(tiny_data, tmp_path):
     """A small study (docs/measuring.md: python run/comm_study.py; the full one is a ~45 min benchmark): the study's

@@ -701,7 +701,9 @@ SPOT_EXCHANGES = {
 
 @pytest.mark.cluster
 @needs_namespaces
-@pytest.mark.parametrize("exchange", list(SPOT_EXCHANGES))
+@pytest.mark.parametrize("exchange", [
+    # PowerSGD, the exchange that wins on slow links, in every run; the others with -m long (pytest.ini)
+    name if name == "powersgd" else pytest.param(name, marks=pytest.mark.long) for name in SPOT_EXCHANGES])
 def test_the_spot_cluster_run_whole(tmp_path, tiny_data, exchange):
     """4 emulated nodes, --elastic, a batch warmup and a compressed exchange (or DiLoCo): node 3 killed during the
     batch warmup (Horovod takes it back when its cooldown ends: a rejoin), node 2 killed past the compression
