@@ -459,36 +459,3 @@ def test_fuse_is_not_xla_and_needs_the_flags_at_launch():
     with pytest.raises(ConfigError, match=r"--fuse needs TF_XLA_FLAGS='--tf_xla_auto_jit=fusible "
                                           r"--tf_xla_cpu_global_jit' in the environment when the process starts"):
         training.Trainer(tiny_model(), training.TrainConfig(fuse=True))
-
-
-def test_a_change_of_share_traces_the_exchange_once_per_weight_and_a_new_weight_is_applied():
-    """A batch warmup changes the trainer's share every few updates: the exchange is traced once per (exchange,
-    weight), not at every change (each trace cost seconds on 4 ranks), and a changed weight is the one applied."""
-    from bert_tf.model import modeling
-    from bert_tf.parallel import exchange as exchanges
-
-    class Scaling(exchanges.Stateless):
-        traces = 0
-
-        def __init__(self):
-            self.weight = 1.0
-
-        def __call__(self, grads, scale=None):
-            Scaling.traces += 1            # Python runs only while tracing
-            return [g * self.weight for g in grads]
-
-        def wait_for_ranks(self):
-            return None
-
-    model = modeling.BertPretrainer(modeling.BertConfig.preset("tiny", vocab_size=100))
-    scaling = Scaling()
-    trainer = training.Trainer(model, training.TrainConfig(optimizer="adamw"), exchange=scaling)
-    grads = [tf.ones_like(v) for v in trainer.variables]
-    for k in (1, 2, 3, 2, 1):
-        trainer.set_share(range(k), k, scaling)
-        assert float(trainer._allreduce(grads)[0].numpy().ravel()[0]) == 1.0
-    assert Scaling.traces == 1
-    scaling.weight = 0.5
-    trainer.set_share(range(2), 2, scaling)
-    assert float(trainer._allreduce(grads)[0].numpy().ravel()[0]) == 0.5
-    assert Scaling.traces == 2

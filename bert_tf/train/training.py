@@ -147,7 +147,6 @@ class Trainer:
         self.use_exchange(Local() if exchange is None else exchange)
         self.rank_micro_batches = 0  # this rank's micro-batches per update: set_share
         self._compiled = {}  # rank_micro_batches -> its compiled forward/backward pieces
-        self._exchange_fns: dict = {}  # (id(exchange), weight) -> (exchange, its tf.functions)
         if config.fuse and not fusion_enabled():
             raise ConfigError(
                 f"--fuse needs {FUSION_ENV} in the environment when the process starts (TensorFlow "
@@ -225,24 +224,13 @@ class Trainer:
         for acc in self.accumulators:
             acc.assign(tf.zeros_like(acc))
         self.exchange = as_exchange(exchange)
-        self._allreduce, self._wait_for_ranks = self._exchange_functions(self.exchange)
+        self._allreduce = tf.function(
+            self.exchange, jit_compile=False
+        )  # Horovod's ops: never compiled
+        self._wait_for_ranks = tf.function(self.exchange.wait_for_ranks, jit_compile=False)
         self.indices, self.per_update, self.seed_offset = indices, per_update, seed_offset
         # micro-batch indices as device tensors made once: no Python value enters the hot loop
         self._index_tensors = [tf.constant(i, tf.int64) for i in indices]
-
-    def _exchange_functions(self, exchange):
-        """The exchange and its wait as tf.functions (Horovod's ops: never compiled), traced once
-        per (exchange, weight read when tracing): a batch warmup's share changes each cost one."""
-        key = (id(exchange), float(exchange.weight))
-        # another exchange's entries go: a replaced compressed exchange's buffers are freed
-        self._exchange_fns = {k: v for k, v in self._exchange_fns.items() if v[0] is exchange}
-        if key not in self._exchange_fns:
-            self._exchange_fns[key] = (
-                exchange,  # held: its id stays its own while the entry lives
-                tf.function(exchange, jit_compile=False),
-                tf.function(exchange.wait_for_ranks, jit_compile=False),
-            )
-        return self._exchange_fns[key][1:]
 
     def checkpoint_items(self) -> dict:
         """The trainer's state: what a checkpoint holds to resume exactly, and what every rank
