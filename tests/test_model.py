@@ -179,3 +179,21 @@ def test_gelu_runs_in_float32_whatever_the_compute_dtype(name):
     assert not np.array_equal(y.numpy(), tf.nn.gelu(x, approximate=approximate).numpy())
     x32 = tf.cast(x, tf.float32)                                   # float32 in: TensorFlow's own GELU, unchanged
     assert np.array_equal(modeling.ACTIVATIONS[name](x32).numpy(), tf.nn.gelu(x32, approximate=approximate).numpy())
+
+
+@pytest.mark.parametrize("jit", [True, False])
+@pytest.mark.parametrize("use_nsp", [True, False])
+def test_the_pretrainer_output_keeps_every_field_through_a_compiled_function(jit, use_nsp):
+    """PretrainOutput flattens for tf.nest: out of tf.function (XLA or not) each field holds what it holds eagerly,
+    and the NSP fields stay None without the head."""
+    config = modeling.BertConfig.preset("tiny", vocab_size=100, hidden_dropout_prob=0.0,
+                                        attention_probs_dropout_prob=0.0)
+    model = modeling.BertPretrainer(config, use_nsp=use_nsp)
+    features = {k: tf.constant(v) for k, v in random_features().items()}
+    eager = model(features)
+    compiled = tf.function(lambda f: model(f), jit_compile=jit)(features)
+    assert type(compiled) is modeling.PretrainOutput
+    assert list(compiled.present()) == list(eager.present())
+    assert (compiled.nsp_loss is None) == (not use_nsp)
+    for name, value in eager.present().items():
+        np.testing.assert_allclose(getattr(compiled, name).numpy(), value.numpy(), rtol=1e-4, err_msg=name)

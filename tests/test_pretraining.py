@@ -416,3 +416,17 @@ def test_both_modes_and_both_training_inputs_satisfy_the_loops_protocols():
     assert isinstance(static, modes.Mode) and static.samples_seen == 5
     stream = input_pipeline.PerRankInput(tf.data.Dataset.range(3), 1, gather=lambda b: [b])
     assert isinstance(stream, input_pipeline.TrainingInput)
+
+
+def test_a_typed_record_is_written_as_its_fields_in_order_with_the_unset_ones_left_out(tmp_path):
+    """metrics.TrainRecord on disk: its fields in declaration order, None fields absent (no "loss_scale": null in
+    a float32 run), numbers as JSON numbers."""
+    from bert_tf.artifacts import metrics
+    writer = metrics.MetricsWriter(str(tmp_path))
+    writer.write(metrics.TrainRecord(step=2, loss=3.5, mlm_loss=3.5, learning_rate=1e-3, grad_norm=0.5,
+                                     sequences_per_second=10.0, tokens_per_second=640.0, ranks=2))
+    writer.close()
+    line = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
+    assert list(line)[:-1] == ["kind", "step", "loss", "mlm_loss", "learning_rate", "grad_norm",
+                               "sequences_per_second", "tokens_per_second", "ranks"]
+    assert line["kind"] == "train" and line["step"] == 2 and line["ranks"] == 2 and list(line)[-1] == "time"
