@@ -2,6 +2,8 @@
 and NVIDIA's published multi-node throughput reproduced from their single-GPU figures."""
 import dataclasses
 import math
+import re
+import shlex
 import subprocess
 import sys
 
@@ -397,3 +399,24 @@ def test_measured_device_figures_are_recorded_per_phase_checked_and_taken_by_the
     assert sorted(methods[1:-1]) == ["none", "powersgd rank 4", "powersgd rank 8"], methods
     assert "fastest to the same held-out accuracy first: fp16: " in proc.stdout
     assert proc.stdout.rstrip().count("--exchange=auto: fp16") == 1
+
+
+def test_the_plans_in_planner_validation_md_run_and_give_its_table():
+    """docs/planner_validation.md's section 4 shows four run/plan.py commands and a table of what they print
+    (days, cost, scaling efficiency with and without the optimisations): each command runs (the ones with
+    --allreduce_every_micro_batch used to fail on a compressed candidate) and prints the table's figures."""
+    doc = (REPO / "docs" / "planner_validation.md").read_text()
+    commands = [line for line in doc.splitlines() if line.startswith("python run/plan.py ")]
+    assert len(commands) == 4, commands
+    rows = re.findall(r"^\| BERT-(large|base) \| [^|]+ \| ([^|]+) \| ([^|]+) \|$", doc, re.M)
+    expected = [cell for _, with_, without in rows for cell in (with_, without)]
+    assert len(expected) == 4, rows
+    for command, cell in zip(commands, expected):
+        days, cost, first, second = re.search(r"([\d.]+) days, cost ([\d,]+)\**\s*\(\D*(\d+)% / (\d+)%", cell).groups()
+        proc = subprocess.run([sys.executable, *shlex.split(command)[1:]], cwd=REPO, env=mpi_env(),
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, (command, proc.stderr[-2000:])
+        assert f"total: {days} days, cost {cost.replace(',', '')}" in proc.stdout, (command, proc.stdout[-2000:])
+        efficiencies = re.findall(r"scaling efficiency ([\d.]+)%", proc.stdout)
+        assert len(efficiencies) == 2 and all(abs(float(e) - int(shown)) <= 0.5 for e, shown in
+                                              zip(efficiencies, (first, second))), (command, efficiencies)

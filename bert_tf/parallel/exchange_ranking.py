@@ -36,9 +36,13 @@ def update_factor(comm: CommConfig, factors=None):
 
 def exchange_choices(comm: CommConfig) -> dict:
     """--exchange=auto's candidates: label -> comm with that exchange, the other settings kept;
-    PowerSGD at comm's --powersgd_rank and at every rank the race measured."""
+    PowerSGD at comm's --powersgd_rank and at every rank the race measured. With
+    --allreduce_every_micro_batch only the allreduces: the compressed exchanges' error feedback
+    needs one exchange per update."""
     base = dataclasses.replace(comm, fp16_allreduce=False)
     out = {m: dataclasses.replace(base, exchange=m) for m in ("none", "fp16")}
+    if comm.allreduce_every_micro_batch:
+        return out
     for rank in sorted({comm.powersgd_rank, *MEASURED_UPDATE_FACTORS["powersgd"]}):
         out[f"powersgd rank {rank}"] = dataclasses.replace(
             base, exchange="powersgd", powersgd_rank=rank

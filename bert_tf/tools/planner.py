@@ -341,7 +341,9 @@ def best_knob(tensor_sizes, phases, cluster, comm, accumulation):
         ),
         "fusion buffer 512 MB": dataclasses.replace(comm, fusion_threshold_mb=512),
     }
-    if all(isinstance(t, tuple) for t in tensor_sizes):  # shapes: the compressed exchanges too
+    # shapes: the compressed exchanges too; they need one exchange per update, so with
+    # --allreduce_every_micro_batch they would be two changes, not one
+    if all(isinstance(t, tuple) for t in tensor_sizes) and not comm.allreduce_every_micro_batch:
         for method in ("powersgd", "onebit"):
             c = dataclasses.replace(comm, fp16_allreduce=False, exchange=method)
             factor, note = update_factor(c)
