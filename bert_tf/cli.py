@@ -230,8 +230,8 @@ def apply_renamed(warn: Callable[[str], object] | None = None) -> None:
             continue
         if flag_values[new].present:
             raise ConfigError(
-                f"--{old} and --{new} both given: --{old} is the old name of --{new} "
-                f"(deprecated); keep --{new} only"
+                f"--{old} and --{new} both given: --{old} is the old name of --{new} (deprecated); "
+                f"keep --{new} only"
             )
         warn(
             f"warning: --{old} is deprecated and goes in the next release: use --{new} "

@@ -61,9 +61,8 @@ def input_files(default: list[str] | None = None, detail: str = "") -> Any:
         default,
         _help(
             "input_files",
-            "files or globs, comma-separated; .gz/.bz2/.zst read transparently; "
-            "PATH@FORMAT gives one file its own format, e.g. news.txt@documents."
-            + (f" {detail}" if detail else ""),
+            "files or globs, comma-separated; .gz/.bz2/.zst read transparently; PATH@FORMAT gives "
+            "one file its own format, e.g. news.txt@documents." + (f" {detail}" if detail else ""),
         ),
     )
 
@@ -118,15 +117,12 @@ class CorpusFormat:
         "auto",
         "sentences: one per line, blank line between documents (google); documents: one per line; "
         "mediawiki: XML dump; wikiextractor: WikiExtractor's <doc> files (a folder of AA/wiki_00 "
-        "...); jsonl: JSON "
-        "lines, the text in --text_field; parquet: a row per document (Hugging Face datasets' "
-        "shards); arrow: a "
-        "datasets.save_to_disk folder; auto: parquet for *.parquet, arrow for a folder with "
-        "state.json, mediawiki "
-        "if the file starts with <mediawiki>, wikiextractor if it starts with <doc id=, jsonl if "
-        "it starts with { "
-        "or is named *.jsonl/*.json, else sentences. PATH@FORMAT in --input_files gives one file "
-        "its own format.",
+        "...); jsonl: JSON lines, the text in --text_field; parquet: a row per document (Hugging "
+        "Face datasets' shards); arrow: a datasets.save_to_disk folder; auto: parquet for "
+        "*.parquet, arrow for a folder with state.json, mediawiki if the file starts with "
+        "<mediawiki>, wikiextractor if it starts with <doc id=, jsonl if it starts with { or is "
+        "named *.jsonl/*.json, else sentences. PATH@FORMAT in --input_files gives one file its own "
+        "format.",
         choices=["auto", *FORMATS],
     )
     text_field: str = knob(
@@ -134,9 +130,8 @@ class CorpusFormat:
     )
     title_field: str = knob(
         "",
-        "Parquet, Arrow: a column whose value becomes each document's first sentence (e.g. "
-        "title for wikimedia/wikipedia); wikiextractor: a <doc> attribute (title, id, url); "
-        "empty: none.",
+        "Parquet, Arrow: a column whose value becomes each document's first sentence (e.g. title "
+        "for wikimedia/wikipedia); wikiextractor: a <doc> attribute (title, id, url); empty: none.",
     )
 
 
@@ -150,8 +145,8 @@ class CorpusInput:
     do_lower_case: bool = knob(True, "Lower-case and strip accents.")
     heldout_fraction: float = knob(
         0.05,
-        "Fraction of documents held out (evaluation records; the vocabulary's "
-        "UNK-rate measurement).",
+        "Fraction of documents held out (evaluation records; the vocabulary's UNK-rate "
+        "measurement).",
     )
     random_seed: int = knob(12345, "Seed of the held-out split (and of instance creation).")
 

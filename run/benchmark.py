@@ -65,8 +65,8 @@ def check_rungs(rungs, gpu=False, fusion=False):
             import keras_hub  # noqa: F401  (the peer; benchmark-only dependency)
         except ImportError as e:
             raise ConfigError(
-                f"--rungs=keras-hub needs keras-hub ({e}): pip install -r requirements-dev.txt, "
-                "or leave the rung out"
+                f"--rungs=keras-hub needs keras-hub ({e}): pip install -r requirements-dev.txt, or "
+                "leave the rung out"
             ) from None
 
 

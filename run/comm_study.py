@@ -186,8 +186,8 @@ def check_data(cfg):
     for name in ("vocab_file", "train_files"):
         if not glob.glob(getattr(cfg, name)):
             raise ConfigError(
-                f"--{name}={getattr(cfg, name)} matches nothing (scripts/demo.sh makes the "
-                "demo data)"
+                f"--{name}={getattr(cfg, name)} matches nothing (scripts/demo.sh makes the demo "
+                "data)"
             )
 
 
@@ -317,10 +317,9 @@ def print_table(rows):
 
         print(
             f"{r['nodes']:>5} {r['rate_gbit']:>6g}  {r['config']:<18} "
-            f"{fmt('sequences_per_second', '7.2f')} "
-            f"{fmt('speedup_vs_baseline', '6.2f')}x {fmt('compute_seconds', '7.2f')}s "
-            f"{fmt('wait_seconds', '5.2f')}s {fmt('allreduce_seconds', '8.2f')}s "
-            f"{fmt('tx_bytes_per_update', '9.1f', 1e-6)} "
+            f"{fmt('sequences_per_second', '7.2f')} {fmt('speedup_vs_baseline', '6.2f')}x "
+            f"{fmt('compute_seconds', '7.2f')}s {fmt('wait_seconds', '5.2f')}s "
+            f"{fmt('allreduce_seconds', '8.2f')}s {fmt('tx_bytes_per_update', '9.1f', 1e-6)} "
             f"{fmt('bytes_vs_fp32_accum', '6.3f')} {fmt('predicted_sequences_per_second', '8.2f')} "
             f"{fmt('prediction_error', '+6.0%')} {fmt('prediction_error_own_compute', '+6.0%')}"
         )

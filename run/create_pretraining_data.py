@@ -23,10 +23,10 @@ class CreateDataConfig:
     vocab_file: str | None = knobs.vocab_file(required=True)
     tokenizer: str = knob(
         "tensorflow_text",
-        "All give google-research/bert's ids: tensorflow_text (the fastest here) "
-        "and rust (the `tokenizers` library) tokenise the sentences without a "
-        "character on which their rules differ from google's, python (google's "
-        "rules, pure Python) the rest (bert_tf/data/tokenization.py).",
+        "All give google-research/bert's ids: tensorflow_text (the fastest here) and rust (the "
+        "`tokenizers` library) tokenise the sentences without a character on which their rules "
+        "differ from google's, python (google's rules, pure Python) the rest "
+        "(bert_tf/data/tokenization.py).",
         choices=["tensorflow_text", "rust", "python"],
     )
     output_dir: str | None = knobs.output_dir(
@@ -39,34 +39,33 @@ class CreateDataConfig:
     whole_word_masking: bool = knob(False, "Mask all pieces of a word together.")
     full_sentences: bool = knob(
         False,
-        "RoBERTa's FULL-SENTENCES instances: consecutive whole sentences filling each "
-        "sequence across document boundaries ([SEP] between documents), no sentence "
-        "pairs; for run/pretrain.py --mlm_only (which it then requires).",
+        "RoBERTa's FULL-SENTENCES instances: consecutive whole sentences filling each sequence "
+        "across document boundaries ([SEP] between documents), no sentence pairs; for "
+        "run/pretrain.py --mlm_only (which it then requires).",
     )
     pack: int = knob(
         0,
         "Pack up to this many sentence-pair instances into each row (>= 2; 0: one per row, "
-        "google's "
-        "layout): short instances fill the padding of others, kept apart by the attention mask; "
-        "run/pretrain.py reads either layout.",
+        "google's layout): short instances fill the padding of others, kept apart by the attention "
+        "mask; run/pretrain.py reads either layout.",
     )
     dynamic_masking: bool = knob(
         False, "Write unmasked sequences; mask in tf.data each epoch (RoBERTa-style)."
     )
     dedup_documents: bool = knob(
         False,
-        "Leave out exact duplicate documents (after lower-casing and collapsing white "
-        "space), keeping the first copy in corpus order, across all ranks.",
+        "Leave out exact duplicate documents (after lower-casing and collapsing white space), "
+        "keeping the first copy in corpus order, across all ranks.",
     )
     dedup_lines: int = knob(
         0,
-        "Leave out every line (sentence) whose normalised text occurs this many times or more "
-        "in the corpus (boilerplate); 0: keep all.",
+        "Leave out every line (sentence) whose normalised text occurs this many times or more in "
+        "the corpus (boilerplate); 0: keep all.",
     )
     shards_per_rank: int = knob(
         1,
-        "Parts each rank writes (a train and an eval shard each): the unit a restarted job "
-        "skips when complete.",
+        "Parts each rank writes (a train and an eval shard each): the unit a restarted job skips "
+        "when complete.",
     )
 
     def __post_init__(self):
@@ -142,9 +141,9 @@ def report(cfg, total, summaries):
     # redirects, other namespaces, empty <doc>s
     skipped = sum(s["skipped_pages"] for s in summaries)
     print(
-        f"documents {total['documents']}  sentences {total['sentences']}  "
-        f"tokens {total['tokens']}  "
-        f"UNK rate {total['unk_rate']:.4%}  lines with bad bytes {total['bad_bytes_lines']}"
+        f"documents {total['documents']}  sentences {total['sentences']}  tokens "
+        f"{total['tokens']}  UNK rate {total['unk_rate']:.4%}  lines with bad bytes "
+        f"{total['bad_bytes_lines']}"
         + (
             f"  pages skipped {skipped} (redirects, other namespaces, docs without text)"
             if skipped
@@ -158,10 +157,9 @@ def report(cfg, total, summaries):
         if c:
             print(
                 f"{split}: instances {c['instances']} in {c['rows']} rows "
-                f"({c['padding_fraction']:.1%} padding)  "
-                f"masked fraction {c['mean_masked_fraction']:.4f}  "
-                f"NSP random-next {c['nsp_random_fraction']:.4f}  clamped {c['clamped']}  "
-                f"{c['instances_per_second']:.0f} instances/s"
+                f"({c['padding_fraction']:.1%} padding)  masked fraction "
+                f"{c['mean_masked_fraction']:.4f}  NSP random-next {c['nsp_random_fraction']:.4f}  "
+                f"clamped {c['clamped']}  {c['instances_per_second']:.0f} instances/s"
             )
     print(
         f"wall {total['seconds']:.1f} s on {len(summaries)} rank(s); per rank instances/s: "

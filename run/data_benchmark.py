@@ -45,9 +45,8 @@ class DataBenchmarkConfig:
     )
     vocab_learners: list[str] = knob(
         [],
-        "Also time learning a --vocab_size vocabulary from the first format's "
-        "corpus with these run/learn_vocab.py --learner values, and compare held-out "
-        "UNK rates.",
+        "Also time learning a --vocab_size vocabulary from the first format's corpus with these "
+        "run/learn_vocab.py --learner values, and compare held-out UNK rates.",
     )
     vocab_size: int = knob(30522, "Vocabulary size for --vocab_learners.")
     max_seq_length: int = knob(
@@ -169,9 +168,8 @@ def learn_vocabularies(cfg, path, fmt, size):
         rows.append({"learner": learner, "mb": size / 1e6, **report})
         print(
             f"| {learner} | {size / 1e6:.0f} | {report['vocab_size']} | "
-            f"{report['learn_seconds']:.1f} | "
-            f"{size / 1e6 / report['learn_seconds']:.2f} | {report['heldout_unk_rate']:.4%} | "
-            f"{report['heldout_pieces_per_word']:.3f} |",
+            f"{report['learn_seconds']:.1f} | {size / 1e6 / report['learn_seconds']:.2f} | "
+            f"{report['heldout_unk_rate']:.4%} | {report['heldout_pieces_per_word']:.3f} |",
             flush=True,
         )
     return rows
@@ -245,8 +243,7 @@ def time_creation(cfg, fmt, path, size):
             print(
                 f"| {fmt} | {tokenizer} | {size / 1e6:.0f} | {ranks} | {wall:.1f} | "
                 f"{', '.join(f'{x:.2f}' for x in mb_s)} | {', '.join(f'{x:.0f}' for x in inst_s)} "
-                "| "
-                f"{', '.join(f'{x:.0f}' for x in rss)} | {base / wall:.2f} |",
+                f"| {', '.join(f'{x:.0f}' for x in rss)} | {base / wall:.2f} |",
                 flush=True,
             )
             if not cfg.keep:
@@ -266,8 +263,7 @@ def main(_):
     print(f"{len(docs)} bundled documents; corpora of {cfg.size_mb} MB in {cfg.work_dir}")
     print(
         "| format | tokenizer | MB | ranks | wall s | MB/s per rank | instances/s per rank | peak "
-        "RSS per rank MB "
-        "| speed-up |"
+        "RSS per rank MB | speed-up |"
     )
     print("|---|---|---|---|---|---|---|---|---|")
     for fmt in cfg.formats:
@@ -284,11 +280,9 @@ def main(_):
             hours = cfg.wikipedia_gb * 1e3 / (rate * 16) / 3600
             print(
                 f"extrapolated: English Wikipedia ({cfg.wikipedia_gb:.0f} GB of XML) on 16 ranks "
-                "at "
-                f"{rate:.2f} MB/s per rank (this machine's slowest rank, {row['ranks']} ranks): "
-                f"{hours:.1f} h "
-                "(if ranks scale linearly; the dump must be decompressed or split so 16 ranks can "
-                "share it)"
+                f"at {rate:.2f} MB/s per rank (this machine's slowest rank, {row['ranks']} ranks): "
+                f"{hours:.1f} h (if ranks scale linearly; the dump must be decompressed or split "
+                "so 16 ranks can share it)"
             )
     with open(os.path.join(cfg.work_dir, "data_benchmark.json"), "w") as f:
         json.dump(rows, f, indent=1)

@@ -48,8 +48,8 @@ class RecoveryConfig:
     output_json: str = knobs.output_json("the figures")
     dry_run: bool = knob(
         False,
-        "Check both jobs' run/pretrain.py flags and data (its --dry_run), print them and "
-        "exit: no root, no emulated cluster, nothing written.",
+        "Check both jobs' run/pretrain.py flags and data (its --dry_run), print them and exit: no "
+        "root, no emulated cluster, nothing written.",
     )
 
 

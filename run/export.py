@@ -37,8 +37,8 @@ class ExportConfig:
 
     checkpoint: str | None = knob(
         None,
-        "Checkpoint: a pre-training run's folder (its latest) or checkpoint path, "
-        "a google-research/bert bert_model.ckpt, or a Hugging Face directory.",
+        "Checkpoint: a pre-training run's folder (its latest) or checkpoint path, a "
+        "google-research/bert bert_model.ckpt, or a Hugging Face directory.",
         required=True,
     )
     bert_config_file: str = knob(
@@ -107,8 +107,8 @@ def _formats(cfg: ExportConfig, config, checkpoint_path: str) -> list[str]:
         )
     if "google" in formats and config.hidden_act not in ("gelu", "relu", "tanh"):
         raise ConfigError(
-            f"hidden_act {config.hidden_act!r} has no google-research/bert name: "
-            f"use --format=huggingface,saved_model"
+            f"hidden_act {config.hidden_act!r} has no google-research/bert name: use "
+            f"--format=huggingface,saved_model"
         )
     return formats
 

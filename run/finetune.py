@@ -46,8 +46,8 @@ class FinetuneConfig:
     output_json: str = knobs.output_json("the metrics")
     probe_checkpoint_dir: str = knob(
         "",
-        "Run the probe on every checkpoint of this pre-training run and append "
-        "kind=probe records to its metrics.jsonl.",
+        "Run the probe on every checkpoint of this pre-training run and append kind=probe records "
+        "to its metrics.jsonl.",
     )
 
 
@@ -164,9 +164,9 @@ def main(_):
     if hvd.rank() == 0:
         print(
             f"{'random init' if checkpoint is None else checkpoint.path}: accuracy "
-            f"{result['accuracy_mean']:.4f} ± "
-            f"{result['accuracy_std']:.4f} over {len(result['folds'])} fold(s); "
-            f"{result['truncated']} truncated, {result['skipped_lines']} lines skipped"
+            f"{result['accuracy_mean']:.4f} ± {result['accuracy_std']:.4f} over "
+            f"{len(result['folds'])} fold(s); {result['truncated']} truncated, "
+            f"{result['skipped_lines']} lines skipped"
         )
         if cfg.output_json:
             with open(cfg.output_json, "w") as f:

@@ -40,8 +40,8 @@ class ProofConfig:
     dev_examples: int = knob(200, "Examples per task to score (from documents not trained on).")
     learning_rate: float = knob(
         1e-3,
-        "AdamW peak learning rate (a tiny model needs more than BERT-base's 2e-5; "
-        "1e-4 moved neither start off chance here).",
+        "AdamW peak learning rate (a tiny model needs more than BERT-base's 2e-5; 1e-4 moved "
+        "neither start off chance here).",
     )
     global_batch_size: int = knob(32, "Examples per update, all ranks.")
     epochs: float = knobs.epochs(5.0)
@@ -96,8 +96,7 @@ def main(argv):
                 print(json.dumps(runs[-1]), flush=True)
     print(
         f"\n{len(cfg.seeds)} seeds; {cfg.train_examples} training and {cfg.dev_examples} dev "
-        "examples per task; "
-        f"pre-trained: {init.path}"
+        f"examples per task; pre-trained: {init.path}"
     )
     print(proof.table(runs, cfg.tasks))
     if cfg.output_json:

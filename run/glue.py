@@ -55,8 +55,7 @@ class GlueConfig:
     export_models: bool = knob(
         False,
         "Also write each task's selected model to <output_dir>/models/<task>/: "
-        "google-research/bert's names and a transformers BertForSequenceClassification "
-        "directory.",
+        "google-research/bert's names and a transformers BertForSequenceClassification directory.",
     )
 
 

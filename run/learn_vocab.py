@@ -20,8 +20,8 @@ class LearnVocabConfig:
     output_file: str | None = knob(None, "Where to write vocab.txt.", required=True)
     learner: str = knob(
         "tokenizers",
-        "WordPiece learner: the `tokenizers` library's WordPieceTrainer (9x faster "
-        "here), or tensorflow-text's bert_vocab_from_dataset.",
+        "WordPiece learner: the `tokenizers` library's WordPieceTrainer (9x faster here), or "
+        "tensorflow-text's bert_vocab_from_dataset.",
         choices=["tokenizers", "tensorflow_text"],
     )
 
@@ -58,9 +58,8 @@ def main(_):
     tokenization.write_vocab(vocab, cfg.output_file)
     print(
         f"vocab {report['vocab_size']} tokens -> {cfg.output_file}  learned by {cfg.learner} in "
-        f"{report['learn_seconds']:.1f} s "
-        f"from {len(train)} sentences; held-out UNK rate {report['heldout_unk_rate']:.4%} on "
-        f"{len(test)} sentences"
+        f"{report['learn_seconds']:.1f} s from {len(train)} sentences; held-out UNK rate "
+        f"{report['heldout_unk_rate']:.4%} on {len(test)} sentences"
     )
 
 

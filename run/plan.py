@@ -162,8 +162,8 @@ def print_exchange_memory(cfg, shapes):
     print(
         f"BERT-{cfg.model_preset} (vocab {cfg.vocab_size}): gradient exchange state per rank, GiB. "
         "Per-rank files: steady (device) | save: host copy = own file | resume: own file read | "
-        "shared part, which rank 0 writes (Q in its file, DiLoCo's in the checkpoint). "
-        "Old gather: rank 0 at a save | every rank after a resume"
+        "shared part, which rank 0 writes (Q in its file, DiLoCo's in the checkpoint). Old gather: "
+        "rank 0 at a save | every rank after a resume"
     )
     for r in memory.exchange_state_table(shapes, cfg.exchange_memory_ranks()):
         print(
@@ -182,8 +182,7 @@ def preemptible(cfg, result, cluster, params):
         f"({cluster.nodes / cfg.mtbp_hours:.3g} preemptions per hour), replaced in "
         f"{cfg.replacement_minutes:g} min; restart {cfg.restart_minutes:.2f} min + half of "
         f"{cfg.save_interval} updates, elastic {cfg.elastic_minutes:.2f} + join "
-        f"{cfg.join_minutes:.2f} "
-        f"min + half of {cfg.elastic_commit_interval} updates"
+        f"{cfg.join_minutes:.2f} min + half of {cfg.elastic_commit_interval} updates"
     )
     for name, r in options.items():
         print(f"  {name:26s} {r['days']:8.2f} days  cost {r['cost']:10.0f}")

@@ -38,8 +38,8 @@ class PretrainRun:
     dry_run: bool = knob(
         False,
         "Check the flags, vocabulary, --init_checkpoint, every record file and that "
-        "--checkpoint_dir can be written, print what the run would be, and exit: no Horovod, "
-        "no model, nothing written.",
+        "--checkpoint_dir can be written, print what the run would be, and exit: no Horovod, no "
+        "model, nothing written.",
     )
 
 
@@ -63,9 +63,8 @@ def main(argv):
     if distributed.rank() == 0 and "eval_mlm_accuracy" in last:
         print(
             f"held-out MLM accuracy {last['eval_mlm_accuracy']:.4f}  vs  always the most frequent "
-            "masked token "
-            f"{last.get('eval_most_frequent_token_accuracy', float('nan')):.4f}  "
-            f"(NSP accuracy {last.get('eval_nsp_accuracy', float('nan')):.4f})",
+            f"masked token {last.get('eval_most_frequent_token_accuracy', float('nan')):.4f}  (NSP "
+            f"accuracy {last.get('eval_nsp_accuracy', float('nan')):.4f})",
             flush=True,
         )
 

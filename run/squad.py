@@ -59,8 +59,8 @@ class SquadConfig:
     )
     export_model: bool = knob(
         False,
-        "Also write the fine-tuned model to <output_dir>/model/: google-research/bert's "
-        "names (cls/squad/...) and a transformers BertForQuestionAnswering directory.",
+        "Also write the fine-tuned model to <output_dir>/model/: google-research/bert's names "
+        "(cls/squad/...) and a transformers BertForQuestionAnswering directory.",
     )
 
 

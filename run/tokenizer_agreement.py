@@ -37,9 +37,9 @@ class AgreementConfig:
     output_json: str = knobs.output_json("the figures")
     write_departures: bool = knob(
         False,
-        "Instead: scan every code point for where tensorflow-text's and the "
-        "`tokenizers` library's rules depart from google's (about 2 min, 5 GB) and "
-        "write bert_tf/data/tokenizer_departures.py.",
+        "Instead: scan every code point for where tensorflow-text's and the `tokenizers` library's "
+        "rules depart from google's (about 2 min, 5 GB) and write "
+        "bert_tf/data/tokenizer_departures.py.",
     )
 
 
@@ -83,8 +83,7 @@ ORACLE_DEPARTURES = {
         c for c in s if c in "\t\n\r" or not unicodedata.category(c).startswith("C")
     ),
     "transformers lower-cases one character at a time (google: str.lower() per word, so a final "
-    "capital "
-    "sigma becomes ς)": lambda s: "".join(c.lower() for c in s),
+    "capital sigma becomes ς)": lambda s: "".join(c.lower() for c in s),
 }
 
 
@@ -175,8 +174,7 @@ def compare_export(vocab_file, tmp, parts, exact, lower_case):
         f"export: {report['export_tokenizer_class']} from tokenizer.json: google's ids on "
         f"{report['export_corpus_identical']}/{len(parts['corpus'])} corpus and "
         f"{report['export_adversarial_identical']}/{len(parts['adversarial'])} adversarial "
-        "sentences; "
-        f"{report['export_tokens_per_second']:,.0f} tokens/s"
+        f"sentences; {report['export_tokens_per_second']:,.0f} tokens/s"
     )
     for d in report["export_adversarial_differing"] + report["export_corpus_differing"][:3]:
         print(
@@ -247,16 +245,14 @@ def compare_backend(name, vocab, lower_case, parts, expected, report):
     same = report[f"{name}_corpus_identical"] + report[f"{name}_adversarial_identical"]
     report[f"{name}_agreement"] = same / total
     print(
-        f"{name:15s}: identical ids on {same}/{total} sentences "
-        f"({100 * same / total:.2f}%): corpus "
-        f"{report[f'{name}_corpus_identical']}/{corpus}, adversarial "
+        f"{name:15s}: identical ids on {same}/{total} sentences ({100 * same / total:.2f}%): "
+        f"corpus {report[f'{name}_corpus_identical']}/{corpus}, adversarial "
         f"{report[f'{name}_adversarial_identical']}/{adversarial}; "
         f"{report[f'{name}_tokens_per_second']:,.0f} tokens/s on the corpus"
     )
     for d in report[f"{name}_corpus_differing"][:3] + report[f"{name}_adversarial_differing"]:
         print(
-            f"   {d['text'][:70]!r}\n      ours   {d['ours'][:14]}\n      oracle "
-            f"{d['oracle'][:14]}"
+            f"   {d['text'][:70]!r}\n      ours   {d['ours'][:14]}\n      oracle {d['oracle'][:14]}"
             + "".join(f"\n      explained: {cause}" for cause in d["explained_by"])
         )
     return ids

@@ -34,8 +34,7 @@ def main(_):
     for r in rows:
         print(
             f"| {r['nodes']} | {r['seq']} | {r['precision']} | {r['accumulation']} | "
-            f"{r['published']:,.0f} | "
-            f"{r['predicted']:,.0f} | {r['error']:+.1%} |"
+            f"{r['published']:,.0f} | {r['predicted']:,.0f} | {r['error']:+.1%} |"
         )
     misses = planner_validation.nvidia_misses(rows, cfg.tolerance)
     if cfg.study:
@@ -45,9 +44,8 @@ def main(_):
             study = json.load(f)
         print(
             f"\nEmulated cluster, BERT-{study['model_preset']} ({study['parameters'] / 1e6:.1f}M "
-            "parameters), "
-            f"per-rank speed without communication {study.get('device_seq_s', float('nan')):.2f} "
-            "seq/s"
+            f"parameters), per-rank speed without communication "
+            f"{study.get('device_seq_s', float('nan')):.2f} seq/s"
         )
         print(
             "| nodes | Gbit/s | config | measured seq/s | planner seq/s (median speed) | error | "
@@ -58,9 +56,8 @@ def main(_):
             if "prediction_error" in r:
                 print(
                     f"| {r['nodes']} | {r['rate_gbit']:g} | {r['config']} | "
-                    f"{r['sequences_per_second']:.2f} | "
-                    f"{r['predicted_sequences_per_second']:.2f} | {r['prediction_error']:+.1%} | "
-                    f"{planner_validation.study_error(r):+.1%} |"
+                    f"{r['sequences_per_second']:.2f} | {r['predicted_sequences_per_second']:.2f} "
+                    f"| {r['prediction_error']:+.1%} | {planner_validation.study_error(r):+.1%} |"
                 )
         misses += planner_validation.study_misses(study, cfg.tolerance)
     if misses:

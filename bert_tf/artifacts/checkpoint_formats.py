@@ -300,8 +300,8 @@ def assign(model, ckpt: Checkpoint, log=print) -> list:
     ]
     if encoder_missing:
         raise ConfigError(
-            f"{ckpt.weights_file}: {len(encoder_missing)} encoder weights missing, "
-            f"e.g. {encoder_missing[0]}"
+            f"{ckpt.weights_file}: {len(encoder_missing)} encoder weights missing, e.g. "
+            f"{encoder_missing[0]}"
         )
     if mismatches:
         name, got, want = mismatches[0]
@@ -335,8 +335,8 @@ def write_google(weights: dict, config: modeling.BertConfig, vocab_file: str, ou
         )
     if config.hidden_act not in ("gelu", "relu", "tanh"):
         raise ConfigError(
-            f"hidden_act {config.hidden_act!r} has no google-research/bert name (its 'gelu' is "
-            f"the tanh form): export this model with --format=huggingface,saved_model"
+            f"hidden_act {config.hidden_act!r} has no google-research/bert name (its 'gelu' is the "
+            f"tanh form): export this model with --format=huggingface,saved_model"
         )
     named = bert_format.to_google(weights)
     names, tensors = list(named), [tf.constant(value) for value in named.values()]

@@ -123,8 +123,8 @@ def damage(path):
         size = os.path.getsize(file)
         if size != want["bytes"]:
             return (
-                f"{name} has {size} bytes, its manifest says {want['bytes']} "
-                "(truncated or overwritten)"
+                f"{name} has {size} bytes, its manifest says {want['bytes']} (truncated or "
+                "overwritten)"
             )
         if sha256(file) != want["sha256"]:
             return f"{name} does not match its manifest's SHA-256 (damaged)"
@@ -183,8 +183,7 @@ def latest_intact(directory, log=print, before_step=None):
                 log(
                     f"checkpoint {passed[0][0]} is damaged or incomplete ({passed[0][1]})"
                     + "".join(f"; so is {p} ({r})" for p, r in passed[1:])
-                    + f": resuming from {path}, the newest "
-                    f"intact checkpoint"
+                    + f": resuming from {path}, the newest intact checkpoint"
                 )
             return path
         passed.append((path, reason))

@@ -138,8 +138,8 @@ def _run_settings(cfg: dict) -> list:
         f"- data: `{cfg.get('train_files')}`, sequence length {cfg.get('max_seq_length')}, "
         f"{objective}",
         f"- optimizer: {cfg.get('optimizer')}, peak learning rate {cfg.get('learning_rate')}, "
-        f"warmup {cfg.get('warmup_steps')} of {cfg.get('total_steps')} updates, "
-        f"precision {cfg.get('precision')}",
+        f"warmup {cfg.get('warmup_steps')} of {cfg.get('total_steps')} updates, precision "
+        f"{cfg.get('precision')}",
     ]
 
 
@@ -162,8 +162,8 @@ def _use(config: modeling.BertConfig) -> list:
     if config.modern:
         checked = (
             "transformers' ModernBertForMaskedLM (PyTorch) reads this folder; bert_tf's tests "
-            "check its config.json with transformers' ModernBertConfig and its logits with a "
-            "NumPy forward pass written from transformers' modeling_modernbert.py."
+            "check its config.json with transformers' ModernBertConfig and its logits with a NumPy "
+            "forward pass written from transformers' modeling_modernbert.py."
         )
     else:
         checked = (

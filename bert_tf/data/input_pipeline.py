@@ -125,8 +125,8 @@ def _check_example(path, example, expected, dynamic_masking, pack):
         )
     if dynamic_masking and "masked_lm_positions" in example.features.feature:
         raise ConfigError(
-            f"{path}: records are already masked; train without --dynamic_masking "
-            f"or create the data with --dynamic_masking"
+            f"{path}: records are already masked; train without --dynamic_masking or create the "
+            f"data with --dynamic_masking"
         )
     for name, length in expected.items():
         feature = example.features.feature.get(name)

@@ -46,9 +46,8 @@ class InstanceConfig:
     def __post_init__(self):
         if self.max_seq_length < 5:
             raise ConfigError(
-                f"--max_seq_length={self.max_seq_length} is too small for "
-                "[CLS] A [SEP] B [SEP] (needs at least 5: 3 special tokens and 1 token each for A "
-                "and B)"
+                f"--max_seq_length={self.max_seq_length} is too small for [CLS] A [SEP] B [SEP] "
+                "(needs at least 5: 3 special tokens and 1 token each for A and B)"
             )
         if self.mask and self.max_predictions_per_seq < 1:
             raise ConfigError(

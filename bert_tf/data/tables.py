@@ -133,8 +133,8 @@ def table_rows(share, stats):
                 stats.bad_rows += 1
                 stats.problems.append(
                     f"{share.path}: row {row} of "
-                    f"{'row group' if share.fmt == 'parquet' else 'record batch'} "
-                    f"{unit}: {share.text_field!r} is {text!r}, not text; skipped"
+                    f"{'row group' if share.fmt == 'parquet' else 'record batch'} {unit}: "
+                    f"{share.text_field!r} is {text!r}, not text; skipped"
                 )
                 continue
             yield unit << 32 | row, ([title] if title else []) + split_sentences(text)

@@ -60,8 +60,8 @@ def learn_vocab(
     reserved = google_reserved_tokens(num_unused)
     if vocab_size <= len(reserved) + 100:
         raise ConfigError(
-            f"--vocab_size={vocab_size} leaves no room for word pieces after "
-            f"{len(reserved)} reserved tokens"
+            f"--vocab_size={vocab_size} leaves no room for word pieces after {len(reserved)} "
+            f"reserved tokens"
         )
     if learner not in LEARNERS:
         raise ConfigError(f"--learner={learner}: valid are {', '.join(LEARNERS)}")
@@ -376,9 +376,8 @@ def departures(backend):
     if library_versions(backend) != table["versions"]:
         warnings.warn(
             f"bert_tf.data.tokenizer_departures lists {backend}'s departures for versions "
-            f"{table['versions']}, "
-            f"not {library_versions(backend)}: tokenising with the (slower) Python rules; "
-            f"`python run/tokenizer_agreement.py --write_departures` scans again"
+            f"{table['versions']}, not {library_versions(backend)}: tokenising with the (slower) "
+            f"Python rules; `python run/tokenizer_agreement.py --write_departures` scans again"
         )
         return None
     chars = {chr(cp) for first, last in table["ranges"] for cp in range(first, last + 1)}

@@ -59,9 +59,8 @@ def folder_files(folder):
     if not found:
         raise ConfigError(
             f"{folder} is a folder with neither WikiExtractor output (AA/wiki_00, AA/wiki_01, ...) "
-            "nor a datasets.save_to_disk state.json: give its files (a glob), or the folder of "
-            "one of "
-            f"those"
+            "nor a datasets.save_to_disk state.json: give its files (a glob), or the folder of one "
+            f"of those"
         )
     return sorted(found)
 
@@ -88,8 +87,8 @@ def documents_in_range(share, lines, stats, decode):
             if doc is not None:
                 stats.bad_pages += 1
                 stats.problems.append(
-                    f"{share.path}: {where} {doc[0]}: <doc> not closed before the next <doc> "
-                    f"at {where} {offset}; skipped"
+                    f"{share.path}: {where} {doc[0]}: <doc> not closed before the next <doc> at "
+                    f"{where} {offset}; skipped"
                 )
             if share.end is not None and offset >= share.end:
                 return

@@ -133,8 +133,7 @@ def resolve(comm, model_config, nsp, micro_batch, accumulation, seq_length, devi
     )
     say(
         f"gradients: --exchange=auto chose {rows[0]['method']}: link {link['effective_gbit']:.3g} "
-        "Gbit/s, "
-        f"{link['message_seconds'] * 1e3:.2g} ms per message (measured now), "
+        f"Gbit/s, {link['message_seconds'] * 1e3:.2g} ms per message (measured now), "
         + ", ".join(f"{m} computation {s:.3g} s" for m, s in overheads.items())
         + f"; seconds per sequence to the same held-out accuracy: {describe_ranking(rows, 's')}"
     )

@@ -32,69 +32,56 @@ RECORD_KEY = "gradient_compression"
 class CommConfig:
     fp16_allreduce: bool = knob(
         False,
-        "Deprecated, goes in the next release: the old synonym of --exchange=fp16 "
-        "(float16 allreduce); use --exchange=fp16.",
+        "Deprecated, goes in the next release: the old synonym of --exchange=fp16 (float16 "
+        "allreduce); use --exchange=fp16.",
     )
     allreduce_every_micro_batch: bool = knob(
         False,
         "The naive baseline: allreduce each micro-batch's gradients (accumulation_steps allreduces "
-        "per "
-        "update instead of one, after accumulation).",
+        "per update instead of one, after accumulation).",
     )
     fusion_threshold_mb: float | None = knob(
         None,
         "Horovod tensor-fusion buffer, MB (HOROVOD_FUSION_THRESHOLD; 0: no fusion). Unset: "
-        "Horovod's "
-        f"{HOROVOD_FUSION_THRESHOLD_MB:g} MB; a value in the environment (horovodrun "
-        "--fusion-threshold-mb) wins "
-        "over the flag.",
+        f"Horovod's {HOROVOD_FUSION_THRESHOLD_MB:g} MB; a value in the environment (horovodrun "
+        "--fusion-threshold-mb) wins over the flag.",
     )
     cycle_time_ms: float | None = knob(
         None,
         f"Horovod cycle time, ms (HOROVOD_CYCLE_TIME). Unset: Horovod's {HOROVOD_CYCLE_TIME_MS:g} "
-        "ms; the "
-        "environment wins over the flag.",
+        "ms; the environment wins over the flag.",
     )
     exchange: str = knob(
         "none",
         "How gradients cross ranks, once per update: none, fp16, powersgd, onebit or auto. none: a "
-        "float32 "
-        "allreduce. fp16: a float16 allreduce (half the bytes). powersgd: each weight matrix as "
-        "rank --powersgd_rank "
-        "factors, error feedback (Vogels et al. 2019). onebit: signs and one scale per chunk, "
-        "error feedback on both "
-        "sides, alltoall + allgather; 1/32 of float32's bytes; the optimizer's variance frozen "
-        "after "
-        "--compression_warmup_steps, as 1-bit Adam's. powersgd and onebit: "
-        "bert_tf/parallel/compression.py. auto: "
-        "the one the planner predicts fastest to the same held-out accuracy on this job's link, "
-        "measured at start-up "
-        "with the compression's own computation and each method's extra updates as measured "
-        "(bert_tf/parallel/auto_exchange.py; needs --ladder_sequences_per_second).",
+        "float32 allreduce. fp16: a float16 allreduce (half the bytes). powersgd: each weight "
+        "matrix as rank --powersgd_rank factors, error feedback (Vogels et al. 2019). onebit: "
+        "signs and one scale per chunk, error feedback on both sides, alltoall + allgather; 1/32 "
+        "of float32's bytes; the optimizer's variance frozen after --compression_warmup_steps, as "
+        "1-bit Adam's. powersgd and onebit: bert_tf/parallel/compression.py. auto: the one the "
+        "planner predicts fastest to the same held-out accuracy on this job's link, measured at "
+        "start-up with the compression's own computation and each method's extra updates as "
+        "measured (bert_tf/parallel/auto_exchange.py; needs --ladder_sequences_per_second).",
         choices=EXCHANGES,
     )
     powersgd_rank: int = knob(4, "--exchange=powersgd: the rank of each matrix's factors.")
     compression_warmup_steps: int = knob(
         0,
         "Updates exchanged uncompressed (float32) before powersgd or onebit starts (1-bit Adam's "
-        "warmup; "
-        "onebit needs >= 1: the optimizer's variance comes from them).",
+        "warmup; onebit needs >= 1: the optimizer's variance comes from them).",
     )
     local_updates: int = knob(
         0,
         "DiLoCo (bert_tf/parallel/local_sgd.py): each rank takes this many optimizer updates on "
-        "its own data, "
-        "then the ranks average the weights' change in float16 and take an outer Nesterov step; 0: "
-        "every update "
-        "allreduces the gradients. --save_interval and --eval_interval must be multiples of it.",
+        "its own data, then the ranks average the weights' change in float16 and take an outer "
+        "Nesterov step; 0: every update allreduces the gradients. --save_interval and "
+        "--eval_interval must be multiples of it.",
     )
     local_group: str = knob(
         "rank",
         "--local_updates: who takes the inner updates together: rank (each rank alone) or node "
-        "(the ranks of "
-        "a node average their gradients every update over the node's own links, as one DiLoCo "
-        "worker; only the outer "
-        "step crosses between nodes).",
+        "(the ranks of a node average their gradients every update over the node's own links, as "
+        "one DiLoCo worker; only the outer step crosses between nodes).",
         choices=("rank", "node"),
     )
     outer_learning_rate: float = knob(
@@ -106,17 +93,15 @@ class CommConfig:
     collective_timeout_minutes: float = knob(
         30.0,
         "A rank waiting this long in a collective (another rank frozen, unreachable or stopped) "
-        "ends the "
-        "job with an error naming the collective and the rank that did not arrive "
-        "(bert_tf/parallel/watchdog.py); "
-        "0: wait for ever. Static runs (elastic mode handles lost ranks itself).",
+        "ends the job with an error naming the collective and the rank that did not arrive "
+        "(bert_tf/parallel/watchdog.py); 0: wait for ever. Static runs (elastic mode handles lost "
+        "ranks itself).",
     )
     save_timeout_minutes: float = knob(
         60.0,
         "How long the other ranks wait for rank 0's solo work (writing and hashing a checkpoint, a "
         "rollback's restore) while it shows signs of life, before ending the job (the longer of "
-        "this and "
-        "--collective_timeout_minutes; 0: wait for ever). Static runs.",
+        "this and --collective_timeout_minutes; 0: wait for ever). Static runs.",
     )
 
     def __post_init__(self):
@@ -125,13 +110,12 @@ class CommConfig:
         if self.fp16_allreduce and self.exchange not in ("none", "fp16"):
             raise ConfigError(
                 f"--fp16_allreduce with --exchange={self.exchange}: they disagree "
-                "(--fp16_allreduce is "
-                "--exchange=fp16); give one"
+                "(--fp16_allreduce is --exchange=fp16); give one"
             )
         if self.exchange in ("powersgd", "onebit", "auto") and self.allreduce_every_micro_batch:
             raise ConfigError(
-                f"--exchange={self.exchange} with "
-                "--allreduce_every_micro_batch: error feedback works on one exchange per update"
+                f"--exchange={self.exchange} with --allreduce_every_micro_batch: error feedback "
+                "works on one exchange per update"
             )
         if (
             self.local_updates < 0
@@ -146,8 +130,7 @@ class CommConfig:
         if self.local_updates and (self.method != "none" or self.allreduce_every_micro_batch):
             raise ConfigError(
                 f"--local_updates={self.local_updates} exchanges no gradients (the outer step "
-                "sends the "
-                "weights' change in float16): drop --exchange, --fp16_allreduce and "
+                "sends the weights' change in float16): drop --exchange, --fp16_allreduce and "
                 "--allreduce_every_micro_batch"
             )
         if self.local_group not in ("rank", "node") or (

@@ -29,9 +29,8 @@ def precision_warning(precision, device: dict, ladder_sequences_per_second=0.0) 
     )
     return (
         f"warning: --precision={precision} on a CPU without "
-        f"{' or '.join(NATIVE_CPU_FLAGS[precision])} "
-        f"({device.get('cpu', 'unknown CPU')}): emulated and usually slower than float32; "
-        f"{measured}"
+        f"{' or '.join(NATIVE_CPU_FLAGS[precision])} ({device.get('cpu', 'unknown CPU')}): "
+        f"emulated and usually slower than float32; {measured}"
     )
 
 

@@ -136,15 +136,14 @@ def gpu_install_problem(tf_gpus, nccl_built, node_has_gpus) -> str:
     if node_has_gpus and not tf_gpus:
         return (
             "this node has NVIDIA GPUs but TensorFlow sees none, so training runs on the CPU: the "
-            "install "
-            "lacks TensorFlow's CUDA wheels, or the driver is older than CUDA 12.5 needs. Run "
-            "BERT_TF_GPU=1 bash scripts/setup.sh (it checks the driver and installs the GPU build)"
+            "install lacks TensorFlow's CUDA wheels, or the driver is older than CUDA 12.5 needs. "
+            "Run BERT_TF_GPU=1 bash scripts/setup.sh (it checks the driver and installs the GPU "
+            "build)"
         )
     if tf_gpus and not nccl_built:
         return (
             "TensorFlow sees GPUs but Horovod was built without NCCL, so gradients cross ranks "
-            "through "
-            "host memory: run BERT_TF_GPU=1 bash scripts/setup.sh for the NCCL build"
+            "through host memory: run BERT_TF_GPU=1 bash scripts/setup.sh for the NCCL build"
         )
     return ""
 
@@ -172,8 +171,7 @@ def describe(hvd) -> str:
     )
     return (
         f"Horovod {horovod.__version__} ({', '.join(backends)}), TensorFlow {tf.__version__} "
-        f"({cuda}); "
-        f"device: {'GPU ' + gpus[0].name if gpus else 'CPU' + threads}"
+        f"({cuda}); device: {'GPU ' + gpus[0].name if gpus else 'CPU' + threads}"
     )
 
 
@@ -261,8 +259,8 @@ def make_gradient_exchange(comm: CommConfig, variables, seed=0, name="grad"):
 
         if hvd.size() > 1 and not (hvd.mpi_enabled() or hvd.gloo_enabled()):
             raise ConfigError(
-                "--exchange=onebit needs Horovod's alltoall over MPI or Gloo, and this "
-                "job runs neither"
+                "--exchange=onebit needs Horovod's alltoall over MPI or Gloo, and this job runs "
+                "neither"
             )
     return compression.CompressedExchange(
         comm.exchange,

@@ -166,8 +166,8 @@ def load(exchange, directory, step, rank, ranks, digest) -> str:
         k: v for k, v in wanted.items() if k != "digest"
     }:
         return (
-            f"{target} was written by {name(header)} on {header.get('ranks')} ranks, this run "
-            f"uses {name(wanted)}"
+            f"{target} was written by {name(header)} on {header.get('ranks')} ranks, this run uses "
+            f"{name(wanted)}"
         )
     if header.get("digest") != digest:
         return (
@@ -190,8 +190,8 @@ def summary(problems: list, ranks) -> str:
     failed = [(r, p) for r, p in enumerate(problems) if p]
     if not failed:
         return (
-            f"gradient compression: each of the {ranks} ranks restored its own error buffers "
-            "from its own file"
+            f"gradient compression: each of the {ranks} ranks restored its own error buffers from "
+            "its own file"
         )
     kept = ranks - len(failed)
     return (

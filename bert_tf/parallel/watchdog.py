@@ -68,10 +68,9 @@ def timeout_warning(collective_minutes: float, save_timeout_minutes: float, save
         return ""
     return (
         f"WARNING: the last checkpoint save took {save_seconds:.0f} s, longer than "
-        "--collective_timeout_minutes="
-        f"{collective_minutes:g} and --save_timeout_minutes={save_timeout_minutes:g}: the other "
-        "ranks, waiting "
-        f"for it, would end the job. Raise --save_timeout_minutes (0: wait for ever)"
+        f"--collective_timeout_minutes={collective_minutes:g} and "
+        f"--save_timeout_minutes={save_timeout_minutes:g}: the other ranks, waiting for it, would "
+        f"end the job. Raise --save_timeout_minutes (0: wait for ever)"
     )
 
 
@@ -171,15 +170,13 @@ class Watchdog:
         if absent is None:
             absent = (
                 "another rank stopped taking part (a frozen or unreachable node, a wedged "
-                "MPI/NCCL, a stopped "
-                f"process): the ranks that print no such line within {self.grace:g} s are the ones"
+                f"MPI/NCCL, a stopped process): the ranks that print no such line within "
+                f"{self.grace:g} s are the ones"
             )
         return (
             f"error: rank {self.rank} has waited {waited / 60:.1f} min in {what}{place}, longer "
-            f"than {bound}: "
-            f"{absent}. Ending the job (exit code {EXIT_CODE}) unless the wait ends within "
-            f"{self.grace:g} s; "
-            f"restart it to resume from the last checkpoint"
+            f"than {bound}: {absent}. Ending the job (exit code {EXIT_CODE}) unless the wait ends "
+            f"within {self.grace:g} s; restart it to resume from the last checkpoint"
         )
 
     def absent(self, seq) -> str | None:
@@ -191,8 +188,7 @@ class Watchdog:
         if not late:
             return (
                 "every rank's heartbeat is fresh and has reached this wait: Horovod itself is "
-                "stuck (collectives "
-                "that differ between ranks, or a wedged MPI/NCCL)"
+                "stuck (collectives that differ between ranks, or a wedged MPI/NCCL)"
             )
         return "; ".join(f"rank {r} did not arrive ({why})" for r, _, why in late)
 

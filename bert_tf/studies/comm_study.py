@@ -79,8 +79,8 @@ class StudyConfig:
     rates: list[float] = knob([1.0, 10.0, 25.0], "Link rates, Gbit/s.")
     sweep_fusion_threshold_mb: list[float] = knob(
         [0.0, 1.0, 16.0, 64.0],
-        "Fusion thresholds to sweep on "
-        "fp16/accum (128 = Horovod's default is the fp16/accum rung itself).",
+        "Fusion thresholds to sweep on fp16/accum (128 = Horovod's default is the fp16/accum rung "
+        "itself).",
     )
     sweep_cycle_time_ms: list[float] = knob(
         [5.0, 10.0], "Cycle times to sweep on fp16/accum (1 ms is Horovod's default)."
@@ -103,9 +103,8 @@ class StudyConfig:
     )
     compression_cost: bool = knob(
         False,
-        "Only measure what each --compressed exchange (default: both) adds to an "
-        "update of --model_preset on this machine, in one process, and print it "
-        "(the planner's overhead).",
+        "Only measure what each --compressed exchange (default: both) adds to an update of "
+        "--model_preset on this machine, in one process, and print it (the planner's overhead).",
     )
     probe: bool = knob(False, "Internal: run the link probe as one rank of an emulated job.")
 

@@ -337,11 +337,10 @@ def print_machine_load(rows, peak_loads):
         loads = [r["machine_load"] for r in busy_rungs] + busy_peaks
         print(
             f"timed beside other work: {len(busy_rungs)} rungs "
-            f"({', '.join(r['rung'] for r in busy_rungs)}) and "
-            f"{len(busy_peaks)} peak measurements, with up to "
-            f"{max(s['other_cores'] for s in loads):.2f} cores of "
-            f"other processes and {max(s['steal_cores'] for s in loads):.2f} of steal: those "
-            "figures measure the neighbours too"
+            f"({', '.join(r['rung'] for r in busy_rungs)}) and {len(busy_peaks)} peak "
+            f"measurements, with up to {max(s['other_cores'] for s in loads):.2f} cores of other "
+            f"processes and {max(s['steal_cores'] for s in loads):.2f} of steal: those figures "
+            "measure the neighbours too"
         )
     else:
         print(
@@ -407,9 +406,9 @@ def run(s: BenchmarkConfig, peer, fusion):
     described = device.device_description()
     print(f"device: {described}")
     print(
-        f"{s.model_preset}: {config.num_hidden_layers} layers, hidden {config.hidden_size}; "
-        f"seq {seq.max_seq_length}, micro-batch {s.micro_batch_size}; "
-        f"{flops_per_seq / 1e9:.2f} GFLOP per sequence (train)",
+        f"{s.model_preset}: {config.num_hidden_layers} layers, hidden {config.hidden_size}; seq "
+        f"{seq.max_seq_length}, micro-batch {s.micro_batch_size}; {flops_per_seq / 1e9:.2f} GFLOP "
+        f"per sequence (train)",
         flush=True,
     )
     peaks, peak_samples, peak_loads = measure_peaks(s)

@@ -59,16 +59,16 @@ class BenchmarkConfig:
     micro_batch_size: int = knob(8, "Sequences per forward/backward pass (one micro-batch).")
     tune_micro_batch_sizes: list[int] = knob(
         [],
-        "Also time the fastest bert_tf rung at these micro-batches "
-        "(the flagfile then names the fastest per sequence).",
+        "Also time the fastest bert_tf rung at these micro-batches (the flagfile then names the "
+        "fastest per sequence).",
     )
     accumulation_steps: int = knob(4, "Micro-batches per update on the accumulation rung.")
     warmup_updates: int = knob(2, "Updates not timed (compilation).")
     updates: int = knob(5, "Timed updates per rung.")
     rungs: list[str] | None = knob(
         None,
-        "Rungs to run (default: the CPU ladder, or the GPU ladder where TensorFlow "
-        "sees a GPU; see CPU_RUNGS and GPU_RUNGS in bert_tf/studies/ladder_config.py).",
+        "Rungs to run (default: the CPU ladder, or the GPU ladder where TensorFlow sees a GPU; see "
+        "CPU_RUNGS and GPU_RUNGS in bert_tf/studies/ladder_config.py).",
     )
     peak_seconds: float = knob(3.0, "Seconds per matmul-peak measurement (each dtype, both ways).")
     peak_size: int = knob(2048, "n of the n x n x n matmul the peak is measured with.")
@@ -78,35 +78,33 @@ class BenchmarkConfig:
     output_dir: str = knobs.output_dir("ladder.json and ladder.png", default="runs/benchmark")
     train_files: str = knobs.train_files(
         "",
-        "comma-separated globs; also measure input_pipeline.make_dataset "
-        "alone on them (static and dynamic masking, sequences/s per rank) next "
-        "to the model's consumption; needs --vocab_file.",
+        "comma-separated globs; also measure input_pipeline.make_dataset alone on them (static and "
+        "dynamic masking, sequences/s per rank) next to the model's consumption; needs "
+        "--vocab_file.",
     )
     vocab_file: str = knobs.vocab_file(
         "", detail="of --train_files (dynamic masking's special and [MASK] ids)."
     )
     rung_train_files: list[str] = knob(
         [],
-        "After the ladder, train the fastest bert_tf rung on batches of these "
-        "TFRecord globs (each glob a rung: one made without and one with "
-        "create_pretraining_data.py --pack) and report useful (non-padding) "
-        "tokens/s and instances/s next to rows/s.",
+        "After the ladder, train the fastest bert_tf rung on batches of these TFRecord globs (each "
+        "glob a rung: one made without and one with create_pretraining_data.py --pack) and report "
+        "useful (non-padding) tokens/s and instances/s next to rows/s.",
     )
     input_seconds: float = knob(5.0, "Seconds per input-pipeline measurement.")
     profile_dir: str = knob(
         "",
-        "After the ladder, trace 3 updates of the fastest bert_tf rung and of keras-hub's "
-        "fastest with the TensorFlow profiler into DIR/bert_tf and DIR/keras-hub "
-        "(TensorBoard's profile tab reads them) and print where each spends its time, by "
-        "kind of op.",
+        "After the ladder, trace 3 updates of the fastest bert_tf rung and of keras-hub's fastest "
+        "with the TensorFlow profiler into DIR/bert_tf and DIR/keras-hub (TensorBoard's profile "
+        "tab reads them) and print where each spends its time, by kind of op.",
     )
     write_flagfile: str = knob(
         "", "Write the fastest bert_tf configuration here as run/pretrain.py flags."
     )
     device_figures: str = knob(
         "",
-        "Add the fastest bert_tf rung's sequences/s to this JSON as the device's phase-1 "
-        "(sequence 128) or phase-2 (512) speed, for run/plan.py --device_figures.",
+        "Add the fastest bert_tf rung's sequences/s to this JSON as the device's phase-1 (sequence "
+        "128) or phase-2 (512) speed, for run/plan.py --device_figures.",
     )
 
     def timing(self) -> Timing:

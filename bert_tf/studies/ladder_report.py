@@ -152,9 +152,8 @@ def plot(report, path):
     )
     ax.set_title(
         f"BERT-{report['model_preset']} seq {report['seq_length']} micro-batch "
-        f"{report['batch_size']}; "
-        f"orange: keras-hub, gray: diagnostic\n{where}; MFU vs hardware peak "
-        f"{report['hardware_peak_flops'] / 1e12:.2f} TFLOP/s",
+        f"{report['batch_size']}; orange: keras-hub, gray: diagnostic\n{where}; MFU vs hardware "
+        f"peak {report['hardware_peak_flops'] / 1e12:.2f} TFLOP/s",
         fontsize=9,
     )
     ax.tick_params(axis="x", labelsize=8)

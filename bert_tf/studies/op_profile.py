@@ -214,8 +214,8 @@ def print_comparison(ours: dict, peer: dict | None, log=print, goal: float = 1.3
     log(
         f"for {goal}x keras-hub with its matmuls unchanged, bert_tf's other time must fall from "
         f"{c['ours_rest_ms']:.1f} to {c['rest_needed_ms']:.1f} ms per sequence "
-        f"({c['rest_cut_needed']:.0%} less); "
-        f"with no time outside its matmuls at all it would be {c['matmul_only_ratio']:.2f}x"
+        f"({c['rest_cut_needed']:.0%} less); with no time outside its matmuls at all it would be "
+        f"{c['matmul_only_ratio']:.2f}x"
     )
     return c
 

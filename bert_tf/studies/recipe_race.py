@@ -41,8 +41,8 @@ class RaceConfig:
     title: str = knob("", "The plot's title (default: the recipes and this machine's CPU).")
     pretrain_flag: list[str] = knob(
         [],
-        "A flag for every recipe's run/pretrain.py, e.g. --pretrain_flag=--seed=2 "
-        "(repeat it for more).",
+        "A flag for every recipe's run/pretrain.py, e.g. --pretrain_flag=--seed=2 (repeat it for "
+        "more).",
         multi=True,
     )
     nodes: int = knob(
@@ -330,9 +330,8 @@ def describe(summary: dict) -> list:
     for name, row in summary.items():
         lines.append(
             f"{name}: final held-out MLM accuracy {row['final_accuracy']:.4f} after "
-            f"{row['seconds'] / 60:.1f} "
-            f"min ({row['steps']} updates, {row['sequences']:,} sequences, "
-            f"{row['sequences_per_second']:.1f} seq/s)"
+            f"{row['seconds'] / 60:.1f} min ({row['steps']} updates, {row['sequences']:,} "
+            f"sequences, {row['sequences_per_second']:.1f} seq/s)"
         )
         if "bytes_per_update" in row:
             lines.append(
@@ -342,10 +341,8 @@ def describe(summary: dict) -> list:
             p = row["planner"]
             lines.append(
                 f"  planner: {p['predicted_sequences_per_second']:.1f} seq/s against "
-                f"{p['measured']:.1f} "
-                f"measured between evaluations ({p['error']:+.0%}; compute {p['device_seq_s']:.1f} "
-                "seq/s "
-                f"per rank, measured)"
+                f"{p['measured']:.1f} measured between evaluations ({p['error']:+.0%}; compute "
+                f"{p['device_seq_s']:.1f} seq/s per rank, measured)"
             )
         if "target" in row:
             seconds = row["target"]["seconds"]
@@ -356,8 +353,7 @@ def describe(summary: dict) -> list:
         for other, r in row["reaches"].items():
             when = (
                 f"in {r['seconds'] / 60:.1f} min ({r['fraction_of_their_time']:.2f} of {other}'s "
-                "time), after "
-                f"{r['updates']} updates (x{r['update_factor']:.2f} {other}'s)"
+                f"time), after {r['updates']} updates (x{r['update_factor']:.2f} {other}'s)"
                 if r["seconds"]
                 else "never"
             )

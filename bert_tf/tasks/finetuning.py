@@ -160,8 +160,7 @@ class Recipe:
         if self.global_batch < 1 or self.global_batch % size:
             raise ConfigError(
                 f"batch size {self.global_batch} (sequences per update) is not a positive multiple "
-                "of "
-                f"the {size} ranks"
+                f"of the {size} ranks"
             )
         return self.global_batch // size
 

@@ -195,8 +195,8 @@ def read_split(task: TaskInfo, data_dir: str, split: str) -> Split:
     path = split_path(task, data_dir, split)
     if not os.path.exists(path):
         raise ConfigError(
-            f"{task.name}: {path} not found (--data_dir is the folder the GLUE download "
-            f"writes, with {task.folder}/{split}.tsv)"
+            f"{task.name}: {path} not found (--data_dir is the folder the GLUE download writes, "
+            f"with {task.folder}/{split}.tsv)"
         )
     test = split.startswith("test")
     out = Split([])

@@ -102,8 +102,7 @@ class GlueTask:
         if splits["train"].skipped:
             log(
                 f"{info.name}: {splits['train'].skipped} rows of "
-                f"{split_path(info, data_dir, 'train')} have missing "
-                f"fields: skipped"
+                f"{split_path(info, data_dir, 'train')} have missing fields: skipped"
             )
         for name in names[1:]:
             if splits[name].skipped:
@@ -279,8 +278,8 @@ def _result(glue_task: GlueTask, tokenizer, runs: list, kept: dict | None) -> di
         "selected": {
             "setting": best["setting"],
             "seed": chosen["seed"],
-            "by": "best median dev score over "
-            "the seeds; test predictions from its best seed on dev",
+            "by": "best median dev score over the seeds; test predictions from its best seed on "
+            "dev",
         },
         "runs": [{k: v for k, v in run.items() if k != "test_predictions"} for run in runs],
         "test_predictions": chosen["test_predictions"],
@@ -292,8 +291,8 @@ def markdown(results: dict, recipe, seeds) -> str:
     median over the seeds, then the GLUE score of the selected settings."""
     lines = [
         f"Dev set, {len(seeds)} seed(s) per setting ({', '.join(map(str, seeds))}); sequence "
-        f"{recipe.max_seq_length}, warmup {recipe.warmup_fraction:g}, AdamW "
-        f"(weight decay {recipe.weight_decay:g}), precision {recipe.precision}. Selection on dev.",
+        f"{recipe.max_seq_length}, warmup {recipe.warmup_fraction:g}, AdamW (weight decay "
+        f"{recipe.weight_decay:g}), precision {recipe.precision}. Selection on dev.",
         "",
         "| task | setting | metric | mean ± std | median | selected |",
         "|---|---|---|---|---|---|",
@@ -305,8 +304,7 @@ def markdown(results: dict, recipe, seeds) -> str:
             for metric, s in summary["metrics"].items():
                 lines.append(
                     f"| {name} | {label} | {metric} | {100 * s['mean']:.2f} ± {100 * s['std']:.2f} "
-                    "| "
-                    f"{100 * s['median']:.2f} | {chosen} |"
+                    f"| {100 * s['median']:.2f} | {chosen} |"
                 )
     selected = {
         name: {

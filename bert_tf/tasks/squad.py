@@ -122,8 +122,7 @@ def examples_of(data: list, version: str, training: bool, path="(in memory)", lo
     if mismatched:
         log(
             f"warning: {path}: {len(mismatched)} answers whose answer_start does not point at "
-            "their text were "
-            f"skipped (first: question {mismatched[0]!r})"
+            f"their text were skipped (first: question {mismatched[0]!r})"
         )
     if not examples:
         raise ConfigError(f"{path}: no questions")
@@ -344,9 +343,8 @@ class SquadTask:
         self.counts["train"] = counts
         self.log(
             f"training: {len(self.train)} questions, {counts.windows} windows "
-            f"({counts.split_contexts} contexts "
-            f"longer than one window, {counts.questions_cut} questions cut to --max_query_length="
-            f"{self.windowing.max_query_length})"
+            f"({counts.split_contexts} contexts longer than one window, {counts.questions_cut} "
+            f"questions cut to --max_query_length={self.windowing.max_query_length})"
         )
         return features(windows, self.windowing.max_seq_length, training=True)
 

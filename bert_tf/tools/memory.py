@@ -121,8 +121,7 @@ def memory_warning(phase: str, memory: dict, device_memory_gb) -> str:
         return ""
     return (
         f"warning: {phase} needs {memory['total'] / 2**30:.1f} GiB per device (the gradient "
-        "exchange's state "
-        f"{memory['exchange'] / 2**30:.1f} GiB of it), more than "
-        f"--device_memory_gb={device_memory_gb:g}: "
-        f"a smaller --{phase}_micro_batch_size, --recompute=layer, or another --exchange"
+        f"exchange's state {memory['exchange'] / 2**30:.1f} GiB of it), more than "
+        f"--device_memory_gb={device_memory_gb:g}: a smaller --{phase}_micro_batch_size, "
+        f"--recompute=layer, or another --exchange"
     )

@@ -32,9 +32,8 @@ class PlanConfig:
     inter_latency_us: float = knob(50.0, "Node-to-node latency per message hop, microseconds.")
     message_overhead_us: float = knob(
         0.0,
-        "Software cost per fused allreduce message, microseconds "
-        "(run/comm_study.py's link probe measures it; 136 us on this project's "
-        "CPU machine).",
+        "Software cost per fused allreduce message, microseconds (run/comm_study.py's link probe "
+        "measures it; 136 us on this project's CPU machine).",
     )
     intra_gbps: float = knob(
         800.0, "Device-to-device bandwidth inside a node, Gbit/s (PCIe 3 x16 ~100)."
@@ -67,48 +66,47 @@ class PlanConfig:
     comm: CommConfig = CommConfig(exchange="fp16")
     powersgd_seconds: float = knob(
         0.0,
-        "Computation one PowerSGD exchange adds per update on this device, s "
-        "(run/comm_study.py --compression_cost measures it); 0: not counted.",
+        "Computation one PowerSGD exchange adds per update on this device, s (run/comm_study.py "
+        "--compression_cost measures it); 0: not counted.",
     )
     onebit_seconds: float = knob(
         0.0,
-        "Computation one 1-bit exchange adds per update on this device, s "
-        "(run/comm_study.py --compression_cost); 0: not counted.",
+        "Computation one 1-bit exchange adds per update on this device, s (run/comm_study.py "
+        "--compression_cost); 0: not counted.",
     )
     # preemptible capacity
     spot_price_per_device_hour: float = knob(
         0.0,
-        "Spot (preemptible) price of one device-hour; > 0 adds the "
-        "on-demand / spot + checkpoint restart / spot + elastic comparison.",
+        "Spot (preemptible) price of one device-hour; > 0 adds the on-demand / spot + checkpoint "
+        "restart / spot + elastic comparison.",
     )
     mtbp_hours: float = knob(
         24.0,
-        "Mean time between preemptions of one node, hours (default: GCP preemptible "
-        "VMs are always stopped within 24 h, "
-        "cloud.google.com/compute/docs/instances/preemptible).",
+        "Mean time between preemptions of one node, hours (default: GCP preemptible VMs are always "
+        "stopped within 24 h, cloud.google.com/compute/docs/instances/preemptible).",
     )
     # Measured on this project's emulated cluster (3 nodes, tiny model, CPU; docs/results.md,
     # tests/test_elastic.py): a GPU cluster's restart adds XLA compilation and a larger checkpoint
     # to read: give your own figures.
     restart_minutes: float = knob(
         spot.MEASURED_RESTART_MINUTES,
-        "Time a kill-and-restart from the last checkpoint loses beyond the updates since "
-        "it: start-up, restore, first update (default: measured on the emulated cluster).",
+        "Time a kill-and-restart from the last checkpoint loses beyond the updates since it: "
+        "start-up, restore, first update (default: measured on the emulated cluster).",
     )
     elastic_minutes: float = knob(
         spot.MEASURED_ELASTIC_MINUTES,
-        "Time an elastic event loses: detection + restore + first update at the new size "
-        "(default: measured on the emulated cluster).",
+        "Time an elastic event loses: detection + restore + first update at the new size (default: "
+        "measured on the emulated cluster).",
     )
     join_minutes: float = knob(
         spot.MEASURED_JOIN_MINUTES,
-        "Time the ranks wait when a replacement node joins "
-        "(default: measured on the emulated cluster).",
+        "Time the ranks wait when a replacement node joins (default: measured on the emulated "
+        "cluster).",
     )
     replacement_minutes: float = knob(
         10.0,
-        "Minutes until a preempted node is replaced (an assumption: launch and "
-        "boot of a spot instance; measure yours).",
+        "Minutes until a preempted node is replaced (an assumption: launch and boot of a spot "
+        "instance; measure yours).",
     )
     save_interval: int = knob(200, "Updates between checkpoints (configs/large_phase1.flags).")
     elastic_commit_interval: int = knob(
@@ -133,18 +131,17 @@ class PlanConfig:
     )
     device_memory_gb: float = knob(
         0.0,
-        "Memory of one device, GiB (an 80 GB A100 has 80 GiB): a warning when the "
-        "estimate for the chosen --recompute, the gradient exchange's state in it, "
-        "exceeds it; 0: unknown, no check.",
+        "Memory of one device, GiB (an 80 GB A100 has 80 GiB): a warning when the estimate for the "
+        "chosen --recompute, the gradient exchange's state in it, exceeds it; 0: unknown, no "
+        "check.",
     )
     # rank counts as given, checked by exchange_memory_ranks (the message names the flag and an
     # example)
     exchange_memory: list[str] = knob(
         [],
-        "Rank counts, e.g. 16,64: print the gradient exchange's state per rank "
-        "(steady, at a save, at a resume; per-rank files against the old gather "
-        "on rank 0) for every exchange and --model_preset at each, and nothing "
-        "else (memory.exchange_state_bytes).",
+        "Rank counts, e.g. 16,64: print the gradient exchange's state per rank (steady, at a save, "
+        "at a resume; per-rank files against the old gather on rank 0) for every exchange and "
+        "--model_preset at each, and nothing else (memory.exchange_state_bytes).",
     )
     output_json: str = knobs.output_json("the plan")
 

@@ -203,8 +203,8 @@ def plan_phase(
     if comm.compressed:
         if len(shapes) != len(tensor_sizes):
             raise ConfigError(
-                f"--exchange={comm.exchange}: the plan needs the gradient "
-                "tensors' shapes (planner.gradient_tensor_shapes)"
+                f"--exchange={comm.exchange}: the plan needs the gradient tensors' shapes "
+                "(planner.gradient_tensor_shapes)"
             )
         comm_time, gradient_bytes, messages = compressed_exchange_seconds(shapes, cluster, comm)
         comm_time += overhead_seconds
@@ -402,8 +402,7 @@ def read_device_figures(path, model_preset) -> dict:
         found = figures.get("model_preset") if isinstance(figures, dict) else None
         raise ConfigError(
             f"--device_figures={path}: measured on BERT-{found}, but the plan is for "
-            f"BERT-{model_preset} "
-            f"(--model_preset)"
+            f"BERT-{model_preset} (--model_preset)"
         )
     for key in (*DEVICE_FIGURES, *LINK_FIGURES):
         if key in figures and not (isinstance(figures[key], (int, float)) and figures[key] > 0):

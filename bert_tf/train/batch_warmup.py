@@ -33,8 +33,7 @@ class BatchWarmup:
         if sequences and accumulation_steps < 2:
             raise ConfigError(
                 f"--batch_warmup_sequences={sequences} needs --accumulation_steps > 1: the batch "
-                "grows "
-                f"by micro-batches, from one per rank to --accumulation_steps"
+                f"grows by micro-batches, from one per rank to --accumulation_steps"
             )
         self.full = accumulation_steps
         self.per_micro_batch = micro_batch_size * ranks  # sequences one micro-batch per rank adds
@@ -72,8 +71,6 @@ class BatchWarmup:
             return "no batch warmup"
         return (
             f"batch warmup: {self.per_micro_batch} -> {self.full * self.per_micro_batch} sequences "
-            "per update over "
-            f"the first {self._before[-1]:,} sequences ({len(self.steps)} updates), learning rate "
-            "x sqrt(batch / "
-            f"full batch)"
+            f"per update over the first {self._before[-1]:,} sequences ({len(self.steps)} "
+            f"updates), learning rate x sqrt(batch / full batch)"
         )

@@ -125,14 +125,12 @@ def budget_plan(cfg, size, local_size, global_batch, model_config, spent_seconds
     hours = planned_hours(cfg, size, local_size, global_batch, model_config)
     text = (
         f"time budget {cfg.time_budget_hours:g} h ({metrics.hms(spent_seconds)} spent by earlier "
-        "runs): the "
-        f"learning-rate schedule follows the clock, stretched over the updates it holds"
+        f"runs): the learning-rate schedule follows the clock, stretched over the updates it holds"
     )
     if hours is None:
         return text + (
             "; no --ladder_sequences_per_second (run/benchmark.py) to predict --total_steps from: "
-            "the "
-            "first log interval measures the rate"
+            "the first log interval measures the rate"
         )
     text += (
         f"; the planner gives {hours:.2f} h for --total_steps={cfg.total_steps} at the ladder's "
@@ -141,7 +139,6 @@ def budget_plan(cfg, size, local_size, global_batch, model_config, spent_seconds
     if hours > cfg.time_budget_hours:
         text += (
             ". WARNING: they will not fit: about "
-            f"{cfg.total_steps * cfg.time_budget_hours / hours:,.0f} "
-            f"updates will"
+            f"{cfg.total_steps * cfg.time_budget_hours / hours:,.0f} updates will"
         )
     return text

@@ -38,15 +38,14 @@ class GuardConfig:
 
     divergence_factor: float = knob(
         1.5,
-        "Divergence guard: roll back to the last good checkpoint when the logged "
-        "loss stays above this x the median of the last 20 healthy intervals (0: off) "
-        "...",
+        "Divergence guard: roll back to the last good checkpoint when the logged loss stays above "
+        "this x the median of the last 20 healthy intervals (0: off) ...",
     )
     divergence_intervals: int = knob(3, "... for this many logged intervals in a row.")
     max_skipped_updates: int = knob(
         25,
-        "Divergence guard: roll back when this many updates in a row were skipped "
-        "for non-finite gradients (0: off; checked at log steps).",
+        "Divergence guard: roll back when this many updates in a row were skipped for non-finite "
+        "gradients (0: off; checked at log steps).",
     )
     max_rollbacks: int = knob(3, "Stop after this many rollbacks.")
     rollback_lr_scale: float = knob(1.0, "Multiply the learning rate by this at each rollback.")
@@ -99,8 +98,7 @@ class Guard:
                 median = float(np.median(self.healthy)) if self.healthy else float("nan")
                 return (
                     f"loss {loss:.4f} above {c.divergence_factor:g} x the running median "
-                    f"{median:.4f} "
-                    f"for {self.high} logged intervals"
+                    f"{median:.4f} for {self.high} logged intervals"
                 )
         else:
             self.high = 0

@@ -136,8 +136,8 @@ class Static:
             raise divergence.Diverged(
                 f"the run diverged and {job.ckpts.directory} holds no intact checkpoint "
                 + (f"before step {before_step}" if before_step is not None else "yet")
-                + " to roll back to; lower --learning_rate, or save more often "
-                "(--save_interval) and keep more (--keep_last)"
+                + " to roll back to; lower --learning_rate, or save more often (--save_interval) "
+                "and keep more (--keep_last)"
             )
         outer = list(job.outer.variables) if job.outer is not None else []
         distributed.broadcast_variables(job.trainer.state_variables() + outer, root_rank=0)

@@ -164,8 +164,8 @@ def dry_run(cfg: PretrainConfig, log=print):
         f"dry run: flags and inputs check out: model {config.num_hidden_layers} layers, hidden "
         f"{config.hidden_size}, vocab {config.vocab_size}; {len(inputs.train_files)} training and "
         f"{len(inputs.eval_files)} evaluation files of {cfg.max_seq_length}-token records; "
-        f"{cfg.micro_batch_size} x {cfg.accumulation_steps} sequences per rank per update "
-        f"(x ranks = global batch); {start}; checkpoints in {cfg.checkpoint_dir}"
+        f"{cfg.micro_batch_size} x {cfg.accumulation_steps} sequences per rank per update (x ranks "
+        f"= global batch); {start}; checkpoints in {cfg.checkpoint_dir}"
     )
     warning = precision_warning(cfg)
     if warning:

@@ -45,24 +45,23 @@ class PretrainConfig(TrainConfig, divergence.GuardConfig):
     mlm_only: bool = knob(False, "Train the masked-LM objective only (no next-sentence head).")
     eval_max_predictions_per_seq: int = knob(
         0,
-        "Masked positions per sequence of --eval_files (0: "
-        "--max_predictions_per_seq). Masked evaluation records keep their masks "
-        "under --dynamic_masking: a recipe training at 30% is evaluated on the "
-        "same 15% masks as one at 15%.",
+        "Masked positions per sequence of --eval_files (0: --max_predictions_per_seq). Masked "
+        "evaluation records keep their masks under --dynamic_masking: a recipe training at 30% is "
+        "evaluated on the same 15% masks as one at 15%.",
     )
     batch_warmup_sequences: int = knob(
         0,
-        "Grow the global batch from one micro-batch per rank to --accumulation_steps "
-        "over the first N sequences, the learning rate x sqrt(batch / full batch) "
-        "(train/batch_warmup.py). Elastic runs: from one micro-batch per rank to "
-        "--global_batch_size, counted over the committed sequences.",
+        "Grow the global batch from one micro-batch per rank to --accumulation_steps over the "
+        "first N sequences, the learning rate x sqrt(batch / full batch) (train/batch_warmup.py). "
+        "Elastic runs: from one micro-batch per rank to --global_batch_size, counted over the "
+        "committed sequences.",
     )
     # batches: a micro-batch is one rank's forward/backward; the global batch is one update over all
     # ranks
     micro_batch_size: int = knob(
         32,
-        "Sequences per rank per forward/backward pass (one micro-batch). The global "
-        "batch is --micro_batch_size x --accumulation_steps x ranks.",
+        "Sequences per rank per forward/backward pass (one micro-batch). The global batch is "
+        "--micro_batch_size x --accumulation_steps x ranks.",
     )
     fit_micro_batch: int = knob(
         0,
@@ -72,9 +71,9 @@ class PretrainConfig(TrainConfig, divergence.GuardConfig):
     )
     recompute: str = knob(
         "none",
-        "layer: keep only each transformer layer's input for the backward pass and run "
-        "the layer again there (less activation memory, about one more forward pass; the same "
-        "gradients): phase 2 at sequence 512 on small devices.",
+        "layer: keep only each transformer layer's input for the backward pass and run the layer "
+        "again there (less activation memory, about one more forward pass; the same gradients): "
+        "phase 2 at sequence 512 on small devices.",
         choices=model_config.RECOMPUTE,
     )
     # Horovod (the communication knobs are train_config.TrainConfig.comm)
@@ -92,50 +91,50 @@ class PretrainConfig(TrainConfig, divergence.GuardConfig):
         "checkpoints, metrics.jsonl, TensorBoard; resumes from here."
     )
     init_checkpoint: str = knobs.init_checkpoint(
-        "the model's, from this checkpoint (phase 2); fresh optimizer and "
-        "schedule. Ignored when --checkpoint_dir has a checkpoint."
+        "the model's, from this checkpoint (phase 2); fresh optimizer and schedule. Ignored when "
+        "--checkpoint_dir has a checkpoint."
     )
     save_interval: int = knob(1000, "Save every N updates (and at the end and on SIGTERM/SIGINT).")
     keep_last: int = knob(3, "Checkpoints to keep.")
     log_interval: int = knob(100, "Progress line every N updates.")
     wandb_project: str = knob(
         "",
-        "Also log what TensorBoard gets to this Weights & Biases project (rank 0; needs "
-        "`pip install wandb`); TensorBoard stays.",
+        "Also log what TensorBoard gets to this Weights & Biases project (rank 0; needs `pip "
+        "install wandb`); TensorBoard stays.",
     )
     wandb_mode: str = knob(
         "online",
-        "offline: no network; the run goes to <checkpoint_dir>/wandb/offline-run-*, "
-        "for `wandb sync` later.",
+        "offline: no network; the run goes to <checkpoint_dir>/wandb/offline-run-*, for `wandb "
+        "sync` later.",
         choices=("online", "offline"),
     )
     stop_check_interval: int = knob(
         10,
-        "Ranks agree on a SIGTERM/SIGINT every N updates (and at log and save "
-        "steps): the only host synchronisation between log intervals.",
+        "Ranks agree on a SIGTERM/SIGINT every N updates (and at log and save steps): the only "
+        "host synchronisation between log intervals.",
     )
     ladder_sequences_per_second: float = knob(
         0.0,
-        "run/benchmark.py's sequences/s for this configuration (its "
-        "--write_flagfile sets it): logged next to the measured figure.",
+        "run/benchmark.py's sequences/s for this configuration (its --write_flagfile sets it): "
+        "logged next to the measured figure.",
     )
     eval_interval: int = knob(0, "Held-out evaluation every N updates (0: only at the end).")
     eval_batches: int = knob(0, "Limit evaluation to N batches per rank (0: all).")
     # elastic mode (bert_tf/train/elastic.py)
     elastic: bool = knob(
         False,
-        "Elastic mode: ranks may leave and join (horovodrun --host-discovery-script ... "
-        "--gloo; bert_tf/train/elastic.py). Needs --global_batch_size.",
+        "Elastic mode: ranks may leave and join (horovodrun --host-discovery-script ... --gloo; "
+        "bert_tf/train/elastic.py). Needs --global_batch_size.",
     )
     global_batch_size: int = knob(
         0,
-        "Elastic mode: sequences per optimizer update over all ranks, kept whatever "
-        "the rank count (each rank's micro-batches per update follow from it).",
+        "Elastic mode: sequences per optimizer update over all ranks, kept whatever the rank count "
+        "(each rank's micro-batches per update follow from it).",
     )
     elastic_commit_interval: int = knob(
         10,
-        "Elastic mode: commit the state to memory every N updates (a lost rank "
-        "costs the updates since the last commit).",
+        "Elastic mode: commit the state to memory every N updates (a lost rank costs the updates "
+        "since the last commit).",
     )
     elastic_verify_commits: bool = knob(
         False,
@@ -146,14 +145,14 @@ class PretrainConfig(TrainConfig, divergence.GuardConfig):
     # wall-clock (bert_tf/train/budget.py)
     time_budget_hours: float = knob(
         0.0,
-        "End the run on the clock: the learning-rate schedule (the recipe's "
-        "shape) is stretched over the updates this many hours hold, predicted from the "
-        "measured rate; a restart spends what is left (0: end at --total_steps).",
+        "End the run on the clock: the learning-rate schedule (the recipe's shape) is stretched "
+        "over the updates this many hours hold, predicted from the measured rate; a restart spends "
+        "what is left (0: end at --total_steps).",
     )
     target_mlm_accuracy: float = knob(
         0.0,
-        "Stop at the first evaluation (--eval_interval) whose held-out MLM "
-        "accuracy reaches this, and log the time to train (0: off).",
+        "Stop at the first evaluation (--eval_interval) whose held-out MLM accuracy reaches this, "
+        "and log the time to train (0: off).",
     )
 
     def _check_ladder_and_auto_exchange(self):
@@ -240,8 +239,8 @@ class PretrainConfig(TrainConfig, divergence.GuardConfig):
                     f"--fit_micro_batch={self.fit_micro_batch}: the per-rank batch "
                     f"--micro_batch_size x --accumulation_steps = {self.micro_batch_size} x "
                     f"{self.accumulation_steps} = {per_rank} is not a positive multiple of it; "
-                    "tune with run/benchmark.py --tune_micro_batch_sizes=<divisors of "
-                    f"{per_rank}> or drop the line"
+                    f"tune with run/benchmark.py --tune_micro_batch_sizes=<divisors of {per_rank}> "
+                    f"or drop the line"
                 )
 
     def _check_evaluation(self):

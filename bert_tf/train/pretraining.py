@@ -324,8 +324,8 @@ def rollback(cfg, job, mode, reason, step) -> int:
     scale = float(trainer.lr_scale.numpy())
     mode.say(
         f"divergence guard: {reason} at step {step}: rolled back to {target} (step {back}) in "
-        f"{seconds:.1f} s; {step - back} updates undone, the data they read skipped; learning "
-        f"rate x{scale:g} (rollback {job.guard.rollbacks} of at most {cfg.max_rollbacks})"
+        f"{seconds:.1f} s; {step - back} updates undone, the data they read skipped; learning rate "
+        f"x{scale:g} (rollback {job.guard.rollbacks} of at most {cfg.max_rollbacks})"
     )
     job.writer.write(
         {

@@ -27,8 +27,7 @@ def rank_share(per_update, rank, size):
     if size > per_update:
         raise ConfigError(
             f"{size} ranks but an update has only {per_update} micro-batches (--global_batch_size "
-            "/ "
-            f"--micro_batch_size): give horovodrun --max-np <= {per_update}, or a smaller "
+            f"/ --micro_batch_size): give horovodrun --max-np <= {per_update}, or a smaller "
             "--micro_batch_size"
         )
     mine = len(rank_indices(per_update, rank, size))
@@ -42,8 +41,7 @@ def describe_share(per_update, micro_batch, size):
         f"{counts[0]} micro-batches per rank"
         if len(set(counts)) == 1
         else f"{max(counts)} micro-batches on ranks 0-{counts.count(max(counts)) - 1}, "
-        f"{min(counts)} on the others "
-        f"(their gradients weighted to an exact mean)"
+        f"{min(counts)} on the others (their gradients weighted to an exact mean)"
     )
     return (
         f"{size} ranks: global batch {per_update * micro_batch} = {per_update} micro-batches of "

@@ -91,9 +91,9 @@ def describe(cfg: PretrainConfig, size: int, global_batch: int) -> str:
         ("elastic  " if cfg.elastic else f"ranks {size}  ")
         + f"micro-batch {cfg.micro_batch_size}/rank  "
         + ("" if cfg.elastic else f"accumulation {cfg.accumulation_steps}  ")
-        + f"global batch {global_batch} sequences  seq {cfg.max_seq_length}  "
-        f"precision {cfg.precision}  xla {cfg.xla}{'  fuse' if cfg.fuse else ''}  "
-        f"gradients {describe_exchange(cfg.comm)}"
+        + f"global batch {global_batch} sequences  seq {cfg.max_seq_length}  precision "
+        f"{cfg.precision}  xla {cfg.xla}{'  fuse' if cfg.fuse else ''}  gradients "
+        f"{describe_exchange(cfg.comm)}"
         + ("  allreduce every micro-batch" if cfg.comm.allreduce_every_micro_batch else "")
         + (
             f"  (ladder: {cfg.ladder_sequences_per_second:.2f} seq/s per rank)"
@@ -217,8 +217,8 @@ def make_model(cfg: PretrainConfig, model_config: modeling.BertConfig, rank: int
     parameters = sum(int(tf.size(v)) for v in trainer.variables)
     say(
         f"model: {model_config.architecture}, {model_config.num_hidden_layers} layers, hidden "
-        f"{model_config.hidden_size}, vocab {model_config.vocab_size}, "
-        f"{parameters / 1e6:.2f}M parameters"
+        f"{model_config.hidden_size}, vocab {model_config.vocab_size}, {parameters / 1e6:.2f}M "
+        f"parameters"
     )
     return trainer, outer, parameters
 

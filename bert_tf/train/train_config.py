@@ -33,10 +33,9 @@ class TrainConfig:
         False,
         "XLA-fuse the element-wise ops (GELU, LayerNorm, softmax, casts and their gradients) "
         "between TensorFlow's own matmul kernels: for CPUs, whose AMX/AVX-512 BF16 matmuls XLA "
-        "does "
-        "not reach. Needs TF_XLA_FLAGS='--tf_xla_auto_jit=fusible --tf_xla_cpu_global_jit' in the "
-        "environment at launch (mpirun -x TF_XLA_FLAGS). Not with --xla. run/benchmark.py's +fuse "
-        "rungs measure it.",
+        "does not reach. Needs TF_XLA_FLAGS='--tf_xla_auto_jit=fusible --tf_xla_cpu_global_jit' in "
+        "the environment at launch (mpirun -x TF_XLA_FLAGS). Not with --xla. run/benchmark.py's "
+        "+fuse rungs measure it.",
     )
     accumulation_steps: int = knob(1, "Micro-batches per optimizer update (and per allreduce).")
     optimizer: str = knob("lamb", "Optimizer.", choices=OPTIMIZERS)
@@ -50,23 +49,20 @@ class TrainConfig:
     decay_power: float = knob(1.0, "Polynomial decay power after warmup (1 = linear).")
     schedule: str = knob(
         "polynomial",
-        "Learning rate after warmup: polynomial (decay from the end of warmup to "
-        "--total_steps, google-research/bert's) or wsd (warmup-stable-decay: the peak held, then "
-        "the "
-        "decay over the last --decay_fraction of the run; with --time_budget_hours, of the "
-        "predicted "
-        "run).",
+        "Learning rate after warmup: polynomial (decay from the end of warmup to --total_steps, "
+        "google-research/bert's) or wsd (warmup-stable-decay: the peak held, then the decay over "
+        "the last --decay_fraction of the run; with --time_budget_hours, of the predicted run).",
         choices=SCHEDULES,
     )
     decay_fraction: float = knob(
         0.2,
-        "--schedule=wsd: the share of the run's updates spent decaying (0.2: "
-        "Hägele et al. 2024's cooldown).",
+        "--schedule=wsd: the share of the run's updates spent decaying (0.2: Hägele et al. 2024's "
+        "cooldown).",
     )
     adam_beta2: float = knob(
         0.999,
-        "Second-moment decay of AdamW and LAMB (0.98 in the budget recipes: RoBERTa, "
-        "Liu et al. 2019, for stability at large batches; MosaicBERT, ModernBERT).",
+        "Second-moment decay of AdamW and LAMB (0.98 in the budget recipes: RoBERTa, Liu et al. "
+        "2019, for stability at large batches; MosaicBERT, ModernBERT).",
     )
     weight_decay: float = knob(0.01, "Decoupled weight decay (not on LayerNorm or biases).")
     clip_norm: float = knob(1.0, "Global-norm gradient clipping.")
@@ -111,6 +107,6 @@ class TrainConfig:
             raise ConfigError(f"--adam_beta2 must be in (0, 1), got {self.adam_beta2}")
         if self.comm.exchange == "onebit" and self.comm.compression_warmup_steps < 1:
             raise ConfigError(
-                "--exchange=onebit needs --compression_warmup_steps >= 1: the optimizer's "
-                "variance is estimated from those float32 updates, then frozen (1-bit Adam)"
+                "--exchange=onebit needs --compression_warmup_steps >= 1: the optimizer's variance "
+                "is estimated from those float32 updates, then frozen (1-bit Adam)"
             )
