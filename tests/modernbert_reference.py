@@ -122,6 +122,25 @@ def mlm_logits(weights, config, input_ids, attention_mask, position_ids=None):
     return t @ decoder.T + (p["decoder.bias"] if c["decoder_bias"] else 0.0)
 
 
+def sequence_classification_logits(weights, config, input_ids, attention_mask):
+    """ModernBertForSequenceClassification -> float64 [B, num_labels]: the last hidden state pooled by
+    classifier_pooling ("cls": position 0; "mean": sum(x * mask) / sum(mask) over the attention mask), then
+    head.dense -> classifier_activation -> head.norm, then classifier (weight [num_labels, H] and bias); the
+    head without biases (classifier_bias, norm_bias off)."""
+    c = {"classifier_pooling": "cls", **_config(config)}
+    x = last_hidden_state(weights, c, input_ids, attention_mask)
+    p = {k: np.asarray(v, np.float64) for k, v in weights.items()}
+    if c["classifier_pooling"] == "cls":
+        pooled = x[:, 0]
+    else:
+        m = np.asarray(attention_mask, np.float64)
+        pooled = (x * m[..., None]).sum(1) / m.sum(1, keepdims=True)
+    t = ACT[c["classifier_activation"]](pooled @ p["head.dense.weight"].T)
+    mu = t.mean(-1, keepdims=True)
+    t = (t - mu) / np.sqrt(((t - mu) ** 2).mean(-1, keepdims=True) + c["norm_eps"]) * p["head.norm.weight"]
+    return t @ p["classifier.weight"].T + p["classifier.bias"]
+
+
 def random_weights(config=SMALL, seed=0, tied=True):
     """{state-dict name: float32 array} for ModernBertForMaskedLM; every tensor random (norm weights near 1),
     `.bias` entries only where the config turns them on; no decoder.weight when tied."""

@@ -2,7 +2,9 @@
 (artifacts/modernbert_format.py), checked against an independent NumPy ModernBertForMaskedLM
 (tests/modernbert_reference.py, itself checked once against transformers' PyTorch model: docs/results.md)
 and against transformers' own ModernBertConfig."""
+import dataclasses
 import json
+import re
 
 import numpy as np
 import pytest
@@ -13,7 +15,7 @@ import bert_reference
 import modernbert_reference as ref
 from bert_tf import ConfigError
 from bert_tf.artifacts import checkpoint_formats as cf
-from bert_tf.artifacts import checkpointing
+from bert_tf.artifacts import checkpointing, modernbert_format
 from bert_tf.model import modeling
 
 # Four layers, global in 0 and 3 (every third), a window of +-4 tokens: at 20 tokens it matters.
@@ -209,3 +211,154 @@ def test_bad_modern_input_is_named(tmp_path, exported, vocab_file):
     with pytest.raises(ConfigError, match=f"{bad / 'config.json'}: mlp_bias"):
         cf.read(str(bad))
     assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
+
+
+# ---------------------------------------------------------------- issue 49: ModernBERT configs as transformers writes them
+MEAN = dataclasses.replace(CONFIG, classifier_pooling="mean")
+
+
+def perturb(module, seed):
+    """Every variable of `module` random, as perturbed_model does."""
+    r = np.random.RandomState(seed)
+    for name, var in sorted(checkpointing.module_variables(module).items()):
+        scale = 1.0 if "word_embeddings" in name else 0.5 / np.sqrt(var.shape[0]) if len(var.shape) == 2 else 0.1
+        var.assign(((1.0 if name.endswith("gamma") else 0.0) + scale * r.randn(*var.shape)).astype(np.float32))
+    return module
+
+
+def classifier_tensors(classifier):
+    """A BertClassifier's variables under ModernBertForSequenceClassification's names (ours: pooler = head)."""
+    ours = {k: v.numpy() for k, v in checkpointing.module_variables(classifier).items()}
+    tensors = {hf: (ours[name].T if kind == "kernel" else ours[name])
+               for name, hf, kind, _ in modernbert_format.table(classifier.config) if name.startswith("encoder/")}
+    tensors.update({"head.dense.weight": ours["encoder/pooler/kernel"].T, "head.norm.weight": ours["encoder/pooler_norm/gamma"],
+                    "classifier.weight": ours["classifier/kernel"].T, "classifier.bias": ours["classifier/bias"]})
+    return tensors
+
+
+def test_mean_pooling_gives_the_numpy_modernbert_classifier_s_logits():
+    """classifier_pooling "mean": the head on the mean over the attention mask (padded rows 1 and 2), as
+    transformers' ModernBertForSequenceClassification (the NumPy one: PyTorch is not installed), not on [CLS]."""
+    import transformers
+    from bert_tf.tasks import classification
+    classifier = perturb(classification.BertClassifier(MEAN, 3), seed=7)
+    hf_config = modernbert_format.config_to_huggingface(MEAN, lambda token: 0)
+    assert hf_config["classifier_pooling"] == "mean"
+    assert transformers.ModernBertConfig(**hf_config).classifier_pooling == "mean"
+    ids, mask = batch(seed=8)
+    features = {"input_ids": tf.constant(ids), "input_mask": tf.constant(mask), "segment_ids": tf.zeros_like(ids)}
+    ours = classifier.logits(features).numpy()
+    tensors = classifier_tensors(classifier)
+    theirs = ref.sequence_classification_logits(tensors, hf_config, ids, mask)
+    diff = float(np.abs(ours - theirs).max())
+    print(f"mean-pooled classifier vs the NumPy ModernBertForSequenceClassification: max abs diff {diff:.2e}")
+    assert diff <= 1e-4
+    cls = ref.sequence_classification_logits(tensors, {**hf_config, "classifier_pooling": "cls"}, ids, mask)
+    assert np.abs(cls - theirs).max() > 1e-2          # the pooling is in effect
+
+
+def test_mean_pooling_of_packed_rows_gives_each_instance_its_own_mean():
+    """Packed: the pooled output at each instance's [CLS] position is the one it has alone in a padded row."""
+    encoder = perturb(modeling.encoder(MEAN), seed=9)
+    r = np.random.RandomState(10)
+    a, b = r.randint(5, 120, 7), r.randint(5, 120, 9)
+    row = np.zeros((1, 20), np.int32)
+    row[0, :16] = np.concatenate([a, b])
+    positions = np.zeros_like(row)
+    positions[0, :16] = np.concatenate([np.arange(7), np.arange(9)])
+    instance = np.zeros_like(row)
+    instance[0, :16] = [1] * 7 + [2] * 9
+    sequence, pooled_row = encoder(tf.constant(row), tf.constant((instance > 0).astype(np.int32)), tf.zeros_like(row),
+                                   position_ids=tf.constant(positions), instance_ids=tf.constant(instance))
+    pooled = encoder.pool(sequence, tf.constant([[0, 7]]), input_mask=tf.constant((instance > 0).astype(np.int32)),
+                          instance_ids=tf.constant(instance)).numpy()
+    for k, tokens in enumerate((a, b)):
+        alone = np.zeros((1, 20), np.int32)
+        alone[0, :len(tokens)] = tokens
+        _, single = encoder(tf.constant(alone), tf.constant((alone > 0).astype(np.int32)), tf.zeros_like(alone))
+        assert np.abs(pooled[0, k] - single.numpy()[0]).max() < 1e-5, k
+        if k == 0:   # the row's own pooled output is its first instance's, as [CLS] pooling's is
+            assert np.abs(pooled_row.numpy()[0] - single.numpy()[0]).max() < 1e-5
+
+
+def test_classifier_pooling_is_validated_and_carried_through_export_and_import(tmp_path, exported):
+    with pytest.raises(ConfigError, match="classifier_pooling 'max' is not one of cls, mean"):
+        modeling.BertConfig.preset("modern-tiny", classifier_pooling="max")
+    with pytest.raises(ConfigError, match="classifier_pooling 'mean' needs architecture='modern'"):
+        modeling.BertConfig.preset("tiny", classifier_pooling="mean")
+    assert "classifier_pooling" not in modeling.BertConfig.preset("tiny").to_dict()   # google's JSON unchanged
+    assert modeling.BertConfig.from_dict(MEAN.to_dict()) == MEAN
+    config = json.load(open(exported[1] / "config.json"))
+    assert config["classifier_pooling"] == "cls"
+    hf = modernbert_format.config_to_huggingface(MEAN, lambda token: 0)
+    assert modernbert_format.config_from_huggingface(hf, "c.json") == MEAN
+    bad = write_checkpoint(tmp_path / "max", exported, {**config, "classifier_pooling": "max"})
+    with pytest.raises(ConfigError, match=re.escape(f"{bad}: BertConfig.classifier_pooling 'max'")):
+        cf.read(str(bad.parent))
+
+
+def test_a_missing_field_means_transformers_default():
+    """Every field config_from_huggingface fills in is ModernBertConfig's default (4.57.6): local_rope_theta
+    10000, not the global theta; 4.57 turns an explicit null local theta into the global one."""
+    import transformers
+    hf = transformers.ModernBertConfig()
+    ours = modernbert_format.config_from_huggingface({"model_type": "modernbert"}, "c.json")
+    pairs = {"norm_eps": "layer_norm_eps", "mlp_dropout": "hidden_dropout_prob",
+             "attention_dropout": "attention_probs_dropout_prob",
+             **{k: k for k in modernbert_format.DEFAULTS}, **{k: k for k in modernbert_format.THETA_DEFAULTS}}
+    for theirs, mine in pairs.items():
+        assert getattr(ours, mine) == getattr(hf, theirs), theirs
+    assert ours.hidden_act == modernbert_format.ACT_FROM_HF[hf.hidden_activation]
+    given = {"global_rope_theta": 50000.0}
+    assert modernbert_format.config_from_huggingface(given, "c.json").local_rope_theta == 10000.0
+    null = modernbert_format.config_from_huggingface({**given, "local_rope_theta": None}, "c.json")
+    assert null.local_rope_theta == 50000.0
+
+
+def v5_config(v4, n=3):
+    """A v4 config.json as transformers v5 writes it: rope_parameters and layer_types, no *_rope_theta."""
+    v5 = {k: v for k, v in v4.items() if k not in ("global_rope_theta", "local_rope_theta")}
+    v5["rope_parameters"] = {"full_attention": {"rope_type": "default", "rope_theta": v4["global_rope_theta"]},
+                             "sliding_attention": {"rope_type": "default", "rope_theta": v4["local_rope_theta"]}}
+    v5["layer_types"] = ["sliding_attention" if i % n else "full_attention" for i in range(v4["num_hidden_layers"])]
+    return v5
+
+
+def write_checkpoint(folder, exported, config):
+    folder.mkdir()
+    (folder / "model.safetensors").write_bytes((exported[1] / "model.safetensors").read_bytes())
+    json.dump(config, open(folder / "config.json", "w"))
+    return folder / "config.json"
+
+
+def test_a_transformers_v5_config_imports_as_its_v4_equivalent(tmp_path, exported):
+    v4 = {**json.load(open(exported[1] / "config.json")), "global_rope_theta": 50000.0, "local_rope_theta": 2500.0}
+    expected = modernbert_format.config_from_huggingface(v4, "v4.json")
+    assert (expected.global_rope_theta, expected.local_rope_theta) == (50000.0, 2500.0)
+    v5 = v5_config(v4)
+    assert modernbert_format.config_from_huggingface(v5, "v5.json") == expected
+    assert modernbert_format.config_from_huggingface({**v4, **v5}, "both.json") == expected   # agreeing forms
+    ckpt = cf.read(str(write_checkpoint(tmp_path / "v5", exported, v5).parent))
+    assert ckpt.config == expected
+
+
+def test_a_v5_config_the_modern_model_cannot_be_is_refused_naming_the_file(tmp_path, exported):
+    v5 = v5_config(json.load(open(exported[1] / "config.json")))
+    cases = {
+        "period": ({**v5, "layer_types": ["full_attention", "sliding_attention"] * 2},     # every 2nd, not 3rd
+                   "layer_types[2] is 'full_attention' where bert_tf's modern model has 'sliding_attention'"),
+        "first": ({**v5, "layer_types": ["sliding_attention"] + v5["layer_types"][1:]},
+                  "layer_types[0] is 'sliding_attention' where bert_tf's modern model has 'full_attention'"),
+        "length": ({**v5, "layer_types": v5["layer_types"][:-1]}, "layer_types ['full_attention'"),
+        "yarn": ({**v5, "rope_parameters": {**v5["rope_parameters"], "full_attention": {"rope_type": "yarn",
+                  "rope_theta": 160000.0, "factor": 4.0}}},
+                 "rope_parameters['full_attention'] has rope_type 'yarn' and factor: bert_tf's modern model has plain RoPE"),
+        "flat": ({**v5, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}},
+                 "rope_parameters {'rope_type': 'default', 'rope_theta': 10000.0} is not keyed by layer type"),
+        "disagree": ({**v5, "global_rope_theta": 1000.0},
+                     "rope_parameters['full_attention'] has rope_theta 160000.0 but global_rope_theta is 1000.0"),
+    }
+    for name, (config, message) in cases.items():
+        path = write_checkpoint(tmp_path / name, exported, config)
+        with pytest.raises(ConfigError, match=re.escape(f"{path}: {message}")):
+            cf.read(str(path.parent))

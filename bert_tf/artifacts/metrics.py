@@ -62,6 +62,7 @@ class TrainRecord:
     samples_seen: int | None = None
     ranks: int | None = None
     budget_predicted_steps: float | None = None  # --time_budget_hours: the run's predicted updates
+    masked_lm_prob: float | None = None  # --masked_lm_prob_end: the rate from this log step on
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

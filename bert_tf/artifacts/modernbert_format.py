@@ -40,6 +40,24 @@ ACT_FROM_HF = {
     "tanh": "tanh",
 }
 BIAS_FIELDS = ("norm_bias", "attention_bias", "mlp_bias", "classifier_bias")
+# ModernBertConfig's defaults (transformers 4.57.6, configuration_modernbert.py; v5 keeps them) for
+# the fields a config.json may leave out: a missing field means transformers' default.
+DEFAULTS = dict(
+    vocab_size=50368,
+    hidden_size=768,
+    num_hidden_layers=22,
+    num_attention_heads=12,
+    intermediate_size=1152,
+    max_position_embeddings=8192,
+    initializer_range=0.02,
+    global_attn_every_n_layers=3,
+    local_attention=128,
+    classifier_pooling="cls",
+)
+THETA_DEFAULTS = {"global_rope_theta": 160000.0, "local_rope_theta": 10000.0}
+# transformers v5's layer types (config.layer_types, rope_parameters' keys) and the v4 theta field
+# each one replaces
+LAYER_TYPES = {"full_attention": "global_rope_theta", "sliding_attention": "local_rope_theta"}
 
 
 def table(config: modeling.BertConfig):
@@ -109,8 +127,8 @@ def config_to_huggingface(config: modeling.BertConfig, token_id) -> dict:
     c = config
     if not c.modern:
         raise ConfigError(
-            f"a classic BERT (architecture={c.architecture!r}) has no ModernBERT layout: "
-            f"export it as BERT (checkpoint_formats.write_huggingface)"
+            f"a classic BERT (architecture={c.architecture!r}) has no ModernBERT layout: export it "
+            f"as BERT (checkpoint_formats.write_huggingface)"
         )
     act = ACT_TO_HF[c.hidden_act]
     return {
@@ -130,6 +148,10 @@ def config_to_huggingface(config: modeling.BertConfig, token_id) -> dict:
         **dict.fromkeys(BIAS_FIELDS, False),
         "decoder_bias": True,
         "tie_word_embeddings": True,
+        # transformers 4.x's fields only: 4.57 reads global_rope_theta / local_rope_theta and
+        # global_attn_every_n_layers (not v5's rope_parameters / layer_types), and v5's
+        # ModernBertConfig still takes these, turning the thetas into rope_parameters and the
+        # period into layer_types
         "global_attn_every_n_layers": c.global_attn_every_n_layers,
         "local_attention": c.local_attention,
         "global_rope_theta": c.global_rope_theta,
@@ -137,7 +159,7 @@ def config_to_huggingface(config: modeling.BertConfig, token_id) -> dict:
         "embedding_dropout": c.hidden_dropout_prob,
         "mlp_dropout": c.hidden_dropout_prob,
         "attention_dropout": c.attention_probs_dropout_prob,
-        "classifier_pooling": "cls",
+        "classifier_pooling": c.classifier_pooling,
         "pad_token_id": token_id("[PAD]"),
         "cls_token_id": token_id("[CLS]"),
         "bos_token_id": token_id("[CLS]"),
@@ -148,7 +170,28 @@ def config_to_huggingface(config: modeling.BertConfig, token_id) -> dict:
 
 def config_from_huggingface(values: dict, path: str) -> modeling.BertConfig:
     """ModernBertConfig's config.json (parsed) -> a modern BertConfig; `path` names the file in
-    errors."""
+    errors. Both transformers' forms load: 4.x's global_rope_theta / local_rope_theta and v5's
+    rope_parameters and layer_types; a field left out means ModernBertConfig's default."""
+    act = _check_supported(values, path)
+    out = {k: values.get(k, default) for k, default in DEFAULTS.items()}
+    out.update(
+        _rope_thetas(values, path),
+        architecture="modern",
+        hidden_act=ACT_FROM_HF[act],
+        layer_norm_eps=values.get("norm_eps", 1e-5),
+        hidden_dropout_prob=values.get("mlp_dropout", 0.0),
+        attention_probs_dropout_prob=values.get("attention_dropout", 0.0),
+    )
+    try:
+        config = modeling.BertConfig.from_dict(out)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{path}: {e}") from None
+    _check_layer_types(values.get("layer_types"), config, path)
+    return config
+
+
+def _check_supported(values: dict, path: str) -> str:
+    """Refuse what the modern model cannot be; -> transformers' activation name."""
     on = [f for f in BIAS_FIELDS if values.get(f, False)]
     if on or not values.get("decoder_bias", True):
         raise ConfigError(
@@ -167,35 +210,67 @@ def config_from_huggingface(values: dict, path: str) -> modeling.BertConfig:
             f"{path}: hidden_activation / classifier_activation {sorted(acts)} are not supported: "
             f"one of {sorted(ACT_FROM_HF)} for both"
         )
-    if values.get("classifier_pooling", "cls") != "cls":
+    return acts.pop()
+
+
+def _rope_thetas(values: dict, path: str) -> dict:
+    """{global_rope_theta, local_rope_theta} from v5's rope_parameters ({"full_attention":
+    {"rope_type": "default", "rope_theta": ...}, "sliding_attention": {...}}) or 4.x's fields. As
+    v5's ModernBertConfig does, rope_parameters' theta wins and a layer type without one falls back
+    to the 4.x field, then to the default; a 4.x null local theta is the global one (4.57's
+    ModernBertAttention). A file whose two forms disagree is refused: 4.57 and v5 would differ."""
+    thetas = {name: values.get(name, default) for name, default in THETA_DEFAULTS.items()}
+    if thetas["local_rope_theta"] is None:
+        thetas["local_rope_theta"] = thetas["global_rope_theta"]
+    params = values.get("rope_parameters")
+    if params is None:
+        return thetas
+    if not isinstance(params, dict) or not set(params) <= set(LAYER_TYPES):
         raise ConfigError(
-            f"{path}: classifier_pooling {values['classifier_pooling']!r}: only 'cls' is supported"
+            f"{path}: rope_parameters {params!r} is not keyed by layer type: transformers v5's "
+            f"ModernBertConfig writes a dict with {' and '.join(map(repr, LAYER_TYPES))}"
         )
-    fields = dict(
-        vocab_size=50368,
-        hidden_size=768,
-        num_hidden_layers=22,
-        num_attention_heads=12,
-        intermediate_size=1152,
-        max_position_embeddings=8192,
-        initializer_range=0.02,
-        global_attn_every_n_layers=3,
-        local_attention=128,
-        global_rope_theta=160000.0,
-    )
-    out = {k: values.get(k, default) for k, default in fields.items()}
-    out.update(
-        architecture="modern",
-        hidden_act=ACT_FROM_HF[acts.pop()],
-        layer_norm_eps=values.get("norm_eps", 1e-5),
-        local_rope_theta=values.get("local_rope_theta") or out["global_rope_theta"],
-        hidden_dropout_prob=values.get("mlp_dropout", 0.0),
-        attention_probs_dropout_prob=values.get("attention_dropout", 0.0),
-    )
-    try:
-        return modeling.BertConfig.from_dict(out)
-    except (TypeError, ValueError) as e:
-        raise ConfigError(f"{path}: {e}") from None
+    for layer_type, field in LAYER_TYPES.items():
+        entry = params.get(layer_type) or {}
+        rope_type = entry.get("rope_type", entry.get("type", "default"))
+        extra = sorted(set(entry) - {"rope_type", "type", "rope_theta"})
+        if rope_type != "default" or extra:
+            raise ConfigError(
+                f"{path}: rope_parameters[{layer_type!r}] has rope_type {rope_type!r}"
+                + (f" and {', '.join(extra)}" if extra else "")
+                + ": bert_tf's modern model has plain RoPE only (rope_type 'default' with a "
+                "rope_theta), no scaled variants"
+            )
+        theta = entry.get("rope_theta")
+        if theta is not None and values.get(field) is not None and values[field] != theta:
+            raise ConfigError(
+                f"{path}: rope_parameters[{layer_type!r}] has rope_theta {theta} but {field} is "
+                f"{values[field]}: transformers v5 reads the first, 4.x the second; keep one"
+            )
+        if theta is not None:
+            thetas[field] = theta
+    return thetas
+
+
+def _check_layer_types(layer_types, config: modeling.BertConfig, path: str):
+    """v5's layer_types must be the modern model's layout: global ("full_attention") in layer i
+    when i % global_attn_every_n_layers == 0 (layer 0 too), sliding elsewhere."""
+    if layer_types is None:
+        return
+    n, layers = config.global_attn_every_n_layers, config.num_hidden_layers
+    expected = ["sliding_attention" if i % n else "full_attention" for i in range(layers)]
+    if not isinstance(layer_types, list) or len(layer_types) != layers:
+        raise ConfigError(
+            f"{path}: layer_types {layer_types!r} is not a list of num_hidden_layers={layers} "
+            "'full_attention' / 'sliding_attention' entries"
+        )
+    for i, (found, wanted) in enumerate(zip(layer_types, expected)):
+        if found != wanted:
+            raise ConfigError(
+                f"{path}: layer_types[{i}] is {found!r} where bert_tf's modern model has "
+                f"{wanted!r}: it attends globally in layer i when i % global_attn_every_n_layers "
+                f"({n}) == 0 and in the sliding window elsewhere; other patterns are not supported"
+            )
 
 
 def from_huggingface(tensors: dict, config: modeling.BertConfig, weights_file: str) -> dict:
@@ -232,8 +307,8 @@ def to_huggingface(
     for ours, hf, kind, _ in table(config):
         if ours not in weights:
             raise ConfigError(
-                f"{weights_file}: {ours} missing: not a modern model's weights "
-                f"(architecture {config.architecture!r} in its config?)"
+                f"{weights_file}: {ours} missing: not a modern model's weights (architecture "
+                f"{config.architecture!r} in its config?)"
             )
         value = weights[ours]
         tensors[hf] = np.ascontiguousarray(value.T if kind == "kernel" else value, dtype=np.float32)
@@ -245,7 +320,6 @@ def describe(config: modeling.BertConfig) -> str:
     c = dataclasses.asdict(config)
     return (
         "ModernBERT architecture: RoPE (theta {global_rope_theta:g} global, {local_rope_theta:g} "
-        "local), GeGLU, "
-        "pre-norm without biases, global attention every {global_attn_every_n_layers} layers and a "
-        "{local_attention}-token window elsewhere"
+        "local), GeGLU, pre-norm without biases, global attention every "
+        "{global_attn_every_n_layers} layers and a {local_attention}-token window elsewhere"
     ).format(**c)

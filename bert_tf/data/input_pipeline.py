@@ -198,14 +198,37 @@ def find_corrupt_file(files):
     return None
 
 
+class MaskingRate:
+    """--masked_lm_prob_end: the dynamic masker's rate as a variable the tf.data map reads at each
+    batch, moved linearly from `start` at update 0 to `end` at the schedule's last update (Ankner
+    et al. 2023, arXiv:2305.15096: 30% -> 15%; mmBERT steps 30 -> 15 -> 5% across its phases).
+    The loop moves it at each log step, where it reads the schedule's length anyway (a time budget
+    re-predicts it), so it changes in steps of --log_interval updates; batches already prefetched
+    keep the rate they were masked at."""
+
+    def __init__(self, start: float, end: float):
+        self.start, self.end = start, end
+        with tf.device("/CPU:0"):  # where tf.data runs the masker
+            self.variable = tf.Variable(start, dtype=tf.float32, trainable=False, name="mlm_rate")
+
+    def at(self, step: int, total_steps: int) -> float:
+        return self.start + (self.end - self.start) * min(1.0, step / max(total_steps, 1))
+
+    def follow(self, step: int, total_steps: int) -> float:
+        rate = self.at(step, total_steps)
+        self.variable.assign(rate)
+        return rate
+
+
 def dynamic_masker(
     vocab_size, special_ids, max_predictions_per_seq, masked_lm_prob=0.15, mask_id=None
 ):
     """Returns a batch-level map: unmasked features -> google's masked features, fresh each call.
 
     Uses tensorflow-text: RandomItemSelector picks up to `max_predictions_per_seq` of the
-    real tokens (never [CLS]/[SEP]/[PAD]) at `masked_lm_prob`, MaskValuesChooser makes
-    80% of them [MASK], 10% random tokens, 10% unchanged.
+    real tokens (never [CLS]/[SEP]/[PAD]) at `masked_lm_prob` (a float, or a MaskingRate's
+    variable, read at each batch), MaskValuesChooser makes 80% of them [MASK], 10% random
+    tokens, 10% unchanged.
     """
     import tensorflow_text as text
 

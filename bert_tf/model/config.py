@@ -47,6 +47,9 @@ MODERN_DEFAULTS = dict(
     max_position_embeddings=8192,
 )
 ARCHITECTURES = ("bert", "modern")
+# classifier_pooling: what the modern pooler reads, [CLS] or the masked mean of the sequence output
+# (transformers' ModernBertConfig.classifier_pooling)
+POOLINGS = ("cls", "mean")
 PRESET_NAMES = (*PRESETS, *MODERN_PRESETS)
 # --recompute: keep every activation, or recompute each layer's in the backward pass (its input
 # kept)
@@ -79,6 +82,9 @@ class BertConfig:
     local_attention: int = 128  # the window: keys within local_attention // 2 of the query
     global_rope_theta: float = 160000.0
     local_rope_theta: float = 10000.0
+    # the pooler's input: "cls" (the [CLS] token) or "mean" (the mean over the input mask; modern
+    # only: the classic pooler is google's tanh dense on [CLS])
+    classifier_pooling: str = "cls"
 
     def __post_init__(self):
         for name in (
@@ -117,8 +123,19 @@ class BertConfig:
                 f"BertConfig.architecture {self.architecture!r} is not one of "
                 f"{', '.join(ARCHITECTURES)}"
             )
+        if self.classifier_pooling not in POOLINGS:
+            raise ConfigError(
+                f"BertConfig.classifier_pooling {self.classifier_pooling!r} is not one of "
+                f"{', '.join(POOLINGS)}"
+            )
         if self.architecture == "modern":
             self._check_modern()
+        elif self.classifier_pooling != "cls":
+            raise ConfigError(
+                f"BertConfig.classifier_pooling {self.classifier_pooling!r} needs "
+                "architecture='modern': the classic encoder's pooler is google's tanh dense on "
+                "[CLS] only"
+            )
 
     def _check_modern(self):
         head = self.hidden_size // self.num_attention_heads
@@ -225,4 +242,5 @@ MODERN_FIELDS = (
     "local_attention",
     "global_rope_theta",
     "local_rope_theta",
+    "classifier_pooling",
 )

@@ -26,8 +26,9 @@ class Encoder(Protocol):
         sequence, pooled = encoder(input_ids, input_mask, segment_ids, dtype=, seed=, training=,
                                    position_ids=None, instance_ids=None)
                                             # [B, S, H], [B, H]; compute dtype
-        encoder.pool(sequence, positions=None)
-                                            # the pooler on [CLS]: [B, H], or [B, K, H] at
+        encoder.pool(sequence, positions=None, input_mask=None, instance_ids=None)
+                                            # the pooler on [CLS] (or a modern one's mean over
+                                            # the mask or instance): [B, H], or [B, K, H] at
                                             # positions [B, K]
         encoder.config                      # the BertConfig it was built from
         encoder.trainable_variables         # tf.Module's: what a checkpoint holds, in a fixed order
@@ -51,7 +52,7 @@ class Encoder(Protocol):
         instance_ids=None,
     ) -> tuple: ...
 
-    def pool(self, sequence_output, positions=None): ...
+    def pool(self, sequence_output, positions=None, *, input_mask=None, instance_ids=None): ...
 
     @property
     def trainable_variables(self): ...

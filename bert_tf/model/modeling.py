@@ -188,9 +188,10 @@ class BertEncoder(tf.Module):
         )
         return x, self.pool(x)
 
-    def pool(self, sequence_output, positions=None):
+    def pool(self, sequence_output, positions=None, *, input_mask=None, instance_ids=None):
         """The pooler (tanh dense) on [CLS]: [B, H] at position 0, or [B, K, H] at positions [B, K]
-        (each packed instance's [CLS])."""
+        (each packed instance's [CLS]). input_mask and instance_ids are the Encoder contract's (a
+        modern mean pooler reads them); [CLS] needs neither."""
         if positions is None:
             return tf.tanh(self.pooler(sequence_output[:, 0]))
         return tf.tanh(self.pooler(tf.gather(sequence_output, positions, batch_dims=1)))
@@ -319,7 +320,10 @@ class BertPretrainer(tf.Module):
             )
         if packed:  # one [CLS] and label per instance slot, weight 0 for empty slots
             pooled = self.encoder.pool(
-                sequence_output, features["next_sentence_positions"]
+                sequence_output,
+                features["next_sentence_positions"],
+                input_mask=features["input_mask"],
+                instance_ids=features["instance_ids"],
             )  # [B, K, H]
             nsp_weights = tf.reshape(tf.cast(features["next_sentence_weights"], tf.float32), [-1])
         nsp_logits = tf.reshape(tf.cast(self.nsp(pooled), tf.float32), [-1, 2])
@@ -364,13 +368,11 @@ def check_features_fit(
         raise ConfigError(
             f"the model's sliding window (local_attention={config.local_attention}: keys within "
             f"{config.local_attention // 2} tokens) spans the whole "
-            f"--max_seq_length={max_seq_length}: its local "
-            f"layers would attend globally; use local_attention < {2 * (max_seq_length - 1)} or "
-            f"global_attn_every_n_layers=1"
+            f"--max_seq_length={max_seq_length}: its local layers would attend globally; use "
+            f"local_attention < {2 * (max_seq_length - 1)} or global_attn_every_n_layers=1"
         )
     if vocab_size is not None and vocab_size > config.vocab_size:
         raise ConfigError(
             f"the vocabulary has {vocab_size} tokens but the model's vocab_size is "
-            f"{config.vocab_size}: "
-            f"token ids >= {config.vocab_size} would not have embeddings"
+            f"{config.vocab_size}: token ids >= {config.vocab_size} would not have embeddings"
         )

@@ -13,8 +13,8 @@ an export maps one variable to one tensor; artifacts/modernbert_format.py):
     window of keys at most local_attention // 2 tokens away; one fused query-key-value projection;
   - feed-forward: GeGLU, act(x W_in) * (x W_gate) W_out, with W_in and W_gate one [H, 2I] kernel;
   - no biases in linear layers or norms;
-  - pooler (for fine-tuning heads): dense + activation + norm on [CLS], ModernBERT's classifier
-    head.
+  - pooler (for fine-tuning heads): dense + activation + norm, ModernBERT's classifier head, on
+    [CLS] or (classifier_pooling "mean") on the mean over the non-padding tokens.
 
 Shapes: B batch, S sequence, H hidden, N heads, D = H / N, I intermediate size.
 """
@@ -189,13 +189,43 @@ class ModernEncoder(tf.Module):
             lambda layer, h, s: layer(h, biases, position_ids, s, training),
         )
         x = self.final_norm(x)
-        return x, self.pool(x)
+        return x, self.pool(x, input_mask=input_mask, instance_ids=instance_ids)
 
-    def pool(self, sequence_output, positions=None):
-        """dense + activation + norm on [CLS]: [B, H], or [B, K, H] at positions [B, K]."""
-        cls = (
-            sequence_output[:, 0]
+    def pool(self, sequence_output, positions=None, *, input_mask=None, instance_ids=None):
+        """dense + activation + norm (transformers' ModernBertPredictionHead) on [CLS]
+        (classifier_pooling "cls") or on the masked mean of the sequence output ("mean", as
+        ModernBertForSequenceClassification: sum(x * mask) / sum(mask) over input_mask [B, S]):
+        [B, H]; or [B, K, H] for the instances whose [CLS] is at positions [B, K] (packed rows,
+        instance_ids [B, S]: "mean" averages each instance over its own tokens)."""
+        if self.config.classifier_pooling == "mean":
+            x = mean_pool(sequence_output, positions, input_mask, instance_ids)
+        elif positions is None:
+            x = sequence_output[:, 0]
+        else:
+            x = tf.gather(sequence_output, positions, batch_dims=1)
+        return self.pooler_norm(self.activation(self.pooler(x)))
+
+
+def mean_pool(sequence_output, positions=None, input_mask=None, instance_ids=None):
+    """The mean of sequence_output [B, S, H] over a row's tokens, summed in float32 and returned in
+    its dtype: [B, H] over input_mask [B, S] (every token when None), or [B, K, H] with positions
+    [B, K]. With instance_ids [B, S] (packed rows) a mean covers the tokens of one instance: the one
+    at each position, or at position 0 without positions (the instance whose [CLS] "cls" pools).
+    A mean over no tokens is 0."""
+    x = tf.cast(sequence_output, tf.float32)
+    if instance_ids is not None:
+        at = (
+            instance_ids[:, :1]
             if positions is None
-            else tf.gather(sequence_output, positions, batch_dims=1)
-        )
-        return self.pooler_norm(self.activation(self.pooler(cls)))
+            else tf.gather(instance_ids, positions, batch_dims=1)
+        )[:, :, tf.newaxis]  # [B, K, 1]: the instance to average
+        same = tf.equal(instance_ids[:, tf.newaxis, :], at)
+        weights = tf.cast(tf.logical_and(same, at > 0), tf.float32)  # [B, K, S]
+    else:
+        mask = tf.ones(tf.shape(x)[:2]) if input_mask is None else tf.cast(input_mask, tf.float32)
+        weights = mask[:, tf.newaxis, :]  # [B, 1, S]: a row not packed is one instance
+        if positions is not None:
+            weights *= tf.ones_like(tf.cast(positions, tf.float32))[:, :, tf.newaxis]
+    count = tf.maximum(tf.reduce_sum(weights, -1, keepdims=True), 1.0)
+    mean = tf.einsum("bks,bsh->bkh", weights, x) / count
+    return tf.cast(mean[:, 0] if positions is None else mean, sequence_output.dtype)

@@ -41,7 +41,13 @@ class PretrainConfig(TrainConfig, divergence.GuardConfig):
     max_seq_length: int = knob(128, "Tokens per sequence, with [CLS] and [SEP]s.")
     max_predictions_per_seq: int = knob(20, "Masked positions per sequence.")
     dynamic_masking: bool = knob(False, "Records are unmasked; mask in tf.data each epoch.")
-    masked_lm_prob: float = knob(0.15, "Masking rate for --dynamic_masking.")
+    masked_lm_prob: float = knob(0.15, "Masking rate for --dynamic_masking (at the start).")
+    masked_lm_prob_end: float | None = knob(
+        None,
+        "With --dynamic_masking: the masking rate at the schedule's last update, reached linearly "
+        "from --masked_lm_prob (e.g. 0.3 -> 0.15); moved at each log step. Unset: constant. "
+        "Unmasked --eval_files are masked at this rate.",
+    )
     mlm_only: bool = knob(False, "Train the masked-LM objective only (no next-sentence head).")
     eval_max_predictions_per_seq: int = knob(
         0,
@@ -328,6 +334,16 @@ class PretrainConfig(TrainConfig, divergence.GuardConfig):
             )
         if self.dynamic_masking and not 0 < self.masked_lm_prob < 1:
             raise ConfigError(f"--masked_lm_prob must be in (0, 1), got {self.masked_lm_prob}")
+        if self.masked_lm_prob_end is not None:
+            if not self.dynamic_masking:
+                raise ConfigError(
+                    "--masked_lm_prob_end needs --dynamic_masking: records written masked keep "
+                    "their masks"
+                )
+            if not 0 < self.masked_lm_prob_end < 1:
+                raise ConfigError(
+                    f"--masked_lm_prob_end must be in (0, 1), got {self.masked_lm_prob_end}"
+                )
 
     def resolved(self) -> "PretrainConfig":
         """A new config with --fit_micro_batch applied (this one, what was asked, is unchanged): the

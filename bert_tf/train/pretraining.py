@@ -246,6 +246,9 @@ def _log_interval(
         trainer.schedule.assign(plan.schedule(plan.predict(step, start_step, job.clock)))
         distributed.broadcast_variables([trainer.schedule], root_rank=0)
         last = dataclasses.replace(last, budget_predicted_steps=float(trainer.schedule[1].numpy()))
+    if job.masking_rate is not None:
+        rate = job.masking_rate.follow(step, int(trainer.schedule[1].numpy()))
+        last = dataclasses.replace(last, masked_lm_prob=round(rate, 6))
     job.writer.write(last)
     job.writer.progress(step, int(trainer.schedule[1].numpy()), last, start_step)
     return last

@@ -15,10 +15,10 @@ import tensorflow as tf
 
 from bert_tf import ConfigError
 from bert_tf.artifacts import checkpoint_formats, checkpointing, metrics
-from bert_tf.data import input_pipeline, tokenization
+from bert_tf.data import input_pipeline
 from bert_tf.parallel import auto_exchange, distributed, exchange_state, local_sgd
 from bert_tf.model import modeling
-from bert_tf.train import batch_warmup, budget, divergence, elastic, preflight, training
+from bert_tf.train import batch_warmup, budget, divergence, elastic, masking, preflight, training
 from bert_tf.train.evaluation import make_evaluator
 from bert_tf.train.pretrain_config import PretrainConfig
 
@@ -46,6 +46,7 @@ class Job:
     clock: budget.RunClock  # training seconds over restarts (a checkpoint item)
     warmup: batch_warmup.BatchWarmup | None = None  # --batch_warmup_sequences
     outer: local_sgd.OuterStep | None = None  # --local_updates (DiLoCo)
+    masking_rate: input_pipeline.MaskingRate | None = None  # --masked_lm_prob_end
 
 
 def make_batch_warmup(cfg: PretrainConfig, size: int, say) -> batch_warmup.BatchWarmup | None:
@@ -173,12 +174,15 @@ def build(cfg: PretrainConfig, say, asked: PretrainConfig | None = None) -> Job:
     trainer, outer, parameters = make_model(cfg, inputs.model_config, rank, say)
     ckpts, position, clock = make_checkpoints(cfg, trainer, outer, rank)
     samples_seen = start_state(cfg, inputs, trainer, outer, ckpts, clock, global_batch, say)
-    masker = make_masker(cfg, inputs.tokenizer)
+    masking_rate = masking.scheduled_rate(cfg, trainer)
+    masker = masking.make_masker(cfg, inputs.tokenizer, masking_rate)
     step = int(trainer.step.numpy())
     train_input = resume_input(cfg, inputs, masker, position, samples_seen, step, say)
     record = run_record(cfg, asked or cfg, global_batch, parameters)
     writer = metrics.MetricsWriter(cfg.checkpoint_dir, rank == 0, cfg.wandb_project, cfg.wandb_mode)
-    vocab_size, eval_masker = len(inputs.tokenizer), None if inputs.eval_masked else masker
+    vocab_size, eval_masker = len(inputs.tokenizer), None
+    if not inputs.eval_masked:  # a scheduled rate: held-out rows at its end rate, fixed
+        eval_masker = masking.make_masker(cfg, inputs.tokenizer, cfg.masked_lm_prob_end)
     evaluate = make_evaluator(
         trainer, cfg, inputs.eval_files, vocab_size, eval_masker, inputs.eval_pack
     )
@@ -205,6 +209,7 @@ def build(cfg: PretrainConfig, say, asked: PretrainConfig | None = None) -> Job:
         clock=clock,
         warmup=warmup,
         outer=outer,
+        masking_rate=masking_rate,
     )
 
 
@@ -268,19 +273,6 @@ def start_state(
             )
         )
     return samples_seen
-
-
-def make_masker(cfg: PretrainConfig, tokenizer: tokenization.Tokenizer):
-    """--dynamic_masking's masker (input_pipeline.dynamic_masker), or None: the records' masks."""
-    if not cfg.dynamic_masking:
-        return None
-    return input_pipeline.dynamic_masker(
-        len(tokenizer),
-        [tokenizer.cls_id, tokenizer.sep_id, tokenizer.pad_id],
-        cfg.max_predictions_per_seq,
-        cfg.masked_lm_prob,
-        tokenizer.mask_id,
-    )
 
 
 def run_record(
