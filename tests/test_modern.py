@@ -362,3 +362,19 @@ def test_a_v5_config_the_modern_model_cannot_be_is_refused_naming_the_file(tmp_p
         path = write_checkpoint(tmp_path / name, exported, config)
         with pytest.raises(ConfigError, match=re.escape(f"{path}: {message}")):
             cf.read(str(path.parent))
+
+
+def test_global_rope_theta_overrides_the_preset_and_the_checkpoint_and_a_classic_model_refuses_it():
+    """--global_rope_theta: ModernBERT's pre-training theta (10,000) for phase 1, its long-context one
+    (160,000, the preset's, from the released config) for phase 2; a classic BERT has no RoPE."""
+    from bert_tf.train import pretrain_config, preflight
+    base = dict(checkpoint_dir="x", vocab_file="v")
+    modern = pretrain_config.PretrainConfig(**base, model_preset="modern-tiny", global_rope_theta=10000.0)
+    config = preflight.build_model_config(modern, 300)
+    assert (config.global_rope_theta, config.local_rope_theta) == (10000.0, 10000.0)
+    assert preflight.build_model_config(dataclasses.replace(modern, global_rope_theta=0.0), 300).global_rope_theta \
+        == 160000.0
+    with pytest.raises(ConfigError, match=r"--global_rope_theta=10000: the model is a classic BERT"):
+        preflight.build_model_config(dataclasses.replace(modern, model_preset="tiny"), 300)
+    with pytest.raises(ConfigError, match="--global_rope_theta must be > 0, got -1"):
+        dataclasses.replace(modern, global_rope_theta=-1.0).validate()

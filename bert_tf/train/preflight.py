@@ -27,6 +27,13 @@ def build_model_config(cfg: PretrainConfig, vocab_size: int, init=None) -> model
         config = init.config
     else:
         config = modeling.BertConfig.preset(cfg.model_preset, vocab_size=vocab_size)
+    if cfg.global_rope_theta:
+        if not config.modern:
+            raise ConfigError(
+                f"--global_rope_theta={cfg.global_rope_theta:g}: the model is a classic BERT "
+                "(absolute positions); RoPE is the modern architecture's"
+            )
+        config = dataclasses.replace(config, global_rope_theta=cfg.global_rope_theta)
     if init is not None:  # first: its errors name the checkpoint file
         checkpoint_formats.check_fits(init, config, vocab_size, cfg.vocab_file, cfg.max_seq_length)
     modeling.check_features_fit(config, cfg.max_seq_length, vocab_size)

@@ -32,6 +32,13 @@ class PretrainConfig(TrainConfig, divergence.GuardConfig):
         choices=model_config.PRESET_NAMES,
     )
     bert_config_file: str = knob("", "google-format bert_config.json (instead of a preset).")
+    global_rope_theta: float = knob(
+        0.0,
+        "Modern models: RoPE theta of the global-attention layers (0: the preset's, ModernBERT's "
+        "released 160,000, or the --init_checkpoint's). ModernBERT pre-trained at 10,000 and "
+        "raised it to 160,000 only for its long-context phase (Warner et al. 2024, context "
+        "extension).",
+    )
     vocab_file: str = knobs.vocab_file(
         "", detail="its size sets the model's vocab_size for presets."
     )
@@ -293,6 +300,8 @@ class PretrainConfig(TrainConfig, divergence.GuardConfig):
 
     def _check_recipe(self):
         """The budget recipe's knobs (configs/budget_*.flags)."""
+        if self.global_rope_theta < 0:
+            raise ConfigError(f"--global_rope_theta must be > 0, got {self.global_rope_theta}")
         if self.batch_warmup_sequences < 0 or self.eval_max_predictions_per_seq < 0:
             raise ConfigError(
                 "--batch_warmup_sequences and --eval_max_predictions_per_seq must be >= 0"
