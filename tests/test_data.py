@@ -1063,3 +1063,14 @@ def test_truncation_is_googles_and_a_document_of_one_enormous_line_makes_instanc
     config = ins.InstanceConfig(max_seq_length=64, max_predictions_per_seq=10, dupe_factor=1)
     summary = pd.create_pretraining_data([f"{path}@documents"], "auto", tok, str(tmp_path / "out"), config)
     assert summary["documents"] == 1 and summary["train"]["instances"] >= 1
+
+
+def test_the_training_and_shared_streams_run_without_the_autotune_thread(tiny_data):
+    """With tf.data's autotuning on, deleting an iterator that idled (the end of a run, each evaluation's
+    pass) waited for the autotune thread's timed sleep, 10-35 s in about half the cases, in every process
+    under Horovod (input_pipeline.without_autotune_thread). Both pipelines a run reads leave it off."""
+    from bert_tf.train import elastic
+    files = sorted(glob.glob(tiny_data["train"]))
+    for ds in (input_pipeline.make_dataset(files, 4, 64, 10), input_pipeline.make_dataset(files, 4, 64, 10, training=False),
+               elastic.make_shared_stream(files, 4)):
+        assert ds.options().autotune.enabled is False

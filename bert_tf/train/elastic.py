@@ -92,7 +92,8 @@ def make_shared_stream(
     reshuffled every pass and the records through a seeded buffer, repeated forever. It has no rank
     or size in it, so every rank builds the same one."""
     ds = input_pipeline.serialized_records(sorted(files), seed, True, shuffle_buffer, read)
-    return ds.batch(micro_batch, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+    ds = ds.batch(micro_batch, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+    return ds.with_options(input_pipeline.without_autotune_thread())
 
 
 class SharedStream:
