@@ -10,12 +10,18 @@ from bert_tf import ConfigError, knob
 from bert_tf.parallel.comm import CommConfig
 
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
-OPTIMIZERS = ("lamb", "adamw")
+# lamb: LAMB (You et al. 2019; NVIDIA's BERT recipe). adamw: AdamW (google-research/bert's).
+# stable_adamw: AdamW with per-tensor update clipping (Wortsman et al. 2023; ModernBERT's). The
+# update of each, and the weight decay's convention: bert_tf/train/optimization.py.
+OPTIMIZERS = ("lamb", "adamw", "stable_adamw")
 # polynomial: decay from the end of warmup (google-research/bert's). wsd: warmup-stable-decay, the
 # peak held until the last `decay_fraction` of the run, then the decay (the trapezoid of Xing et al.
 # 2018 and Hägele et al. 2024, ModernBERT's): a run whose length is only known late (a time budget)
 # decays at its end, and the stable phase learns at the peak rate meanwhile.
 SCHEDULES = ("polynomial", "wsd")
+# The decay's curve over its progress p from 0 to 1 (optimization.learning_rate): linear, (1 - p) to
+# the power --decay_power; 1-sqrt, 1 - sqrt(p) (Hägele et al. 2024; ModernBERT's final decay).
+DECAY_SHAPES = ("linear", "1-sqrt")
 
 
 @dataclasses.dataclass
@@ -38,7 +44,14 @@ class TrainConfig:
         "+fuse rungs measure it.",
     )
     accumulation_steps: int = knob(1, "Micro-batches per optimizer update (and per allreduce).")
-    optimizer: str = knob("lamb", "Optimizer.", choices=OPTIMIZERS)
+    optimizer: str = knob(
+        "lamb",
+        "Optimizer: lamb (LAMB), adamw (AdamW) or stable_adamw (AdamW whose learning rate each "
+        "tensor divides by max(1, RMS of g^2 / v): Wortsman et al. 2023's update clipping, "
+        "ModernBERT's optimizer; it replaces gradient clipping, see --clip_norm). "
+        "bert_tf/train/optimization.py.",
+        choices=OPTIMIZERS,
+    )
     learning_rate: float = knob(
         1e-4,
         "Peak learning rate, for the global batch (not scaled with the rank count; "
@@ -46,7 +59,19 @@ class TrainConfig:
     )
     warmup_steps: int = knob(0, "Linear warmup updates.")
     total_steps: int = knob(1000, "Optimizer updates in all.")
-    decay_power: float = knob(1.0, "Polynomial decay power after warmup (1 = linear).")
+    decay_power: float = knob(
+        1.0,
+        "--decay_shape=linear: the decay's power, (1 - progress)^power (1: linear; 0.5: the "
+        "classic recipe's, NVIDIA's).",
+    )
+    decay_shape: str = knob(
+        "linear",
+        "The decay's curve over its progress p (0 to 1): linear ((1 - p)^--decay_power) or 1-sqrt "
+        "(1 - sqrt(p): Hägele et al. 2024's cooldown, ModernBERT's final decay; not "
+        "--decay_power=0.5, which is sqrt(1 - p)). Both end at 0 (ModernBERT's at 0.001 x the "
+        "peak).",
+        choices=DECAY_SHAPES,
+    )
     schedule: str = knob(
         "polynomial",
         "Learning rate after warmup: polynomial (decay from the end of warmup to --total_steps, "
@@ -61,11 +86,24 @@ class TrainConfig:
     )
     adam_beta2: float = knob(
         0.999,
-        "Second-moment decay of AdamW and LAMB (0.98 in the budget recipes: RoBERTa, Liu et al. "
-        "2019, for stability at large batches; MosaicBERT, ModernBERT).",
+        "Second-moment decay (beta2) of the optimizer (0.98 in the budget recipes: RoBERTa, Liu et "
+        "al. 2019, for stability at large batches; MosaicBERT's and ModernBERT's too). beta1 is "
+        "0.9 and epsilon 1e-6, theirs as well.",
     )
-    weight_decay: float = knob(0.01, "Decoupled weight decay (not on LayerNorm or biases).")
-    clip_norm: float = knob(1.0, "Global-norm gradient clipping.")
+    weight_decay: float = knob(
+        0.01,
+        "Weight decay, decoupled from the gradient's moments (AdamW's) and scaled by the learning "
+        "rate: each update shrinks a weight w by lr_t * weight_decay * w (LAMB: times its trust "
+        "ratio; stable_adamw: over its update clipping), as google-research/bert and "
+        "torch.optim.AdamW do. Not on LayerNorm parameters or biases. ModernBERT's and "
+        "MosaicBERT's optimizers scale their weight decay wd' by lr_t / peak lr instead (fully "
+        "decoupled): the same decay here is wd' / peak lr (ModernBERT's 1e-5 at 8e-4: 1.25e-2).",
+    )
+    clip_norm: float = knob(
+        1.0,
+        "Global-norm gradient clipping; 0: none (ModernBERT's with --optimizer=stable_adamw, whose "
+        "update clipping replaces it).",
+    )
     seed: int = knob(0, "Seed for initialisation, data order and dropout.")
     comm: CommConfig = dataclasses.field(
         default_factory=CommConfig
@@ -105,8 +143,33 @@ class TrainConfig:
             raise ConfigError(f"--decay_fraction must be in (0, 1], got {self.decay_fraction}")
         if not 0 < self.adam_beta2 < 1:
             raise ConfigError(f"--adam_beta2 must be in (0, 1), got {self.adam_beta2}")
-        if self.comm.exchange == "onebit" and self.comm.compression_warmup_steps < 1:
+        if self.clip_norm < 0:
+            raise ConfigError(f"--clip_norm must be >= 0 (0: no clipping), got {self.clip_norm}")
+        self.validate_decay()
+        self.validate_onebit()
+
+    def validate_decay(self):
+        if self.decay_shape not in DECAY_SHAPES:
+            raise ConfigError(
+                f"--decay_shape={self.decay_shape}: valid are {', '.join(DECAY_SHAPES)}"
+            )
+        if self.decay_shape == "1-sqrt" and self.decay_power != 1:
+            raise ConfigError(
+                f"--decay_power={self.decay_power:g} with --decay_shape=1-sqrt: the power shapes "
+                "the linear decay only; give one of them"
+            )
+
+    def validate_onebit(self):
+        if self.comm.exchange != "onebit":
+            return
+        if self.comm.compression_warmup_steps < 1:
             raise ConfigError(
                 "--exchange=onebit needs --compression_warmup_steps >= 1: the optimizer's variance "
                 "is estimated from those float32 updates, then frozen (1-bit Adam)"
+            )
+        if self.optimizer == "stable_adamw":
+            raise ConfigError(
+                "--exchange=onebit with --optimizer=stable_adamw: 1-bit Adam freezes the variance, "
+                "and StableAdamW's update clipping compares each step's squared gradient with it; "
+                "use adamw or lamb, or another --exchange"
             )

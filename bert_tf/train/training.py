@@ -312,11 +312,14 @@ class Trainer:
             self.schedule[1],
             c.decay_power,
             decay_fraction=c.decay_fraction if c.schedule == "wsd" else None,
+            shape=c.decay_shape,
         )
         lr = lr * self.lr_scale * self.batch_lr_scale
 
         def update():
-            clipped, _ = tf.clip_by_global_norm(grads, c.clip_norm, use_norm=grad_norm)
+            clipped = grads  # --clip_norm=0: none (StableAdamW clips its updates instead)
+            if c.clip_norm:
+                clipped, _ = tf.clip_by_global_norm(grads, c.clip_norm, use_norm=grad_norm)
             self.optimizer.apply(clipped, self.variables, lr)
             return tf.constant(0, tf.int64)
 
