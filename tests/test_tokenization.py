@@ -8,6 +8,7 @@ import time
 import pytest
 
 from bert_tf.data import basic_tokenizer, tokenization
+import stamps
 from conftest import REPO, mpi_env
 
 
@@ -150,13 +151,29 @@ def python_rules_shared_by_the_scans():
 
 @pytest.mark.cluster
 @pytest.mark.parametrize("backend", ["tensorflow_text", "rust"])
-def test_the_shipped_departure_table_is_what_a_scan_of_every_code_point_finds(backend, python_rules_shared_by_the_scans):
+def test_the_shipped_departure_table_is_what_a_scan_of_every_code_point_finds(backend, request):
     """bert_tf/data/tokenizer_departures.py against a fresh scan (about 1 min, 5 GB) with the pinned library;
-    the two scans share their Python-rules work (python_rules_shared_by_the_scans)."""
+    the two scans share their Python-rules work (python_rules_shared_by_the_scans). The scan is a pure
+    function of the tokenizer's code, the shipped table and the libraries' versions: it records a stamp
+    keyed by them (tests/stamps.py) and is not repeated while they stay the same; the versions check
+    always runs."""
     from bert_tf.data import tokenizer_departures
     table = tokenizer_departures.TABLES[backend]
-    assert table["versions"] == tokenization.library_versions(backend)
+    versions = tokenization.library_versions(backend)
+    assert table["versions"] == versions
+    data = REPO / "bert_tf" / "data"
+    stamp = stamps.for_test(request, "tokenizer-scan", {
+        "tokenizer code": [data / "tokenization.py", data / "basic_tokenizer.py", data / "tokenizer_departures.py"],
+        "versions": f"{versions} | TensorFlow {tf_version()} | Python {sys.version}"})
+    stamp.skip_if_verified()
+    request.getfixturevalue("python_rules_shared_by_the_scans")
     assert tokenization.scan_departures(backend) == list(table["ranges"])
+    stamp.record()
+
+
+def tf_version():
+    import tensorflow as tf
+    return tf.__version__
 
 
 def test_an_unknown_tokenizer_backend_is_named():
