@@ -221,6 +221,7 @@ def test_the_records_rung_counts_the_useful_tokens_of_the_rows_it_timed(tmp_path
 
 
 @pytest.mark.slow
+@pytest.mark.long   # the benchmark's comparison with its peer, a study (pytest.ini): out of the default run
 def test_the_peer_is_also_timed_with_its_own_accumulation_and_at_the_tuned_micro_batches(tmp_path):
     out = benchmark([*QUICK, "--peak_repeats=1", "--rungs=fp32,keras-hub", "--accumulation_steps=2",
                      "--tune_micro_batch_sizes=4", f"--output_dir={tmp_path / 'out'}",

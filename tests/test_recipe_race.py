@@ -63,6 +63,7 @@ def test_the_report_script_draws_and_checks_the_recipes(race):
 
 
 @pytest.mark.slow
+@pytest.mark.long   # a study's own run (pytest.ini): out of the default run
 def test_a_race_of_two_tiny_recipes_runs_both_and_reports(tiny_data, tmp_path):
     """run/recipe_race.py end to end: a classic tiny and a modern tiny (MLM only, AdamW, wsd, batch warmup)
     raced for a few updates each on 2 ranks, scored on the same held-out records."""
@@ -148,6 +149,7 @@ def test_the_emulated_race_measures_between_evaluations_and_asks_the_planner(tmp
 
 
 @pytest.mark.cluster
+@pytest.mark.long   # a study's own run (pytest.ini): out of the default run
 @pytest.mark.skipif(ec.preflight() is not None, reason=f"emulated cluster unavailable: {ec.preflight()}")
 def test_a_race_on_emulated_nodes_counts_the_bytes_each_exchange_sends(tiny_data, tmp_path):
     """run/recipe_race.py --nodes=2: float16 allreduce against DiLoCo every 2 updates on two emulated nodes; the
