@@ -134,11 +134,9 @@ def test_export_then_import_gives_identical_weights_and_outputs(exported):
     assert np.array_equal(our_logits(model, ids, mask)[0], our_logits(back, ids, mask)[0])
 
 
-def test_packed_rows_give_each_instance_what_it_has_alone():
-    """Two instances in one row (per-instance positions into RoPE, the block-diagonal mask and the window)."""
-    model = perturbed_model(modeling.BertConfig.preset("modern-tiny", vocab_size=120, hidden_size=64,
-                                                       num_attention_heads=4, num_hidden_layers=3, local_attention=4))
-    r = np.random.RandomState(4)
+def packed_pair(seed):
+    """Two random instances (7 and 9 tokens) packed into one row of 20: (a, b, row, positions, instance ids)."""
+    r = np.random.RandomState(seed)
     a, b = r.randint(5, 120, 7), r.randint(5, 120, 9)
     row = np.zeros((1, 20), np.int32)
     row[0, :16] = np.concatenate([a, b])
@@ -146,6 +144,14 @@ def test_packed_rows_give_each_instance_what_it_has_alone():
     positions[0, :16] = np.concatenate([np.arange(7), np.arange(9)])
     instance = np.zeros_like(row)
     instance[0, :16] = [1] * 7 + [2] * 9
+    return a, b, row, positions, instance
+
+
+def test_packed_rows_give_each_instance_what_it_has_alone():
+    """Two instances in one row (per-instance positions into RoPE, the block-diagonal mask and the window)."""
+    model = perturbed_model(modeling.BertConfig.preset("modern-tiny", vocab_size=120, hidden_size=64,
+                                                       num_attention_heads=4, num_hidden_layers=3, local_attention=4))
+    a, b, row, positions, instance = packed_pair(seed=4)
     packed, _ = model.encoder(tf.constant(row), tf.constant((instance > 0).astype(np.int32)), tf.zeros_like(row),
                               position_ids=tf.constant(positions), instance_ids=tf.constant(instance))
     for start, tokens in ((0, a), (7, b)):
@@ -260,14 +266,7 @@ def test_mean_pooling_gives_the_numpy_modernbert_classifier_s_logits():
 def test_mean_pooling_of_packed_rows_gives_each_instance_its_own_mean():
     """Packed: the pooled output at each instance's [CLS] position is the one it has alone in a padded row."""
     encoder = perturb(modeling.encoder(MEAN), seed=9)
-    r = np.random.RandomState(10)
-    a, b = r.randint(5, 120, 7), r.randint(5, 120, 9)
-    row = np.zeros((1, 20), np.int32)
-    row[0, :16] = np.concatenate([a, b])
-    positions = np.zeros_like(row)
-    positions[0, :16] = np.concatenate([np.arange(7), np.arange(9)])
-    instance = np.zeros_like(row)
-    instance[0, :16] = [1] * 7 + [2] * 9
+    a, b, row, positions, instance = packed_pair(seed=10)
     sequence, pooled_row = encoder(tf.constant(row), tf.constant((instance > 0).astype(np.int32)), tf.zeros_like(row),
                                    position_ids=tf.constant(positions), instance_ids=tf.constant(instance))
     pooled = encoder.pool(sequence, tf.constant([[0, 7]]), input_mask=tf.constant((instance > 0).astype(np.int32)),
