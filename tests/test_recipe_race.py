@@ -188,3 +188,15 @@ def test_a_launch_that_dies_before_the_run_begins_is_tried_once_more(tmp_path):
     with pytest.raises(RuntimeError, match="exited 1"):
         recipe_race.launch("x.flags", str(run_dir), 2, log=lambda *a: None, mpirun=[sys.executable, str(failing)])
     assert open(run_dir / "metrics.jsonl").read() == "x"          # launched once only
+
+
+def test_the_time_to_reach_is_interpolated_between_the_evaluations_around_it(race):
+    """budget's curve: 0.15 at 300 s (update 10), 0.30 at 600 s (update 20): it crosses 0.25 two thirds of the way,
+    at 500 s and update 16.7, not at the grid's 600 s; at or above the first evaluation it is that evaluation."""
+    budget = recipe_race.curve(str(race / "budget"))
+    seconds, updates = recipe_race.first_reach(budget, 0.25)
+    assert seconds == pytest.approx(500.0) and updates == pytest.approx(50 / 3)
+    assert recipe_race.first_reach(budget, 0.10) == (300, 10)
+    assert recipe_race.first_reach(budget, 0.30) == (600, 20)
+    assert recipe_race.first_reach(budget, 0.50) == (None, None)
+    assert recipe_race.time_to_reach(budget, 0.40) == pytest.approx(900 + (0.04 / 0.09) * 900)

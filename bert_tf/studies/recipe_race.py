@@ -4,8 +4,8 @@ time, and the time each takes to reach the others' final accuracy (run/recipe_ra
 
 Time is wall-clock from the run record (written when the model is built and restored, before the
 first update, so compilation counts) to each evaluation, evaluations included: what a user pays for.
-A recipe "reaches" an accuracy at its first evaluation at or above it (no interpolation between
-evaluations).
+A recipe "reaches" an accuracy where its curve first crosses it, linear between the evaluations on
+either side (first_reach).
 """
 
 from __future__ import annotations
@@ -202,11 +202,20 @@ def planned_vs_measured(
 
 
 def first_reach(run: dict, accuracy: float):
-    """(seconds, updates) at the first evaluation at or above `accuracy`, or (None, None)."""
-    return next(
-        ((s, n) for s, n, a in zip(run["seconds"], run["step"], run["accuracy"]) if a >= accuracy),
-        (None, None),
-    )
+    """(seconds, updates) when the curve first reaches `accuracy`, or (None, None): linear between
+    the evaluation before and the first one at or above it (read off the grid, a recipe evaluated
+    every 2 minutes could only gain or lose whole intervals); at the first evaluation when that one
+    is already above it (nothing before it to interpolate from)."""
+    points = list(zip(run["seconds"], run["step"], run["accuracy"]))
+    for i, (s, n, a) in enumerate(points):
+        if a < accuracy:
+            continue
+        if i == 0 or a == accuracy:
+            return s, n
+        s0, n0, a0 = points[i - 1]
+        share = (accuracy - a0) / (a - a0)
+        return s0 + share * (s - s0), n0 + share * (n - n0)
+    return None, None
 
 
 def time_to_reach(run: dict, accuracy: float):
@@ -353,7 +362,7 @@ def describe(summary: dict) -> list:
         for other, r in row["reaches"].items():
             when = (
                 f"in {r['seconds'] / 60:.1f} min ({r['fraction_of_their_time']:.2f} of {other}'s "
-                f"time), after {r['updates']} updates (x{r['update_factor']:.2f} {other}'s)"
+                f"time), after {r['updates']:.0f} updates (x{r['update_factor']:.2f} {other}'s)"
                 if r["seconds"]
                 else "never"
             )
