@@ -20,6 +20,9 @@ race compares ways of exchanging gradients (issue 40; configs/comm_race_*.flags)
 
 and adds per recipe the bytes rank 0's node sent per update and the planner's prediction of its
 speed (fed the run's own compute speed) against the speed measured between evaluations.
+
+--seeds=1,2,3 runs every recipe once per seed (<output_dir>/<name>/seed<k>) and reports each
+figure's mean, standard deviation and standard error over the seeds (bert_tf/studies/race_seeds.py).
 """
 
 import contextlib
@@ -64,13 +67,14 @@ def race_on(cfg, recipes):
     with cluster:
         mpirun = cluster.mpirun_prefix(cfg.nodes) if cfg.nodes else None
         for name, path in recipes.items() if not cfg.report_only else ():
-            recipe_race.launch(
-                os.path.abspath(path),
-                os.path.abspath(os.path.join(cfg.output_dir, name)),
-                cfg.nodes or cfg.ranks,
-                extra,
-                mpirun=mpirun,
-            )
+            for k, run_dir in zip(cfg.seeds or [None], cfg.run_dirs(name)):
+                recipe_race.launch(
+                    os.path.abspath(path),
+                    os.path.abspath(run_dir),
+                    cfg.nodes or cfg.ranks,
+                    extra + ([] if k is None else [f"--seed={k}"]),
+                    mpirun=mpirun,
+                )
         if not cfg.nodes:
             return None
         probe = [sys.executable, os.path.join(REPO, "run", "comm_study.py"), "--probe"]
@@ -88,7 +92,7 @@ def race_on(cfg, recipes):
 def main(_):
     cfg = cli.config_from_flags(RaceConfig)
     from bert_tf.parallel import device
-    from bert_tf.studies import recipe_race
+    from bert_tf.studies import race_seeds, recipe_race
 
     recipes = parse_recipes(cfg.recipes)
     settings = {name: recipe_race.read_flagfile(path, REPO) for name, path in recipes.items()}
@@ -102,10 +106,10 @@ def main(_):
     link = race_on(cfg, recipes)
     runs = {}
     for name in recipes:
-        runs[name] = recipe_race.curve(os.path.join(cfg.output_dir, name))
-        if cfg.nodes:
-            runs[name]["planner"] = recipe_race.planned_vs_measured(
-                os.path.join(cfg.output_dir, name), cfg.nodes, cfg.link_gbit, link
+        runs[name] = [recipe_race.curve(run_dir) for run_dir in cfg.run_dirs(name)]
+        for run_dir, run in zip(cfg.run_dirs(name), runs[name]) if cfg.nodes else ():
+            run["planner"] = recipe_race.planned_vs_measured(
+                run_dir, cfg.nodes, cfg.link_gbit, link
             )
     cpu = device.device_description()
     where = (
@@ -117,8 +121,15 @@ def main(_):
         f"{' vs '.join(recipes)}: {where} on {cpu.get('cpu', 'a GPU node')} "
         f"({cpu.get('cpu_count', '?')} cores; {', '.join(cpu.get('cpu_features', []))})"
     )
-    summary = recipe_race.write_report(runs, cfg.output_dir, title, cfg.target_accuracy)
-    print("\n".join(recipe_race.describe(summary)))
+    if cfg.seeds:
+        summary = race_seeds.write_report(
+            runs, cfg.seeds, cfg.output_dir, title, cfg.target_accuracy
+        )
+        print("\n".join(race_seeds.describe_seeds(summary)))
+    else:
+        one = {name: curves[0] for name, curves in runs.items()}
+        summary = recipe_race.write_report(one, cfg.output_dir, title, cfg.target_accuracy)
+        print("\n".join(recipe_race.describe(summary)))
     print(f"wrote {os.path.join(cfg.output_dir, 'race.json')} and race.png")
 
 

@@ -200,3 +200,34 @@ def test_the_time_to_reach_is_interpolated_between_the_evaluations_around_it(rac
     assert recipe_race.first_reach(budget, 0.30) == (600, 20)
     assert recipe_race.first_reach(budget, 0.50) == (None, None)
     assert recipe_race.time_to_reach(budget, 0.40) == pytest.approx(900 + (0.04 / 0.09) * 900)
+
+
+def test_over_seeds_each_figure_has_its_mean_and_spread_and_the_times_pair_seed_with_seed(tmp_path):
+    """run/recipe_race.py --seeds=1,2 --report_only on runs written per seed: final accuracy as mean ± sd (s.e.),
+    the time to reach the other's final accuracy taken seed by seed (seed 2 of budget never reaches seed 2 of
+    classic: 1 of 2 seeds), and every seed's curve in race.json."""
+    from bert_tf.studies import race_seeds
+    write_run(tmp_path / "classic" / "seed1", 0.0, [(600, 0.20), (1200, 0.30)])
+    write_run(tmp_path / "classic" / "seed2", 0.0, [(600, 0.20), (1200, 0.34)])
+    write_run(tmp_path / "budget" / "seed1", 0.0, [(300, 0.25), (600, 0.35)])
+    write_run(tmp_path / "budget" / "seed2", 0.0, [(300, 0.25), (600, 0.33)])
+    flags = tmp_path / "a.flags"
+    flags.write_text("--eval_files=data/x/eval-*\n--eval_batches=30\n")
+    proc = subprocess.run([sys.executable, str(REPO / "run" / "recipe_race.py"), f"--output_dir={tmp_path}",
+                           "--report_only", "--seeds=1,2", f"--recipes=classic={flags},budget={flags}"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.load(open(tmp_path / "race.json"))
+    budget = report["summary_over_seeds"]["budget"]
+    assert budget["final_accuracy"]["mean"] == pytest.approx(0.34)
+    assert budget["final_accuracy"]["sd"] == pytest.approx(math.sqrt(2) * 0.01)
+    assert budget["final_accuracy"]["se"] == pytest.approx(0.01)
+    reach = budget["reaches"]["classic"]
+    # seed 1: 0.30 crossed between (300 s, 0.25) and (600 s, 0.35): 450 s; seed 2 never reaches 0.34
+    assert reach["reached"] == 1 and reach["seconds"]["mean"] == pytest.approx(450.0)
+    assert len(report["curves"]["classic"]) == 2
+    assert "budget: final held-out MLM accuracy 0.3400 ± 0.0141 (s.e. 0.0100) over 2 seeds" in proc.stdout
+    assert "  reaches classic's final in 7.5 ± 0.0 (s.e. 0.0) min on 1/2 seeds" in proc.stdout
+    assert race_seeds.spread([None, None]) == {"n": 0, "mean": None}
+    with pytest.raises(ConfigError, match="--seeds=1,1: a seed given twice"):
+        recipe_race.RaceConfig(recipes=["a=b"], output_dir="x", seeds=[1, 1])

@@ -54,6 +54,12 @@ class RaceConfig:
     target_accuracy: float = knob(
         0.0, "Also report when each recipe first reaches this held-out MLM accuracy."
     )
+    seeds: list[int] | None = knob(
+        None,
+        "Run every recipe once per seed (--seed=k, into <output_dir>/<name>/seed<k>); the report "
+        "gives each figure's mean, standard deviation and standard error over the seeds, and the "
+        "time to reach another recipe's final accuracy seed by seed.",
+    )
 
     def __post_init__(self):
         for name, low in (
@@ -64,6 +70,13 @@ class RaceConfig:
         ):
             if getattr(self, name) < low:
                 raise ConfigError(f"--{name} must be >= {low}, got {getattr(self, name)}")
+        if self.seeds is not None and len(set(self.seeds)) != len(self.seeds):
+            raise ConfigError(f"--seeds={','.join(map(str, self.seeds))}: a seed given twice")
+
+    def run_dirs(self, name: str) -> list[str]:
+        """A recipe's run folders: <output_dir>/<name>, or one per seed."""
+        base = os.path.join(self.output_dir or "", name)
+        return [base] if not self.seeds else [os.path.join(base, f"seed{k}") for k in self.seeds]
 
 
 def read_flagfile(path: str, root: str = ".") -> dict:

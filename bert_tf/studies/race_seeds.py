@@ -1,0 +1,101 @@
+"""The recipe race over seeds (run/recipe_race.py --seeds): each recipe's figures as a mean with its
+standard deviation and standard error over the seeds, and the time one recipe takes to reach
+another's final accuracy, seed k against seed k, so a difference can be read against the noise of
+one seed."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from bert_tf import ConfigError
+from bert_tf.studies.recipe_race import plot, summarize
+
+
+def spread(values: list) -> dict:
+    """mean, sample standard deviation, standard error, min, max and count of `values` (Nones
+    dropped: a seed that never reached)."""
+    import statistics
+
+    xs = [float(v) for v in values if v is not None]
+    if not xs:
+        return {"n": 0, "mean": None}
+    sd = statistics.stdev(xs) if len(xs) > 1 else 0.0
+    return {
+        "n": len(xs),
+        "mean": statistics.fmean(xs),
+        "sd": sd,
+        "se": sd / len(xs) ** 0.5,
+        "min": min(xs),
+        "max": max(xs),
+    }
+
+
+def summarize_seeds(runs: dict, target: float = 0.0) -> dict:
+    """{name: [curve of seed 1, seed 2, ...]} (the same seeds, in the same order, for every recipe)
+    -> each recipe's figures as `spread`s over the seeds; the time to reach another recipe's final
+    accuracy pairs seed k with seed k (`reached`: on how many seeds it did)."""
+    counts = {len(curves) for curves in runs.values()}
+    if len(counts) != 1:
+        raise ConfigError(f"every recipe needs the same seeds: {len(counts)} different counts")
+    per_seed = [
+        summarize({name: curves[k] for name, curves in runs.items()}, target)
+        for k in range(counts.pop())
+    ]
+    out = {}
+    for name in runs:
+        rows = [s[name] for s in per_seed]
+        row = {
+            key: spread([r[key] for r in rows])
+            for key in ("final_accuracy", "seconds", "steps", "sequences", "sequences_per_second")
+        }
+        if target:
+            row["target"] = {"accuracy": target, **spread([r["target"]["seconds"] for r in rows])}
+        row["reaches"] = {
+            other: {
+                "seconds": spread([r["reaches"][other]["seconds"] for r in rows]),
+                "fraction_of_their_time": spread(
+                    [r["reaches"][other]["fraction_of_their_time"] for r in rows]
+                ),
+                "reached": sum(r["reaches"][other]["seconds"] is not None for r in rows),
+            }
+            for other in rows[0]["reaches"]
+        }
+        out[name] = {"seeds": len(rows), **row}
+    return out
+
+
+def describe_seeds(summary: dict) -> list:
+    """summarize_seeds' lines: mean ± standard deviation (standard error) over the seeds."""
+
+    def pm(s, scale=1.0, fmt=".4f"):
+        if s["mean"] is None:
+            return "never"
+        return f"{s['mean'] / scale:{fmt}} ± {s['sd'] / scale:{fmt}} (s.e. {s['se'] / scale:{fmt}})"
+
+    lines = []
+    for name, row in summary.items():
+        lines.append(
+            f"{name}: final held-out MLM accuracy {pm(row['final_accuracy'])} over "
+            f"{row['seeds']} seeds, after {pm(row['seconds'], 60, '.1f')} min"
+        )
+        for other, r in row["reaches"].items():
+            lines.append(
+                f"  reaches {other}'s final in {pm(r['seconds'], 60, '.1f')} min on "
+                f"{r['reached']}/{row['seeds']} seeds ({pm(r['fraction_of_their_time'], 1, '.2f')}"
+                f" of {other}'s time)"
+            )
+    return lines
+
+
+def write_report(runs: dict, seeds: list, out_dir: str, title: str, target: float = 0.0) -> dict:
+    """race.json (every seed's curve and the summary over seeds) and race.png (every seed's curve)
+    in out_dir; returns the summary. runs: {name: [curve of each of `seeds`]}."""
+    summary = summarize_seeds(runs, target)
+    with open(os.path.join(out_dir, "race.json"), "w") as f:
+        json.dump({"title": title, "summary_over_seeds": summary, "curves": runs}, f, indent=1)
+    flat = {
+        f"{name} {k + 1}": curve for name, curves in runs.items() for k, curve in enumerate(curves)
+    }
+    plot(flat, os.path.join(out_dir, "race.png"), title)
+    return summary
