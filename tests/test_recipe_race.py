@@ -231,3 +231,19 @@ def test_over_seeds_each_figure_has_its_mean_and_spread_and_the_times_pair_seed_
     assert race_seeds.spread([None, None]) == {"n": 0, "mean": None}
     with pytest.raises(ConfigError, match="--seeds=1,1: a seed given twice"):
         recipe_race.RaceConfig(recipes=["a=b"], output_dir="x", seeds=[1, 1])
+
+
+def test_the_race_counts_instances_and_tokens_not_only_rows():
+    """Packed rows hold several instances and fewer useful tokens than their length: each interval's rows are
+    converted by the ratio of its rates (1.5 instances and 60 non-padding tokens per row here; a record without
+    those rates: one instance per row, its padded tokens)."""
+    train = [{"kind": "train", "step": 10, "samples_seen": 1000, "sequences_per_second": 100.0,
+              "instances_per_second": 150.0, "useful_tokens_per_second": 6000.0},
+             {"kind": "train", "step": 20, "samples_seen": 3000, "sequences_per_second": 200.0,
+              "instances_per_second": 400.0, "useful_tokens_per_second": 10000.0},
+             {"kind": "train", "step": 30, "samples_seen": 3500, "sequences_per_second": 50.0,
+              "tokens_per_second": 3200.0}]
+    counts = recipe_race.trained_counts(train)
+    assert counts[10] == (1000, 1500.0, 60000)
+    assert counts[20] == (3000, 1500.0 + 4000.0, 60000 + 100000)
+    assert counts[30] == (3500, 5500.0 + 500.0, 160000 + 32000)

@@ -47,7 +47,15 @@ def summarize_seeds(runs: dict, target: float = 0.0) -> dict:
         rows = [s[name] for s in per_seed]
         row = {
             key: spread([r[key] for r in rows])
-            for key in ("final_accuracy", "seconds", "steps", "sequences", "sequences_per_second")
+            for key in (
+                "final_accuracy",
+                "seconds",
+                "steps",
+                "sequences",
+                "instances",
+                "tokens",
+                "sequences_per_second",
+            )
         }
         if target:
             row["target"] = {"accuracy": target, **spread([r["target"]["seconds"] for r in rows])}

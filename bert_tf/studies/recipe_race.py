@@ -110,17 +110,17 @@ def curve(run_dir: str) -> dict:
     if not runs:
         raise ConfigError(f"{path} holds no run record")
     t0 = runs[0]["time"]
-    seen, out = {0: 0}, {"seconds": [], "step": [], "samples_seen": [], "accuracy": []}
+    keys = ("seconds", "step", "samples_seen", "instances", "tokens", "accuracy")
+    out: dict = {key: [] for key in keys}
     train = [r for r in records if r.get("kind") == "train"]
-    for r in train:
-        seen[r["step"]] = r.get("samples_seen", 0)
+    seen = trained_counts(train)
     for r in records:
         if r.get("kind") == "eval" and "eval_mlm_accuracy" in r:
+            at = seen.get(r["step"]) or seen[max(k for k in seen if k <= r["step"])]
             out["seconds"].append(r["time"] - t0)
             out["step"].append(r["step"])
-            out["samples_seen"].append(
-                seen.get(r["step"], max(v for k, v in seen.items() if k <= r["step"]))
-            )
+            for key, value in zip(("samples_seen", "instances", "tokens"), at):
+                out[key].append(value)
             out["accuracy"].append(r["eval_mlm_accuracy"])
     if not out["accuracy"]:
         raise ConfigError(
@@ -135,6 +135,23 @@ def curve(run_dir: str) -> dict:
     if sent:  # --network_interface: what rank 0's node sent, evaluations included
         out["bytes_per_update"] = sum(sent) / len(sent)
     return out
+
+
+def trained_counts(train: list) -> dict:
+    """{step: (rows, instances, tokens) trained on up to it} from the train records: rows from
+    samples_seen, an interval's instances and non-padding tokens from its rows by the ratio of its
+    rates (a packed row holds several instances; a row without instances_per_second holds one, one
+    without useful_tokens_per_second counts its padding)."""
+    counts, rows, instances, tokens = {0: (0, 0.0, 0.0)}, 0, 0.0, 0.0
+    for r in train:
+        new = r.get("samples_seen", rows) - rows
+        rate = r.get("sequences_per_second") or 0.0
+        per_row = r.get("instances_per_second", rate) / rate if rate else 1.0
+        tokens_per_row = r.get("useful_tokens_per_second", r.get("tokens_per_second", 0.0))
+        rows, instances = rows + new, instances + new * per_row
+        tokens += new * (tokens_per_row / rate if rate else 0.0)
+        counts[r["step"]] = (rows, round(instances, 1), round(tokens))
+    return counts
 
 
 def training_intervals(records: list) -> list:
@@ -246,6 +263,8 @@ def summarize(runs: dict, target: float = 0.0) -> dict:
             "seconds": run["seconds"][-1],
             "steps": run["step"][-1],
             "sequences": run["samples_seen"][-1],
+            "instances": run["instances"][-1],
+            "tokens": run["tokens"][-1],
             "sequences_per_second": run["sequences_per_second"],
             "reaches": {},
         }
@@ -353,7 +372,8 @@ def describe(summary: dict) -> list:
         lines.append(
             f"{name}: final held-out MLM accuracy {row['final_accuracy']:.4f} after "
             f"{row['seconds'] / 60:.1f} min ({row['steps']} updates, {row['sequences']:,} "
-            f"sequences, {row['sequences_per_second']:.1f} seq/s)"
+            f"sequences (rows) = {row['instances']:,.0f} instances and {row['tokens']:,} tokens, "
+            f"{row['sequences_per_second']:.1f} seq/s)"
         )
         if "bytes_per_update" in row:
             lines.append(
