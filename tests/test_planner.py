@@ -420,3 +420,27 @@ def test_the_plans_in_planner_validation_md_run_and_give_its_table():
         efficiencies = re.findall(r"scaling efficiency ([\d.]+)%", proc.stdout)
         assert len(efficiencies) == 2 and all(abs(float(e) - int(shown)) <= 0.5 for e, shown in
                                               zip(efficiencies, (first, second))), (command, efficiencies)
+
+
+def test_the_geglu_feed_forward_counts_its_gate_and_modern_mini_matched_is_bert_mini_sized():
+    """A modern layer's GeGLU runs three H x I matmuls (value, gate, output), the classic's two; with it counted,
+    modern-mini-matched (GeGLU 683 = 8/3 x 256) has BERT-mini's FLOPs per sequence and non-embedding parameters
+    within 1%, where modern-mini has 80% of the FLOPs (the recipe race's arms, issue 49)."""
+    from bert_tf.tools import flops
+
+    def per_sequence(name):
+        return flops.forward_flops_per_sequence(modeling.BertConfig.preset(name, vocab_size=30522), 128, 20, nsp=False)
+
+    def non_embedding(name):
+        config = modeling.BertConfig.preset(name, vocab_size=30522)
+        positions = 0 if config.modern else (config.max_position_embeddings + config.type_vocab_size) * config.hidden_size
+        return planner.parameter_count(config, nsp=False) - config.vocab_size * config.hidden_size - positions
+
+    config = modeling.BertConfig.preset("modern-mini", vocab_size=30522)
+    classic = dataclasses.replace(config, architecture="bert")
+    S, H, I = 128, config.hidden_size, config.intermediate_size
+    assert per_sequence("modern-mini") - flops.forward_flops_per_sequence(classic, 128, 20, nsp=False) == \
+        config.num_hidden_layers * 2 * S * H * I                      # the gate's matmul, per layer
+    assert per_sequence("modern-mini-matched") / per_sequence("mini") == pytest.approx(1.0, abs=0.01)
+    assert non_embedding("modern-mini-matched") / non_embedding("mini") == pytest.approx(1.0, abs=0.01)
+    assert per_sequence("modern-mini") / per_sequence("mini") == pytest.approx(0.80, abs=0.01)

@@ -25,10 +25,13 @@ PRESETS: dict[str, tuple[int, int]] = {
 }
 # The modern family (model/modern.py): ModernBERT-base's and -large's shapes (Warner et al. 2024,
 # table 3: 22 x 768 with a GeGLU of 1152, 28 x 1024 with 2624) and, below them, the classic small
-# sizes with ModernBERT's 1.5 x hidden GeGLU width. (layers, hidden, intermediate)
+# sizes with ModernBERT's 1.5 x hidden GeGLU width; modern-mini-matched's GeGLU of 683
+# (8/3 x hidden) gives it BERT-mini's parameters and FLOPs per layer (3 H I = 8 H^2), the
+# recipe race's size-matched arm. (layers, hidden, intermediate)
 MODERN_PRESETS = {
     "modern-tiny": (2, 128, 192),
     "modern-mini": (4, 256, 384),
+    "modern-mini-matched": (4, 256, 683),
     "modern-small": (4, 512, 768),
     "modern-base": (22, 768, 1152),
     "modern-large": (28, 1024, 2624),

@@ -7,7 +7,8 @@ I intermediate, L layers, P masked positions, V vocab:
     per layer:  Q, K, V, output projections   4 * 2*S*H*H
                 attention scores  Q K^T        2*S*S*H
                 attention-weighted values      2*S*S*H
-                feed-forward                   2 * 2*S*H*I
+                feed-forward                   2 * 2*S*H*I    (classic: H -> I -> H)
+                GeGLU feed-forward             3 * 2*S*H*I    (modern: H -> 2I, gated, I -> H)
     pooler                                     2*H*H          (the [CLS] token only)
     masked-LM head at P positions              2*P*H*H + 2*P*H*V
     next-sentence head                         2*H*2
@@ -32,7 +33,8 @@ def forward_flops_per_sequence(
         predictions,
         config.vocab_size,
     )
-    layer = 4 * 2 * S * H * H + 2 * 2 * S * S * H + 2 * 2 * S * H * I
+    feed_forward = (3 if config.modern else 2) * 2 * S * H * I
+    layer = 4 * 2 * S * H * H + 2 * 2 * S * S * H + feed_forward
     heads = 2 * H * H + 2 * P * H * H + 2 * P * H * V + (2 * H * 2 if nsp else 0)
     return float(config.num_hidden_layers * layer + heads)
 
