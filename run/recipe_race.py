@@ -21,6 +21,10 @@ race compares ways of exchanging gradients (issue 40; configs/comm_race_*.flags)
 and adds per recipe the bytes rank 0's node sent per update and the planner's prediction of its
 speed (fed the run's own compute speed) against the speed measured between evaluations.
 
+--sweep_learning_rates=... (with --sweep_warmup_steps, --sweep_optimizers=classic=lamb+adamw and
+--time_budget_hours) tunes each recipe with the same effort first and writes <name>.best.flags for
+the race (bert_tf/studies/race_sweep.py).
+
 --seeds=1,2,3 runs every recipe once per seed (<output_dir>/<name>/seed<k>) and reports each
 figure's mean, standard deviation and standard error over the seeds (bert_tf/studies/race_seeds.py).
 """
@@ -89,6 +93,40 @@ def race_on(cfg, recipes):
     return link
 
 
+def sweep(cfg, recipes):
+    """Sweep mode: every recipe's settings run (unless --report_only), then sweep.json and each
+    recipe's best flagfile."""
+    from bert_tf.studies import race_sweep, recipe_race
+
+    race_sweep.check(
+        cfg.sweep_learning_rates,
+        cfg.sweep_warmup_steps,
+        cfg.sweep_optimizers,
+        cfg.time_budget_hours,
+        recipes,
+    )
+    extra = [f"--time_budget_hours={cfg.time_budget_hours}", *cfg.pretrain_flag]
+    scores = {}
+    for name, path in recipes.items():
+        scores[name] = {}
+        for setting in race_sweep.settings(
+            name, cfg.sweep_learning_rates, cfg.sweep_warmup_steps, cfg.sweep_optimizers
+        ):
+            key = race_sweep.label(setting)
+            run_dir = os.path.join(cfg.output_dir, name, "sweep", key)
+            if not cfg.report_only:
+                recipe_race.launch(
+                    os.path.abspath(path),
+                    os.path.abspath(run_dir),
+                    cfg.ranks,
+                    extra + race_sweep.flags(setting),
+                )
+            scores[name][key] = (setting, recipe_race.curve(run_dir))
+    table = race_sweep.report(scores, recipes, cfg.output_dir)
+    print("\n".join(race_sweep.describe(table)))
+    print(f"wrote {os.path.join(cfg.output_dir, 'sweep.json')} and <name>.best.flags")
+
+
 def main(_):
     cfg = cli.config_from_flags(RaceConfig)
     from bert_tf.parallel import device
@@ -103,6 +141,9 @@ def main(_):
             f"{shared}"
         )
     os.makedirs(cfg.output_dir, exist_ok=True)
+    if cfg.sweep_learning_rates:
+        sweep(cfg, recipes)
+        return
     link = race_on(cfg, recipes)
     runs = {}
     for name in recipes:

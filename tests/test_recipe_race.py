@@ -247,3 +247,45 @@ def test_the_race_counts_instances_and_tokens_not_only_rows():
     assert counts[10] == (1000, 1500.0, 60000)
     assert counts[20] == (3000, 1500.0 + 4000.0, 60000 + 100000)
     assert counts[30] == (3500, 5500.0 + 500.0, 160000 + 32000)
+
+
+def test_a_sweep_gives_each_recipe_the_same_effort_and_writes_its_best_setting_as_a_flagfile(tmp_path):
+    """run/recipe_race.py --sweep_learning_rates (5 rates over 30x) x --sweep_warmup_steps, LAMB and AdamW for
+    classic only, --report_only on runs written per setting: sweep.json ranks each recipe's settings by final
+    held-out accuracy, and <name>.best.flags is its flagfile then the best setting (read back as the race reads
+    flagfiles). Too few rates, too narrow a span, no budget, or an optimizer for a recipe not raced fail at
+    start."""
+    from bert_tf.studies import race_sweep
+    rates, warmups = [1e-4, 3e-4, 1e-3, 3e-3, 1e-2], [10, 50]
+    flags = tmp_path / "a.flags"
+    flags.write_text("--eval_files=data/x/eval-*\n--eval_batches=30\n--learning_rate=5e-4\n")
+    settings = {name: race_sweep.settings(name, rates, warmups, ["classic=lamb+adamw"]) for name in ("classic", "budget")}
+    assert len(settings["classic"]) == 20 and len(settings["budget"]) == 10
+    for name, chosen in (("classic", {"learning_rate": 1e-3, "warmup_steps": 50, "optimizer": "adamw"}),
+                         ("budget", {"learning_rate": 3e-3, "warmup_steps": 10})):
+        for i, setting in enumerate(settings[name]):
+            best = setting == chosen
+            write_run(tmp_path / name / "sweep" / race_sweep.label(setting), 0.0,
+                      [(600, 0.10), (1200, 0.40 if best else 0.20 + 0.001 * i)])
+    proc = subprocess.run([sys.executable, str(REPO / "run" / "recipe_race.py"), f"--output_dir={tmp_path}",
+                           "--report_only", "--time_budget_hours=0.5", f"--recipes=classic={flags},budget={flags}",
+                           f"--sweep_learning_rates={','.join(map(str, rates))}", "--sweep_warmup_steps=10,50",
+                           "--sweep_optimizers=classic=lamb+adamw"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    table = json.load(open(tmp_path / "sweep.json"))
+    assert table["classic"][0]["setting"] == {"learning_rate": 1e-3, "warmup_steps": 50, "optimizer": "adamw"}
+    assert len(table["classic"]) == 20 and table["budget"][0]["final_accuracy"] == 0.40
+    best = recipe_race.read_flagfile(str(tmp_path / "budget.best.flags"))
+    assert best["learning_rate"] == "0.003" and best["warmup_steps"] == "10" and best["eval_batches"] == "30"
+    assert "classic: 20 settings, best first" in proc.stdout
+    base = dict(recipes=["a=b"], output_dir="x", time_budget_hours=0.5)
+    for overrides, message in [
+            (dict(sweep_learning_rates=[1e-4, 3e-4, 1e-3, 3e-3]), "give at least 5 different positive rates"),
+            (dict(sweep_learning_rates=[1e-4, 2e-4, 4e-4, 8e-4, 1.6e-3]), "spanning at least 30x"),
+            (dict(sweep_learning_rates=rates, time_budget_hours=0.0), "needs --time_budget_hours"),
+            (dict(sweep_warmup_steps=[10]), "need --sweep_learning_rates"),
+            (dict(sweep_learning_rates=rates, seeds=[1, 2]), "no --nodes, no --seeds")]:
+        with pytest.raises(ConfigError, match=message):
+            recipe_race.RaceConfig(**{**base, **overrides})
+    with pytest.raises(ConfigError, match="--sweep_optimizers: 'modern' is not one of --recipes"):
+        race_sweep.check(rates, None, ["modern=adamw"], 0.5, {"classic": "a", "budget": "b"})

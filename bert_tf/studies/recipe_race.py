@@ -20,7 +20,7 @@ import time
 
 from bert_tf import ConfigError, knob, knobs
 from bert_tf.artifacts import metrics
-from bert_tf.studies import emulated_cluster
+from bert_tf.studies import emulated_cluster, race_sweep
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +54,17 @@ class RaceConfig:
     target_accuracy: float = knob(
         0.0, "Also report when each recipe first reaches this held-out MLM accuracy."
     )
+    sweep_learning_rates: list[float] | None = knob(
+        None,
+        "Sweep mode instead of a race: every recipe at each of these rates (at least 5 spanning "
+        "30x), each --sweep_warmup_steps and its --sweep_optimizers, under the same "
+        "--time_budget_hours, into <output_dir>/<name>/sweep/<setting>; writes sweep.json and "
+        "<name>.best.flags for the race (bert_tf/studies/race_sweep.py).",
+    )
+    sweep_warmup_steps: list[int] | None = knob(None, "Sweep mode: the warmup lengths to try.")
+    sweep_optimizers: list[str] | None = knob(
+        None, "Sweep mode: name=optimizer+optimizer pairs, e.g. classic=lamb+adamw."
+    )
     seeds: list[int] | None = knob(
         None,
         "Run every recipe once per seed (--seed=k, into <output_dir>/<name>/seed<k>); the report "
@@ -70,6 +81,16 @@ class RaceConfig:
         ):
             if getattr(self, name) < low:
                 raise ConfigError(f"--{name} must be >= {low}, got {getattr(self, name)}")
+        race_sweep.check(
+            self.sweep_learning_rates,
+            self.sweep_warmup_steps,
+            self.sweep_optimizers,
+            self.time_budget_hours,
+        )
+        if self.sweep_learning_rates and (self.nodes or self.seeds):
+            raise ConfigError(
+                "--sweep_learning_rates runs on this machine with one seed: no --nodes, no --seeds"
+            )
         if self.seeds is not None and len(set(self.seeds)) != len(self.seeds):
             raise ConfigError(f"--seeds={','.join(map(str, self.seeds))}: a seed given twice")
 

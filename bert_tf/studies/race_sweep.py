@@ -1,0 +1,118 @@
+"""The recipe race's sweep mode (run/recipe_race.py --sweep_learning_rates=...): before two recipes
+are raced, each gets the same tuning effort. Every recipe runs at every learning rate, every
+warmup length and, where given, every optimizer of its own, all under the same
+--time_budget_hours. Each setting is scored by its final held-out MLM accuracy at that budget.
+The best setting of each recipe is written as a flagfile, <output_dir>/<name>.best.flags (its
+flagfile, then the setting), for the race that follows. A baseline raced at a rate nobody tuned
+says little about the recipe that beats it."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+
+from bert_tf import ConfigError
+
+# a sweep this narrow cannot tell a good rate from a lucky one (issue 49: at least 5 rates over 30x)
+MIN_RATES, MIN_SPAN = 5, 30.0
+
+
+def check(rates, warmups, optimizers, budget_hours, recipes=None):
+    """Start-up checks of the sweep's flags; optimizers: ["name=opt+opt", ...]."""
+    if not rates:
+        if warmups or optimizers:
+            raise ConfigError(
+                "--sweep_warmup_steps and --sweep_optimizers need --sweep_learning_rates"
+            )
+        return
+    if len(set(rates)) < MIN_RATES or max(rates) / min(rates) < MIN_SPAN or min(rates) <= 0:
+        raise ConfigError(
+            f"--sweep_learning_rates={','.join(f'{r:g}' for r in rates)}: give at least "
+            f"{MIN_RATES} different positive rates spanning at least {MIN_SPAN:g}x"
+        )
+    if not budget_hours:
+        raise ConfigError(
+            "--sweep_learning_rates needs --time_budget_hours: every setting is scored at the same "
+            "budget"
+        )
+    for name in per_recipe_optimizers(optimizers):
+        if recipes is not None and name not in recipes:
+            raise ConfigError(
+                f"--sweep_optimizers: {name!r} is not one of --recipes ({', '.join(recipes)})"
+            )
+
+
+def per_recipe_optimizers(pairs) -> dict:
+    """["classic=lamb+adamw", ...] -> {"classic": ["lamb", "adamw"]}."""
+    out = {}
+    for pair in pairs or []:
+        name, sep, kinds = pair.partition("=")
+        if not sep or not name or not kinds:
+            raise ConfigError(f"--sweep_optimizers: {pair!r} is not name=optimizer+optimizer")
+        out[name] = kinds.split("+")
+    return out
+
+
+def settings(name: str, rates, warmups, optimizers) -> list[dict]:
+    """A recipe's settings, each {flag: value}: every rate x warmup x its optimizers."""
+    kinds = per_recipe_optimizers(optimizers).get(name, [None])
+    out = []
+    for rate, warmup, kind in itertools.product(rates, warmups or [None], kinds):
+        setting = {"learning_rate": rate}
+        if warmup is not None:
+            setting["warmup_steps"] = warmup
+        if kind is not None:
+            setting["optimizer"] = kind
+        out.append(setting)
+    return out
+
+
+def label(setting: dict) -> str:
+    """A setting's folder name and label, e.g. "learning_rate=0.001,warmup_steps=50"."""
+    return ",".join(
+        f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in setting.items()
+    )
+
+
+def flags(setting: dict) -> list[str]:
+    return [f"--{k}={v}" for k, v in setting.items()]
+
+
+def report(scores: dict, recipes: dict, out_dir: str) -> dict:
+    """scores: {name: {label: (setting, curve)}} -> sweep.json (every setting's final accuracy, best
+    first) and <name>.best.flags for each recipe; returns {name: rows best first}."""
+    table = {}
+    for name, runs in scores.items():
+        rows = [
+            {
+                "setting": setting,
+                "label": key,
+                "final_accuracy": curve["accuracy"][-1],
+                "steps": curve["step"][-1],
+                "seconds": curve["seconds"][-1],
+            }
+            for key, (setting, curve) in runs.items()
+        ]
+        table[name] = sorted(rows, key=lambda r: -r["final_accuracy"])
+        best = table[name][0]["setting"]
+        with open(os.path.join(out_dir, f"{name}.best.flags"), "w") as f:
+            f.write(
+                f"# the best of {len(rows)} settings (run/recipe_race.py's sweep, sweep.json)\n"
+            )
+            f.write(
+                "\n".join([f"--flagfile={os.path.abspath(recipes[name])}", *flags(best)]) + "\n"
+            )
+    with open(os.path.join(out_dir, "sweep.json"), "w") as f:
+        json.dump(table, f, indent=1)
+    return table
+
+
+def describe(table: dict) -> list:
+    lines = []
+    for name, rows in table.items():
+        lines.append(f"{name}: {len(rows)} settings, best first (final held-out MLM accuracy)")
+        lines += [
+            f"  {r['final_accuracy']:.4f}  {r['label']}  ({r['steps']} updates)" for r in rows
+        ]
+    return lines
