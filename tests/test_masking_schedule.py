@@ -74,3 +74,10 @@ def test_a_run_follows_the_schedule_at_its_log_steps_and_a_resume_starts_from_it
     job = startup.build(pretrain_config.PretrainConfig(**settings, total_steps=8), lambda *a, **k: None)
     assert int(job.trainer.step.numpy()) == 4
     assert float(job.masking_rate.variable.numpy()) == pytest.approx(0.2)
+    # the restored iterator first replays the batches the first run had already masked (its prefetch
+    # buffer, at the rates of then); past them, the resumed job's masker reads the rate it was given
+    for _ in range(8):
+        batch = job.input.next_update()[-1]
+    real = batch["input_mask"].numpy().sum(1)
+    chosen = batch["masked_lm_weights"].numpy().sum(1)
+    np.testing.assert_array_equal(chosen, np.minimum(24, np.ceil(np.float32(real - 3) * np.float32(0.2))))

@@ -204,7 +204,8 @@ class MaskingRate:
     et al. 2023, arXiv:2305.15096: 30% -> 15%; mmBERT steps 30 -> 15 -> 5% across its phases).
     The loop moves it at each log step, where it reads the schedule's length anyway (a time budget
     re-predicts it), so it changes in steps of --log_interval updates; batches already prefetched
-    keep the rate they were masked at."""
+    keep the rate they were masked at, and a resume replays them (they are in the iterator's saved
+    state) before masking at the restored step's rate."""
 
     def __init__(self, start: float, end: float):
         self.start, self.end = start, end
