@@ -10,7 +10,8 @@ an export maps one variable to one tensor; artifacts/modernbert_format.py):
   - pre-norm layers: x + attn(norm(x)), then x + mlp(norm(x)); layer 0 has no norm before attention
     (the embeddings' norm is it); a final norm after the last layer;
   - attention: global in layer i when i % global_attn_every_n_layers == 0, else within a sliding
-    window of keys at most local_attention // 2 tokens away; one fused query-key-value projection;
+    window of keys at most local_attention // 2 tokens away (in blocks, local_attention.py, when
+    that saves work); one fused query-key-value projection;
   - feed-forward: GeGLU, act(x W_in) * (x W_gate) W_out, with W_in and W_gate one [H, 2I] kernel;
   - no biases in linear layers or norms;
   - pooler (for fine-tuning heads): dense + activation + norm, ModernBERT's classifier head, on
@@ -26,7 +27,7 @@ import math
 import numpy as np
 import tensorflow as tf
 
-from bert_tf.model import layers
+from bert_tf.model import layers, local_attention
 from bert_tf.model.config import RECOMPUTE, BertConfig
 from bert_tf.model.layers import ACTIVATIONS, Dense, LayerNorm, dropout
 
@@ -82,7 +83,8 @@ class ModernAttention(tf.Module):
         qkv = tf.reshape(self.qkv(x), [batch, seq, 3, self.num_heads, self.head_size])
         q = rotate(qkv[:, :, 0], positions, self.theta)
         k = rotate(qkv[:, :, 1], positions, self.theta)
-        context = layers.attend(
+        blocked = isinstance(mask_bias, local_attention.WindowMask)
+        context = (local_attention.attend if blocked else layers.attend)(
             q, k, qkv[:, :, 2], mask_bias, self.dropout_rate, seeds[0], training
         )
         out = self.output(tf.reshape(context, [batch, seq, self.num_heads * self.head_size]))
@@ -113,7 +115,8 @@ class ModernLayer(tf.Module):
         self.dropout_rate = c.hidden_dropout_prob
 
     def __call__(self, x, mask_biases, positions, seed, training):
-        """mask_biases: (global, local) additive masks, [B, 1, S or 1, S] and [B, 1, S, S]."""
+        """mask_biases: (global, local) masks, [B, 1, S or 1, S] and [B, 1, S, S] additive biases
+        or a local_attention.WindowMask."""
         seeds = tf.random.experimental.stateless_split(seed, 2)
         h = self.attention_norm(x) if hasattr(self, "attention_norm") else x
         x = x + self.attention(h, mask_biases[self.local], positions, seeds[0], training)
@@ -134,14 +137,16 @@ def window_bias(seq, local_attention):
 class ModernEncoder(tf.Module):
     """Embeddings, pre-norm layers, final norm and pooler; called like modeling.BertEncoder
     (segment_ids are taken and ignored: no token types). Returns sequence_output [B, S, H] and
-    pooled_output [B, H]."""
+    pooled_output [B, H]. blocked_local=False: local layers always attend densely (the blocked
+    path's reference in tests/test_local_attention.py)."""
 
-    def __init__(self, config: BertConfig, name=None, recompute="none"):
+    def __init__(self, config: BertConfig, name=None, recompute="none", blocked_local=True):
         super().__init__(name=name)
         if recompute not in RECOMPUTE:
             raise ValueError(f"recompute={recompute!r}: valid are {', '.join(RECOMPUTE)}")
         c = self.config = config
         self.recompute = recompute
+        self.blocked_local = blocked_local
         self.embeddings = ModernEmbeddings(c)
         self.layers = [ModernLayer(c, i, name=f"layer_{i}") for i in range(c.num_hidden_layers)]
         self.final_norm = LayerNorm(c.hidden_size, eps=c.layer_norm_eps, bias=False)
@@ -177,10 +182,12 @@ class ModernEncoder(tf.Module):
             )
         x = self.embeddings(input_ids, dtype, seeds[0], training)
         global_bias = layers.mask_bias_for(input_mask, instance_ids)
-        biases = (
-            global_bias,
-            global_bias + window_bias(tf.shape(input_ids)[1], self.config.local_attention),
-        )
+        window = self.config.local_attention
+        if self.blocked_local and local_attention.saves_work(input_ids.shape[1], window):
+            local_bias = local_attention.window_mask(input_mask, instance_ids, window)
+        else:
+            local_bias = global_bias + window_bias(tf.shape(input_ids)[1], window)
+        biases = (global_bias, local_bias)
         x = layers.run_layers(
             self.layers,
             x,
