@@ -66,8 +66,8 @@ class InstanceConfig:
             )
         if self.pack and self.full_sentences:
             raise ConfigError(
-                "--pack with --full_sentences: FULL-SENTENCES rows are already full (no padding to "
-                "fill)"
+                "--pack with --full_sentences: a FULL-SENTENCES row is filled up to the first "
+                "sentence that does not fit, and packing cannot put whole instances into its end"
             )
 
 
