@@ -43,6 +43,13 @@ class CreateDataConfig:
         "across document boundaries ([SEP] between documents), no sentence pairs; for "
         "run/pretrain.py --mlm_only (which it then requires).",
     )
+    fill_rows: bool = knob(
+        False,
+        "With --full_sentences: fill every sequence to --max_seq_length, cutting the sentence "
+        "that does not fit and starting the next sequence with its rest (the corpus as one stream "
+        "cut into rows, as ModernBERT and MosaicBERT train: no padding, where whole sentences "
+        "leave about 14% of a 128-token row empty).",
+    )
     pack: int = knob(
         0,
         "Pack up to this many sentence-pair instances into each row (>= 2; 0: one per row, "
@@ -96,6 +103,7 @@ def main(_):
         random_seed=read.random_seed,
         mask=not cfg.dynamic_masking,
         full_sentences=cfg.full_sentences,
+        fill_rows=cfg.fill_rows,
         pack=cfg.pack,
     )
     tokenizer = tokenization.Tokenizer.from_file(

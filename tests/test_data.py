@@ -994,6 +994,43 @@ def test_full_sentences_pack_whole_consecutive_sentences_across_documents_whatev
     assert all(i.positions and 101 not in [i.tokens[p] for p in i.positions] for i in a)
 
 
+def test_fill_rows_cuts_the_stream_into_full_rows_whatever_the_window():
+    """--fill_rows: every sequence but the last is max_seq_length tokens; the bodies, joined, are the corpus in
+    order with [SEP] between documents (except where a row ends) and nothing cut away (a long sentence runs over
+    several rows)."""
+    rng = np.random.RandomState(1)
+    docs = [(2000 + d, [list(rng.randint(200, 300, rng.randint(3, 12))) for _ in range(rng.randint(1, 6))])
+            for d in range(40)]
+    docs[5][1].append(list(range(200, 300)))                         # longer than three rows
+    for mask in (False, True):
+        config = ins.InstanceConfig(max_seq_length=32, max_predictions_per_seq=5, mask=mask, full_sentences=True,
+                                    fill_rows=True)
+
+        def packed(window):
+            state, out = {}, []
+            for i in range(0, len(docs), window):
+                out += ins.pack_full_sentences(docs[i:i + window], state, config, SPECIAL, 400)
+            return out + ins.pack_full_sentences([], state, config, SPECIAL, 400, flush=True)
+
+        rows = packed(1)
+        assert [(i.tokens, i.positions) for i in rows] == [(i.tokens, i.positions) for i in packed(7)]
+        assert all(len(i.tokens) == 32 for i in rows[:-1]) and 0 < len(rows[-1].tokens) <= 32
+        assert all(i.tokens[0] == 101 and i.tokens[-1] == 102 for i in rows)
+        if mask:                                                         # masks drawn alike whatever the window
+            assert all(i.positions for i in rows)
+            continue
+        stream = [t for i in rows for t in i.tokens[1:-1]]
+        expected = [t for _, doc in docs for t in [*(t for s in doc for t in s), 102]]
+        # a document that ends a row needs no [SEP]: the row's end parts it from the next one
+        assert [t for t in stream if t != 102] == [t for t in expected if t != 102]
+        assert len(expected) - len(rows) <= len(stream) <= len(expected)
+    whole = ins.InstanceConfig(max_seq_length=32, max_predictions_per_seq=5, mask=False, full_sentences=True)
+    whole_rows = ins.pack_full_sentences(docs, {}, whole, SPECIAL, 400, flush=True)
+    assert len(rows) < len(whole_rows)                                  # the padding it saves
+    with pytest.raises(ConfigError, match="--fill_rows needs --full_sentences"):
+        ins.InstanceConfig(fill_rows=True)
+
+
 @pytest.mark.slow
 def test_full_sentence_records_need_mlm_only(tmp_path, vocab_file, corpus_dir):
     out = tmp_path / "full"
