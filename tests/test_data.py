@@ -956,21 +956,23 @@ def test_dedup_in_creation_counts_what_it_left_out_and_a_rerun_reuses_the_parts(
 SPECIAL = {"CLS": 101, "SEP": 102, "MASK": 103}
 
 
+def windowed(docs, config, window):
+    """pack_full_sentences over docs fed `window` documents a call, as the writer feeds them."""
+    state, out = {}, []
+    for i in range(0, len(docs), window):
+        out += ins.pack_full_sentences(docs[i:i + window], state, config, SPECIAL, 400)
+    return out + ins.pack_full_sentences([], state, config, SPECIAL, 400, flush=True)
+
+
 def test_full_sentences_pack_whole_consecutive_sentences_across_documents_whatever_the_window():
     rng = np.random.RandomState(0)
     docs = [(1000 + d, [list(rng.randint(200, 300, rng.randint(3, 10))) for _ in range(rng.randint(1, 6))])
             for d in range(40)]
     docs[7][1].append(list(range(200, 300)))                         # one sentence longer than a sequence
     config = ins.InstanceConfig(max_seq_length=32, max_predictions_per_seq=5, mask=False, full_sentences=True)
-
-    def packed(window):
-        state, out = {}, []
-        for i in range(0, len(docs), window):
-            out += ins.pack_full_sentences(docs[i:i + window], state, config, SPECIAL, 400)
-        return out + ins.pack_full_sentences([], state, config, SPECIAL, 400, flush=True)
-
-    instances = packed(1)
-    assert [i.tokens for i in instances] == [i.tokens for i in packed(7)] == [i.tokens for i in packed(40)]
+    instances = windowed(docs, config, 1)
+    assert [i.tokens for i in instances] == [i.tokens for i in windowed(docs, config, 7)] == \
+        [i.tokens for i in windowed(docs, config, 40)]
     assert all(len(i.tokens) <= 32 and i.tokens[0] == 101 and i.tokens[-1] == 102 and set(i.segment_ids) == {0}
                and not i.is_random_next for i in instances)
     # the body of all sequences, documents joined by [SEP], is the corpus in order (the long sentence cut to fit)
@@ -1005,15 +1007,8 @@ def test_fill_rows_cuts_the_stream_into_full_rows_whatever_the_window():
     for mask in (False, True):
         config = ins.InstanceConfig(max_seq_length=32, max_predictions_per_seq=5, mask=mask, full_sentences=True,
                                     fill_rows=True)
-
-        def packed(window):
-            state, out = {}, []
-            for i in range(0, len(docs), window):
-                out += ins.pack_full_sentences(docs[i:i + window], state, config, SPECIAL, 400)
-            return out + ins.pack_full_sentences([], state, config, SPECIAL, 400, flush=True)
-
-        rows = packed(1)
-        assert [(i.tokens, i.positions) for i in rows] == [(i.tokens, i.positions) for i in packed(7)]
+        rows = windowed(docs, config, 1)
+        assert [(i.tokens, i.positions) for i in rows] == [(i.tokens, i.positions) for i in windowed(docs, config, 7)]
         assert all(len(i.tokens) == 32 for i in rows[:-1]) and 0 < len(rows[-1].tokens) <= 32
         assert all(i.tokens[0] == 101 and i.tokens[-1] == 102 for i in rows)
         if mask:                                                         # masks drawn alike whatever the window

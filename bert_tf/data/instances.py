@@ -215,6 +215,24 @@ def _pair_instance(
         return None
     tokens = [special["CLS"]] + tokens_a + [special["SEP"]] + tokens_b + [special["SEP"]]
     segment_ids = [0] * (len(tokens_a) + 2) + [1] * (len(tokens_b) + 1)
+    counts.random_next += int(is_random_next)
+    return _instance(
+        tokens,
+        segment_ids,
+        is_random_next,
+        config,
+        special,
+        vocab_size,
+        rng_mask,
+        word_starts,
+        counts,
+    )
+
+
+def _instance(
+    tokens, segment_ids, is_random_next, config, special, vocab_size, rng_mask, word_starts, counts
+):
+    """An Instance of `tokens`, masked (config.mask) with rng_mask, and counted."""
     positions, labels = ([], [])
     if config.mask:
         positions, labels = mask_tokens(
@@ -222,7 +240,6 @@ def _pair_instance(
         )
     counts.instances += 1
     counts.tokens += len(tokens)
-    counts.random_next += int(is_random_next)
     return Instance(tokens, segment_ids, is_random_next, positions, labels)
 
 
@@ -295,15 +312,10 @@ def _full_sentence_instance(state, config, special, vocab_size, word_starts, dup
     rng_mask = document_rng(config.random_seed, dupe, state["seed"], "mask", state["chunk"])
     state["chunk"] += 1
     tokens = [special["CLS"]] + body + [special["SEP"]]
-    positions, labels = ([], [])
-    if config.mask:
-        positions, labels = mask_tokens(
-            tokens, config, special, vocab_size, rng_mask, word_starts, counts
-        )
-    counts.instances += 1
-    counts.tokens += len(tokens)
     body.clear()
-    return Instance(tokens, [0] * len(tokens), False, positions, labels)
+    return _instance(
+        tokens, [0] * len(tokens), False, config, special, vocab_size, rng_mask, word_starts, counts
+    )
 
 
 def _truncate_pair(tokens_a, tokens_b, max_num_tokens, rng):
