@@ -20,7 +20,8 @@ class LearnVocabConfig:
     output_file: str | None = knob(None, "Where to write vocab.txt.", required=True)
     learner: str = knob(
         "tokenizers",
-        "WordPiece learner: the `tokenizers` library's WordPieceTrainer (9x faster here), or "
+        "WordPiece learner: the `tokenizers` library's BPE trainer on word-initial and inner "
+        "characters (the same file in every process; several times faster here), or "
         "tensorflow-text's bert_vocab_from_dataset.",
         choices=["tokenizers", "tensorflow_text"],
     )

@@ -233,6 +233,30 @@ def test_learned_vocab_has_google_layout(vocab_file):
     assert len(vocab) > 1500 and any(t.startswith("##") for t in vocab)
 
 
+def test_the_default_learner_gives_the_same_file_in_every_process(corpus_dir, vocab_file, tmp_path):
+    """The `tokenizers` WordPieceTrainer gave other ids, and at 3,000 tokens other pieces, in each new
+    process (its "##" pieces numbered in hash-map order; huggingface/tokenizers#1794): 5 processes, 5
+    files. Two fresh processes and this one must write the same bytes."""
+    script = (
+        "import sys; from bert_tf.data import corpus, tokenization as t; "
+        "docs = corpus.read_documents([sys.argv[1]]); "
+        "t.write_vocab(t.learn_vocab([s for d in docs for s in d], 3000), sys.argv[2])"
+    )
+    source = str(corpus_dir / "lee_background.cor") + "@documents"
+    files = [tmp_path / f"vocab{i}.txt" for i in range(2)]
+    for f in files:
+        subprocess.run([sys.executable, "-c", script, source, str(f)], check=True, cwd=REPO, capture_output=True)
+    expected = open(vocab_file, "rb").read()
+    assert all(f.read_bytes() == expected for f in files)
+
+
+def test_the_default_learner_learns_wordpiece_pieces():
+    """Word-initial pieces and "##" pieces kept apart: "ab" inside a word is "##ab", never "ab"."""
+    vocab = tokenization.learn_vocab(["xab yab zab"] * 50 + ["abq"] * 3, 215)
+    assert vocab[104:] == ["x", "a", "##a", "##b", "y", "z", "##q", "##ab", "xab", "yab", "zab", "ab", "abq"]
+    assert tokenization.Tokenizer(vocab, backend="python").tokens("xab zabq") == ["xab", "zab", "##q"]
+
+
 @pytest.mark.slow
 def test_both_vocabulary_learners_give_googles_layout_and_few_unknowns(corpus_dir):
     docs = list(corpus.read_documents([str(corpus_dir / "lee_background.cor") + "@documents"]))
