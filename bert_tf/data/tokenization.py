@@ -57,7 +57,7 @@ def learn_vocab(
     """Learns a WordPiece vocabulary (list of tokens, google's layout) from an iterable of
     sentences: tensorflow-text's bert_vocab_from_dataset, or the `tokenizers` library's BPE
     trainer (Rust, on the words as huggingface_tokenizer normalises and splits them; the same
-    vocabulary in every process: _learn_pieces)."""
+    vocabulary in every process: bert_tf/data/wordpiece_learning.py)."""
     reserved = google_reserved_tokens(num_unused)
     if vocab_size <= len(reserved) + 100:
         raise ConfigError(
@@ -67,7 +67,10 @@ def learn_vocab(
     if learner not in LEARNERS:
         raise ConfigError(f"--learner={learner}: valid are {', '.join(LEARNERS)}")
     if learner == "tokenizers":
-        return reserved + _learn_pieces(sentences, vocab_size - len(reserved), lower_case)
+        from bert_tf.data import wordpiece_learning
+
+        pieces = wordpiece_learning.learn_pieces(sentences, vocab_size - len(reserved), lower_case)
+        return reserved + pieces
     from tensorflow_text.tools.wordpiece_vocab import bert_vocab_from_dataset as learner_module
 
     dataset = tf.data.Dataset.from_generator(
@@ -81,60 +84,6 @@ def learn_vocab(
         learn_params={"max_input_tokens": 10_000_000},
     )
     return vocab
-
-
-def _learn_pieces(sentences, size, lower_case):
-    """WordPiece's pieces by the `tokenizers` library's BPE trainer, the same in every process.
-
-    Its WordPieceTrainer numbers the "##" pieces in hash-map order, which changes from process to
-    process, and merges that tie on counts are broken by those numbers: the same text gave other
-    ids and, at 3,000 tokens, other pieces (huggingface/tokenizers#1794). Here each character is
-    sent as one of two private-use code points, word-initial or not, numbered in order of first
-    appearance, so the trainer sees no "##" to number and every tie breaks the same way. Google's
-    rules (BertNormalizer, BertPreTokenizer) split the words first, as they did inside the trainer.
-    """
-    from tokenizers import Tokenizer as RustTokenizer, models, pre_tokenizers, trainers
-
-    rules = huggingface_tokenizer(google_reserved_tokens(0), lower_case, special_tokens_whole=False)
-    normalize, split = rules.normalizer.normalize_str, rules.pre_tokenizer.pre_tokenize_str
-    chars: list = []  # character number -> character
-    number: dict = {}  # character -> its number
-    spelt: dict = {}  # word -> the word as the trainer sees it
-
-    def encode(word):
-        if word not in spelt:
-            for c in word:
-                if c not in number:
-                    if len(chars) == _PRIVATE_CHARS:
-                        raise ConfigError(
-                            f"the corpus has more than {_PRIVATE_CHARS:,} distinct characters, "
-                            "more than the `tokenizers` learner can number: use "
-                            "--learner=tensorflow_text"
-                        )
-                    number[c] = len(chars)
-                    chars.append(c)
-            first, *rest = (number[c] for c in word)
-            spelt[word] = chr(_PRIVATE + 2 * first) + "".join(
-                chr(_PRIVATE + 2 * r + 1) for r in rest
-            )
-        return spelt[word]
-
-    def lines():
-        for sentence in sentences:
-            yield " ".join(encode(w) for w, _ in split(normalize(sentence)))
-
-    tok = RustTokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.train_from_iterator(lines(), trainers.BpeTrainer(vocab_size=size, show_progress=False))
-    pieces = []
-    for token, _ in sorted(tok.get_vocab().items(), key=lambda kv: kv[1]):
-        codes = [ord(c) - _PRIVATE for c in token]
-        pieces.append(("##" if codes[0] % 2 else "") + "".join(chars[c // 2] for c in codes))
-    return pieces
-
-
-# Planes 15 and 16, the supplementary private-use areas, as one range of code points.
-_PRIVATE, _PRIVATE_CHARS = 0xF0000, (0x10FFFE - 0xF0000) // 2
 
 
 def write_vocab(tokens, path):
