@@ -26,7 +26,7 @@ from absl import flags
 from bert_tf import cli
 from bert_tf.parallel import auto_exchange
 from bert_tf.model.config import BertConfig
-from bert_tf.tools import memory, planner, spot
+from bert_tf.tools import device_figures, memory, planner, spot
 from bert_tf.tools.plan_config import PlanConfig
 
 cli.define_config_flags(PlanConfig)  # every field is a flag: its type, default and help live there
@@ -41,10 +41,10 @@ cli.define_synonym("fp16_allreduce", "exchange", "fp16")  # the old bool flag: -
 def with_device_figures(cfg: PlanConfig) -> PlanConfig:
     """--device_figures' measured figures in place of the defaults; a flag given on the command line
     wins."""
-    figures = planner.read_device_figures(cfg.device_figures, cfg.model_preset)
+    figures = device_figures.read_device_figures(cfg.device_figures, cfg.model_preset)
     used = {
         k: figures[k]
-        for k in (*planner.DEVICE_FIGURES, *planner.LINK_FIGURES)
+        for k in (*device_figures.DEVICE_FIGURES, *device_figures.LINK_FIGURES)
         if k in figures and not flags.FLAGS[k].present
     }
     print(

@@ -28,14 +28,17 @@ def test_rungs_climb_the_papers_ladder_with_horovods_defaults_spelled_out():
     assert comms["fp32/accum"] == CommConfig(False, False, 128.0, 1.0)
     assert comms["fp16 fusion=0MB"] == CommConfig(True, False, 0.0, 1.0)
     assert comm_study.rungs(compressed=["powersgd", "onebit"])[-2:] == [
-        ("powersgd", CommConfig(exchange="powersgd").resolved()),
+        ("powersgd", CommConfig(exchange="powersgd", compression_warmup_steps=0).resolved()),
         ("onebit", CommConfig(exchange="onebit", compression_warmup_steps=1).resolved())]
     assert comms["fp16 cycle=5ms"].as_flags() == ["--fp16_allreduce", "--noallreduce_every_micro_batch",
                                                   "--fusion_threshold_mb=128", "--cycle_time_ms=5",
                                                   "--exchange=none", "--powersgd_rank=4",
-                                                  "--compression_warmup_steps=0", "--local_updates=0",
+                                                  "--powersgd_min_compression_rate=2", "--local_updates=0",
                                                   "--local_group=rank", "--outer_learning_rate=0.7",
-                                                  "--outer_momentum=0.9", "--collective_timeout_minutes=30",
+                                                  "--outer_momentum=0.9", "--local_updates_after=0",
+                                                  "--local_fragments=1", "--fragment_delay=0",
+                                                  "--fragment_update_alpha=0", "--outer_delta_bits=16",
+                                                  "--collective_timeout_minutes=30",
                                                   "--save_timeout_minutes=60"]
 
 

@@ -83,6 +83,21 @@ def test_the_new_choices_are_flags_and_the_budget_flagfiles_are_valid_runs():
         assert cfg.learning_rate * cfg.weight_decay == pytest.approx(1e-5)
 
 
+@pytest.mark.parametrize("name", sorted(p.name for p in (REPO / "configs").glob("comm*.flags")))
+def test_every_communication_race_flagfile_is_a_valid_run(name):
+    """The races' flagfiles pass every start-up check (1-bit's optimizer and warmup, DiLoCo's fragments,
+    delay and bits against --local_updates, --eval_interval against the rounds)."""
+    from absl import flags as absl_flags
+    from bert_tf import cli
+    from bert_tf.train.pretrain_config import PretrainConfig
+    fv = absl_flags.FlagValues()
+    cli.define_config_flags(PretrainConfig, fv)
+    fv(["pretrain.py", f"--flagfile={REPO / 'configs' / name}", "--checkpoint_dir=runs/race/x"])
+    cfg = cli.config_from_flags(PretrainConfig, fv)
+    if name.startswith("comm47"):
+        assert (cfg.total_steps, cfg.accumulation_steps, cfg.eval_interval) == (400, 1, 40)
+
+
 # ----------------------------------------------------------------------------- StableAdamW
 def optimi_stable_adamw(w0, grads, lrs, decay, beta_1, beta_2, eps, weight_decay, max_lr):
     """optimi's StableAdamW with decouple_lr=True, as ModernBERT builds it (decoupled_stableadamw), from

@@ -147,8 +147,10 @@ def test_a_short_run_logs_saves_and_restores_the_signal_handlers(tiny_data, tmp_
     assert records[0]["config"]["comm"] == {"fp16_allreduce": False, "allreduce_every_micro_batch": False,
                                             "fusion_threshold_mb": None, "cycle_time_ms": None,
                                             "gradient_compression": "none", "powersgd_rank": 4,
-                                            "compression_warmup_steps": 0, "local_updates": 0,
+                                            "powersgd_min_compression_rate": 2.0, "compression_warmup_steps": None, "local_updates": 0,
                                             "local_group": "rank", "outer_learning_rate": 0.7, "outer_momentum": 0.9,
+                                            "local_updates_after": 0, "local_fragments": 1, "fragment_delay": 0,
+                                            "fragment_update_alpha": 0.0, "outer_delta_bits": 16,
                                             "collective_timeout_minutes": 30.0, "save_timeout_minutes": 60.0}
     # the run record keeps what was asked and what it resolved to (the per-rank batch of 8 re-split)
     asked, resolved = records[0]["config"], records[0]["resolved"]

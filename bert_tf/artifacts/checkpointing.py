@@ -41,8 +41,9 @@ import tensorflow as tf
 from bert_tf import ConfigError, sha256
 
 
-# Items a checkpoint may lack because older versions did not write them.
-OPTIONAL_ITEMS = ("input_position", "clock", "gradient_exchange", "outer_step")
+# Items a checkpoint may lack because older versions (or runs without --exchange=onebit and LAMB:
+# onebit_lamb, optimization.FrozenTrust) did not write them.
+OPTIONAL_ITEMS = ("input_position", "clock", "gradient_exchange", "outer_step", "onebit_lamb")
 
 # What tf.train.Checkpoint appends to a variable's object path to make the key of its value.
 VARIABLE_VALUE = "/.ATTRIBUTES/VARIABLE_VALUE"

@@ -69,7 +69,8 @@ def learn_vocab(
     if learner == "tokenizers":
         from bert_tf.data import wordpiece_learning
 
-        pieces = wordpiece_learning.learn_pieces(sentences, vocab_size - len(reserved), lower_case)
+        rules = huggingface_tokenizer(reserved, lower_case, special_tokens_whole=False)
+        pieces = wordpiece_learning.learn_pieces(sentences, vocab_size - len(reserved), rules)
         return reserved + pieces
     from tensorflow_text.tools.wordpiece_vocab import bert_vocab_from_dataset as learner_module
 

@@ -4,22 +4,21 @@
 from __future__ import annotations
 
 from bert_tf import ConfigError
-from bert_tf.data.tokenization import google_reserved_tokens, huggingface_tokenizer
 
 
-def learn_pieces(sentences, size, lower_case):
+def learn_pieces(sentences, size: int, rules) -> list:
     """WordPiece's pieces by the `tokenizers` library's BPE trainer, the same in every process.
 
     Its WordPieceTrainer numbers the "##" pieces in hash-map order, which changes from process to
     process, and merges that tie on counts are broken by those numbers: the same text gave other
     ids and, at 3,000 tokens, other pieces (huggingface/tokenizers#1794). Here each character is
     sent as one of two private-use code points, word-initial or not, numbered in order of first
-    appearance, so the trainer sees no "##" to number and every tie breaks the same way. Google's
-    rules (BertNormalizer, BertPreTokenizer) split the words first, as they did inside the trainer.
+    appearance, so the trainer sees no "##" to number and every tie breaks the same way. `rules`:
+    a `tokenizers` Tokenizer whose normalizer and pre-tokenizer split the words first
+    (tokenization.huggingface_tokenizer: google's rules), as they did inside the trainer.
     """
     from tokenizers import Tokenizer as RustTokenizer, models, pre_tokenizers, trainers
 
-    rules = huggingface_tokenizer(google_reserved_tokens(0), lower_case, special_tokens_whole=False)
     normalize, split = rules.normalizer.normalize_str, rules.pre_tokenizer.pre_tokenize_str
     chars: list = []  # character number -> character
     number: dict = {}  # character -> its number

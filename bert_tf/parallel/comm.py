@@ -13,6 +13,7 @@ import dataclasses
 import math
 
 from bert_tf import ConfigError, knob
+from bert_tf.parallel import local_plan
 
 # Horovod 0.28's own values, in force when a field is None and the environment sets nothing.
 HOROVOD_FUSION_THRESHOLD_MB = 128.0
@@ -56,26 +57,39 @@ class CommConfig:
         "How gradients cross ranks, once per update: none, fp16, powersgd, onebit or auto. none: a "
         "float32 allreduce. fp16: a float16 allreduce (half the bytes). powersgd: each weight "
         "matrix as rank --powersgd_rank factors, error feedback (Vogels et al. 2019). onebit: "
-        "signs and one scale per chunk, error feedback on both sides, alltoall + allgather; 1/32 "
-        "of float32's bytes; the optimizer's variance frozen after --compression_warmup_steps, as "
-        "1-bit Adam's. powersgd and onebit: bert_tf/parallel/compression.py. auto: the one the "
-        "planner predicts fastest to the same held-out accuracy on this job's link, measured at "
-        "start-up with the compression's own computation and each method's extra updates as "
+        "1-bit Adam (--optimizer=adamw) or 1-bit LAMB (--optimizer=lamb) (Tang et al. 2021, Li "
+        "et al. 2021): after --compression_warmup_steps float32 updates the variance (and LAMB's "
+        "trust ratios) freeze and each rank's momentum travels as signs and one scale per tensor, "
+        "error feedback on both sides, alltoall + allgather; about 1/32 of float32's bytes "
+        "(bert_tf/parallel/onebit.py). powersgd: bert_tf/parallel/compression.py. auto: the one "
+        "the planner predicts fastest to the same held-out accuracy on this job's link, measured "
+        "at start-up with the compression's own computation and each method's extra updates as "
         "measured (bert_tf/parallel/auto_exchange.py; needs --ladder_sequences_per_second).",
         choices=EXCHANGES,
     )
     powersgd_rank: int = knob(4, "--exchange=powersgd: the rank of each matrix's factors.")
-    compression_warmup_steps: int = knob(
-        0,
-        "Updates exchanged uncompressed (float32) before powersgd or onebit starts (1-bit Adam's "
-        "warmup; onebit needs >= 1: the optimizer's variance comes from them).",
+    powersgd_min_compression_rate: float = knob(
+        2.0,
+        "--exchange=powersgd: a weight matrix (n x m) travels as factors only if they are this "
+        "many times smaller than it, (n + m) x rank x rate < n x m (PyTorch's PowerSGD hook's "
+        "test and default); the others, vectors included, travel whole.",
+    )
+    compression_warmup_steps: int | None = knob(
+        None,
+        "Updates exchanged uncompressed (float32) before powersgd or onebit starts. Unset: per "
+        "method (comm.warmup_updates): onebit 20% of --total_steps (DeepSpeed's advice for 1-bit "
+        "Adam/LAMB: 15-25%; the variance is estimated from them, then frozen), powersgd 10%, at "
+        "most 100 (the PowerSGD references start compressing after 10-1,000 updates). onebit "
+        "needs >= 1 and fewer than --total_steps.",
     )
     local_updates: int = knob(
         0,
         "DiLoCo (bert_tf/parallel/local_sgd.py): each rank takes this many optimizer updates on "
         "its own data, then the ranks average the weights' change in float16 and take an outer "
-        "Nesterov step; 0: every update allreduces the gradients. --save_interval and "
-        "--eval_interval must be multiples of it.",
+        "Nesterov step; 0: every update allreduces the gradients. The inner updates are each "
+        "rank's own: its --micro_batch_size x --accumulation_steps sequences at the schedule's "
+        "--learning_rate (DiLoCo's and OpenDiLoCo's inner batch and learning rate are per worker "
+        "too). --save_interval and --eval_interval must be multiples of it.",
     )
     local_group: str = knob(
         "rank",
@@ -85,10 +99,50 @@ class CommConfig:
         choices=("rank", "node"),
     )
     outer_learning_rate: float = knob(
-        0.7, "--local_updates: the outer step's learning rate (DiLoCo's 0.7)."
+        0.7,
+        "--local_updates: the outer step's learning rate (DiLoCo's 0.7). 1 with --outer_momentum "
+        "0 is periodic weight averaging: every H updates the ranks' weights become their mean.",
     )
     outer_momentum: float = knob(
-        0.9, "--local_updates: the outer step's Nesterov momentum (DiLoCo's 0.9)."
+        0.9, "--local_updates: the outer step's Nesterov momentum (DiLoCo's 0.9; 0: none)."
+    )
+    local_updates_after: int = knob(
+        0,
+        "--local_updates: the first K updates are ordinary synchronous ones (the gradients "
+        "averaged in float32 every update, as --exchange=none); local updates start from update "
+        "K's weights. Below --total_steps and a multiple of --local_updates (the ranks agree after "
+        "updates K + j x H, where saves and evaluations fall); 0: local from the start (DiLoCo, "
+        "OpenDiLoCo).",
+    )
+    local_fragments: int = knob(
+        1,
+        "--local_updates: Streaming DiLoCo's fragments. Encoder layer l goes to fragment l mod F, "
+        "the other tensors (embeddings, pooler, heads) largest first to the lightest fragment; "
+        "fragment f's outer exchange comes every H updates, f x H/F after fragment 0's, so each "
+        "carries about 1/F of the model. Must divide --local_updates. With F > 1 every save and "
+        "evaluation (after --local_updates_after) first synchronises all fragments.",
+    )
+    fragment_delay: int = knob(
+        0,
+        "--local_updates: updates between the start of a fragment's exchange and its outer step "
+        "(torchft's fragment_sync_delay, the paper's tau): the exchange runs in a background "
+        "thread while the loop trains on. 0: it blocks (DiLoCo). Below --local_updates / "
+        "--local_fragments.",
+    )
+    fragment_update_alpha: float = knob(
+        0.0,
+        "--local_updates: at a fragment's outer step its weights become (1 - alpha) x the new "
+        "global ones + alpha x this rank's own, which include the --fragment_delay updates made "
+        "meanwhile (torchft's fragment_update_alpha, its default 0: those updates are dropped). "
+        "With alpha > 0 the ranks agree only at saves and evaluations (a full synchronisation).",
+    )
+    outer_delta_bits: int = knob(
+        16,
+        "--local_updates: how the weights' change travels. 16: float16 allreduce; 32: float32; 8, "
+        "4: int8 or packed int4 codes with one float32 absmax scale per 256 values, every rank's "
+        "gathered (allgather) and averaged once decoded. 8 and 4 bits keep what rounding dropped "
+        "on each rank for its next exchange (error feedback, restarted at zero by a resume or a "
+        "rollback).",
     )
     collective_timeout_minutes: float = knob(
         30.0,
@@ -117,22 +171,7 @@ class CommConfig:
                 f"--exchange={self.exchange} with --allreduce_every_micro_batch: error feedback "
                 "works on one exchange per update"
             )
-        if (
-            self.local_updates < 0
-            or self.outer_learning_rate <= 0
-            or not 0 <= self.outer_momentum < 1
-        ):
-            raise ConfigError(
-                f"--local_updates must be >= 0, --outer_learning_rate > 0 and --outer_momentum in "
-                f"[0, 1), got {self.local_updates}, {self.outer_learning_rate:g}, "
-                f"{self.outer_momentum:g}"
-            )
-        if self.local_updates and (self.method != "none" or self.allreduce_every_micro_batch):
-            raise ConfigError(
-                f"--local_updates={self.local_updates} exchanges no gradients (the outer step "
-                "sends the weights' change in float16): drop --exchange, --fp16_allreduce and "
-                "--allreduce_every_micro_batch"
-            )
+        local_plan.check(self)  # --local_updates and its companions
         if self.local_group not in ("rank", "node") or (
             self.local_group == "node" and not self.local_updates
         ):
@@ -150,7 +189,13 @@ class CommConfig:
                 f"--save_timeout_minutes must be >= 0 (0: wait for ever), got "
                 f"{self.save_timeout_minutes:g}"
             )
-        if self.powersgd_rank < 1 or self.compression_warmup_steps < 0:
+        warmup = self.compression_warmup_steps
+        if self.powersgd_min_compression_rate < 1:
+            raise ConfigError(
+                "--powersgd_min_compression_rate must be >= 1 (1: every matrix whose factors are "
+                f"smaller), got {self.powersgd_min_compression_rate:g}"
+            )
+        if self.powersgd_rank < 1 or (warmup is not None and warmup < 0):
             raise ConfigError(
                 f"--powersgd_rank must be >= 1 and --compression_warmup_steps >= 0, got "
                 f"{self.powersgd_rank} and {self.compression_warmup_steps}"
@@ -217,46 +262,95 @@ class CommConfig:
 # -- what each method sends (plain Python: the planner uses it without TensorFlow)
 # --------------------------
 METHODS = ("powersgd", "onebit")
-MIN_SIDE = 16  # thinner matrices (token types, classifiers) and vectors go uncompressed
 
 
-def powersgd_plan(shapes, rank: int) -> list:
-    """Indices of the tensors PowerSGD compresses (2-D, both sides >= MIN_SIDE); ConfigError when
-    --powersgd_rank exceeds one's smaller side."""
-    if rank < 1:
-        raise ConfigError(f"--powersgd_rank must be >= 1, got {rank}")
-    chosen = [i for i, s in enumerate(shapes) if len(s) == 2 and min(s) >= MIN_SIDE]
-    for i in chosen:
-        if rank > min(shapes[i]):
-            raise ConfigError(
-                f"--powersgd_rank={rank} is larger than the smaller side of a {shapes[i][0]} x "
-                f"{shapes[i][1]} weight matrix: give at most {min(shapes[i])}"
-            )
+def powersgd_plan(shapes, rank: int, min_rate: float = 2.0) -> list:
+    """Indices of the tensors PowerSGD compresses: the matrices whose rank-`rank` factors are more
+    than `min_rate` times smaller, (n + m) r min_rate < n m (PyTorch's hook; the original code asks
+    the same with its own constant); ConfigError when that leaves none."""
+    if rank < 1 or min_rate < 1:
+        raise ConfigError(
+            f"--powersgd_rank must be >= 1 and --powersgd_min_compression_rate >= 1, got {rank} "
+            f"and {min_rate:g}"
+        )
+    chosen = [
+        i
+        for i, s in enumerate(shapes)
+        if len(s) == 2 and (s[0] + s[1]) * rank * min_rate < s[0] * s[1]
+    ]
+    if shapes and not chosen:
+        largest = max((s for s in shapes if len(s) == 2), key=math.prod, default=None)
+        raise ConfigError(
+            f"--powersgd_rank={rank} with --powersgd_min_compression_rate={min_rate:g} compresses "
+            f"no tensor (the largest matrix is {' x '.join(map(str, largest or ()))}): give a "
+            "smaller rank or rate"
+        )
     return chosen
 
 
-def payload_bytes(method: str, shapes, size: int, rank: int = 4) -> float:
+def payload_bytes(method: str, shapes, size: int, rank: int = 4, min_rate: float = 2.0) -> float:
     """What one exchange carries, the whole vector a ring collective moves (none|fp16|powersgd: the
-    allreduced tensors; onebit: every rank's chunk of signs plus one float32 scale per rank)."""
+    allreduced tensors; onebit: per tensor, every rank's chunk of signs plus two float32 scales per
+    rank, the alltoall's and the allgather's)."""
     elements = sum(math.prod(s) for s in shapes)
     if method in ("none", "fp16"):
         return elements * (4 if method == "none" else 2)
     if method == "powersgd":
-        chosen = set(powersgd_plan(shapes, rank))
+        chosen = set(powersgd_plan(shapes, rank, min_rate))
         return 4 * sum(rank * sum(s) if i in chosen else math.prod(s) for i, s in enumerate(shapes))
     if method == "onebit":
-        return size * (onebit_chunk(elements, size) / 8 + 4)
+        # per tensor (onebit.py): a chunk of signs per rank, and a float32 scale per rank from
+        # each side (the workers' scale of the whole tensor, the servers' of their chunk)
+        return sum(size * (onebit_chunk(math.prod(s), size) / 8 + 8) for s in shapes)
     raise ConfigError(f"unknown exchange {method!r}")
 
 
-def wire_bytes(method: str, shapes, size: int, rank: int = 4) -> float:
+def wire_bytes(method: str, shapes, size: int, rank: int = 4, min_rate: float = 2.0) -> float:
     """Bytes each rank sends per update with ring collectives: 2(N-1)/N of the payload (an
     allreduce, or an alltoall and an allgather of (N-1)/N each)."""
     if size < 2:
         return 0.0
-    return 2 * (size - 1) / size * payload_bytes(method, shapes, size, rank)
+    return 2 * (size - 1) / size * payload_bytes(method, shapes, size, rank, min_rate)
 
 
 def onebit_chunk(elements: int, size: int) -> int:
-    """Elements per rank's chunk: the vector split evenly, rounded up to whole bytes of signs."""
-    return 8 * math.ceil(elements / (8 * size))
+    """Elements per rank's chunk of one tensor under --exchange=onebit: DeepSpeed's padding, the
+    tensor rounded up to a multiple of size x lcm(size, 8), split evenly (whole bytes of signs)."""
+    block = size * math.lcm(size, 8)
+    return block * math.ceil(elements / block) // size
+
+
+# 1-bit Adam/LAMB's float32 warmup when --compression_warmup_steps is unset: this share of the run
+# (DeepSpeed's tutorials: 15-25% of the total steps as a start).
+ONEBIT_WARMUP_SHARE = 0.2
+
+
+# PowerSGD's float32 warmup when --compression_warmup_steps is unset: this share of the run, at most
+# POWERSGD_WARMUP updates (the original code's default start; PyTorch's hook advises about 10% of
+# the run, and not less than the learning rate's warmup).
+POWERSGD_WARMUP_SHARE, POWERSGD_WARMUP = 0.1, 100
+
+
+def warmup_updates(comm: CommConfig, total_steps: int) -> int:
+    """The updates exchanged in float32 before the compressed exchange starts: the flag when given,
+    else the method's default (onebit: ONEBIT_WARMUP_SHARE of total_steps, at least 1; 0 when
+    total_steps is 0, unknown: the trainer's optimizer then sets it, onebit.attach_optimizer;
+    powersgd: POWERSGD_WARMUP_SHARE of total_steps, at most POWERSGD_WARMUP)."""
+    if comm.compression_warmup_steps is not None:
+        return comm.compression_warmup_steps
+    if comm.method == "onebit":
+        return max(1, int(ONEBIT_WARMUP_SHARE * total_steps)) if total_steps else 0
+    if comm.method == "powersgd":
+        return min(POWERSGD_WARMUP, int(POWERSGD_WARMUP_SHARE * total_steps))
+    return 0
+
+
+def run_wire_bytes(comm: CommConfig, shapes, size: int, total_steps: int) -> float:
+    """Bytes each rank sends per update averaged over a run of total_steps updates, the float32
+    warmup included: (warmup x float32 + (total - warmup) x the method's) / total."""
+    warmup = min(warmup_updates(comm, total_steps), total_steps) if comm.compressed else 0
+    compressed = wire_bytes(
+        comm.method, shapes, size, comm.powersgd_rank, comm.powersgd_min_compression_rate
+    )
+    plain = wire_bytes("none", shapes, size)
+    return (warmup * plain + (total_steps - warmup) * compressed) / max(total_steps, 1)

@@ -14,7 +14,7 @@ import tensorflow as tf
 
 from bert_tf import ConfigError
 from bert_tf.parallel import watchdog
-from bert_tf.parallel.comm import CommConfig
+from bert_tf.parallel.comm import CommConfig, warmup_updates
 
 # CommConfig field (and flag) -> Horovod environment variable. Values set by horovodrun (or the
 # user's environment) win over flags; `configure` reports which value is in force.
@@ -241,10 +241,12 @@ def make_gradient_allreduce(fp16_compression=False, name="grad", weight=1.0, pro
     return Allreduce(fp16_compression, name=name, weight=weight, process_set=process_set)
 
 
-def make_gradient_exchange(comm: CommConfig, variables, seed=0, name="grad"):
+def make_gradient_exchange(comm: CommConfig, variables, seed=0, name="grad", total_steps=0):
     """The update's gradient exchange (exchange.GradientExchange) for --exchange (comm.method): a
     Horovod allreduce (none, fp16: exchange.Allreduce) or a compressed exchange with error feedback
-    (powersgd, onebit: compression.CompressedExchange). variables: the trainer's, in its order."""
+    (powersgd, onebit: compression.CompressedExchange). variables: the trainer's, in its order;
+    total_steps: the run's, for a warmup left unset (comm.warmup_updates; onebit's is the trainer's
+    optimizer's, set when the trainer attaches it)."""
     if comm.method == "auto":
         raise ConfigError(
             "--exchange=auto is chosen by run/pretrain.py at start-up "
@@ -266,10 +268,11 @@ def make_gradient_exchange(comm: CommConfig, variables, seed=0, name="grad"):
         comm.exchange,
         variables,
         comm.powersgd_rank,
-        comm.compression_warmup_steps,
+        warmup_updates(comm, total_steps),
         seed,
         size(),
         name,
+        min_rate=comm.powersgd_min_compression_rate,
     )
 
 

@@ -2,7 +2,7 @@
 
 Every way bert_tf moves gradients is a GradientExchange: a Horovod allreduce in float32 or float16
 (`Allreduce`), no collective at all (`Local`: one process, or DiLoCo's inner updates), PowerSGD and
-1-bit with error feedback (compression.CompressedExchange), and DiLoCo's outer step
+1-bit Adam/LAMB with error feedback (compression.CompressedExchange), and DiLoCo's outer step
 (local_sgd.OuterStep, which exchanges nothing per update and the weights' change every H updates).
 The trainer, the loop, checkpoints and elastic re-forms use only what the contract names:
 
@@ -23,6 +23,10 @@ The trainer, the loop, checkpoints and elastic re-forms use only what the contra
     exchange.method, exchange.weight       its name (--exchange's value, or diloco), and the factor
                                            this rank's gradients take first (elastic mode's uneven
                                            shares)
+
+One exchange reaches further: 1-bit Adam/LAMB (onebit.OnebitExchange) sends the momentum, so it also
+has attach_optimizer(optimizer, clip_norm), which the trainer calls when present: it reads the
+optimizer's momentum and returns the gradient that moves it to the averaged one.
 """
 
 from __future__ import annotations

@@ -168,7 +168,7 @@ def check_settings(s: BenchmarkConfig):
     before an hour of measuring: micro-batches, output files, the plan's sequence lengths, input
     files."""
     from bert_tf.data import input_pipeline
-    from bert_tf.tools import planner
+    from bert_tf.tools import device_figures
 
     if s.rungs is None:
         raise ValueError(
@@ -186,13 +186,15 @@ def check_settings(s: BenchmarkConfig):
             if not any(r in PRECISION_RUNGS for r in s.rungs):
                 raise ConfigError(f"--{flag} needs at least one bert_tf precision rung in --rungs")
     if s.device_figures:
-        if s.sequence.max_seq_length not in planner.DEVICE_FIGURES.values():
+        if s.sequence.max_seq_length not in device_figures.DEVICE_FIGURES.values():
             raise ConfigError(
                 f"--device_figures: the plan's phases run at sequence 128 and 512, not "
                 f"--max_seq_length={s.sequence.max_seq_length}"
             )
         if os.path.exists(s.device_figures):
-            planner.read_device_figures(s.device_figures, s.model_preset)  # one it can add to
+            device_figures.read_device_figures(
+                s.device_figures, s.model_preset
+            )  # one it can add to
     seq = s.sequence
     records = []
     # (glob, instances per row), checked before an hour of measuring

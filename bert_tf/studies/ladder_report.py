@@ -71,10 +71,10 @@ def save(report, s, best):
             f"({best['sequences_per_second']:.2f} seq/s)"
         )
     if s.device_figures:
-        from bert_tf.tools import planner
+        from bert_tf.tools import device_figures
 
         seq = s.sequence.max_seq_length
-        planner.record_device_figures(
+        device_figures.record_device_figures(
             s.device_figures,
             s.model_preset,
             seq,

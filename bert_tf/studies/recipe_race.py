@@ -200,15 +200,14 @@ def planned_vs_measured(
     from bert_tf.model.config import BertConfig
     from bert_tf.tools import planner
     from bert_tf.studies import comm_study
-    from bert_tf.parallel.comm import CommConfig
+    from bert_tf.parallel.comm import CommConfig, warmup_updates
 
     records = metrics.read_metrics(os.path.join(run_dir, "metrics.jsonl"))
     run = next(r for r in records if r.get("kind") == "run")
     cfg = run.get("resolved", run["config"])  # as run: --exchange=auto's choice
     comm = CommConfig.from_record(cfg["comm"])  # "gradient_compression" (run records) or "exchange"
-    warmup = (
-        comm.compression_warmup_steps if comm.compressed else 0
-    )  # its float32 updates are not its speed
+    # its float32 updates are not its speed
+    warmup = warmup_updates(comm, cfg.get("total_steps", 0)) if comm.compressed else 0
     train = [r for r in training_intervals(records) if r["step"] - cfg["log_interval"] >= warmup]
     if not train:
         raise ConfigError(f"{run_dir}: no training interval without an evaluation to measure")

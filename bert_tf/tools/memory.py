@@ -53,11 +53,13 @@ def exchange_state_bytes(shapes, comm: CommConfig, ranks: int) -> dict:
     (gradient_tensor_shapes):
       own            this rank's error-feedback buffers, different on every rank (powersgd: an
                      n x m error per compressed matrix, comm.powersgd_plan; onebit: an error of
-                     every element and the averaging side's error of this rank's chunk,
+                     every element of each tensor padded to a multiple of ranks x lcm(ranks, 8)
+                     and the averaging side's error of this rank's chunk of each,
                      comm.onebit_chunk, which shrinks as ranks grow)
       shared         state the same on every rank (powersgd: Q, m x r per compressed matrix;
-                     DiLoCo: the anchor and the velocity, 2 x the weights); none and fp16 keep
-                     nothing
+                     DiLoCo: the anchor and the velocity, 2 x the weights, and with 8- or 4-bit
+                     deltas each rank's rounding residual, 1 x the weights, in `own`, which a
+                     resume restarts at zero: never in a file); none and fp16 keep nothing
       steady         own + shared: on the device for the whole run
       save_host      at a save, the host copy of its own buffers each rank writes to its own
                      file; file: its size
@@ -76,22 +78,25 @@ def exchange_state_bytes(shapes, comm: CommConfig, ranks: int) -> dict:
     an update."""
     if comm.exchange == "auto":
         raise ConfigError("--exchange=auto: resolve it first (planner.exchange_ranking)")
-    buffers, shared = [], 0
+    buffers, shared, unsaved = [], 0, 0
     elements = sum(math.prod(s) for s in shapes)
     if comm.local_updates:
         shared = 2 * 4 * elements
+        if comm.outer_delta_bits in (8, 4):  # what rounding dropped, carried to the next exchange
+            unsaved = 4 * elements
     elif comm.method == "powersgd":
-        chosen = powersgd_plan(shapes, comm.powersgd_rank)
+        chosen = powersgd_plan(shapes, comm.powersgd_rank, comm.powersgd_min_compression_rate)
         buffers = [4 * math.prod(shapes[i]) for i in chosen]
         shared = 4 * sum(shapes[i][1] * comm.powersgd_rank for i in chosen)
     elif comm.method == "onebit":
-        buffers = [4 * elements, 4 * onebit_chunk(elements, ranks)]
+        chunks = [onebit_chunk(math.prod(s), ranks) for s in shapes]  # per tensor, padded
+        buffers = [4 * ranks * sum(chunks), 4 * sum(chunks)]
     own = sum(buffers)
     return {
         "ranks": ranks,
-        "own": own,
+        "own": own + unsaved,
         "shared": shared,
-        "steady": own + shared,
+        "steady": own + unsaved + shared,
         "save_host": own,
         "file": own,
         "resume_host": own,

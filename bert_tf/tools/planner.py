@@ -42,7 +42,8 @@ import math
 
 from bert_tf import ConfigError
 from bert_tf.parallel.exchange_ranking import exchange_choices, rank_exchanges, update_factor
-from bert_tf.parallel.comm import CommConfig, payload_bytes
+from bert_tf.parallel import local_plan
+from bert_tf.parallel.comm import CommConfig, payload_bytes, warmup_updates
 from bert_tf.model.config import BertConfig
 
 
@@ -187,11 +188,12 @@ def plan_phase(
     update_factor=1.0,
 ):
     """tensor_sizes: gradient_tensor_sizes(config), or one number (all parameters in one tensor), or
-    gradient_tensor_shapes(config) (which --exchange=powersgd|onebit need).
+    gradient_tensor_shapes(config) (which --exchange=powersgd|onebit need). powersgd and onebit:
+    seconds and bytes per update averaged over the phase, the float32 warmup included
+    (_with_float32_warmup); --local_updates: averaged over the phase too (local_updates_seconds).
     overhead_seconds: a compressed exchange's own computation per update; update_factor: the updates
     it needs for the quality the uncompressed run reaches in 1 (both measured: docs/results.md)."""
-    if isinstance(tensor_sizes, (int, float)):
-        tensor_sizes = [tensor_sizes]
+    tensor_sizes = [tensor_sizes] if isinstance(tensor_sizes, (int, float)) else tensor_sizes
     shapes = [s for s in tensor_sizes if isinstance(s, tuple)]
     tensor_sizes = [math.prod(s) if isinstance(s, tuple) else s for s in tensor_sizes]
     N = cluster.devices
@@ -200,6 +202,7 @@ def plan_phase(
         raise ConfigError("--exchange=auto: resolve it first (planner.exchange_ranking)")
     comm = comm.resolved()
     compute = phase.global_batch / (N * phase.device_sequences_per_second)
+    updates = phase.total_sequences / phase.global_batch
     if comm.compressed:
         if len(shapes) != len(tensor_sizes):
             raise ConfigError(
@@ -208,6 +211,13 @@ def plan_phase(
             )
         comm_time, gradient_bytes, messages = compressed_exchange_seconds(shapes, cluster, comm)
         comm_time += overhead_seconds
+        if warmup_updates(comm, round(updates)):
+            comm_time, gradient_bytes = _with_float32_warmup(
+                (comm_time, gradient_bytes), tensor_sizes, phase, cluster, comm, accumulation
+            )
+    elif comm.local_updates:
+        local = local_updates_seconds(tensor_sizes, cluster, comm, updates, compute)
+        comm_time, gradient_bytes, messages = local
     else:
         comm_time, gradient_bytes, messages = allreduce_exchange_seconds(
             tensor_sizes, cluster, comm, accumulation
@@ -224,10 +234,20 @@ def plan_phase(
         "messages": messages,
         "sequences_per_second": throughput,
         "scaling_efficiency": compute / step,
-        "updates": phase.total_sequences * update_factor / phase.global_batch,
+        "updates": updates * update_factor,
         "days": seconds / 86400,
         "cost": seconds / 3600 * N * cluster.price_per_device_hour,
     }
+
+
+def _with_float32_warmup(compressed, tensor_sizes, phase, cluster, comm, accumulation):
+    """(seconds, bytes) per update of a compressed exchange averaged over the phase's updates: its
+    first comm.warmup_updates go as a float32 allreduce (computation aside), the rest compressed."""
+    updates = phase.total_sequences / phase.global_batch
+    share = min(warmup_updates(comm, round(updates)) / updates, 1.0)
+    plain = dataclasses.replace(comm, exchange="none")
+    seconds, size, _ = allreduce_exchange_seconds(tensor_sizes, cluster, plain, accumulation)
+    return tuple(share * f + (1 - share) * c for f, c in zip((seconds, size), compressed))
 
 
 def _check_batches(phase: Phase, devices: int, accumulation: int) -> None:
@@ -245,29 +265,52 @@ def _check_batches(phase: Phase, devices: int, accumulation: int) -> None:
 
 
 def allreduce_exchange_seconds(tensor_sizes, cluster: Cluster, comm: CommConfig, accumulation: int):
-    """(seconds, gradient bytes, messages) per update of an allreduce exchange (none, fp16, DiLoCo)
-    of tensors of `tensor_sizes` elements; comm resolved. DiLoCo (--local_updates=H) sends the
-    weights' change in float16 once every H updates, nothing between: seconds and bytes are per
-    update on average."""
-    width = 2 if comm.method == "fp16" or comm.local_updates else 4
+    """(seconds, gradient bytes, messages) per update of an allreduce exchange (none, fp16) of
+    tensors of `tensor_sizes` elements; comm resolved."""
+    width = 2 if comm.method == "fp16" else 4
     tensor_bytes = [size * width for size in tensor_sizes]
     gradient_bytes = sum(tensor_bytes)
     messages = fusion_messages(tensor_bytes, comm.fusion_threshold_mb)
-    allreduces = (
-        accumulation if comm.allreduce_every_micro_batch else 1 / max(comm.local_updates, 1)
-    )
+    allreduces = accumulation if comm.allreduce_every_micro_batch else 1
     seconds = allreduces * allreduce_seconds(gradient_bytes, cluster, messages, comm.cycle_time_ms)
-    if comm.local_updates:
-        gradient_bytes /= comm.local_updates
-    if comm.local_updates and comm.local_group == "node" and cluster.devices_per_node > 1:
+    return seconds, gradient_bytes, messages
+
+
+def local_updates_seconds(tensor_sizes, cluster: Cluster, comm: CommConfig, updates, compute):
+    """(seconds, gradient bytes, messages) per update of --local_updates=H (DiLoCo), averaged over
+    the phase's `updates`; comm resolved. The first --local_updates_after updates allreduce their
+    float32 gradients; then every H/F updates one of F fragments (--local_fragments) sends its
+    share of the weights' change: 16 or 32 bits an allreduce, 8 or 4 bits an allgather of every
+    rank's codes and scales (bert_tf/parallel/local_plan.py), of which --fragment_delay updates'
+    `compute` hide the time. --local_group=node adds each node's float32 allreduce every update.
+    gradient bytes: what an allreduce of the same wire bytes would carry."""
+    N, n, d = cluster.devices, cluster.nodes, cluster.devices_per_node
+    elements, cycle = sum(tensor_sizes), comm.cycle_time_ms or 0.0  # resolved: never None
+    float32 = [4 * size for size in tensor_sizes]
+    messages = fusion_messages(float32, comm.fusion_threshold_mb)
+    synchronous = allreduce_seconds(sum(float32), cluster, messages, cycle)
+    fragment = local_plan.payload_bytes(-(-elements // comm.local_fragments), comm.outer_delta_bits)
+    if comm.outer_delta_bits in (16, 32):
+        exchange = allreduce_seconds(fragment, cluster, 1, cycle)
+    elif N > 1:  # the allgather: each node's link brings its d ranks the other N - d payloads
+        inter = d * (N - d) * fragment / (cluster.inter_gbps * 1e9 / 8) if n > 1 else 0.0
+        intra = (d - 1) * fragment / (cluster.intra_gbps * 1e9 / 8)
+        latency = cluster.inter_latency_us if n > 1 else cluster.intra_latency_us
+        wait = cycle * 1e-3 / 2 + cluster.message_overhead_us * 1e-6
+        exchange = inter + intra + (N - 1) * latency * 1e-6 + wait
+    else:
+        exchange = 0.0
+    visible = max(0.0, exchange - comm.fragment_delay * compute)
+    after = min(comm.local_updates_after, updates)
+    exchanges = (updates - after) / comm.local_updates * comm.local_fragments
+    seconds = (after * synchronous + exchanges * visible) / max(updates, 1)
+    shapes = [(size,) for size in tensor_sizes]
+    wire = local_plan.wire_bytes_per_update(shapes, comm, N, max(round(updates), 1))
+    gradient_bytes = wire / (2 * (N - 1) / N) if N > 1 else 0.0
+    if comm.local_group == "node" and d > 1:
         # each node one worker: its float32 gradients averaged inside the node every update
-        inner = [4 * size for size in tensor_sizes]
-        seconds += allreduce_seconds(
-            sum(inner),
-            dataclasses.replace(cluster, nodes=1),
-            fusion_messages(inner, comm.fusion_threshold_mb),
-            comm.cycle_time_ms,
-        )
+        inside = dataclasses.replace(cluster, nodes=1)
+        seconds += allreduce_seconds(sum(float32), inside, messages, cycle)
     return seconds, gradient_bytes, messages
 
 
@@ -281,7 +324,9 @@ def compressed_exchange_seconds(shapes, cluster: Cluster, comm: CommConfig):
     comm = comm.resolved()
     cycle_ms = comm.cycle_time_ms or 0.0  # resolved: never None
     N, n, d = cluster.devices, cluster.nodes, cluster.devices_per_node
-    payload = payload_bytes(comm.exchange, shapes, N, comm.powersgd_rank)
+    payload = payload_bytes(
+        comm.exchange, shapes, N, comm.powersgd_rank, comm.powersgd_min_compression_rate
+    )
     if comm.exchange == "powersgd":
         return allreduce_seconds(payload, cluster, 2, cycle_ms), payload, 2
     if N == 1:
@@ -356,59 +401,3 @@ def best_knob(tensor_sizes, phases, cluster, comm, accumulation):
         comm, faster
     )
     return days(comm), sorted(((d, name) for name, d in results.items()), key=lambda x: x[0])
-
-
-# -- measured device figures (run/benchmark.py --device_figures, scripts/gpu_check.sh) -> plan.py
-# run/plan.py's flag -> the sequence length it is for
-DEVICE_FIGURES = {"phase1_device_seq_s": 128, "phase2_device_seq_s": 512}
-LINK_FIGURES = ("intra_gbps",)
-
-
-def record_device_figures(path, model_preset, seq_length, sequences_per_second, **details):
-    """Adds one measured figure (the fastest rung's sequences/s at 128 or 512) to the JSON at
-    `path`, keeping the other phase's; written to a temporary name, then renamed."""
-    import json
-    import os
-
-    key = next((k for k, seq in DEVICE_FIGURES.items() if seq == seq_length), None)
-    if key is None:
-        raise ConfigError(
-            f"--device_figures: the plan's phases run at sequence 128 and 512, not {seq_length}"
-        )
-    figures = {}
-    if os.path.exists(path):
-        figures = read_device_figures(path, model_preset)
-    figures.update({"model_preset": model_preset, key: sequences_per_second, **details})
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(figures, f, indent=1)
-    os.replace(tmp, path)
-    return figures
-
-
-def read_device_figures(path, model_preset) -> dict:
-    """The JSON of measured figures, checked: written for `model_preset`, every figure a positive
-    number."""
-    import json
-
-    try:
-        with open(path) as f:
-            figures = json.load(f)
-    except OSError as e:
-        raise ConfigError(f"--device_figures={path}: {e.strerror}") from None
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"--device_figures={path}: not JSON ({e})") from None
-    if not isinstance(figures, dict) or figures.get("model_preset") != model_preset:
-        found = figures.get("model_preset") if isinstance(figures, dict) else None
-        raise ConfigError(
-            f"--device_figures={path}: measured on BERT-{found}, but the plan is for "
-            f"BERT-{model_preset} (--model_preset)"
-        )
-    for key in (*DEVICE_FIGURES, *LINK_FIGURES):
-        if key in figures and not (isinstance(figures[key], (int, float)) and figures[key] > 0):
-            raise ConfigError(
-                f"--device_figures={path}: {key} must be a positive number, got {figures[key]!r}"
-            )
-    if not any(key in figures for key in DEVICE_FIGURES):
-        raise ConfigError(f"--device_figures={path}: no {' or '.join(DEVICE_FIGURES)}")
-    return figures

@@ -173,8 +173,7 @@ class TrainingState:
         self.samples_seen = samples_seen
         # the exchange the job trains with (exchange_state.record), rank 0's at a sync
         self.exchange = exchange
-        # rank 0 restored a checkpoint and no formation has started since: its error buffers are in
-        # its files
+        # rank 0 restored a checkpoint, no formation started since: its errors are in its files
         self.from_checkpoint = samples_seen > 0
         self.save()
 
@@ -308,8 +307,10 @@ class Elastic:
             self.say(note)
         # an allreduce is made for each share (update_batch): this formation's, with its weight
         if changed and comm.compressed:
-            exchange = distributed.make_gradient_exchange(comm, trainer.variables, seed=cfg.seed)
-            trainer.use_exchange(exchange, comm)
+            made = distributed.make_gradient_exchange(
+                comm, trainer.variables, cfg.seed, "grad", cfg.total_steps
+            )
+            trainer.use_exchange(made, comm)
         elif changed:
             trainer.use_exchange(Local(), comm)
 
@@ -363,8 +364,8 @@ class Elastic:
 
     def after_update(self, step):
         outer = self.job.outer
-        if outer is not None and outer.due(step):  # DiLoCo: the ranks' weights agree again
-            outer.sync(self.job.trainer.variables)
+        if outer is not None:  # DiLoCo (one fragment, no delay here): the ranks agree when due
+            outer.after_update(step, self.job.trainer.variables)
         # the weights agree after the first update, or under DiLoCo after the first synchronisation
         first = (
             step == self.start_step + 1

@@ -109,9 +109,8 @@ class Static:
         return self.stop.received or "a signal to another rank"
 
     def after_update(self, step):
-        outer = self.job.outer
-        if outer is not None and outer.due(step):  # DiLoCo: the ranks' weights agree again
-            outer.sync(self.job.trainer.variables)
+        if self.job.outer is not None:  # DiLoCo: the anchor, an outer exchange started or done
+            self.job.outer.after_update(step, self.job.trainer.variables)
 
     def commit(self, step, samples_seen):
         pass
@@ -123,6 +122,8 @@ class Static:
         """The divergence guard: rank 0 restores the newest intact checkpoint (of a step before
         `before_step`), every rank takes its state."""
         job = self.job
+        if job.outer is not None:  # an outer exchange in flight belongs to the updates undone
+            job.outer.discard()
         rank0 = distributed.rank() == 0
         path = job.ckpts.latest(log=self.say, before_step=before_step) if rank0 else None
         # hashing every file, then reading: the others wait, labelled

@@ -28,12 +28,22 @@ this step's gradient against the bias-corrected v that includes it, eps^2 its fl
 the bias corrections into the betas (its m and v are m_hat and v_hat): the same update up to
 rounding. It replaces gradient clipping (ModernBERT clips none: --clip_norm=0).
 
-freeze_variance_after=K (--exchange=onebit): from update K+1 on, v and its bias correction stay
-as they were after update K (1-bit Adam, Tang et al. 2021). Adam's per-coordinate scale cannot be
-estimated from sign-compressed gradients (every value +-the chunk's mean magnitude); with v fixed
-the update is linear in the gradient, so error feedback's promise (the compressed gradients' sum
-follows the true one) carries over to the weights. Not for StableAdamW, whose clipping reads each
-step's g^2 (train_config refuses the pair).
+freeze_variance_after=K (--exchange=onebit; bert_tf/parallel/onebit.py sends the momentum): the
+optimizer half of 1-bit Adam (Tang et al. 2021) and 1-bit LAMB (Li et al. 2021), DeepSpeed's
+OnebitAdam / OnebitLamb (runs/reading_onebit.md). Updates 1..K are the warmup: AdamW as above; LAMB
+with its ratio r clamped to [ONEBIT_LAMB min_coeff, max_coeff] and averaged into a per-tensor
+coefficient c = coeff_beta c + (1 - coeff_beta) r (from 0, skipped where r is 1). From update K+1
+on, v and its bias correction stay as they were after update K, and the gradient given is the one
+the exchange reconstructed from the averaged momentum (m lands on it). 1-bit LAMB's trust ratio is
+then c x factor, factor = max over the tensor of (sqrt(v_hat) + eps) / (sqrt(v_fresh_hat) + eps),
+v_fresh = copy of v at K, then updated with the reconstructed g^2; blended toward 1 by
+min(1, ||u - wd w|| / ||u||) under weight decay, clamped to [factor_min, factor_max] and to
++-factor_threshold of the last factor (FrozenTrust holds c, the last factor and v_fresh). Departures
+from DeepSpeed: bias correction (DeepSpeed has none; v_fresh's is 1 - b2^t), eps 1e-6, LayerNorm
+and biases skip weight decay and the trust ratio by name, and a coefficient the warmup never set
+(a resume from a checkpoint without FrozenTrust) is taken from the first frozen update's clamped
+ratio, v_fresh from v. Not for StableAdamW, whose clipping reads each step's g^2 (train_config
+refuses the pair).
 """
 
 from __future__ import annotations
@@ -43,10 +53,20 @@ import re
 import tensorflow as tf
 
 from bert_tf import ConfigError
+from bert_tf.parallel.comm import warmup_updates
 from bert_tf.train.train_config import DECAY_SHAPES, OPTIMIZERS
 
 # Variable names (not module paths) carry the role: LayerNorm has gamma/beta, every Dense a bias.
 NO_DECAY = re.compile(r"(gamma|beta|bias)")
+# 1-bit LAMB's constants: DeepSpeed OnebitLamb's defaults
+ONEBIT_LAMB = dict(
+    max_coeff=10.0,
+    min_coeff=0.01,
+    coeff_beta=0.9,
+    factor_max=4.0,
+    factor_min=0.5,
+    factor_threshold=0.1,
+)
 
 
 def learning_rate(
@@ -82,6 +102,14 @@ def learning_rate(
     left = (1.0 - progress) ** power if shape == "linear" else 1.0 - tf.sqrt(progress)
     decayed = (peak - end) * left + end
     return tf.where(step < warmup_steps, peak * step / warmup, decayed)
+
+
+def onebit_warmup(config) -> int:
+    """freeze_variance_after for a TrainConfig: 1-bit's float32 updates under --exchange=onebit
+    (comm.warmup_updates), else 0."""
+    if config.comm.method != "onebit":
+        return 0
+    return warmup_updates(config.comm, config.total_steps)
 
 
 def total(x):
@@ -140,21 +168,21 @@ class Optimizer(tf.Module):
         self.v = [tf.Variable(tf.zeros_like(v), trainable=False, name="v") for v in variables]
         self.decay = [NO_DECAY.search(v.name) is None for v in variables]
 
-    def apply(self, grads, variables, lr):
-        """One update; `grads` already averaged over ranks (and clipped, if --clip_norm)."""
+    def frozen(self):
+        """Past 1-bit's warmup (a bool tensor): the variance frozen, the momentum exchanged."""
+        return self.iterations >= self.freeze_variance_after
+
+    def apply(self, grads, variables, lr, trust=None):
+        """One update; `grads` already averaged over ranks (and clipped, if --clip_norm). trust:
+        1-bit LAMB's FrozenTrust (with freeze_variance_after and kind lamb)."""
+        if self.freeze_variance_after:
+            return self._apply_onebit(grads, variables, lr, trust)
         t = tf.cast(self.iterations + 1, tf.float32)
         correction_1 = 1.0 - tf.pow(self.beta_1, t)
-        frozen = None
-        if self.freeze_variance_after:
-            if self.kind == "stable_adamw":
-                raise ValueError("stable_adamw with a frozen variance (--exchange=onebit)")
-            frozen = self.iterations >= self.freeze_variance_after
-            t = tf.minimum(t, float(self.freeze_variance_after))
         correction_2 = 1.0 - tf.pow(self.beta_2, t)
         for g, w, m, v, decay in zip(grads, variables, self.m, self.v, self.decay):
             m.assign(self.beta_1 * m + (1.0 - self.beta_1) * g)
-            v_next = self.beta_2 * v + (1.0 - self.beta_2) * tf.square(g)
-            v.assign(v_next if frozen is None else tf.where(frozen, v, v_next))
+            v.assign(self.beta_2 * v + (1.0 - self.beta_2) * tf.square(g))
             v_hat = v / correction_2
             update = (m / correction_1) / (tf.sqrt(v_hat) + self.epsilon)
             if decay and self.weight_decay:
@@ -168,6 +196,43 @@ class Optimizer(tf.Module):
             w.assign_sub(lr * update)
         self.iterations.assign_add(1)
 
+    def _apply_onebit(self, grads, variables, lr, trust):
+        if self.kind not in ("adamw", "lamb") or (self.kind == "lamb" and trust is None):
+            raise ValueError(
+                f"--exchange=onebit: no 1-bit {self.kind} (or LAMB without FrozenTrust)"
+            )
+        t = tf.cast(self.iterations + 1, tf.float32)
+        frozen = self.frozen()
+        corrections = (
+            1.0 - tf.pow(self.beta_1, t),
+            1.0 - tf.pow(self.beta_2, tf.minimum(t, float(self.freeze_variance_after))),
+            1.0 - tf.pow(self.beta_2, t),  # v_fresh's
+        )
+        tf.cond(
+            frozen,
+            lambda: self._onebit_step(grads, variables, lr, trust, corrections, True),
+            lambda: self._onebit_step(grads, variables, lr, trust, corrections, False),
+        )
+        self.iterations.assign_add(1)
+
+    def _onebit_step(self, grads, variables, lr, trust, corrections, frozen):
+        """One update of 1-bit Adam/LAMB, in the warmup or (frozen) after it."""
+        correction_1, correction_2, _ = corrections
+        for i, (g, w, m, v, decay) in enumerate(zip(grads, variables, self.m, self.v, self.decay)):
+            m.assign(self.beta_1 * m + (1.0 - self.beta_1) * g)
+            if not frozen:
+                v.assign(self.beta_2 * v + (1.0 - self.beta_2) * tf.square(g))
+            v_hat = v / correction_2
+            plain = (m / correction_1) / (tf.sqrt(v_hat) + self.epsilon)
+            update = plain + self.weight_decay * w if decay and self.weight_decay else plain
+            if self.kind == "lamb" and decay:
+                if frozen:
+                    update *= trust.frozen_ratio(i, g, w, v, plain, update, self, corrections)
+                else:
+                    update *= trust.warmup_ratio(i, w, update)
+            w.assign_sub(lr * update)
+        return tf.constant(0)
+
     def update_clipping(self, g, v_hat):
         """StableAdamW's factor on this tensor's learning rate: 1 / max(1, RMS), RMS =
         sqrt(mean(g^2 / max(v_hat, eps^2))) (optimi's _single_param_stableadamw). At the first
@@ -175,3 +240,51 @@ class Optimizer(tf.Module):
         ratio = tf.square(g) / tf.maximum(v_hat, self.epsilon**2)
         rms = tf.sqrt(total(ratio) / tf.cast(tf.size(g), tf.float32))
         return 1.0 / tf.maximum(1.0, rms)
+
+
+class FrozenTrust(tf.Module):
+    """1-bit LAMB's per-tensor state (optimization's docstring): the warmup's averaged coefficient,
+    the last factor and v_fresh. Its own checkpoint item ("onebit_lamb"), which older checkpoints
+    lack, so the optimizer's variables stay those of every other run."""
+
+    def __init__(self, variables, name="onebit_lamb"):
+        super().__init__(name=name)
+        self.coeff = [tf.Variable(0.0, trainable=False, name="coeff") for _ in variables]
+        self.last_factor = [tf.Variable(1.0, trainable=False, name="last") for _ in variables]
+        self.fresh = [tf.Variable(tf.zeros_like(v), trainable=False, name="v") for v in variables]
+
+    def clamped_ratio(self, w, update):
+        """||w|| / ||u|| clamped to [min_coeff, max_coeff]; 1 when either norm is 0."""
+        w_norm, u_norm = norm(w), norm(update)
+        ratio = tf.clip_by_value(
+            w_norm / tf.maximum(u_norm, 1e-30), ONEBIT_LAMB["min_coeff"], ONEBIT_LAMB["max_coeff"]
+        )
+        return tf.where((w_norm > 0) & (u_norm > 0), ratio, 1.0)
+
+    def warmup_ratio(self, i, w, update):
+        """The warmup's ratio, averaged into tensor i's coefficient unless it is 1."""
+        ratio, beta = self.clamped_ratio(w, update), ONEBIT_LAMB["coeff_beta"]
+        c = self.coeff[i]
+        c.assign(tf.where(ratio != 1.0, beta * c + (1.0 - beta) * ratio, c))
+        return ratio
+
+    def frozen_ratio(self, i, g, w, v, plain, update, optimizer, corrections):
+        """The frozen coefficient times the fresh-variance factor (DeepSpeed OnebitLamb's); g: the
+        gradient the exchange reconstructed from the averaged momentum."""
+        k, eps, beta_2 = ONEBIT_LAMB, optimizer.epsilon, optimizer.beta_2
+        fresh = self.fresh[i]
+        start = tf.reduce_max(fresh) == 0.0  # the first frozen update: from a copy of v
+        fresh.assign(beta_2 * tf.where(start, v, fresh) + (1.0 - beta_2) * tf.square(g))
+        ratios = (tf.sqrt(v / corrections[1]) + eps) / (tf.sqrt(fresh / corrections[2]) + eps)
+        factor, u_norm = tf.reduce_max(ratios), norm(update)
+        blend = tf.minimum(1.0, norm(plain) / tf.maximum(u_norm, 1e-30))  # 1 without weight decay
+        factor = tf.where(u_norm > 0, blend * factor + 1.0 - blend, factor)
+        factor = tf.clip_by_value(factor, k["factor_min"], k["factor_max"])
+        last = self.last_factor[i]
+        factor = tf.clip_by_value(
+            factor, last * (1.0 - k["factor_threshold"]), last * (1.0 + k["factor_threshold"])
+        )
+        last.assign(factor)
+        c = self.coeff[i]
+        c.assign(tf.where(c > 0, c, self.clamped_ratio(w, update)))
+        return c * factor

@@ -191,6 +191,7 @@ class PretrainConfig(TrainConfig, divergence.GuardConfig):
         self._check_evaluation()
         self._check_elastic()
         self._check_recipe()
+        self._check_local_updates()
 
     def _check_run_knobs(self):
         """Logging, the divergence guard, recomputation, the clock and the target accuracy."""
@@ -320,27 +321,6 @@ class PretrainConfig(TrainConfig, divergence.GuardConfig):
                 "--accumulation_steps > 1: the batch grows by micro-batches, from one per rank to "
                 "--accumulation_steps"
             )
-        every = self.comm.local_updates
-        if every and self.elastic and self.elastic_commit_interval % every:
-            raise ConfigError(
-                f"--elastic_commit_interval={self.elastic_commit_interval} must be a multiple of "
-                f"--local_updates={every} with --elastic: a commit holds the weights every rank "
-                "agrees on, right after a synchronisation"
-            )
-        if every and self.elastic and self.comm.local_group == "node":
-            raise ConfigError(
-                "--local_group=node with --elastic: not supported. With a process set per node, "
-                "Horovod 0.28.1 aborts every surviving rank when a node is lost (std::terminate on "
-                "a Gloo error, exit 134) before any re-form can run: "
-                "scripts/probe_elastic_process_sets.py, horovod/horovod#3501 and #4021. Use "
-                "--local_group=rank"
-            )
-        if every and (self.save_interval % every or self.eval_interval % every):
-            raise ConfigError(
-                f"--save_interval={self.save_interval} and --eval_interval={self.eval_interval} "
-                f"must be multiples of --local_updates={every}: the ranks' weights agree only "
-                "right after a synchronisation"
-            )
         if self.dynamic_masking and not 0 < self.masked_lm_prob < 1:
             raise ConfigError(f"--masked_lm_prob must be in (0, 1), got {self.masked_lm_prob}")
         if self.masked_lm_prob_end is not None:
@@ -353,6 +333,52 @@ class PretrainConfig(TrainConfig, divergence.GuardConfig):
                 raise ConfigError(
                     f"--masked_lm_prob_end must be in (0, 1), got {self.masked_lm_prob_end}"
                 )
+
+    def _check_local_updates(self):
+        """--local_updates (DiLoCo) against the run: its synchronous start, the saves and
+        evaluations (only where the ranks' weights agree), elastic mode."""
+        comm, every = self.comm, self.comm.local_updates
+        after = comm.local_updates_after
+        if not every:
+            return
+        if after >= self.total_steps:
+            raise ConfigError(
+                f"--local_updates_after={after} must be below --total_steps={self.total_steps}: "
+                "the local updates would never start"
+            )
+        streamed = comm.local_fragments > 1 or comm.fragment_delay or comm.outer_delta_bits < 16
+        if self.elastic and (after or streamed):
+            raise ConfigError(
+                "--local_updates_after, --local_fragments > 1, --fragment_delay and "
+                "--outer_delta_bits=8|4 with --elastic: not supported (a commit needs the weights "
+                "every rank agrees on at each commit, no exchange in flight and no residuals)"
+            )
+        if self.elastic and self.elastic_commit_interval % every:
+            raise ConfigError(
+                f"--elastic_commit_interval={self.elastic_commit_interval} must be a multiple of "
+                f"--local_updates={every} with --elastic: a commit holds the weights every rank "
+                "agrees on, right after a synchronisation"
+            )
+        if self.elastic and comm.local_group == "node":
+            raise ConfigError(
+                "--local_group=node with --elastic: not supported. With a process set per node, "
+                "Horovod 0.28.1 aborts every surviving rank when a node is lost (std::terminate on "
+                "a Gloo error, exit 134) before any re-form can run: "
+                "scripts/probe_elastic_process_sets.py, horovod/horovod#3501 and #4021. Use "
+                "--local_group=rank"
+            )
+        if self.save_interval % every or self.eval_interval % every:
+            raise ConfigError(
+                f"--save_interval={self.save_interval} and --eval_interval={self.eval_interval} "
+                f"must be multiples of --local_updates={every}: the ranks' weights agree only "
+                "right after a synchronisation"
+            )
+        if after % every:
+            raise ConfigError(
+                f"--local_updates_after={after} must be a multiple of --local_updates={every}: "
+                "the ranks synchronise after updates K + j x H, and saves and evaluations (every "
+                "--save_interval and --eval_interval updates) fall there"
+            )
 
     def resolved(self) -> "PretrainConfig":
         """A new config with --fit_micro_batch applied (this one, what was asked, is unchanged): the

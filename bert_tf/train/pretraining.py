@@ -175,6 +175,8 @@ def _budget_spent(cfg: PretrainConfig, job: Job, plan, step, boundary) -> bool:
 
 def _evaluate(cfg: PretrainConfig, job: Job, step, say) -> bool:
     """An eval step: the held-out figures written; True when they reach the target."""
+    if job.outer is not None:  # DiLoCo's fragments (or α > 0): every rank's weights made alike
+        job.outer.agree(step, job.trainer.variables)
     evaluation = job.evaluate(step)
     job.writer.write(evaluation)
     return target_reached(cfg, job, evaluation, step, say)
@@ -182,9 +184,9 @@ def _evaluate(cfg: PretrainConfig, job: Job, step, say) -> bool:
 
 def _save(cfg: PretrainConfig, job: Job, mode: Mode, step, samples_seen):
     """A checkpoint (rank 0 writes it; the collectives before it run on every rank)."""
-    # a stop between synchronisations: one more
-    if job.outer is not None and not job.outer.due(step):
-        job.outer.sync(job.trainer.variables)
+    # a stop between synchronisations (or fragments out of step): every rank's weights made alike
+    if job.outer is not None:
+        job.outer.agree(step, job.trainer.variables)
     job.input.capture(job.position, samples_seen)  # static: a collective
     # every rank's own error buffers to its own file (no collective), before rank 0 names the
     # checkpoint

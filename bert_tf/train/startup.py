@@ -16,7 +16,8 @@ import tensorflow as tf
 from bert_tf import ConfigError
 from bert_tf.artifacts import checkpoint_formats, checkpointing, metrics
 from bert_tf.data import input_pipeline
-from bert_tf.parallel import auto_exchange, distributed, exchange_state, local_sgd
+from bert_tf.parallel import auto_exchange, distributed, exchange_state, local_plan, local_sgd
+from bert_tf.parallel.comm import warmup_updates
 from bert_tf.model import modeling
 from bert_tf.train import batch_warmup, budget, divergence, elastic, masking, preflight, training
 from bert_tf.train.evaluation import make_evaluator
@@ -94,7 +95,7 @@ def describe(cfg: PretrainConfig, size: int, global_batch: int) -> str:
         + ("" if cfg.elastic else f"accumulation {cfg.accumulation_steps}  ")
         + f"global batch {global_batch} sequences  seq {cfg.max_seq_length}  precision "
         f"{cfg.precision}  xla {cfg.xla}{'  fuse' if cfg.fuse else ''}  gradients "
-        f"{describe_exchange(cfg.comm)}"
+        f"{describe_exchange(cfg.comm, cfg.total_steps)}"
         + ("  allreduce every micro-batch" if cfg.comm.allreduce_every_micro_batch else "")
         + (
             f"  (ladder: {cfg.ladder_sequences_per_second:.2f} seq/s per rank)"
@@ -104,14 +105,11 @@ def describe(cfg: PretrainConfig, size: int, global_batch: int) -> str:
     )
 
 
-def describe_exchange(comm) -> str:
-    """--exchange (or --local_updates) in a few words, for the run's first log line."""
+def describe_exchange(comm, total_steps=0) -> str:
+    """--exchange (or --local_updates) in a few words, for the run's first log line (total_steps:
+    the run's, for a compression warmup left to its default)."""
     if comm.local_updates:
-        return (
-            f"DiLoCo{' (each node one worker)' if comm.local_group == 'node' else ''}: the "
-            f"weights' change in float16 every {comm.local_updates} updates (outer learning rate "
-            f"{comm.outer_learning_rate:g}, Nesterov momentum {comm.outer_momentum:g})"
-        )
+        return local_plan.describe(comm)
     return (
         {
             "none": "float32 allreduce",
@@ -120,11 +118,16 @@ def describe_exchange(comm) -> str:
             "onebit": "1-bit",
         }[comm.method]
         + (
-            f" after {comm.compression_warmup_steps} uncompressed updates"
-            if comm.compressed and comm.compression_warmup_steps
+            f" after {warmup_updates(comm, total_steps)} uncompressed updates"
+            if comm.compressed and warmup_updates(comm, total_steps)
             else ""
         )
-        + (", the optimizer's variance frozen from then on" if comm.method == "onebit" else "")
+        + (
+            ", the optimizer's variance (LAMB: its trust ratios) frozen and the momentum sent from "
+            "then on"
+            if comm.method == "onebit"
+            else ""
+        )
     )
 
 
@@ -350,16 +353,12 @@ def make_trainer(cfg: PretrainConfig, model, rank):
             if node is not None
             else None
         )
-        outer = local_sgd.OuterStep(
-            model.trainable_variables,
-            cfg.comm.outer_learning_rate,
-            cfg.comm.outer_momentum,
-            cfg.comm.local_updates,
-            inner,
-        )
-        return training.Trainer(model, cfg, exchange=outer, seed_offset=rank), outer
+        outer = local_sgd.make(cfg.comm, model, inner)
+        trainer = training.Trainer(model, cfg, exchange=outer, seed_offset=rank)
+        outer.count_on(trainer.step)  # the first --local_updates_after updates are synchronous
+        return trainer, outer
     exchange = distributed.make_gradient_exchange(
-        cfg.comm, model.trainable_variables, seed=cfg.seed
+        cfg.comm, model.trainable_variables, seed=cfg.seed, total_steps=cfg.total_steps
     )
     return training.Trainer(model, cfg, exchange=exchange, seed_offset=rank), None
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 from bert_tf import ConfigError, knob
-from bert_tf.parallel.comm import CommConfig
+from bert_tf.parallel.comm import ONEBIT_WARMUP_SHARE, CommConfig, warmup_updates
 
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
 # lamb: LAMB (You et al. 2019; NVIDIA's BERT recipe). adamw: AdamW (google-research/bert's).
@@ -160,16 +160,26 @@ class TrainConfig:
             )
 
     def validate_onebit(self):
+        """1-bit Adam / 1-bit LAMB: their optimizer, and a float32 warmup inside the run."""
         if self.comm.exchange != "onebit":
             return
-        if self.comm.compression_warmup_steps < 1:
+        if self.optimizer not in ("adamw", "lamb"):
+            raise ConfigError(
+                f"--exchange=onebit with --optimizer={self.optimizer}: --exchange=onebit is 1-bit "
+                "Adam (--optimizer=adamw) or 1-bit LAMB (--optimizer=lamb), which freeze the "
+                "variance the optimizer's update divides by; use adamw or lamb, or another "
+                "--exchange"
+            )
+        warmup = warmup_updates(self.comm, self.total_steps)
+        if warmup < 1:
             raise ConfigError(
                 "--exchange=onebit needs --compression_warmup_steps >= 1: the optimizer's variance "
                 "is estimated from those float32 updates, then frozen (1-bit Adam)"
             )
-        if self.optimizer == "stable_adamw":
+        if warmup >= self.total_steps:
             raise ConfigError(
-                "--exchange=onebit with --optimizer=stable_adamw: 1-bit Adam freezes the variance, "
-                "and StableAdamW's update clipping compares each step's squared gradient with it; "
-                "use adamw or lamb, or another --exchange"
+                f"--exchange=onebit: the float32 warmup (--compression_warmup_steps={warmup}) is "
+                f"not shorter than the run (--total_steps={self.total_steps}): nothing would be "
+                "compressed; give fewer warmup updates or more updates (unset, the warmup is "
+                f"{ONEBIT_WARMUP_SHARE:.0%} of --total_steps)"
             )

@@ -114,15 +114,10 @@ class Trainer:
         # on CPUs.
         tf.config.experimental.enable_tensor_float_32_execution(config.tf32)
         self.variables = list(model.trainable_variables)
-        # 1-bit signs: the variance is frozen once they start (optimization.py)
-        onebit = config.comm.exchange == "onebit"
         self.optimizer = optimization.Optimizer(
-            self.variables,
-            config.optimizer,
-            config.weight_decay,
-            beta_2=config.adam_beta2,
-            freeze_variance_after=config.comm.compression_warmup_steps if onebit else 0,
+            self.variables, config.optimizer, config.weight_decay, beta_2=config.adam_beta2
         )
+        self.frozen_trust = None  # 1-bit LAMB's (use_exchange)
         self.loss_scale = LossScale() if config.precision == "mixed_float16" else None
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         self.skipped_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="skipped_steps")
@@ -166,12 +161,16 @@ class Trainer:
         self.exchange = as_exchange(exchange)
         self.exchange.attach_clock(self.optimizer.iterations)
         if comm is not None and comm != self.config.comm:
-            onebit = comm.exchange == "onebit"
-            self.optimizer.freeze_variance_after = comm.compression_warmup_steps if onebit else 0
             self.config = dataclasses.replace(self.config, comm=comm)
-            self.apply = tf.function(
-                self._apply, jit_compile=True
-            )  # the freeze is read when traced
+            self.apply = tf.function(self._apply, jit_compile=True)  # the freeze is read in tracing
+        # --exchange=onebit: 1-bit Adam/LAMB's freeze (optimization.py), its momentum sent
+        # (parallel/onebit.py: the exchange reads the optimizer's m)
+        c, opt = self.config, self.optimizer
+        opt.freeze_variance_after = optimization.onebit_warmup(c)
+        if opt.freeze_variance_after and opt.kind == "lamb" and self.frozen_trust is None:
+            self.frozen_trust = optimization.FrozenTrust(self.variables)
+        if hasattr(self.exchange, "attach_optimizer"):
+            self.exchange.attach_optimizer(opt, c.clip_norm)
 
     @property
     def jit(self):
@@ -241,6 +240,8 @@ class Trainer:
             "step": self.step,
             "skipped_steps": self.skipped_steps,
         }
+        if self.frozen_trust is not None:
+            items["onebit_lamb"] = self.frozen_trust
         if self.loss_scale is not None:
             items["loss_scale"] = self.loss_scale
         return items  # an exchange's own buffers are each rank's own: exchange_state.py writes them
@@ -320,7 +321,10 @@ class Trainer:
             clipped = grads  # --clip_norm=0: none (StableAdamW clips its updates instead)
             if c.clip_norm:
                 clipped, _ = tf.clip_by_global_norm(grads, c.clip_norm, use_norm=grad_norm)
-            self.optimizer.apply(clipped, self.variables, lr)
+            if c.clip_norm and getattr(self.exchange, "optimizer", None) is self.optimizer:
+                frozen = self.optimizer.frozen()  # 1-bit: each rank clipped its own gradient
+                clipped = [tf.where(frozen, g, k) for g, k in zip(grads, clipped)]
+            self.optimizer.apply(clipped, self.variables, lr, self.frozen_trust)
             return tf.constant(0, tf.int64)
 
         def skip():  # a non-finite gradient never touches the weights or the optimizer slots

@@ -1,0 +1,94 @@
+"""Worker for tests/test_onebit_adam.py (mpirun -np 2): --exchange=onebit across two ranks. The fused compressed
+allreduce on tensors that differ per rank (inputs, outputs and both errors kept for the NumPy reference); 1-bit
+Adam and 1-bit LAMB training a tiny model on different data per rank (digests of the weights, m and v after
+every update); and 1-bit Adam against float32 AdamW memorising a batch per rank (the loss per update).
+Writes rankN.json/.npz."""
+import hashlib
+import json
+import os
+import sys
+
+import numpy as np
+import tensorflow as tf
+
+from bert_tf.model import modeling
+from bert_tf.parallel import distributed, onebit
+from bert_tf.parallel.comm import CommConfig
+from bert_tf.train import training
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from conftest import random_features  # noqa: E402  (tests/ on sys.path first)
+from test_onebit_adam import SHAPES, inputs_of  # noqa: E402  (the same tensors as the reference's)
+
+out_dir = sys.argv[1]
+hvd = distributed.init()
+rank, size = hvd.rank(), hvd.size()
+result, arrays = {"rank": rank}, {}
+
+
+def flat(xs):
+    return np.concatenate([np.asarray(x).ravel() for x in xs])
+
+
+def digest(variables):
+    h = hashlib.sha256()
+    for v in variables:
+        h.update(v.numpy().tobytes())
+    return h.hexdigest()
+
+
+# the compressed allreduce, three calls with the errors carried
+layout = onebit.Layout(SHAPES, size)
+error, server = tf.zeros([layout.padded]), tf.zeros([layout.served])
+for call in range(3):
+    xs = inputs_of(rank, call)
+    arrays[f"in{call}"] = flat(xs)
+    out, error, server = onebit.compressed_allreduce([tf.constant(x) for x in xs], error, server, layout, f"ca{call}")
+    arrays[f"out{call}"] = flat(o.numpy() for o in out)
+    arrays[f"worker_error{call}"], arrays[f"server_error{call}"] = error.numpy(), server.numpy()
+
+# sequences of 16 tokens: position embeddings 16.. get no gradient (exactly zero momentum, always)
+features = random_features(batch=8, seq=16, preds=3, vocab=100, seed=11)
+mine = {k: tf.constant(v[rank * 4:(rank + 1) * 4]) for k, v in features.items()}
+
+
+def trainer_for(kind, exchange, steps, lr=1e-3, warmup=2, name="t"):
+    tf.random.set_seed(1 + rank)                  # different per rank: the broadcast makes them equal
+    model = modeling.BertPretrainer(modeling.BertConfig.preset("tiny", vocab_size=100))
+    comm = CommConfig(exchange=exchange, compression_warmup_steps=warmup if exchange == "onebit" else None)
+    config = training.TrainConfig(optimizer=kind, learning_rate=lr, total_steps=steps, comm=comm)
+    ex = distributed.make_gradient_exchange(comm, model.trainable_variables, seed=7, name=name)
+    trainer = training.Trainer(model, config, exchange=ex, seed_offset=rank)
+    distributed.broadcast_variables(model.trainable_variables)
+    return model, trainer
+
+
+for kind in ("adamw", "lamb"):
+    model, trainer = trainer_for(kind, "onebit", 10, name=f"t{kind}")
+    position = [i for i, v in enumerate(model.trainable_variables) if "position" in v.name][0]
+    record = {"warmup": trainer.optimizer.freeze_variance_after, "weights": [], "moments": [], "variances": []}
+    for _ in range(6):
+        trainer.train_step([mine])
+        record["weights"].append(digest(model.trainable_variables))
+        record["moments"].append(digest(trainer.optimizer.m))
+        record["variances"].append(digest(trainer.optimizer.v))
+    record["zero_rows_zero"] = bool(not np.any(trainer.optimizer.m[position].numpy()[16:]))
+    result[kind] = record
+
+# learning: 40 updates memorising each rank's batch, dropout off; 1-bit Adam with its default warmup (20%)
+for exchange in ("onebit", "none"):
+    tf.random.set_seed(3)
+    config = modeling.BertConfig.preset("tiny", vocab_size=100, hidden_dropout_prob=0.0,
+                                        attention_probs_dropout_prob=0.0)
+    model = modeling.BertPretrainer(config)
+    comm = CommConfig(exchange=exchange)
+    ex = distributed.make_gradient_exchange(comm, model.trainable_variables, name=f"learn{exchange}")
+    trainer = training.Trainer(model, training.TrainConfig(optimizer="adamw", learning_rate=2e-3, total_steps=40,
+                                                           comm=comm), exchange=ex, seed_offset=rank)
+    distributed.broadcast_variables(model.trainable_variables)
+    losses = [float(trainer.train_step([mine]).output.loss) for _ in range(40)]
+    result[f"learn_{'float32' if exchange == 'none' else exchange}"] = losses
+
+with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+    json.dump(result, f)
+np.savez(os.path.join(out_dir, f"rank{rank}.npz"), **arrays)
