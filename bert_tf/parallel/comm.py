@@ -139,9 +139,10 @@ class CommConfig:
     outer_delta_bits: int = knob(
         16,
         "--local_updates: how the weights' change travels. 16: float16 allreduce; 32: float32; 8, "
-        "4: int8 or packed int4 codes with one float32 absmax scale per 256 values, every rank's "
-        "gathered (allgather) and averaged once decoded. 8 and 4 bits keep what rounding dropped "
-        "on each rank for its next exchange (error feedback, restarted at zero by a resume or a "
+        "4: int8 or packed int4 codes with one float32 absmax scale per 256 values, each rank's "
+        "chunk averaged by the rank that owns it and coded again (alltoall + allgather: half or a "
+        "quarter of float16's bytes at any rank count). 8 and 4 bits keep what rounding dropped, "
+        "on both sides, for the next exchange (error feedback, restarted at zero by a resume or a "
         "rollback).",
     )
     collective_timeout_minutes: float = knob(

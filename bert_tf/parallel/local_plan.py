@@ -100,15 +100,21 @@ def payload_bytes(elements: int, bits: int, block: int = BLOCK) -> int:
     return blocks(elements, block) * (block * bits // 8 + 4)
 
 
+def chunk_elements(elements: int, size: int, block: int = BLOCK) -> int:
+    """8 and 4 bits: the values of each rank's chunk of a change of `elements`, whole blocks."""
+    return blocks(-(-elements // size), block) * block
+
+
 def exchange_wire_bytes(elements: int, bits: int, size: int, block: int = BLOCK) -> float:
     """Bytes each rank sends for one outer exchange of `elements` values over `size` ranks, ring
-    collectives: 16 and 32 bits an allreduce, 2(N-1)/N of the payload; 8 and 4 bits an allgather
-    of every rank's codes and scales, (N-1) payloads (it grows with N: 8 bits sends more than the
-    16-bit allreduce from N = 4 on, 4 bits from N = 8)."""
+    collectives: 16 and 32 bits an allreduce, 2(N-1)/N of the payload; 8 and 4 bits an alltoall of
+    the chunks' codes and an allgather of the means', (N-1) chunk payloads each: about 2(N-1)/N of
+    the codes, whatever N."""
     if size < 2:
         return 0.0
-    payload = payload_bytes(elements, bits, block)
-    return (2 * (size - 1) / size if bits in (16, 32) else size - 1) * payload
+    if bits in (16, 32):
+        return 2 * (size - 1) / size * payload_bytes(elements, bits, block)
+    return 2 * (size - 1) * payload_bytes(chunk_elements(elements, size, block), bits, block)
 
 
 def wire_bytes_per_update(

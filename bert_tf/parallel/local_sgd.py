@@ -27,10 +27,13 @@ The schedule (bert_tf/parallel/local_plan.py, `Schedule`):
   (1 - α) x the new anchor + α x the rank's own weights, which include the τ updates made meanwhile
   (--fragment_update_alpha=α, torchft's merge; α = 0 drops them). τ = 0: the exchange blocks.
 - --outer_delta_bits: 16 a float16 allreduce (DiLoCo's transport here from the start), 32 float32,
-  8 and 4 an allgather of every rank's absmax-scaled codes (bert_tf/parallel/outer_quant.py)
-  averaged once decoded, with error feedback: each rank adds what its last code dropped to its
-  next change. Those residuals are each rank's own and are not saved: a resume or a rollback starts
-  them at zero (as DeepSpeed's 1-bit Adam does on load), losing at most one round's rounding.
+  8 and 4 absmax-scaled codes in two phases (bert_tf/parallel/outer_quant.py): each rank's chunk k
+  of its change to rank k (alltoall), rank k's mean of it coded again and gathered by all, about
+  2 (N - 1) / N of one change's codes per rank, as a ring allreduce; error feedback on both sides
+  (a rank adds what its last code dropped to its next change, rank k what its last code of the
+  mean dropped to its next mean). Those residuals are each rank's own and are not saved: a resume
+  or a rollback starts them at zero (as DeepSpeed's 1-bit Adam does on load), losing at most one
+  round's rounding.
 
 Agreement: after a plain synchronisation (F = 1, α = 0) every rank holds the same weights; between
 two they differ by design, and with fragments (or α > 0) they never all agree on their own. So an
@@ -124,10 +127,18 @@ class _Host:
         self.clean = set(range(len(self.fragments)))  # fragments alike on every rank now
         self.worker = _Worker()
         self.waited = 0.0  # seconds the loop spent waiting for exchanges (blocking or in flight)
+        # 8, 4 bits: each change cut into one chunk per rank (whole blocks); this rank's residual
+        # of every chunk it sends, and of the mean of the chunk it averages
+        ranks = _ranks()
+        self.chunks = [local_plan.chunk_elements(n, ranks) for n in self.sizes]
+        quantised = [(f, c) for f, c in enumerate(self.chunks) if bits < 16]
         self.residuals = [
-            tf.Variable(tf.zeros([n]), trainable=False, name=f"outer_residual_{f}")
-            for f, n in enumerate(self.sizes)
-            if bits < 16
+            tf.Variable(tf.zeros([ranks, c]), trainable=False, name=f"outer_residual_{f}")
+            for f, c in quantised
+        ]
+        self.mean_residuals = [
+            tf.Variable(tf.zeros([1, c]), trainable=False, name=f"outer_mean_residual_{f}")
+            for f, c in quantised
         ]
 
 
@@ -241,7 +252,7 @@ class OuterStep(tf.Module):
         return [*self.anchor, *self.velocity, self.anchored, self.rounds]
 
     def reset(self, size) -> str:
-        for r in self._host.residuals:
+        for r in (*self._host.residuals, *self._host.mean_residuals):
             r.assign(tf.zeros_like(r))
         return self.inner.reset(size)
 
@@ -352,16 +363,21 @@ class OuterStep(tf.Module):
         return "outer_delta" if self.schedule.fragments == 1 else f"outer_delta_{fragment}"
 
     def _local_impl(self, fragment, variables):
-        """This rank's change of the fragment (anchor - weights): the tensors (16, 32 bits) or one
-        uint8 payload (8, 4 bits; its residual added and updated)."""
+        """This rank's change of the fragment (anchor - weights): the tensors (16, 32 bits), or
+        one uint8 payload per rank's chunk, laid end to end (8, 4 bits; the residual added and
+        updated)."""
         deltas = [self.anchor[i] - variables[i] for i in self._host.fragments[fragment]]
         if self.bits >= 16:
             return deltas
+        residual = self._host.residuals[fragment]
         flat = tf.concat([tf.reshape(d, [-1]) for d in deltas], 0)
-        return outer_quant.encode_with_feedback(flat, self._host.residuals[fragment], self.bits)
+        rows = tf.reshape(tf.pad(flat, [[0, tf.size(residual) - tf.size(flat)]]), residual.shape)
+        return tf.reshape(outer_quant.encode_with_feedback(rows, residual, self.bits), [-1])
 
     def _transport_impl(self, fragment, payload):
-        """The ranks' mean change of the fragment, per variable (the background thread's part)."""
+        """The ranks' mean change of the fragment, per variable (the background thread's part).
+        8, 4 bits: the chunks' codes by alltoall, rank k's mean of chunk k coded again (its own
+        residual) and gathered by every rank (outer_quant's docstring)."""
         import horovod.tensorflow as hvd
 
         ranks, name = _ranks(), self._collective_name(fragment)
@@ -370,14 +386,19 @@ class OuterStep(tf.Module):
                 return list(payload)
             fp16 = hvd.Compression.fp16 if self.bits == 16 else hvd.Compression.none
             return hvd.grouped_allreduce(list(payload), op=hvd.Average, compression=fp16, name=name)
-        gathered = hvd.allgather(payload, name=name) if ranks > 1 else payload
-        decoded = outer_quant.decode(
-            tf.reshape(gathered, [ranks, -1]), self._host.sizes[fragment], self.bits
+        chunk = self._host.chunks[fragment]
+        mine = hvd.alltoall(payload, name=f"{name}_codes") if ranks > 1 else payload
+        mean = tf.reduce_mean(
+            outer_quant.decode(tf.reshape(mine, [ranks, -1]), chunk, self.bits), 0
         )
-        mean, out, start = tf.reduce_mean(decoded, 0), [], 0
+        residual = self._host.mean_residuals[fragment]
+        coded = outer_quant.encode_with_feedback(mean[None], residual, self.bits)
+        every = hvd.allgather(coded, name=f"{name}_means") if ranks > 1 else coded
+        flat = tf.reshape(outer_quant.decode(every, chunk, self.bits), [-1])
+        out, start = [], 0
         for i in self._host.fragments[fragment]:
             n = int(tf.size(self.anchor[i]))
-            out.append(tf.reshape(mean[start : start + n], self.anchor[i].shape))
+            out.append(tf.reshape(flat[start : start + n], self.anchor[i].shape))
             start += n
         return out
 

@@ -8,6 +8,7 @@ import math
 
 from bert_tf import ConfigError
 from bert_tf.parallel.exchange_ranking import exchange_choices
+from bert_tf.parallel import local_plan
 from bert_tf.parallel.comm import CommConfig, onebit_chunk, powersgd_plan
 from bert_tf.tools.planner import parameter_count
 
@@ -47,6 +48,15 @@ def memory_bytes(
     }
 
 
+def _rounding_residual_bytes(comm: CommConfig, elements: int, ranks: int) -> int:
+    """--outer_delta_bits 8 or 4: what rounding dropped, carried to the next exchange, of every
+    chunk a rank sends and of the mean of the chunk it averages, for each fragment."""
+    if comm.outer_delta_bits not in (8, 4):
+        return 0
+    chunk = local_plan.chunk_elements(-(-elements // comm.local_fragments), ranks)
+    return 4 * comm.local_fragments * (ranks + 1) * chunk
+
+
 def exchange_state_bytes(shapes, comm: CommConfig, ranks: int) -> dict:
     """Bytes of the gradient exchange's state on ONE of `ranks` ranks, float32 as the code allocates
     it (bert_tf/parallel/compression.py, exchange_state.py, local_sgd.py), for these shapes
@@ -58,8 +68,9 @@ def exchange_state_bytes(shapes, comm: CommConfig, ranks: int) -> dict:
                      comm.onebit_chunk, which shrinks as ranks grow)
       shared         state the same on every rank (powersgd: Q, m x r per compressed matrix;
                      DiLoCo: the anchor and the velocity, 2 x the weights, and with 8- or 4-bit
-                     deltas each rank's rounding residual, 1 x the weights, in `own`, which a
-                     resume restarts at zero: never in a file); none and fp16 keep nothing
+                     deltas each rank's rounding residuals, about 1 + 1/ranks x the weights, in
+                     `own`, which a resume restarts at zero: never in a file); none and fp16
+                     keep nothing
       steady         own + shared: on the device for the whole run
       save_host      at a save, the host copy of its own buffers each rank writes to its own
                      file; file: its size
@@ -82,8 +93,7 @@ def exchange_state_bytes(shapes, comm: CommConfig, ranks: int) -> dict:
     elements = sum(math.prod(s) for s in shapes)
     if comm.local_updates:
         shared = 2 * 4 * elements
-        if comm.outer_delta_bits in (8, 4):  # what rounding dropped, carried to the next exchange
-            unsaved = 4 * elements
+        unsaved = _rounding_residual_bytes(comm, elements, ranks)
     elif comm.method == "powersgd":
         chosen = powersgd_plan(shapes, comm.powersgd_rank, comm.powersgd_min_compression_rate)
         buffers = [4 * math.prod(shapes[i]) for i in chosen]

@@ -280,26 +280,22 @@ def local_updates_seconds(tensor_sizes, cluster: Cluster, comm: CommConfig, upda
     """(seconds, gradient bytes, messages) per update of --local_updates=H (DiLoCo), averaged over
     the phase's `updates`; comm resolved. The first --local_updates_after updates allreduce their
     float32 gradients; then every H/F updates one of F fragments (--local_fragments) sends its
-    share of the weights' change: 16 or 32 bits an allreduce, 8 or 4 bits an allgather of every
-    rank's codes and scales (bert_tf/parallel/local_plan.py), of which --fragment_delay updates'
-    `compute` hide the time. --local_group=node adds each node's float32 allreduce every update.
+    share of the weights' change: 16 or 32 bits an allreduce, 8 or 4 bits codes in two phases that
+    move what an allreduce of them would (bert_tf/parallel/local_plan.py), of which
+    --fragment_delay updates' `compute` hide the time. --local_group=node adds each node's float32
+    allreduce every update.
     gradient bytes: what an allreduce of the same wire bytes would carry."""
-    N, n, d = cluster.devices, cluster.nodes, cluster.devices_per_node
+    N, d = cluster.devices, cluster.devices_per_node
     elements, cycle = sum(tensor_sizes), comm.cycle_time_ms or 0.0  # resolved: never None
     float32 = [4 * size for size in tensor_sizes]
     messages = fusion_messages(float32, comm.fusion_threshold_mb)
     synchronous = allreduce_seconds(sum(float32), cluster, messages, cycle)
-    fragment = local_plan.payload_bytes(-(-elements // comm.local_fragments), comm.outer_delta_bits)
-    if comm.outer_delta_bits in (16, 32):
-        exchange = allreduce_seconds(fragment, cluster, 1, cycle)
-    elif N > 1:  # the allgather: each node's link brings its d ranks the other N - d payloads
-        inter = d * (N - d) * fragment / (cluster.inter_gbps * 1e9 / 8) if n > 1 else 0.0
-        intra = (d - 1) * fragment / (cluster.intra_gbps * 1e9 / 8)
-        latency = cluster.inter_latency_us if n > 1 else cluster.intra_latency_us
-        wait = cycle * 1e-3 / 2 + cluster.message_overhead_us * 1e-6
-        exchange = inter + intra + (N - 1) * latency * 1e-6 + wait
-    else:
-        exchange = 0.0
+    fragment, bits = -(-elements // comm.local_fragments), comm.outer_delta_bits
+    if bits in (16, 32):
+        exchange = allreduce_seconds(local_plan.payload_bytes(fragment, bits), cluster, 1, cycle)
+    else:  # an alltoall of the chunks' codes and an allgather of the means': a ring allreduce's
+        chunk = local_plan.payload_bytes(local_plan.chunk_elements(fragment, N), bits)
+        exchange = allreduce_seconds(N * chunk, cluster, 2, cycle)
     visible = max(0.0, exchange - comm.fragment_delay * compute)
     after = min(comm.local_updates_after, updates)
     exchanges = (updates - after) / comm.local_updates * comm.local_fragments

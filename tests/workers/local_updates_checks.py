@@ -173,7 +173,8 @@ if "bits" in sections:
         arrays[f"bits{bits}_before"] = flat(v.numpy() for v in vs)
         outer.sync(vs)
         arrays[f"bits{bits}_after"] = flat(v.numpy() for v in vs)
-        arrays[f"bits{bits}_residual"] = outer._host.residuals[0].numpy()
+        arrays[f"bits{bits}_residual"] = outer._host.residuals[0].numpy().reshape(-1)
+        arrays[f"bits{bits}_mean_residual"] = outer._host.mean_residuals[0].numpy().reshape(-1)
         result[f"bits{bits}_alike"] = alike(vs)
 
 
