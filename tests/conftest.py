@@ -49,6 +49,20 @@ def _run(cmd, env, timeout, check):
     return proc
 
 
+def resume_from(straight, resumed, step):
+    """A checkpoint directory holding only `straight`'s checkpoint at `step` (its files, its exchange state, the
+    model's config), pointed to as the latest: where a resumed run starts."""
+    resumed.mkdir(exist_ok=True)
+    for path in straight.iterdir():
+        if path.name.startswith(f"ckpt-{step}.") or path.name == "bert_config.json":
+            shutil.copy(path, resumed / path.name)
+    if (straight / "exchange" / f"ckpt-{step}").exists():
+        shutil.copytree(straight / "exchange" / f"ckpt-{step}", resumed / "exchange" / f"ckpt-{step}")
+    (resumed / "checkpoint").write_text(
+        f'model_checkpoint_path: "ckpt-{step}"\nall_model_checkpoint_paths: "ckpt-{step}"\n')
+    return resumed
+
+
 def read_rank_results(out_dir, n):
     return [json.loads((pathlib.Path(out_dir) / f"rank{r}.json").read_text()) for r in range(n)]
 

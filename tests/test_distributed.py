@@ -3,7 +3,6 @@ disjoint input, SIGTERM + resume, shape errors, and a killed rank."""
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -17,7 +16,7 @@ import tensorflow as tf
 
 from bert_tf.model import modeling
 from bert_tf.parallel.distributed import cpu_threads, timeline_allreduce_dtypes
-from conftest import REPO, WORKERS, horovodrun, mpi_env, mpirun, read_rank_results
+from conftest import REPO, WORKERS, horovodrun, mpi_env, mpirun, read_rank_results, resume_from
 
 pytestmark = pytest.mark.cluster      # starts MPI/horovodrun jobs
 
@@ -431,13 +430,7 @@ def test_a_compressed_run_resumes_bit_exactly(tmp_path, tiny_data):
             error, chunk = f["own_0"], f["own_1"]
             assert sorted(f.files) == ["header", "own_0", "own_1"]
         assert 0 <= 2 * chunk.size - error.size < 16 and np.abs(error).max() > 0 and np.abs(chunk).max() > 0
-    resumed = tmp_path / "resumed"
-    resumed.mkdir()
-    for path in straight.iterdir():
-        if path.name.startswith("ckpt-3.") or path.name == "bert_config.json":
-            shutil.copy(path, resumed / path.name)
-    shutil.copytree(straight / "exchange" / "ckpt-3", resumed / "exchange" / "ckpt-3")
-    (resumed / "checkpoint").write_text('model_checkpoint_path: "ckpt-3"\nall_model_checkpoint_paths: "ckpt-3"\n')
+    resumed = resume_from(straight, tmp_path / "resumed", 3)
     again = mpirun(2, [PRETRAIN, *flags, f"--checkpoint_dir={resumed}"])
     log = again.stdout + again.stderr
     assert "resumed from" in log and "each of the 2 ranks restored its own error buffers from its own file" in log, \

@@ -13,7 +13,7 @@ from bert_tf.parallel import comm as comm_module, distributed, onebit
 from bert_tf.parallel.comm import CommConfig
 from bert_tf.train import optimization
 from bert_tf.train.train_config import TrainConfig
-from conftest import WORKERS, mpirun, read_rank_results
+from conftest import WORKERS, mpirun, read_rank_results, resume_from
 
 B1, B2, EPS = 0.9, 0.999, 1e-6
 
@@ -466,7 +466,6 @@ def test_a_one_bit_lamb_run_resumed_past_the_freeze_continues_bit_exactly(tiny_d
     """6 updates straight, and 3 + 3 resumed from the step-3 checkpoint (past the freeze after 2): the same
     weights and the same frozen trust state (its own checkpoint item "onebit_lamb"), the errors from the rank's
     own file."""
-    import shutil
     from bert_tf.train import pretrain_config, pretraining
 
     def run(folder):
@@ -481,12 +480,7 @@ def test_a_one_bit_lamb_run_resumed_past_the_freeze_continues_bit_exactly(tiny_d
 
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     first, _ = run(straight)
-    resumed.mkdir()
-    for path in straight.iterdir():
-        if path.name.startswith("ckpt-3.") or path.name == "bert_config.json":
-            shutil.copy(path, resumed / path.name)
-    shutil.copytree(straight / "exchange" / "ckpt-3", resumed / "exchange" / "ckpt-3")
-    (resumed / "checkpoint").write_text('model_checkpoint_path: "ckpt-3"\nall_model_checkpoint_paths: "ckpt-3"\n')
+    resume_from(straight, resumed, 3)
     reader = tf.train.load_checkpoint(str(straight / "ckpt-3"))
     assert any(k.startswith("onebit_lamb/") for k in reader.get_variable_to_shape_map())
     again, log = run(resumed)
