@@ -10,6 +10,7 @@ from bert_tf import ConfigError
 from bert_tf.parallel import compression, distributed
 from bert_tf.parallel.comm import CommConfig
 from bert_tf.model import modeling
+from bert_tf.train.train_config import TrainConfig
 
 
 def shapes(preset, vocab=30522):
@@ -50,6 +51,10 @@ def test_flags_that_cannot_work_fail_at_start_up_naming_them():
         CommConfig(exchange="zip")
     with pytest.raises(ConfigError, match=r"--powersgd_rank=200 with --powersgd_min_compression_rate=2 compresses no tensor \(the largest matrix is \d+ x 128\)"):
         compression.powersgd_plan(shapes("tiny", 100), 200)
+    with pytest.raises(ConfigError, match=r"--exchange=powersgd: the float32 warmup \(--compression_warmup_steps=50\) is "
+                                          r"not shorter than the run \(--total_steps=50\)"):
+        TrainConfig(total_steps=50, comm=CommConfig(exchange="powersgd", compression_warmup_steps=50))
+    TrainConfig(total_steps=50, comm=CommConfig(exchange="powersgd", compression_warmup_steps=49))
     with pytest.raises(ConfigError, match="--powersgd_min_compression_rate must be >= 1"):
         CommConfig(exchange="powersgd", powersgd_min_compression_rate=0.5)
     tiny = shapes("tiny", 100)

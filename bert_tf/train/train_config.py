@@ -146,7 +146,7 @@ class TrainConfig:
         if self.clip_norm < 0:
             raise ConfigError(f"--clip_norm must be >= 0 (0: no clipping), got {self.clip_norm}")
         self.validate_decay()
-        self.validate_onebit()
+        self.validate_compression_warmup()
 
     def validate_decay(self):
         if self.decay_shape not in DECAY_SHAPES:
@@ -159,8 +159,16 @@ class TrainConfig:
                 "the linear decay only; give one of them"
             )
 
-    def validate_onebit(self):
-        """1-bit Adam / 1-bit LAMB: their optimizer, and a float32 warmup inside the run."""
+    def validate_compression_warmup(self):
+        """1-bit Adam / 1-bit LAMB: their optimizer, and a float32 warmup inside the run (PowerSGD:
+        a warmup inside the run too)."""
+        warmup = self.comm.compression_warmup_steps
+        if self.comm.exchange == "powersgd" and warmup is not None and warmup >= self.total_steps:
+            raise ConfigError(
+                f"--exchange=powersgd: the float32 warmup (--compression_warmup_steps={warmup}) is "
+                f"not shorter than the run (--total_steps={self.total_steps}): nothing would be "
+                "compressed"
+            )
         if self.comm.exchange != "onebit":
             return
         if self.optimizer not in ("adamw", "lamb"):
