@@ -213,7 +213,8 @@ def test_the_link_probe_is_tried_once_more_when_its_launch_fails(tmp_path):
 
 def test_launches_from_a_process_that_ran_mpi_leave_out_its_singleton_variables(tmp_path, monkeypatch):
     """A process that initialised MPI itself (a test that measured compression in-process did, then raced: CI) hands
-    PMIx and launch variables to its children, and an mpirun started with them exits 1 without a word."""
+    PMIx and launch variables to its children, and an mpirun started with them exits 1 without a word. (Only the
+    variable set here is looked for among ours: a user's own BERT_TF_CACHE passes through too.)"""
     from bert_tf.studies import emulated_cluster
     for var, value in (("PMIX_SERVER_URI2", "pmix-server.1;tcp4://127.0.0.1:1"), ("OMPI_MCA_ess", "singleton"),
                        ("BERT_TF_KEPT", "1")):
@@ -224,7 +225,7 @@ def test_launches_from_a_process_that_ran_mpi_leave_out_its_singleton_variables(
     class Local:
         def mpirun_prefix(self, ranks, extra_env=()):
             return []
-    code = ("import json, os; left = [k for k in os.environ if k.startswith(('PMIX_', 'OMPI_MCA_ess', 'BERT_TF'))]\n"
+    code = ("import json, os; left = [k for k in os.environ if k.startswith(('PMIX_', 'OMPI_MCA_ess', 'BERT_TF_KEPT'))]\n"
             f"print({comm_study.PROBE_PREFIX!r} + json.dumps({{'left': left}}))")
     got = comm_study.run_probe(Local(), 2, [sys.executable, "-c", code], str(tmp_path / "probe.txt"), 60)
     assert got == {"left": ["BERT_TF_KEPT"]}
