@@ -123,6 +123,7 @@ def test_the_emulated_race_measures_between_evaluations_and_asks_the_planner(tmp
     got = recipe_race.planned_vs_measured(str(tmp_path / "fp16"), nodes=2, rate_gbit=0.1)
     assert got["measured"] == pytest.approx(2 / (1 / 20 + 1 / 30))          # not the first, not after the eval
     assert got["device_seq_s"] == pytest.approx(16 / 0.5)
+    assert got["scaling_efficiency"] == pytest.approx(got["measured"] / (2 * 32))   # 2 ranks' own speed
     shapes = planner.gradient_tensor_shapes(modeling.BertConfig.preset("modern-tiny", vocab_size=1000), nsp=False)
     fp16_bytes = 2 * sum(map(math.prod, shapes))
     exchange = fp16_bytes / (0.1e9 / 8)                      # 2 nodes: a ring sends the whole buffer once
@@ -231,6 +232,30 @@ def test_over_seeds_each_figure_has_its_mean_and_spread_and_the_times_pair_seed_
     assert race_seeds.spread([None, None]) == {"n": 0, "mean": None}
     with pytest.raises(ConfigError, match="--seeds=1,1: a seed given twice"):
         recipe_race.RaceConfig(recipes=["a=b"], output_dir="x", seeds=[1, 1])
+
+
+def test_over_seeds_an_emulated_race_gives_bytes_planner_error_and_efficiency_their_spread():
+    """The communication race over seeds: what rank 0's node sent per update, the planner's error and the
+    scaling efficiency each as mean ± sd (s.e.); a race without them (on one machine) shows none."""
+    from bert_tf.studies import race_seeds
+
+    def curve(accuracy, sent=None, error=None, efficiency=None):
+        out = {"seconds": [60.0, 120.0], "step": [10, 20], "samples_seen": [640, 1280], "instances": [640, 1280],
+               "tokens": [1, 2], "accuracy": [0.05, accuracy], "sequences_per_second": 10.0}
+        if sent:
+            out.update(bytes_per_update=sent, planner={"error": error, "scaling_efficiency": efficiency})
+        return out
+
+    summary = race_seeds.summarize_seeds({"fp16": [curve(0.10, 30e6, 0.1, 0.2), curve(0.12, 32e6, 0.3, 0.4)],
+                                          "local": [curve(0.11, 0.5e6, -0.1, 0.9), curve(0.11, 0.5e6, 0.1, 0.9)]})
+    assert summary["fp16"]["bytes_per_update"]["mean"] == pytest.approx(31e6)
+    assert summary["fp16"]["planner_error"]["mean"] == pytest.approx(0.2)
+    assert summary["local"]["scaling_efficiency"]["sd"] == 0.0
+    lines = race_seeds.describe_seeds(summary)
+    assert "  31.00 ± 1.41 (s.e. 1.00) MB sent per update by rank 0's node" in lines
+    assert "  planner 20 ± 14 (s.e. 10) % off the measured speed; scaling efficiency 30 ± 14 (s.e. 10) %" in lines
+    plain = race_seeds.summarize_seeds({"a": [curve(0.1)], "b": [curve(0.2)]})
+    assert "bytes_per_update" not in plain["a"] and "planner_error" not in plain["a"]
 
 
 def test_the_race_counts_instances_and_tokens_not_only_rows():

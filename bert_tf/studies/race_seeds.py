@@ -31,6 +31,13 @@ def spread(values: list) -> dict:
     }
 
 
+EMULATED = {
+    "bytes_per_update": lambda r: r.get("bytes_per_update"),
+    "planner_error": lambda r: r.get("planner", {}).get("error"),
+    "scaling_efficiency": lambda r: r.get("planner", {}).get("scaling_efficiency"),
+}
+
+
 def summarize_seeds(runs: dict, target: float = 0.0) -> dict:
     """{name: [curve of seed 1, seed 2, ...]} (the same seeds, in the same order, for every recipe)
     -> each recipe's figures as `spread`s over the seeds; the time to reach another recipe's final
@@ -57,6 +64,11 @@ def summarize_seeds(runs: dict, target: float = 0.0) -> dict:
                 "sequences_per_second",
             )
         }
+        # emulated cluster: what rank 0's node sent, the planner against the measured speed
+        for key, read in EMULATED.items():
+            values = [read(r) for r in rows]
+            if any(v is not None for v in values):
+                row[key] = spread(values)
         if target:
             row["target"] = {"accuracy": target, **spread([r["target"]["seconds"] for r in rows])}
         row["reaches"] = {
@@ -87,6 +99,15 @@ def describe_seeds(summary: dict) -> list:
             f"{name}: final held-out MLM accuracy {pm(row['final_accuracy'])} over "
             f"{row['seeds']} seeds, after {pm(row['seconds'], 60, '.1f')} min"
         )
+        if "bytes_per_update" in row:
+            lines.append(
+                f"  {pm(row['bytes_per_update'], 1e6, '.2f')} MB sent per update by rank 0's node"
+            )
+        if "planner_error" in row:
+            lines.append(
+                f"  planner {pm(row['planner_error'], 0.01, '.0f')} % off the measured speed; "
+                f"scaling efficiency {pm(row['scaling_efficiency'], 0.01, '.0f')} %"
+            )
         for other, r in row["reaches"].items():
             lines.append(
                 f"  reaches {other}'s final in {pm(r['seconds'], 60, '.1f')} min on "

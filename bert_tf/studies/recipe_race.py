@@ -248,6 +248,8 @@ def planned_vs_measured(
         "predicted_exchange_seconds": plan["allreduce_seconds"],
         "predicted_bytes": plan["gradient_bytes"],
         "compression_seconds": overhead,
+        # against the same ranks with no communication: their own compute and update speed
+        "scaling_efficiency": measured / (nodes * speed),
     }
 
 
@@ -404,7 +406,8 @@ def describe(summary: dict) -> list:
             lines.append(
                 f"  planner: {p['predicted_sequences_per_second']:.1f} seq/s against "
                 f"{p['measured']:.1f} measured between evaluations ({p['error']:+.0%}; compute "
-                f"{p['device_seq_s']:.1f} seq/s per rank, measured)"
+                f"{p['device_seq_s']:.1f} seq/s per rank, measured; scaling efficiency "
+                f"{p['scaling_efficiency']:.0%})"
             )
         if "target" in row:
             seconds = row["target"]["seconds"]
