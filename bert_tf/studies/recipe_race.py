@@ -196,7 +196,7 @@ def planned_vs_measured(
     """The planner's sequences/s for a finished run on `nodes` emulated nodes (one rank each) linked
     at `rate_gbit` (`link`: as comm_study.probe_link measured it), fed the run's own per-rank speed
     without communication (compute, wait and optimizer update of its timing split), against the
-    speed it measured between evaluations."""
+    speed it measured between evaluations, and that over the ranks' own (scaling efficiency)."""
     from bert_tf.model.config import BertConfig
     from bert_tf.tools import planner
     from bert_tf.studies import comm_study
@@ -248,7 +248,6 @@ def planned_vs_measured(
         "predicted_exchange_seconds": plan["allreduce_seconds"],
         "predicted_bytes": plan["gradient_bytes"],
         "compression_seconds": overhead,
-        # against the same ranks with no communication: their own compute and update speed
         "scaling_efficiency": measured / (nodes * speed),
     }
 
