@@ -94,7 +94,7 @@ def write_timed_run(folder, comm, records, config_preset="modern-tiny", resolved
     from bert_tf.model import modeling
     folder.mkdir(parents=True)
     cfg = {"comm": comm, "micro_batch_size": 8, "accumulation_steps": 2, "mlm_only": True, "max_seq_length": 128,
-           "log_interval": 10}
+           "log_interval": 10, "total_steps": 40}
     run = {"kind": "run", "step": 0, "time": 0.0, "config": cfg}
     if resolved:
         run["resolved"] = dict(cfg, comm=resolved)
@@ -147,6 +147,12 @@ def test_the_emulated_race_measures_between_evaluations_and_asks_the_planner(tmp
     write_timed_run(tmp_path / "auto", dataclasses.asdict(CommConfig(exchange="auto")),
                     [train(10, 1.0), train(20, 5.0), train(30, 40.0)], resolved=comm)
     assert recipe_race.planned_vs_measured(str(tmp_path / "auto"), nodes=2, rate_gbit=0.1)["compression_seconds"] > 0
+    # --local_updates: the bytes averaged over the run's rounds (40 updates, one float16 exchange every 4),
+    # not over one update's share of a round (which rounds to none)
+    write_timed_run(tmp_path / "local", dataclasses.asdict(CommConfig(local_updates=4, outer_delta_bits=16)),
+                    [train(10, 1.0), train(20, 5.0), train(30, 40.0)])
+    local = recipe_race.planned_vs_measured(str(tmp_path / "local"), nodes=2, rate_gbit=0.1)
+    assert local["predicted_bytes"] == pytest.approx(fp16_bytes / 4, rel=1e-3)
 
 
 @pytest.mark.cluster

@@ -333,16 +333,19 @@ def predict(
     seq_length,
     link=None,
     overhead_seconds=0.0,
+    updates=1,
 ):
     """The planner's figures for one rung on `nodes` emulated nodes (one rank each). `link` (from
     the probe) calibrates the emulated link: its measured bandwidth and per-message cost replace
-    the nominal rate and zero latency. overhead_seconds: a compressed exchange's own computation."""
+    the nominal rate and zero latency. overhead_seconds: a compressed exchange's own computation.
+    updates: the run's length, over which a float32 warmup or local rounds are averaged (1: one
+    update, the compressed exchange's steady state)."""
     if link:
         cluster = planner.probed_cluster(nodes, link, rate_gbit)
     else:
         cluster = planner.Cluster(nodes, 1, rate_gbit, inter_latency_us=0)
     batch = micro_batch * accumulation_steps * nodes
-    phase = planner.Phase("study", seq_length, batch, batch, device_seq_s)
+    phase = planner.Phase("study", seq_length, batch * updates, batch, device_seq_s)
     return planner.plan_phase(
         tensor_sizes, phase, cluster, comm, accumulation_steps, overhead_seconds
     )
