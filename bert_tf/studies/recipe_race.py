@@ -221,12 +221,9 @@ def planned_vs_measured(
     ) / len(train)
     speed = micro * accumulation / seconds
     # the compressed exchange's own computation, measured here in one process
-    # (comm_study.compression_seconds)
-    overhead = (
-        comm_study.compression_seconds(shapes, comm.method, comm.powersgd_rank)
-        if comm.compressed
-        else 0.0
-    )
+    method, rank = comm.method, comm.powersgd_rank
+    overhead = comm_study.compression_seconds(shapes, method, rank) if comm.compressed else 0.0
+
     def plan(updates):  # the planner's figures over a run of `updates`
         return comm_study.predict(
             shapes, nodes, rate_gbit, comm, speed, micro, accumulation, cfg["max_seq_length"],
