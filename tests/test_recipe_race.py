@@ -137,7 +137,7 @@ def test_the_emulated_race_measures_between_evaluations_and_asks_the_planner(tmp
     summary = recipe_race.summarize({"fp16": {**curve, "planner": got}}, target=0.1)
     assert summary["fp16"]["target"] == {"accuracy": 0.1, "seconds": 21.0}
     lines = recipe_race.describe(summary)
-    assert "  0.40 MB sent per update by rank 0's node" in lines and "  reaches 0.1000 in 0.3 min" in lines
+    assert f"  0.40 MB sent per update by rank 0's node (the planner: {fp16_bytes / 1e6:.2f})" in lines and "  reaches 0.1000 in 0.3 min" in lines
     # a compressed run: the intervals of its float32 warmup are not its speed
     comm = dataclasses.asdict(CommConfig(exchange="powersgd", compression_warmup_steps=15))
     write_timed_run(tmp_path / "powersgd", comm, [train(10, 1.0), train(20, 5.0), train(30, 40.0)])
@@ -245,20 +245,22 @@ def test_over_seeds_an_emulated_race_gives_bytes_planner_error_and_efficiency_th
     scaling efficiency each as mean ± sd (s.e.); a race without them (on one machine) shows none."""
     from bert_tf.studies import race_seeds
 
-    def curve(accuracy, sent=None, error=None, efficiency=None):
+    def curve(accuracy, sent=None, error=None, efficiency=None, planned=None):
         out = {"seconds": [60.0, 120.0], "step": [10, 20], "samples_seen": [640, 1280], "instances": [640, 1280],
                "tokens": [1, 2], "accuracy": [0.05, accuracy], "sequences_per_second": 10.0}
         if sent:
-            out.update(bytes_per_update=sent, planner={"error": error, "scaling_efficiency": efficiency})
+            out.update(bytes_per_update=sent, planner={"error": error, "scaling_efficiency": efficiency,
+                                                       "predicted_wire_bytes": planned})
         return out
 
-    summary = race_seeds.summarize_seeds({"fp16": [curve(0.10, 30e6, 0.1, 0.2), curve(0.12, 32e6, 0.3, 0.4)],
+    summary = race_seeds.summarize_seeds({"fp16": [curve(0.10, 30e6, 0.1, 0.2, 29e6), curve(0.12, 32e6, 0.3, 0.4, 31e6)],
                                           "local": [curve(0.11, 0.5e6, -0.1, 0.9), curve(0.11, 0.5e6, 0.1, 0.9)]})
     assert summary["fp16"]["bytes_per_update"]["mean"] == pytest.approx(31e6)
     assert summary["fp16"]["planner_error"]["mean"] == pytest.approx(0.2)
     assert summary["local"]["scaling_efficiency"]["sd"] == 0.0
     lines = race_seeds.describe_seeds(summary)
-    assert "  31.00 ± 1.41 (s.e. 1.00) MB sent per update by rank 0's node" in lines
+    assert "  31.00 ± 1.41 (s.e. 1.00) MB sent per update by rank 0's node (the planner: 30.00 ± 1.41 (s.e. 1.00))" in lines
+    assert "  0.50 ± 0.00 (s.e. 0.00) MB sent per update by rank 0's node" in lines    # no prediction: none shown
     assert "  planner 20 ± 14 (s.e. 10) % off the measured speed; scaling efficiency 30 ± 14 (s.e. 10) %" in lines
     plain = race_seeds.summarize_seeds({"a": [curve(0.1)], "b": [curve(0.2)]})
     assert "bytes_per_update" not in plain["a"] and "planner_error" not in plain["a"]

@@ -33,6 +33,7 @@ def spread(values: list) -> dict:
 
 EMULATED = {
     "bytes_per_update": lambda r: r.get("bytes_per_update"),
+    "planned_bytes_per_update": lambda r: r.get("planner", {}).get("predicted_wire_bytes"),
     "planner_error": lambda r: r.get("planner", {}).get("error"),
     "scaling_efficiency": lambda r: r.get("planner", {}).get("scaling_efficiency"),
 }
@@ -100,8 +101,10 @@ def describe_seeds(summary: dict) -> list:
             f"{row['seeds']} seeds, after {pm(row['seconds'], 60, '.1f')} min"
         )
         if "bytes_per_update" in row:
+            planned = row.get("planned_bytes_per_update")
             lines.append(
                 f"  {pm(row['bytes_per_update'], 1e6, '.2f')} MB sent per update by rank 0's node"
+                + (f" (the planner: {pm(planned, 1e6, '.2f')})" if planned else "")
             )
         if "planner_error" in row:
             lines.append(

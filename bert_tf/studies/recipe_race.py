@@ -240,6 +240,8 @@ def planned_vs_measured(
         "device_seq_s": speed,
         "predicted_exchange_seconds": steady["allreduce_seconds"],
         "predicted_bytes": whole["gradient_bytes"],
+        # what each rank sends: a ring collective's 2(N-1)/N of the allreduce-equivalent bytes
+        "predicted_wire_bytes": whole["gradient_bytes"] * 2 * (nodes - 1) / nodes,
         "compression_seconds": overhead,
         "scaling_efficiency": measured / (nodes * speed),
     }
@@ -390,8 +392,10 @@ def describe(summary: dict) -> list:
             f"{row['sequences_per_second']:.1f} seq/s)"
         )
         if "bytes_per_update" in row:
+            planned = row.get("planner", {}).get("predicted_wire_bytes")
             lines.append(
                 f"  {row['bytes_per_update'] / 1e6:.2f} MB sent per update by rank 0's node"
+                + (f" (the planner: {planned / 1e6:.2f})" if planned is not None else "")
             )
         if "planner" in row:
             p = row["planner"]
