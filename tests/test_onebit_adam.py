@@ -410,6 +410,26 @@ def test_error_feedback_delays_what_it_leaves_out_of_the_momentum_and_loses_noth
     assert int(exchange.clock.numpy()) == 6           # alone, it counts its own calls
 
 
+def test_the_control_without_signs_delivers_the_exact_momentum_and_is_refused_without_onebit():
+    """--noonebit_signs (the control run): the same momentum exchange, averaged exactly; alone, the
+    gradient it returns is the one it was given (the signs' run returns another), its error buffers stay
+    zero, and it sends float32's bytes. Any other exchange refuses the flag at start-up."""
+    distributed.init()
+    variables = [tf.Variable(tf.zeros(s)) for s in SHAPES]
+    exact, signs = onebit.OnebitExchange(variables, size=1, signs=False), onebit.OnebitExchange(variables, size=1)
+    for step in range(3):
+        grads = inputs_of(0, step)
+        out = exact([tf.constant(g) for g in grads])
+        for g, o in zip(grads, out):
+            np.testing.assert_allclose(o.numpy(), g, rtol=1e-4, atol=1e-6 * np.abs(g).max())
+        compressed = signs([tf.constant(g) for g in grads])
+        assert max(np.abs(c.numpy() - g).max() / np.abs(g).max() for c, g in zip(compressed, grads)) > 0.1
+    assert all(not np.any(v.numpy()) for v in exact.own())
+    assert exact.wire_bytes(4) == comm_module.wire_bytes("none", SHAPES, 4) > 4 * signs.wire_bytes(4)  # tiny tensors: padding
+    with pytest.raises(ConfigError, match=r"--noonebit_signs with --exchange=fp16: .*--exchange=onebit"):
+        CommConfig(exchange="fp16", onebit_signs=False)
+
+
 def test_after_the_warmup_the_trainers_momentum_is_the_exchanged_one_unclipped():
     """A trainer past its warmup: each tensor's m is the compressed allreduce's result, one magnitude per tensor
     on one rank (the rank's clipped gradient went into it; clipping the returned gradient again would move m

@@ -82,6 +82,14 @@ class CommConfig:
         "most 100 (the PowerSGD references start compressing after 10-1,000 updates). onebit "
         "needs >= 1 and fewer than --total_steps.",
     )
+    onebit_signs: bool = knob(
+        True,
+        "--exchange=onebit: the momentum travels as signs (1-bit Adam/LAMB). --noonebit_signs is "
+        "the control run: everything else as 1-bit (the float32 warmup, the variance and LAMB's "
+        "trust ratios frozen after it, the momentum exchanged, not the gradient) but the momentum "
+        "averaged exactly in float32, as many bytes as --exchange=none; it tells what the freeze "
+        "costs from what the signs cost. The planner counts 1-bit's bytes.",
+    )
     local_updates: int = knob(
         0,
         "DiLoCo (bert_tf/parallel/local_sgd.py): each rank takes this many optimizer updates on "
@@ -173,6 +181,11 @@ class CommConfig:
                 "works on one exchange per update"
             )
         local_plan.check(self)  # --local_updates and its companions
+        if not self.onebit_signs and self.exchange != "onebit":
+            raise ConfigError(
+                f"--noonebit_signs with --exchange={self.exchange}: it is 1-bit Adam's control "
+                "run and needs --exchange=onebit"
+            )
         if self.local_group not in ("rank", "node") or (
             self.local_group == "node" and not self.local_updates
         ):

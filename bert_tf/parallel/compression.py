@@ -60,11 +60,12 @@ def CompressedExchange(
     alone=False,
     clock=None,
     min_rate=2.0,
+    onebit_signs=True,
 ):
     """The compressed exchange --exchange names: PowerSGDExchange (powersgd) or
-    onebit.OnebitExchange (onebit; rank, seed and min_rate unused)."""
+    onebit.OnebitExchange (onebit; rank, seed and min_rate unused; onebit_signs: its own)."""
     if method == "onebit":
-        return OnebitExchange(variables, warmup_steps, size, name, alone, clock)
+        return OnebitExchange(variables, warmup_steps, size, name, alone, clock, onebit_signs)
     return PowerSGDExchange(
         method, variables, rank, warmup_steps, seed, size, name, alone, clock, min_rate
     )

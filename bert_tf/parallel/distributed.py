@@ -273,6 +273,7 @@ def make_gradient_exchange(comm: CommConfig, variables, seed=0, name="grad", tot
         size(),
         name,
         min_rate=comm.powersgd_min_compression_rate,
+        onebit_signs=comm.onebit_signs,
     )
 
 

@@ -172,9 +172,12 @@ class OnebitExchange(tf.Module):
 
     method = "onebit"
 
-    def __init__(self, variables, warmup_steps=0, size=1, name="grad", alone=False, clock=None):
+    def __init__(
+        self, variables, warmup_steps=0, size=1, name="grad", alone=False, clock=None, signs=True
+    ):
         super().__init__(name=f"{name}_exchange")
         self.warmup_steps, self.tag, self.alone = warmup_steps, name, alone
+        self.signs = signs  # False: --noonebit_signs, the momentum averaged exactly (the control)
         self.shapes = [tuple(int(d) for d in v.shape) for v in variables]
         self.weight = 1.0
         self.optimizer, self.clip_norm, self.beta_1 = None, 0.0, 0.9
@@ -232,6 +235,8 @@ class OnebitExchange(tf.Module):
         return None if self.alone else exchange.wait_for_ranks(self.tag)
 
     def wire_bytes(self, size) -> float:
+        if not self.signs:  # the control: a float32 allreduce
+            return wire_bytes("none", self.shapes, size)
         return wire_bytes(self.method, self.shapes, size)
 
     def momentum(self) -> list:
@@ -273,9 +278,13 @@ class OnebitExchange(tf.Module):
             grads, _ = tf.clip_by_global_norm(grads, self.clip_norm)
         b1, previous = self.beta_1, self.momentum()
         local = [b1 * m + (1.0 - b1) * g for m, g in zip(previous, grads)]
-        averaged, error, server_error = compressed_allreduce(
-            local, self.error, self.server_error, layout, self.tag, self.alone
-        )
+        if self.signs:
+            averaged, error, server_error = compressed_allreduce(
+                local, self.error, self.server_error, layout, self.tag, self.alone
+            )
+        else:  # the control: the same momentum, averaged exactly; the errors stay zero
+            averaged = average(local, f"{self.tag}_momentum", self.alone)
+            error, server_error = self.error, self.server_error
         if self.optimizer is not None:  # exact zeros stay zero (the frozen v is 0 only there)
             averaged = [tf.where(v > 0, a, 0.0) for v, a in zip(self.optimizer.v, averaged)]
         out = [(a - b1 * m) / (1.0 - b1) * scale for a, m in zip(averaged, previous)]
