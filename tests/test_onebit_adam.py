@@ -372,6 +372,9 @@ def test_the_trainer_gives_the_exchange_its_optimizer_and_lamb_its_frozen_trust(
     assert exchange.optimizer is trainer.optimizer and exchange.clock is trainer.optimizer.iterations
     assert trainer.checkpoint_items()["onebit_lamb"] is trainer.frozen_trust
     assert startup.describe_exchange(comm, 50).startswith("1-bit after 10 uncompressed updates")
+    control = CommConfig(exchange="onebit", onebit_signs=False)              # --noonebit_signs reaches the exchange
+    assert not distributed.make_gradient_exchange(control, model.trainable_variables).signs and exchange.signs
+    assert startup.describe_exchange(control, 50).endswith("then on, averaged exactly in float32")
     powersgd = CommConfig(exchange="powersgd", compression_warmup_steps=3)
     plain = training.Trainer(model, TrainConfig(total_steps=50, comm=powersgd))
     assert plain.optimizer.freeze_variance_after == 0 and "onebit_lamb" not in plain.checkpoint_items()

@@ -115,7 +115,7 @@ def describe_exchange(comm, total_steps=0) -> str:
             "none": "float32 allreduce",
             "fp16": "float16 allreduce",
             "powersgd": f"PowerSGD rank {comm.powersgd_rank}",
-            "onebit": "1-bit",
+            "onebit": "1-bit" if comm.onebit_signs else "1-bit's control (no signs)",
         }[comm.method]
         + (
             f" after {warmup_updates(comm, total_steps)} uncompressed updates"
@@ -124,7 +124,7 @@ def describe_exchange(comm, total_steps=0) -> str:
         )
         + (
             ", the optimizer's variance (LAMB: its trust ratios) frozen and the momentum sent from "
-            "then on"
+            f"then on{'' if comm.onebit_signs else ', averaged exactly in float32'}"
             if comm.method == "onebit"
             else ""
         )
