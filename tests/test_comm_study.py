@@ -33,7 +33,7 @@ def test_rungs_climb_the_papers_ladder_with_horovods_defaults_spelled_out():
     assert comms["fp16 cycle=5ms"].as_flags() == ["--fp16_allreduce", "--noallreduce_every_micro_batch",
                                                   "--fusion_threshold_mb=128", "--cycle_time_ms=5",
                                                   "--exchange=none", "--powersgd_rank=4",
-                                                  "--powersgd_min_compression_rate=2", "--onebit_signs", "--local_updates=0",
+                                                  "--powersgd_min_compression_rate=2", "--onebit_signs", "--onebit_live=", "--local_updates=0",
                                                   "--local_group=rank", "--outer_learning_rate=0.7",
                                                   "--outer_momentum=0.9", "--local_updates_after=0",
                                                   "--local_fragments=1", "--fragment_delay=0",

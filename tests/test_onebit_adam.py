@@ -148,15 +148,19 @@ def test_the_compressed_allreduce_is_deepspeeds_on_two_ranks(two_ranks):
 @pytest.mark.cluster
 def test_two_ranks_train_with_equal_weights_after_every_update_and_learn(two_ranks):
     """1-bit Adam and 1-bit LAMB on two ranks with different data: the weights, m and v are bit-identical on
-    both ranks after every update; v does not move after the warmup; the loss falls as float32 AdamW's does."""
+    both ranks after every update; v does not move after the warmup, except --onebit_live's word embedding's,
+    which moves at every update; the loss falls as float32 AdamW's does."""
     results, _ = two_ranks
-    for kind in ("adamw", "lamb"):
+    for kind in ("adamw", "lamb", "adamw_live_word_embeddings"):
         a, b = results[0][kind], results[1][kind]
         assert a["weights"] == b["weights"] and a["moments"] == b["moments"], kind
+        assert a["word_variances"] == b["word_variances"], kind
         assert len(set(a["weights"])) == len(a["weights"])                      # every update moved them
         frozen_v = a["variances"][a["warmup"]:]                                  # v after update K, K+1, ...
         assert len(frozen_v) >= 3 and len(set(frozen_v)) == 1, kind
         assert a["zero_rows_zero"] and b["zero_rows_zero"], kind
+        word_v = a["word_variances"][a["warmup"]:]                               # --onebit_live's stays live
+        assert len(set(word_v)) == (len(word_v) if "live" in kind else 1), kind
     onebit, plain = results[0]["learn_onebit"], results[0]["learn_float32"]
     # float32 AdamW memorises the two batches: the loss falls by plain[0] - plain[-1]; 1-bit Adam (20% float32
     # warmup, then signs) must keep 90% of that fall (measured: 5.13 against 5.23, 98%)
@@ -513,3 +517,75 @@ def test_a_one_bit_lamb_run_resumed_past_the_freeze_continues_bit_exactly(tiny_d
         np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=a.name)
     assert any(float(c.numpy()) > 0 for c in again.frozen_trust.coeff)
     assert any(float(f.numpy()) != 1.0 for f in again.frozen_trust.last_factor)
+
+
+# ----------------------------------------------------------------------------- --onebit_live
+def test_live_variables_keep_adams_variance_and_a_float32_exchange_after_the_freeze():
+    """--onebit_live (DeepSpeed's non_freeze groups): one rank, the exchange and optimizer as the trainer
+    wires them. The live tensor's weights follow plain float32 AdamW's exactly through and after the freeze
+    (its gradient is not compressed, its v stays live); the frozen tensors' v stops at the freeze and their
+    weights leave AdamW's; the signs' buffers and bytes leave the live tensor out."""
+    distributed.init()
+    variables, plain = three_tensors(), three_tensors()
+    opt = optimization.Optimizer(variables, "adamw", weight_decay=0.0, freeze_variance_after=2)
+    opt.live = frozenset(comm_module.live_indices([v.name.split(":")[0] for v in variables], "^c/"))
+    ex = onebit.OnebitExchange(variables, size=1, name="solo_live", live="^c/")
+    ex.attach_clock(opt.iterations)
+    ex.attach_optimizer(opt)
+    reference = optimization.Optimizer(plain, "adamw", weight_decay=0.0)
+    v_after = []
+    for step in range(6):
+        grads = neighbours_grads(step)
+        opt.apply(ex([tf.constant(g) for g in grads]), variables, 1e-2)
+        reference.apply([tf.constant(g) for g in grads], plain, 1e-2)
+        v_after.append([v.numpy().copy() for v in opt.v])
+    np.testing.assert_allclose(variables[2].numpy(), plain[2].numpy(), rtol=1e-5, atol=1e-7)
+    assert np.abs(variables[0].numpy() - plain[0].numpy()).max() > 1e-3      # the signs moved the others
+    np.testing.assert_array_equal(v_after[1][0], v_after[5][0])              # frozen after update 2
+    assert np.abs(v_after[5][2] - v_after[1][2]).max() > 0                   # live
+    assert ex.live == [2] and ex.describe()["onebit_live"] == "^c/"
+    assert ex.error.numpy().size == onebit.Layout([(64, 64), (64,)], 1).padded
+    shapes = [(64, 64), (64,), (64, 64)]
+    assert ex.wire_bytes(4) == pytest.approx(comm_module.wire_bytes("onebit", shapes[:2], 4)
+                                             + comm_module.wire_bytes("none", shapes[2:], 4))
+
+
+def test_onebit_live_bad_input_fails_at_start_up_naming_the_flag():
+    with pytest.raises(ConfigError, match=r"--onebit_live=word with --exchange=fp16: .*--exchange=onebit"):
+        CommConfig(exchange="fp16", onebit_live="word")
+    with pytest.raises(ConfigError, match=r"--onebit_live=\(: not a regular expression"):
+        CommConfig(exchange="onebit", onebit_live="(")
+    variables = three_tensors()
+    with pytest.raises(ConfigError, match=r"--onebit_live=embeddings matches no variable \(there are 3, such as a/kernel"):
+        onebit.OnebitExchange(variables, live="embeddings")
+    with pytest.raises(ConfigError, match=r"--onebit_live=kernel matches every variable"):
+        onebit.OnebitExchange(variables, live="kernel")
+
+
+def test_the_trainer_and_the_planner_count_the_live_embedding():
+    """The flag reaches the optimizer and the exchange through the trainer; the planner's bytes are the signs'
+    for the rest plus float32 for the (vocabulary x hidden) embedding, and its shapes carry the model's names."""
+    from bert_tf.model import modeling
+    from bert_tf.tools import planner
+    from bert_tf.train import startup, training
+    distributed.init()
+    config = modeling.BertConfig.preset("tiny", vocab_size=100)
+    model = modeling.BertPretrainer(config)
+    comm = CommConfig(exchange="onebit", onebit_live="word_embeddings")
+    exchange = distributed.make_gradient_exchange(comm, model.trainable_variables)
+    trainer = training.Trainer(model, TrainConfig(total_steps=50, optimizer="adamw", comm=comm), exchange=exchange)
+    names = [v.name for v in model.trainable_variables]
+    word = names.index("word_embeddings:0")
+    assert trainer.optimizer.live == {word} and exchange.live == [word]
+    assert "matching 'word_embeddings' averaged in float32" in startup.describe_exchange(comm, 50)
+    shapes = planner.gradient_tensor_shapes(modeling.BertConfig.preset("mini", vocab_size=30522))
+    assert shapes[0].name == "word_embeddings" and shapes[0] == (30522, 256)
+    phase = planner.Phase("p", 128, 4096 * 1000, 4096, 1000.0)
+    flat = planner.Cluster(4, 1, 10.0, inter_latency_us=0)
+    row = lambda c: planner.plan_phase(shapes, phase, flat, c, 1)["gradient_bytes"]
+    signs = row(CommConfig(exchange="onebit", compression_warmup_steps=0, cycle_time_ms=0))
+    live = row(CommConfig(exchange="onebit", compression_warmup_steps=0, cycle_time_ms=0, onebit_live="word_emb"))
+    rest = comm_module.payload_bytes("onebit", shapes[1:], 4)
+    assert live == pytest.approx(rest + 4 * 30522 * 256) and live > 10 * signs
+    with pytest.raises(ConfigError, match="the plan needs the tensors' names"):
+        planner.plan_phase([tuple(s) for s in shapes], phase, flat, CommConfig(exchange="onebit", onebit_live="w"), 1)

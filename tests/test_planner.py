@@ -24,6 +24,8 @@ def test_gradient_tensors_match_the_model():
         sizes = [int(v.shape.num_elements()) for v in model.trainable_variables]
         assert sorted(planner.gradient_tensor_sizes(config)) == sorted(sizes)
         assert sorted(planner.gradient_tensor_shapes(config)) == sorted(tuple(v.shape) for v in model.trainable_variables)
+        named = sorted((s.name, tuple(s)) for s in planner.gradient_tensor_shapes(config))   # --onebit_live's names
+        assert named == sorted((v.name.split(":")[0], tuple(v.shape)) for v in model.trainable_variables)
         assert planner.parameter_count(config) == sum(sizes)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 
 from bert_tf import ConfigError, knob
 from bert_tf.parallel import local_plan
@@ -89,6 +90,15 @@ class CommConfig:
         "trust ratios frozen after it, the momentum exchanged, not the gradient) but the momentum "
         "averaged exactly in float32, as many bytes as --exchange=none; it tells what the freeze "
         "costs from what the signs cost. The planner counts 1-bit's bytes.",
+    )
+    onebit_live: str = knob(
+        "",
+        "--exchange=onebit: a regular expression over variable names; the variables it matches "
+        "keep the warmup's treatment for the whole run: their gradients averaged in float32 every "
+        "update and their variance live (DeepSpeed OnebitAdam's `non_freeze` parameter groups). "
+        "For tensors whose frozen variance misleads, such as a tied word embedding whose rare "
+        "tokens' rows froze with the softmax's small gradients (word_embeddings). Empty: none. A "
+        "pattern that matches no variable, or every one, is refused at start-up.",
     )
     local_updates: int = knob(
         0,
@@ -181,11 +191,7 @@ class CommConfig:
                 "works on one exchange per update"
             )
         local_plan.check(self)  # --local_updates and its companions
-        if not self.onebit_signs and self.exchange != "onebit":
-            raise ConfigError(
-                f"--noonebit_signs with --exchange={self.exchange}: it is 1-bit Adam's control "
-                "run and needs --exchange=onebit"
-            )
+        self._check_onebit()
         if self.local_group not in ("rank", "node") or (
             self.local_group == "node" and not self.local_updates
         ):
@@ -218,6 +224,25 @@ class CommConfig:
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise ConfigError(f"--{name} must be >= 0, got {value:g}")
+
+    def _check_onebit(self):
+        """--noonebit_signs and --onebit_live: only with --exchange=onebit; the pattern compiles."""
+        if not self.onebit_signs and self.exchange != "onebit":
+            raise ConfigError(
+                f"--noonebit_signs with --exchange={self.exchange}: it is 1-bit Adam's control "
+                "run and needs --exchange=onebit"
+            )
+        if self.onebit_live and self.exchange != "onebit":
+            raise ConfigError(
+                f"--onebit_live={self.onebit_live} with --exchange={self.exchange}: it names "
+                "1-bit Adam/LAMB's float32 variables and needs --exchange=onebit"
+            )
+        try:
+            re.compile(self.onebit_live)
+        except re.error as e:
+            raise ConfigError(
+                f"--onebit_live={self.onebit_live}: not a regular expression ({e})"
+            ) from None
 
     @property
     def method(self) -> str:
@@ -302,10 +327,19 @@ def powersgd_plan(shapes, rank: int, min_rate: float = 2.0) -> list:
     return chosen
 
 
-def payload_bytes(method: str, shapes, size: int, rank: int = 4, min_rate: float = 2.0) -> float:
+def payload_bytes(
+    method: str, shapes, size: int, rank: int = 4, min_rate: float = 2.0, live=()
+) -> float:
     """What one exchange carries, the whole vector a ring collective moves (none|fp16|powersgd: the
     allreduced tensors; onebit: per tensor, every rank's chunk of signs plus two float32 scales per
-    rank, the alltoall's and the allgather's)."""
+    rank, the alltoall's and the allgather's; the tensors at indices `live`, --onebit_live's, as a
+    float32 allreduce)."""
+    if method == "onebit" and live:
+        live = set(live)
+        kept = [s for i, s in enumerate(shapes) if i not in live]
+        return payload_bytes("onebit", kept, size) + payload_bytes(
+            "none", [s for i, s in enumerate(shapes) if i in live], size
+        )
     elements = sum(math.prod(s) for s in shapes)
     if method in ("none", "fp16"):
         return elements * (4 if method == "none" else 2)
@@ -319,12 +353,29 @@ def payload_bytes(method: str, shapes, size: int, rank: int = 4, min_rate: float
     raise ConfigError(f"unknown exchange {method!r}")
 
 
-def wire_bytes(method: str, shapes, size: int, rank: int = 4, min_rate: float = 2.0) -> float:
+def wire_bytes(
+    method: str, shapes, size: int, rank: int = 4, min_rate: float = 2.0, live=()
+) -> float:
     """Bytes each rank sends per update with ring collectives: 2(N-1)/N of the payload (an
     allreduce, or an alltoall and an allgather of (N-1)/N each)."""
     if size < 2:
         return 0.0
-    return 2 * (size - 1) / size * payload_bytes(method, shapes, size, rank, min_rate)
+    return 2 * (size - 1) / size * payload_bytes(method, shapes, size, rank, min_rate, live)
+
+
+def live_indices(names, pattern: str) -> list:
+    """--onebit_live: the indices of the variables whose names `pattern` matches (re.search);
+    ConfigError when it matches none."""
+    if not pattern:
+        return []
+    regex = re.compile(pattern)
+    chosen = [i for i, name in enumerate(names) if regex.search(name)]
+    if not chosen:
+        shown = ", ".join(list(names)[:3])
+        raise ConfigError(
+            f"--onebit_live={pattern} matches no variable (there are {len(names)}, such as {shown})"
+        )
+    return chosen
 
 
 def onebit_chunk(elements: int, size: int) -> int:

@@ -61,11 +61,15 @@ def CompressedExchange(
     clock=None,
     min_rate=2.0,
     onebit_signs=True,
+    onebit_live="",
 ):
     """The compressed exchange --exchange names: PowerSGDExchange (powersgd) or
-    onebit.OnebitExchange (onebit; rank, seed and min_rate unused; onebit_signs: its own)."""
+    onebit.OnebitExchange (onebit; rank, seed and min_rate unused; onebit_signs, onebit_live: its
+    own)."""
     if method == "onebit":
-        return OnebitExchange(variables, warmup_steps, size, name, alone, clock, onebit_signs)
+        return OnebitExchange(
+            variables, warmup_steps, size, name, alone, clock, onebit_signs, onebit_live
+        )
     return PowerSGDExchange(
         method, variables, rank, warmup_steps, seed, size, name, alone, clock, min_rate
     )

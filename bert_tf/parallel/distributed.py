@@ -274,6 +274,7 @@ def make_gradient_exchange(comm: CommConfig, variables, seed=0, name="grad", tot
         name,
         min_rate=comm.powersgd_min_compression_rate,
         onebit_signs=comm.onebit_signs,
+        onebit_live=comm.onebit_live,
     )
 
 

@@ -29,6 +29,12 @@ embeddings beyond the sequence length, tokens never seen) are set to 0 after the
 (DeepSpeed's exp_avg_mask, derived here): a sign cannot say 0, and a non-zero m over v = 0 would be
 a step of m / eps.
 
+Live tensors (--onebit_live, DeepSpeed OnebitAdam's `non_freeze` parameter groups): the variables
+the pattern names keep the warmup's treatment after it, their gradients averaged in float32 (one
+grouped allreduce beside the signs) and their variance live (the optimizer's `live`); they are not
+in the fused sign buffers. For a tensor whose frozen variance misleads: a tied word embedding whose
+rare tokens' rows froze with the softmax's small gradients (docs/results.md).
+
 Departures from DeepSpeed:
 - bias correction: kept (bert_tf's Adam/LAMB): m / (1 - b1^t), v / (1 - b2^K) frozen with v;
   DeepSpeed has none. eps 1e-6 (bert_tf's), not 1e-8.
@@ -58,8 +64,9 @@ import math
 import numpy as np
 import tensorflow as tf
 
+from bert_tf import ConfigError
 from bert_tf.parallel import exchange
-from bert_tf.parallel.comm import RECORD_KEY, onebit_chunk, wire_bytes
+from bert_tf.parallel.comm import RECORD_KEY, live_indices, onebit_chunk, wire_bytes
 
 _BITS = tf.constant([1, 2, 4, 8, 16, 32, 64, 128], tf.int32)
 # what an exchange-state file says of the buffers (exchange_state.py compares it): the old
@@ -173,12 +180,29 @@ class OnebitExchange(tf.Module):
     method = "onebit"
 
     def __init__(
-        self, variables, warmup_steps=0, size=1, name="grad", alone=False, clock=None, signs=True
+        self,
+        variables,
+        warmup_steps=0,
+        size=1,
+        name="grad",
+        alone=False,
+        clock=None,
+        signs=True,
+        live="",
     ):
         super().__init__(name=f"{name}_exchange")
         self.warmup_steps, self.tag, self.alone = warmup_steps, name, alone
         self.signs = signs  # False: --noonebit_signs, the momentum averaged exactly (the control)
         self.shapes = [tuple(int(d) for d in v.shape) for v in variables]
+        # --onebit_live: these tensors' gradients are averaged in float32 after the warmup too
+        self.live_pattern = live
+        self.live = live_indices([v.name.split(":")[0] for v in variables], live)
+        if len(self.live) == len(self.shapes):
+            raise ConfigError(
+                f"--onebit_live={live} matches every variable: nothing is left to send as signs "
+                "(that is --exchange=none)"
+            )
+        self.frozen_shapes = [s for i, s in enumerate(self.shapes) if i not in self.live]
         self.weight = 1.0
         self.optimizer, self.clip_norm, self.beta_1 = None, 0.0, 0.9
         self._own_momentum = None
@@ -188,7 +212,7 @@ class OnebitExchange(tf.Module):
         )
         if clock is not None:
             self.attach_clock(clock)
-        layout = Layout(self.shapes, size)
+        layout = Layout(self.frozen_shapes, size)
         # this rank's own errors; their lengths follow the rank count (reset)
         self.error = tf.Variable(
             tf.zeros([layout.padded]), trainable=False, shape=tf.TensorShape([None]), name="error"
@@ -216,10 +240,15 @@ class OnebitExchange(tf.Module):
         self.beta_1, self.warmup_steps = optimizer.beta_1, optimizer.freeze_variance_after
 
     def describe(self) -> dict:
-        return {RECORD_KEY: self.method, "powersgd_rank": 0, "onebit": VARIANT}
+        return {
+            RECORD_KEY: self.method,
+            "powersgd_rank": 0,
+            "onebit": VARIANT,
+            "onebit_live": self.live_pattern,
+        }
 
     def reset(self, size) -> str:
-        layout = Layout(self.shapes, size)
+        layout = Layout(self.frozen_shapes, size)
         self.error.assign(tf.zeros([layout.padded]))
         self.server_error.assign(tf.zeros([layout.served]))
         return f"gradient compression: error buffers restarted at zero on all {size} ranks"
@@ -237,7 +266,7 @@ class OnebitExchange(tf.Module):
     def wire_bytes(self, size) -> float:
         if not self.signs:  # the control: a float32 allreduce
             return wire_bytes("none", self.shapes, size)
-        return wire_bytes(self.method, self.shapes, size)
+        return wire_bytes(self.method, self.shapes, size, live=self.live)
 
     def momentum(self) -> list:
         """m of the last update (the same on every rank): the optimizer's, or the exchange's own."""
@@ -272,12 +301,13 @@ class OnebitExchange(tf.Module):
     def _compressed(self, grads, scale):
         import horovod.tensorflow as hvd
 
-        layout = Layout(self.shapes, 1 if self.alone else hvd.size())
+        layout = Layout(self.frozen_shapes, 1 if self.alone else hvd.size())
         grads = [g / scale for g in grads]
         if self.clip_norm:
             grads, _ = tf.clip_by_global_norm(grads, self.clip_norm)
         b1, previous = self.beta_1, self.momentum()
-        local = [b1 * m + (1.0 - b1) * g for m, g in zip(previous, grads)]
+        frozen = [i for i in range(len(grads)) if i not in self.live]
+        local = [b1 * previous[i] + (1.0 - b1) * grads[i] for i in frozen]
         if self.signs:
             averaged, error, server_error = compressed_allreduce(
                 local, self.error, self.server_error, layout, self.tag, self.alone
@@ -286,8 +316,15 @@ class OnebitExchange(tf.Module):
             averaged = average(local, f"{self.tag}_momentum", self.alone)
             error, server_error = self.error, self.server_error
         if self.optimizer is not None:  # exact zeros stay zero (the frozen v is 0 only there)
-            averaged = [tf.where(v > 0, a, 0.0) for v, a in zip(self.optimizer.v, averaged)]
-        out = [(a - b1 * m) / (1.0 - b1) * scale for a, m in zip(averaged, previous)]
+            v = [self.optimizer.v[i] for i in frozen]
+            averaged = [tf.where(v > 0, a, 0.0) for v, a in zip(v, averaged)]
+        out = [None] * len(grads)
+        for i, a in zip(frozen, averaged):
+            out[i] = (a - b1 * previous[i]) / (1.0 - b1) * scale
+        if self.live:  # --onebit_live: the gradient itself, averaged in float32 (finite: checked)
+            live = average([grads[i] for i in self.live], f"{self.tag}_live", self.alone)
+            for i, g in zip(self.live, live):
+                out[i] = g * scale
         finite = all_finite(averaged)
         self.error.assign(tf.where(finite, error, self.error))
         self.server_error.assign(tf.where(finite, server_error, self.server_error))

@@ -43,32 +43,55 @@ import math
 from bert_tf import ConfigError
 from bert_tf.parallel.exchange_ranking import exchange_choices, rank_exchanges, update_factor
 from bert_tf.parallel import local_plan
-from bert_tf.parallel.comm import CommConfig, payload_bytes, warmup_updates
+from bert_tf.parallel.comm import CommConfig, live_indices, payload_bytes, warmup_updates
 from bert_tf.model.config import BertConfig
+
+
+class Shape(tuple):
+    """A gradient tensor's shape that also carries its variable's name (the model's, without ":0";
+    names repeat: every Dense has a kernel and a bias), which --onebit_live matches."""
+
+    name: str
+
+    def __new__(cls, dims, name=""):
+        shape = super().__new__(cls, dims)
+        shape.name = name
+        return shape
 
 
 def gradient_tensor_shapes(config: BertConfig, nsp: bool = True) -> list:
     """The shape of every trainable variable of modeling.BertPretrainer (one gradient tensor each,
     so one Horovod allreduce each), listed in google's layout order (embeddings, layers, pooler,
-    heads). The same shapes as the model's (tested), not in its order (tf.Module sorts attributes by
-    name); the order only moves where fusion_messages cuts the buffers, and Horovod itself fuses the
-    tensors in the order they are ready."""
+    heads), each a Shape named as the model's variable. The same shapes and names as the model's
+    (tested), not in its order (tf.Module sorts attributes by name); the order only moves where
+    fusion_messages cuts the buffers, and Horovod itself fuses the tensors in the order they are
+    ready."""
     H, I, V = config.hidden_size, config.intermediate_size, config.vocab_size
+
+    def dense(n: int, m: int) -> list:
+        return [((n, m), "kernel"), ((m,), "bias")]
+
+    norm: list = [((H,), "gamma"), ((H,), "beta")]
+    shapes: list
     if config.architecture == "modern":  # bert_tf/model/modern.py: no biases, no positions, GeGLU
-        shapes = [(V, H), (H,)]
+        shapes = [((V, H), "word_embeddings"), ((H,), "gamma")]
         for i in range(config.num_hidden_layers):
-            shapes += [(H,)] * (i > 0) + [(H, 3 * H), (H, H), (H,), (H, 2 * I), (I, H)]
-        shapes += [(H,), (H, H), (H,)]  # final norm, pooler
-        shapes += [(H, H), (H,), (V,)]  # MLM transform, norm, output bias
-        return shapes + ([(H, 2), (2,)] if nsp else [])
-    shapes = [(V, H), (config.max_position_embeddings, H), (config.type_vocab_size, H), (H,), (H,)]
-    layer = [(H, H), (H,)] * 4 + [(H,), (H,)] + [(H, I), (I,), (I, H), (H,)] + [(H,), (H,)]
+            shapes += [((H,), "gamma")] * (i > 0)
+            shapes += [((H, 3 * H), "kernel"), ((H, H), "kernel"), ((H,), "gamma")]
+            shapes += [((H, 2 * I), "kernel"), ((I, H), "kernel")]
+        shapes += [((H,), "gamma"), ((H, H), "kernel"), ((H,), "gamma")]  # final norm, pooler
+        shapes += [((H, H), "kernel"), ((H,), "gamma"), ((V,), "mlm_output_bias")]  # MLM head
+        shapes += dense(H, 2) if nsp else []
+        return [Shape(*s) for s in shapes]
+    shapes = [((V, H), "word_embeddings")]
+    shapes += [((config.max_position_embeddings, H), "position_embeddings")]
+    shapes += [((config.type_vocab_size, H), "token_type_embeddings")] + norm
+    layer = dense(H, H) * 4 + norm + dense(H, I) + dense(I, H) + norm
     shapes += layer * config.num_hidden_layers
-    shapes += [(H, H), (H,)]  # pooler
-    shapes += [(H, H), (H,), (H,), (H,), (V,)]  # MLM transform, LayerNorm, output bias
-    if nsp:
-        shapes += [(H, 2), (2,)]
-    return shapes
+    shapes += dense(H, H)  # pooler
+    shapes += dense(H, H) + norm + [((V,), "mlm_output_bias")]  # MLM transform, LayerNorm, bias
+    shapes += dense(H, 2) if nsp else []
+    return [Shape(*s) for s in shapes]
 
 
 def gradient_tensor_sizes(config: BertConfig, nsp: bool = True) -> list:
@@ -321,7 +344,12 @@ def compressed_exchange_seconds(shapes, cluster: Cluster, comm: CommConfig):
     cycle_ms = comm.cycle_time_ms or 0.0  # resolved: never None
     N, n, d = cluster.devices, cluster.nodes, cluster.devices_per_node
     payload = payload_bytes(
-        comm.exchange, shapes, N, comm.powersgd_rank, comm.powersgd_min_compression_rate
+        comm.exchange,
+        shapes,
+        N,
+        comm.powersgd_rank,
+        comm.powersgd_min_compression_rate,
+        onebit_live(shapes, comm),
     )
     if comm.exchange == "powersgd":
         return allreduce_seconds(payload, cluster, 2, cycle_ms), payload, 2
@@ -333,6 +361,20 @@ def compressed_exchange_seconds(shapes, cluster: Cluster, comm: CommConfig):
     lat = cluster.inter_latency_us * 1e-6 if n > 1 else cluster.intra_latency_us * 1e-6
     wait = cycle_ms * 1e-3 / 2 + 4 * cluster.message_overhead_us * 1e-6
     return inter + intra + 4 * (N - 1) * lat + wait, payload, 4
+
+
+def onebit_live(shapes, comm: CommConfig) -> list:
+    """The indices of --onebit_live's tensors among `shapes` (gradient_tensor_shapes' Shapes carry
+    the names it matches); [] without it."""
+    if comm.exchange != "onebit" or not comm.onebit_live:
+        return []
+    names = [getattr(s, "name", "") for s in shapes]
+    if not any(names):
+        raise ConfigError(
+            f"--onebit_live={comm.onebit_live}: the plan needs the tensors' names "
+            "(planner.gradient_tensor_shapes)"
+        )
+    return live_indices(names, comm.onebit_live)
 
 
 def plan(

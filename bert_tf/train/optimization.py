@@ -43,7 +43,8 @@ from DeepSpeed: bias correction (DeepSpeed has none; v_fresh's is 1 - b2^t), eps
 and biases skip weight decay and the trust ratio by name, and a coefficient the warmup never set
 (a resume from a checkpoint without FrozenTrust) is taken from the first frozen update's clamped
 ratio, v_fresh from v. Not for StableAdamW, whose clipping reads each step's g^2 (train_config
-refuses the pair).
+refuses the pair). `live` (--onebit_live's indices): those variables keep the warmup's update after
+it, v live with its correction 1 - b2^t (DeepSpeed OnebitAdam's `non_freeze` groups).
 """
 
 from __future__ import annotations
@@ -167,6 +168,8 @@ class Optimizer(tf.Module):
         self.m = [tf.Variable(tf.zeros_like(v), trainable=False, name="m") for v in variables]
         self.v = [tf.Variable(tf.zeros_like(v), trainable=False, name="v") for v in variables]
         self.decay = [NO_DECAY.search(v.name) is None for v in variables]
+        # --onebit_live's variables (indices): after the freeze their variance stays live
+        self.live: frozenset = frozenset()
 
     def frozen(self):
         """Past 1-bit's warmup (a bool tensor): the variance frozen, the momentum exchanged."""
@@ -217,16 +220,17 @@ class Optimizer(tf.Module):
 
     def _onebit_step(self, grads, variables, lr, trust, corrections, frozen):
         """One update of 1-bit Adam/LAMB, in the warmup or (frozen) after it."""
-        correction_1, correction_2, _ = corrections
+        correction_1, frozen_correction_2, live_correction_2 = corrections
         for i, (g, w, m, v, decay) in enumerate(zip(grads, variables, self.m, self.v, self.decay)):
+            live = not frozen or i in self.live  # --onebit_live: Adam's own variance throughout
             m.assign(self.beta_1 * m + (1.0 - self.beta_1) * g)
-            if not frozen:
+            if live:
                 v.assign(self.beta_2 * v + (1.0 - self.beta_2) * tf.square(g))
-            v_hat = v / correction_2
+            v_hat = v / (live_correction_2 if live else frozen_correction_2)
             plain = (m / correction_1) / (tf.sqrt(v_hat) + self.epsilon)
             update = plain + self.weight_decay * w if decay and self.weight_decay else plain
             if self.kind == "lamb" and decay:
-                if frozen:
+                if not live:
                     update *= trust.frozen_ratio(i, g, w, v, plain, update, self, corrections)
                 else:
                     update *= trust.warmup_ratio(i, w, update)

@@ -128,6 +128,12 @@ def describe_exchange(comm, total_steps=0) -> str:
             if comm.method == "onebit"
             else ""
         )
+        + (
+            f"; the variables matching {comm.onebit_live!r} averaged in float32 with a live "
+            "variance throughout"
+            if comm.method == "onebit" and comm.onebit_live
+            else ""
+        )
     )
 
 

@@ -47,6 +47,7 @@ import time
 import tensorflow as tf
 
 from bert_tf import ConfigError
+from bert_tf.parallel.comm import live_indices
 from bert_tf.parallel.exchange import Local, as_exchange
 from bert_tf.train import optimization
 from bert_tf.train.figures import UpdateOutput, sum_metrics
@@ -167,6 +168,9 @@ class Trainer:
         # (parallel/onebit.py: the exchange reads the optimizer's m)
         c, opt = self.config, self.optimizer
         opt.freeze_variance_after = optimization.onebit_warmup(c)
+        if opt.freeze_variance_after:  # --onebit_live: the same variables as the exchange's
+            names = [v.name.split(":")[0] for v in self.variables]
+            opt.live = frozenset(live_indices(names, c.comm.onebit_live))
         if opt.freeze_variance_after and opt.kind == "lamb" and self.frozen_trust is None:
             self.frozen_trust = optimization.FrozenTrust(self.variables)
         if hasattr(self.exchange, "attach_optimizer"):

@@ -1,7 +1,7 @@
 """Worker for tests/test_onebit_adam.py (mpirun -np 2): --exchange=onebit across two ranks. The fused compressed
 allreduce on tensors that differ per rank (inputs, outputs and both errors kept for the NumPy reference); 1-bit
 Adam and 1-bit LAMB training a tiny model on different data per rank (digests of the weights, m and v after
-every update); and 1-bit Adam against float32 AdamW memorising a batch per rank (the loss per update).
+every update; 1-bit Adam also with --onebit_live=word_embeddings); and 1-bit Adam against float32 AdamW memorising a batch per rank (the loss per update).
 Writes rankN.json/.npz."""
 import hashlib
 import json
@@ -52,10 +52,11 @@ features = random_features(batch=8, seq=16, preds=3, vocab=100, seed=11)
 mine = {k: tf.constant(v[rank * 4:(rank + 1) * 4]) for k, v in features.items()}
 
 
-def trainer_for(kind, exchange, steps, lr=1e-3, warmup=2, name="t"):
+def trainer_for(kind, exchange, steps, lr=1e-3, warmup=2, name="t", live=""):
     tf.random.set_seed(1 + rank)                  # different per rank: the broadcast makes them equal
     model = modeling.BertPretrainer(modeling.BertConfig.preset("tiny", vocab_size=100))
-    comm = CommConfig(exchange=exchange, compression_warmup_steps=warmup if exchange == "onebit" else None)
+    comm = CommConfig(exchange=exchange, compression_warmup_steps=warmup if exchange == "onebit" else None,
+                      onebit_live=live)
     config = training.TrainConfig(optimizer=kind, learning_rate=lr, total_steps=steps, comm=comm)
     ex = distributed.make_gradient_exchange(comm, model.trainable_variables, seed=7, name=name)
     trainer = training.Trainer(model, config, exchange=ex, seed_offset=rank)
@@ -63,17 +64,21 @@ def trainer_for(kind, exchange, steps, lr=1e-3, warmup=2, name="t"):
     return model, trainer
 
 
-for kind in ("adamw", "lamb"):
-    model, trainer = trainer_for(kind, "onebit", 10, name=f"t{kind}")
-    position = [i for i, v in enumerate(model.trainable_variables) if "position" in v.name][0]
-    record = {"warmup": trainer.optimizer.freeze_variance_after, "weights": [], "moments": [], "variances": []}
+for kind, live in (("adamw", ""), ("lamb", ""), ("adamw", "word_embeddings")):
+    model, trainer = trainer_for(kind, "onebit", 10, name=f"t{kind}{live}", live=live)
+    names = [v.name for v in model.trainable_variables]
+    position = [i for i, n in enumerate(names) if "position" in n][0]
+    word = [i for i, n in enumerate(names) if "word_embeddings" in n][0]
+    record = {"warmup": trainer.optimizer.freeze_variance_after, "weights": [], "moments": [], "variances": [],
+              "word_variances": []}
     for _ in range(6):
         trainer.train_step([mine])
         record["weights"].append(digest(model.trainable_variables))
         record["moments"].append(digest(trainer.optimizer.m))
-        record["variances"].append(digest(trainer.optimizer.v))
+        record["variances"].append(digest(v for i, v in enumerate(trainer.optimizer.v) if i != word))
+        record["word_variances"].append(digest([trainer.optimizer.v[word]]))
     record["zero_rows_zero"] = bool(not np.any(trainer.optimizer.m[position].numpy()[16:]))
-    result[kind] = record
+    result[kind + (f"_live_{live}" if live else "")] = record
 
 # learning: 40 updates memorising each rank's batch, dropout off; 1-bit Adam with its default warmup (20%)
 for exchange in ("onebit", "none"):
