@@ -126,8 +126,11 @@ def write_report(runs: dict, seeds: list, out_dir: str, title: str, target: floa
     summary = summarize_seeds(runs, target)
     with open(os.path.join(out_dir, "race.json"), "w") as f:
         json.dump({"title": title, "summary_over_seeds": summary, "curves": runs}, f, indent=1)
-    flat = {  # each curve labelled with its seed (--seeds=2 alone is "seed 2", not the first)
-        f"{name} seed {k}": curve for name, curves in runs.items() for k, curve in zip(seeds, curves)
+    # each curve labelled with its seed (--seeds=2 alone is "seed 2", not the first)
+    flat = {
+        f"{name} seed {k}": curve
+        for name, curves in runs.items()
+        for k, curve in zip(seeds, curves)
     }
     plot(flat, os.path.join(out_dir, "race.png"), title)
     return summary
