@@ -544,6 +544,7 @@ def test_live_variables_keep_adams_variance_and_a_float32_exchange_after_the_fre
     np.testing.assert_array_equal(v_after[1][0], v_after[5][0])              # frozen after update 2
     assert np.abs(v_after[5][2] - v_after[1][2]).max() > 0                   # live
     assert ex.live == [2] and ex.describe()["onebit_live"] == "^c/"
+    assert "onebit_live" not in onebit.OnebitExchange(three_tensors(), size=1).describe()   # older files match
     assert ex.error.numpy().size == onebit.Layout([(64, 64), (64,)], 1).padded
     shapes = [(64, 64), (64,), (64, 64)]
     assert ex.wire_bytes(4) == pytest.approx(comm_module.wire_bytes("onebit", shapes[:2], 4)

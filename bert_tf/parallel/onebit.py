@@ -240,12 +240,10 @@ class OnebitExchange(tf.Module):
         self.beta_1, self.warmup_steps = optimizer.beta_1, optimizer.freeze_variance_after
 
     def describe(self) -> dict:
-        return {
-            RECORD_KEY: self.method,
-            "powersgd_rank": 0,
-            "onebit": VARIANT,
-            "onebit_live": self.live_pattern,
-        }
+        described = {RECORD_KEY: self.method, "powersgd_rank": 0, "onebit": VARIANT}
+        if self.live_pattern:  # absent when unset: files written before the flag still match
+            described["onebit_live"] = self.live_pattern
+        return described
 
     def reset(self, size) -> str:
         layout = Layout(self.frozen_shapes, size)
