@@ -319,11 +319,12 @@ class OnebitExchange(tf.Module):
         out = [None] * len(grads)
         for i, a in zip(frozen, averaged):
             out[i] = (a - b1 * previous[i]) / (1.0 - b1) * scale
-        if self.live:  # --onebit_live: the gradient itself, averaged in float32 (finite: checked)
+        live = []  # --onebit_live: the gradient itself, averaged in float32
+        if self.live:
             live = average([grads[i] for i in self.live], f"{self.tag}_live", self.alone)
             for i, g in zip(self.live, live):
                 out[i] = g * scale
-        finite = all_finite(averaged)
+        finite = all_finite(list(averaged) + list(live))  # an overflow anywhere: errors kept
         self.error.assign(tf.where(finite, error, self.error))
         self.server_error.assign(tf.where(finite, server_error, self.server_error))
         return out
