@@ -1,7 +1,7 @@
 """--exchange=onebit: 1-bit Adam (Tang et al. 2021) and 1-bit LAMB (Li et al. 2021), the exchange
 half; the optimizer half (the frozen variance, LAMB's frozen trust ratios) is
 bert_tf/train/optimization.py. The reference is DeepSpeed's OnebitAdam / OnebitLamb and its
-compressed_allreduce (runs/reading_onebit.md reads them with line citations).
+compressed_allreduce (deepspeed/runtime/fp16/onebit/{adam,lamb}.py, deepspeed/runtime/comm/nccl.py).
 
 Two stages, on the optimizer's update count (the clock every rank agrees on, compression.py):
 - warmup, the first K = comm.warmup_updates updates: the gradients averaged in float32; the
