@@ -31,8 +31,8 @@ rounding. It replaces gradient clipping (ModernBERT clips none: --clip_norm=0).
 freeze_variance_after=K (--exchange=onebit; bert_tf/parallel/onebit.py sends the momentum): the
 optimizer half of 1-bit Adam (Tang et al. 2021) and 1-bit LAMB (Li et al. 2021), DeepSpeed's
 OnebitAdam / OnebitLamb (deepspeed/runtime/fp16/onebit/). Updates 1..K are the warmup: AdamW as
-above; LAMB with its ratio r clamped to [ONEBIT_LAMB min_coeff, max_coeff] and averaged into a per-tensor
-coefficient c = coeff_beta c + (1 - coeff_beta) r (from 0, skipped where r is 1). From update K+1
+above; LAMB with its ratio r clamped to [ONEBIT_LAMB min_coeff, max_coeff] and averaged into a
+per-tensor coefficient c = coeff_beta c + (1 - coeff_beta) r (from 0, skipped where r is 1). From update K+1
 on, v and its bias correction stay as they were after update K, and the gradient given is the one
 the exchange reconstructed from the averaged momentum (m lands on it). 1-bit LAMB's trust ratio is
 then c x factor, factor = max over the tensor of (sqrt(v_hat) + eps) / (sqrt(v_fresh_hat) + eps),
