@@ -32,19 +32,19 @@ freeze_variance_after=K (--exchange=onebit; bert_tf/parallel/onebit.py sends the
 optimizer half of 1-bit Adam (Tang et al. 2021) and 1-bit LAMB (Li et al. 2021), DeepSpeed's
 OnebitAdam / OnebitLamb (deepspeed/runtime/fp16/onebit/). Updates 1..K are the warmup: AdamW as
 above; LAMB with its ratio r clamped to [ONEBIT_LAMB min_coeff, max_coeff] and averaged into a
-per-tensor coefficient c = coeff_beta c + (1 - coeff_beta) r (from 0, skipped where r is 1). From update K+1
-on, v and its bias correction stay as they were after update K, and the gradient given is the one
-the exchange reconstructed from the averaged momentum (m lands on it). 1-bit LAMB's trust ratio is
-then c x factor, factor = max over the tensor of (sqrt(v_hat) + eps) / (sqrt(v_fresh_hat) + eps),
-v_fresh = copy of v at K, then updated with the reconstructed g^2; blended toward 1 by
-min(1, ||u - wd w|| / ||u||) under weight decay, clamped to [factor_min, factor_max] and to
+per-tensor coefficient c = coeff_beta c + (1 - coeff_beta) r (from 0, skipped where r is 1). From
+update K+1 on, v and its bias correction stay as they were after update K, and the gradient given is
+the one the exchange reconstructed from the averaged momentum (m lands on it). 1-bit LAMB's trust
+ratio is then c x factor, factor = max over the tensor of (sqrt(v_hat) + eps) / (sqrt(v_fresh_hat) +
+eps), v_fresh = copy of v at K, then updated with the reconstructed g^2; blended toward 1 by min(1,
+||u - wd w|| / ||u||) under weight decay, clamped to [factor_min, factor_max] and to
 +-factor_threshold of the last factor (FrozenTrust holds c, the last factor and v_fresh). Departures
-from DeepSpeed: bias correction (DeepSpeed has none; v_fresh's is 1 - b2^t), eps 1e-6, LayerNorm
-and biases skip weight decay and the trust ratio by name, and a coefficient the warmup never set
-(a resume from a checkpoint without FrozenTrust) is taken from the first frozen update's clamped
-ratio, v_fresh from v. Not for StableAdamW, whose clipping reads each step's g^2 (train_config
-refuses the pair). `live` (--onebit_live's indices): those variables keep the warmup's update after
-it, v live with its correction 1 - b2^t (DeepSpeed OnebitAdam's `non_freeze` groups).
+from DeepSpeed: bias correction (DeepSpeed has none; v_fresh's is 1 - b2^t), eps 1e-6, LayerNorm and
+biases skip weight decay and the trust ratio by name, and a coefficient the warmup never set (a
+resume from a checkpoint without FrozenTrust) is taken from the first frozen update's clamped ratio,
+v_fresh from v. Not for StableAdamW, whose clipping reads each step's g^2 (train_config refuses the
+pair). `live` (--onebit_live's indices): those variables keep the warmup's update after it, v live
+with its correction 1 - b2^t (DeepSpeed OnebitAdam's `non_freeze` groups).
 """
 
 from __future__ import annotations
