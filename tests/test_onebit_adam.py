@@ -545,6 +545,8 @@ def test_live_variables_keep_adams_variance_and_a_float32_exchange_after_the_fre
     assert np.abs(v_after[5][2] - v_after[1][2]).max() > 0                   # live
     assert ex.live == [2] and ex.describe()["onebit_live"] == "^c/"
     assert "onebit_live" not in onebit.OnebitExchange(three_tensors(), size=1).describe()   # older files match
+    scaled = [tf.constant(8.0 * g) for g in neighbours_grads(8)]  # a loss scale: the live gradient comes back scaled
+    np.testing.assert_allclose(ex(scaled, tf.constant(8.0))[2].numpy(), scaled[2].numpy(), rtol=1e-6)
     before = [v.numpy().copy() for v in ex.own()]          # an overflow in the live tensor alone keeps the errors
     bad = [tf.constant(g) for g in neighbours_grads(9)[:2]] + [tf.fill((64, 64), np.nan)]
     assert not np.isfinite(ex(bad)[2].numpy()).all()
