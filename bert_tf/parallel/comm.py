@@ -364,10 +364,11 @@ def wire_bytes(
 
 
 def live_indices(names, pattern: str) -> list:
-    """--onebit_live: the indices of the variables whose names `pattern` matches (re.search);
-    ConfigError when it matches none."""
+    """--onebit_live: the indices of the variables whose names `pattern` matches (re.search; a
+    TensorFlow name's ":0" left out); ConfigError when it matches none."""
     if not pattern:
         return []
+    names = [name.split(":")[0] for name in names]
     regex = re.compile(pattern)
     chosen = [i for i, name in enumerate(names) if regex.search(name)]
     if not chosen:

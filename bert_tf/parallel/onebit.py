@@ -196,7 +196,7 @@ class OnebitExchange(tf.Module):
         self.shapes = [tuple(int(d) for d in v.shape) for v in variables]
         # --onebit_live: these tensors' gradients are averaged in float32 after the warmup too
         self.live_pattern = live
-        self.live = live_indices([v.name.split(":")[0] for v in variables], live)
+        self.live = live_indices([v.name for v in variables], live)
         if len(self.live) == len(self.shapes):
             raise ConfigError(
                 f"--onebit_live={live} matches every variable: nothing is left to send as signs "

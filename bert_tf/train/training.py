@@ -169,7 +169,7 @@ class Trainer:
         c, opt = self.config, self.optimizer
         opt.freeze_variance_after = optimization.onebit_warmup(c)
         if opt.freeze_variance_after:  # --onebit_live: the same variables as the exchange's
-            names = [v.name.split(":")[0] for v in self.variables]
+            names = [v.name for v in self.variables]
             opt.live = frozenset(live_indices(names, c.comm.onebit_live))
         if opt.freeze_variance_after and opt.kind == "lamb" and self.frozen_trust is None:
             self.frozen_trust = optimization.FrozenTrust(self.variables)
