@@ -22,8 +22,9 @@ and adds per recipe the bytes rank 0's node sent per update and the planner's pr
 speed (fed the run's own compute speed) against the speed measured between evaluations.
 
 --sweep_learning_rates=... (with --sweep_warmup_steps, --sweep_optimizers=classic=lamb+adamw and
---time_budget_hours) tunes each recipe with the same effort first and writes <name>.best.flags for
-the race (bert_tf/studies/race_sweep.py).
+--time_budget_hours or --sweep_updates) tunes each recipe with the same effort first and writes
+<name>.best.flags for the race (bert_tf/studies/race_sweep.py). With --sweep_updates a sweep stopped
+part-way goes on where it stopped when run again.
 
 --seeds=1,2,3 runs every recipe once per seed (<output_dir>/<name>/seed<k>) and reports each
 figure's mean, standard deviation and standard error over the seeds (bert_tf/studies/race_seeds.py).
@@ -104,26 +105,38 @@ def sweep(cfg, recipes):
         cfg.sweep_optimizers,
         cfg.time_budget_hours,
         recipes,
+        updates=cfg.sweep_updates,
     )
-    extra = [f"--time_budget_hours={cfg.time_budget_hours}", *cfg.pretrain_flag]
-    scores = {}
+    scores, missing = {}, []
     for name, path in recipes.items():
         scores[name] = {}
+        recipe = recipe_race.read_flagfile(path, REPO)
         for setting in race_sweep.settings(
             name, cfg.sweep_learning_rates, cfg.sweep_warmup_steps, cfg.sweep_optimizers
         ):
             key = race_sweep.label(setting)
             run_dir = os.path.join(cfg.output_dir, name, "sweep", key)
-            if not cfg.report_only:
+            if cfg.sweep_updates:
+                run = race_sweep.scaled(recipe, setting, cfg.sweep_updates)
+            else:
+                run = {**setting, "time_budget_hours": cfg.time_budget_hours}
+            if cfg.report_only and cfg.sweep_updates and not os.path.exists(run_dir):
+                missing.append(f"{name}/{key}")  # a sweep part-way: report what has run
+                continue
+            if not cfg.report_only and not (
+                cfg.sweep_updates and race_sweep.finished(run_dir, cfg.sweep_updates)
+            ):
                 recipe_race.launch(
                     os.path.abspath(path),
                     os.path.abspath(run_dir),
                     cfg.ranks,
-                    extra + race_sweep.flags(setting),
+                    cfg.pretrain_flag + race_sweep.flags(run),
                 )
             scores[name][key] = (setting, recipe_race.curve(run_dir))
     table = race_sweep.report(scores, recipes, cfg.output_dir)
     print("\n".join(race_sweep.describe(table)))
+    if missing:
+        print(f"not yet run ({len(missing)}): {', '.join(missing)}")
     print(f"wrote {os.path.join(cfg.output_dir, 'sweep.json')} and <name>.best.flags")
 
 

@@ -315,10 +315,56 @@ def test_a_sweep_gives_each_recipe_the_same_effort_and_writes_its_best_setting_a
     for overrides, message in [
             (dict(sweep_learning_rates=[1e-4, 3e-4, 1e-3, 3e-3]), "give at least 5 different positive rates"),
             (dict(sweep_learning_rates=[1e-4, 2e-4, 4e-4, 8e-4, 1.6e-3]), "spanning at least 30x"),
-            (dict(sweep_learning_rates=rates, time_budget_hours=0.0), "needs --time_budget_hours"),
+            (dict(sweep_learning_rates=rates, time_budget_hours=0.0), "needs one budget"),
+            (dict(sweep_learning_rates=rates, sweep_updates=100), "needs one budget"),
+            (dict(sweep_updates=100), "need --sweep_learning_rates"),
+            (dict(sweep_learning_rates=rates, sweep_updates=-1, time_budget_hours=0.0), "--sweep_updates must be >= 0"),
             (dict(sweep_warmup_steps=[10]), "need --sweep_learning_rates"),
             (dict(sweep_learning_rates=rates, seeds=[1, 2]), "no --nodes, no --seeds")]:
         with pytest.raises(ConfigError, match=message):
             recipe_race.RaceConfig(**{**base, **overrides})
     with pytest.raises(ConfigError, match="--sweep_optimizers: 'modern' is not one of --recipes"):
         race_sweep.check(rates, None, ["modern=adamw"], 0.5, {"classic": "a", "budget": "b"})
+
+
+def test_a_sweep_by_updates_keeps_the_schedule_s_shape_ranks_ties_by_loss_and_goes_on_where_it_stopped(tmp_path):
+    """--sweep_updates: each setting runs that many updates with the recipe's warmup and batch warmup scaled
+    by updates / --total_steps and no time budget; the best flagfile keeps the unscaled setting. Equal
+    accuracy (the unigram plateau) is ranked by held-out loss, a diverged run last. A setting that reached
+    its updates is not run again; one cut short is set aside to be run whole; --report_only part-way
+    reports the settings that ran and names the rest."""
+    from bert_tf.studies import race_sweep
+    recipe = {"total_steps": "1000", "warmup_steps": "100", "batch_warmup_sequences": "20000"}
+    assert race_sweep.scaled(recipe, {"learning_rate": 1e-3, "warmup_steps": 200}, 100) == {
+        "learning_rate": 1e-3, "warmup_steps": 20, "total_steps": 100, "time_budget_hours": 0,
+        "batch_warmup_sequences": 2000}
+    assert race_sweep.scaled({"total_steps": "1000", "warmup_steps": "100"}, {"learning_rate": 1e-3}, 5) == {
+        "learning_rate": 1e-3, "warmup_steps": 1, "total_steps": 5, "time_budget_hours": 0}
+    with pytest.raises(ConfigError, match="sets no --total_steps"):
+        race_sweep.scaled({}, {"learning_rate": 1e-3}, 100)
+    done, cut = tmp_path / "done", tmp_path / "cut"
+    write_run(done, 0.0, [(60, 0.1), (120, 0.2)])          # evaluations at updates 10 and 20
+    write_run(cut, 0.0, [(60, 0.1)])
+    assert race_sweep.finished(str(done), 20) and not race_sweep.finished(str(tmp_path / "never"), 20)
+    assert not race_sweep.finished(str(cut), 20)
+    assert not cut.exists() and (tmp_path / "cut.interrupted" / "metrics.jsonl").exists()
+
+    rates = [1e-4, 3e-4, 1e-3, 3e-3, 1e-2]
+    flags = tmp_path / "a.flags"
+    flags.write_text("--eval_files=data/x/eval-*\n--eval_batches=30\n--total_steps=1000\n")
+    out = tmp_path / "sweep"
+    for rate, loss in ((1e-4, 7.9), (3e-4, 7.5), (1e-3, float("nan"))):
+        folder = out / "only" / "sweep" / race_sweep.label({"learning_rate": rate})
+        write_run(folder, 0.0, [(60, 0.056)])
+        lines = (folder / "metrics.jsonl").read_text().splitlines()
+        record = json.loads(lines[-1])
+        record["eval_mlm_loss"] = loss
+        (folder / "metrics.jsonl").write_text("\n".join(lines[:-1] + [json.dumps(record)]) + "\n")
+    proc = subprocess.run([sys.executable, str(REPO / "run" / "recipe_race.py"), f"--output_dir={out}",
+                           "--report_only", "--sweep_updates=10", f"--recipes=only={flags}",
+                           f"--sweep_learning_rates={','.join(map(str, rates))}"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    table = json.load(open(out / "sweep.json"))
+    assert [r["setting"]["learning_rate"] for r in table["only"]] == [3e-4, 1e-4, 1e-3]
+    assert "not yet run (2): only/learning_rate=0.003, only/learning_rate=0.01" in proc.stdout
+    assert recipe_race.read_flagfile(str(out / "only.best.flags"))["learning_rate"] == "0.0003"

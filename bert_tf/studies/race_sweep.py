@@ -1,7 +1,8 @@
 """The recipe race's sweep mode (run/recipe_race.py --sweep_learning_rates=...): before two recipes
 are raced, each gets the same tuning effort. Every recipe runs at every learning rate, every
 warmup length and, where given, every optimizer of its own, all under the same
---time_budget_hours. Each setting is scored by its final held-out MLM accuracy at that budget.
+--time_budget_hours, or all for the same --sweep_updates. Each setting is scored by its final
+held-out MLM accuracy at that budget (its held-out loss breaks a tie, as on the unigram plateau).
 The best setting of each recipe is written as a flagfile, <output_dir>/<name>.best.flags (its
 flagfile, then the setting), for the race that follows. A baseline raced at a rate nobody tuned
 says little about the recipe that beats it."""
@@ -10,7 +11,9 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import os
+import shutil
 
 from bert_tf import ConfigError
 
@@ -18,12 +21,13 @@ from bert_tf import ConfigError
 MIN_RATES, MIN_SPAN = 5, 30.0
 
 
-def check(rates, warmups, optimizers, budget_hours, recipes=None):
+def check(rates, warmups, optimizers, budget_hours, recipes=None, updates=0):
     """Start-up checks of the sweep's flags; optimizers: ["name=opt+opt", ...]."""
     if not rates:
-        if warmups or optimizers:
+        if warmups or optimizers or updates:
             raise ConfigError(
-                "--sweep_warmup_steps and --sweep_optimizers need --sweep_learning_rates"
+                "--sweep_warmup_steps, --sweep_optimizers and --sweep_updates need "
+                "--sweep_learning_rates"
             )
         return
     if len(set(rates)) < MIN_RATES or max(rates) / min(rates) < MIN_SPAN or min(rates) <= 0:
@@ -31,10 +35,11 @@ def check(rates, warmups, optimizers, budget_hours, recipes=None):
             f"--sweep_learning_rates={','.join(f'{r:g}' for r in rates)}: give at least "
             f"{MIN_RATES} different positive rates spanning at least {MIN_SPAN:g}x"
         )
-    if not budget_hours:
+    if bool(budget_hours) == bool(updates):
         raise ConfigError(
-            "--sweep_learning_rates needs --time_budget_hours: every setting is scored at the same "
-            "budget"
+            "--sweep_learning_rates needs one budget, --time_budget_hours or --sweep_updates: "
+            f"every setting is scored at the same one (given {budget_hours:g} h and {updates} "
+            "updates)"
         )
     for name in per_recipe_optimizers(optimizers):
         if recipes is not None and name not in recipes:
@@ -79,22 +84,67 @@ def flags(setting: dict) -> list[str]:
     return [f"--{k}={v}" for k, v in setting.items()]
 
 
+def scaled(recipe: dict, setting: dict, updates: int) -> dict:
+    """--sweep_updates: `setting` run for `updates` updates in the shape of the recipe's schedule
+    (recipe: its flagfile's {flag: value}). Its --total_steps become `updates`, its warmup (the
+    setting's or its own) and batch warmup shrink by the same factor, and no time budget stretches
+    them. The best setting is written unscaled, for the race's own --total_steps."""
+    total = int(recipe.get("total_steps") or 0)
+    if total <= 0:
+        raise ConfigError("--sweep_updates: the recipe's flagfile sets no --total_steps to scale")
+    out = {**setting, "total_steps": updates, "time_budget_hours": 0}
+    for name in ("warmup_steps", "batch_warmup_sequences"):
+        value = int(setting.get(name, recipe.get(name)) or 0)
+        if value:
+            out[name] = max(1, round(value * updates / total))
+    return out
+
+
+def finished(run_dir: str, updates: int) -> bool:
+    """Whether a setting's run reached `updates` (its last held-out evaluation); an unfinished one
+    (a session that ended mid-run) is moved to <run_dir>.interrupted to be run again whole."""
+    path = os.path.join(run_dir, "metrics.jsonl")
+    steps = [0]
+    if os.path.exists(path):
+        for line in open(path):
+            record = json.loads(line)
+            if record.get("kind") == "eval":
+                steps.append(record["step"])
+    if max(steps) >= updates:
+        return True
+    if os.path.exists(run_dir):
+        shutil.rmtree(run_dir + ".interrupted", ignore_errors=True)
+        os.rename(run_dir, run_dir + ".interrupted")
+    return False
+
+
 def report(scores: dict, recipes: dict, out_dir: str) -> dict:
     """scores: {name: {label: (setting, curve)}} -> sweep.json (every setting's final accuracy, best
     first) and <name>.best.flags for each recipe; returns {name: rows best first}."""
     table = {}
     for name, runs in scores.items():
+        if not runs:  # --report_only part-way through a sweep: nothing of this recipe has run
+            continue
         rows = [
             {
                 "setting": setting,
                 "label": key,
                 "final_accuracy": curve["accuracy"][-1],
+                "final_loss": curve["loss"][-1],
                 "steps": curve["step"][-1],
                 "seconds": curve["seconds"][-1],
             }
             for key, (setting, curve) in runs.items()
         ]
-        table[name] = sorted(rows, key=lambda r: -r["final_accuracy"])
+        # a tie in accuracy (the unigram plateau) is broken by the held-out loss; a diverged run
+        # (its loss not a number) goes last
+        table[name] = sorted(
+            rows,
+            key=lambda r: (
+                -r["final_accuracy"],
+                r["final_loss"] if math.isfinite(r["final_loss"]) else math.inf,
+            ),
+        )
         best = table[name][0]["setting"]
         with open(os.path.join(out_dir, f"{name}.best.flags"), "w") as f:
             f.write(
@@ -111,8 +161,12 @@ def report(scores: dict, recipes: dict, out_dir: str) -> dict:
 def describe(table: dict) -> list:
     lines = []
     for name, rows in table.items():
-        lines.append(f"{name}: {len(rows)} settings, best first (final held-out MLM accuracy)")
+        lines.append(
+            f"{name}: {len(rows)} settings, best first (final held-out MLM accuracy, loss)"
+        )
         lines += [
-            f"  {r['final_accuracy']:.4f}  {r['label']}  ({r['steps']} updates)" for r in rows
+            f"  {r['final_accuracy']:.4f}  {r['final_loss']:.3f}  {r['label']}  "
+            f"({r['steps']} updates, {r['seconds'] / 60:.1f} min)"
+            for r in rows
         ]
     return lines

@@ -61,7 +61,16 @@ class RaceConfig:
         "--time_budget_hours, into <output_dir>/<name>/sweep/<setting>; writes sweep.json and "
         "<name>.best.flags for the race (bert_tf/studies/race_sweep.py).",
     )
-    sweep_warmup_steps: list[int] | None = knob(None, "Sweep mode: the warmup lengths to try.")
+    sweep_warmup_steps: list[int] | None = knob(
+        None, "Sweep mode: the warmup lengths to try, in updates of the recipe's --total_steps."
+    )
+    sweep_updates: int = knob(
+        0,
+        "Sweep mode: score every setting after this many updates instead of under "
+        "--time_budget_hours, the recipe's schedule kept in shape (its warmup and batch warmup "
+        "scaled by sweep_updates / --total_steps). Equal updates do not depend on the machine, so "
+        "a sweep may span sessions: a setting whose run already got there is not run again.",
+    )
     sweep_optimizers: list[str] | None = knob(
         None, "Sweep mode: name=optimizer+optimizer pairs, e.g. classic=lamb+adamw."
     )
@@ -78,6 +87,7 @@ class RaceConfig:
             ("nodes", 0),
             ("link_gbit", 0.001),
             ("target_accuracy", 0),
+            ("sweep_updates", 0),
         ):
             if getattr(self, name) < low:
                 raise ConfigError(f"--{name} must be >= {low}, got {getattr(self, name)}")
@@ -86,6 +96,7 @@ class RaceConfig:
             self.sweep_warmup_steps,
             self.sweep_optimizers,
             self.time_budget_hours,
+            updates=self.sweep_updates,
         )
         if self.sweep_learning_rates and (self.nodes or self.seeds):
             raise ConfigError(
@@ -121,8 +132,8 @@ def read_flagfile(path: str, root: str = ".") -> dict:
 
 
 def curve(run_dir: str) -> dict:
-    """A finished run's evaluations: {"seconds", "step", "samples_seen", "accuracy"} lists, its
-    sequences per second (the mean of its logged intervals) and the CPU it ran on."""
+    """A finished run's evaluations: {"seconds", "step", "samples_seen", "accuracy", "loss"} lists,
+    its sequences per second (the mean of its logged intervals) and the CPU it ran on."""
     path = os.path.join(run_dir, "metrics.jsonl")
     if not os.path.exists(path):
         raise ConfigError(f"{path} not found: the recipe {os.path.basename(run_dir)!r} has not run")
@@ -131,7 +142,7 @@ def curve(run_dir: str) -> dict:
     if not runs:
         raise ConfigError(f"{path} holds no run record")
     t0 = runs[0]["time"]
-    keys = ("seconds", "step", "samples_seen", "instances", "tokens", "accuracy")
+    keys = ("seconds", "step", "samples_seen", "instances", "tokens", "accuracy", "loss")
     out: dict = {key: [] for key in keys}
     train = [r for r in records if r.get("kind") == "train"]
     seen = trained_counts(train)
@@ -143,6 +154,7 @@ def curve(run_dir: str) -> dict:
             for key, value in zip(("samples_seen", "instances", "tokens"), at):
                 out[key].append(value)
             out["accuracy"].append(r["eval_mlm_accuracy"])
+            out["loss"].append(r.get("eval_mlm_loss", float("nan")))
     if not out["accuracy"]:
         raise ConfigError(
             f"{path} holds no held-out evaluation: run the recipe with --eval_files and "
