@@ -15,6 +15,7 @@ import re
 
 from bert_tf import ConfigError, knob
 from bert_tf.parallel import local_plan
+from bert_tf.parallel.variance_schedule import variance_updates
 
 # Horovod 0.28's own values, in force when a field is None and the environment sets nothing.
 HOROVOD_FUSION_THRESHOLD_MB = 128.0
@@ -99,6 +100,14 @@ class CommConfig:
         "For tensors whose frozen variance misleads, such as a tied word embedding whose rare "
         "tokens' rows froze with the softmax's small gradients (word_embeddings). Empty: none. A "
         "pattern that matches no variable, or every one, is refused at start-up.",
+    )
+    onebit_variance_kappa: int = knob(
+        0,
+        "--exchange=onebit, --optimizer=adamw: 0/1 Adam's variance (Lu et al. 2022; DeepSpeed's "
+        "var_update_scaler, 16). In the --compression_warmup_steps it is updated at kappa "
+        "updates one apart, kappa two apart, four apart, ... (parallel/variance_schedule.py), "
+        "which average the gradient in float32; the others send it as signs with error "
+        "feedback. Then 1-bit Adam's frozen variance. 0: 1-bit Adam (float32 warmup).",
     )
     local_updates: int = knob(
         0,
@@ -226,7 +235,8 @@ class CommConfig:
                 raise ConfigError(f"--{name} must be >= 0, got {value:g}")
 
     def _check_onebit(self):
-        """--noonebit_signs and --onebit_live: only with --exchange=onebit; the pattern compiles."""
+        """--noonebit_signs, --onebit_live and --onebit_variance_kappa: only with --exchange=onebit;
+        the pattern compiles."""
         if not self.onebit_signs and self.exchange != "onebit":
             raise ConfigError(
                 f"--noonebit_signs with --exchange={self.exchange}: it is 1-bit Adam's control "
@@ -236,6 +246,15 @@ class CommConfig:
             raise ConfigError(
                 f"--onebit_live={self.onebit_live} with --exchange={self.exchange}: it names "
                 "1-bit Adam/LAMB's float32 variables and needs --exchange=onebit"
+            )
+        if self.onebit_variance_kappa and self.exchange != "onebit":
+            raise ConfigError(
+                f"--onebit_variance_kappa={self.onebit_variance_kappa} with --exchange="
+                f"{self.exchange}: it is 0/1 Adam's variance schedule and needs --exchange=onebit"
+            )
+        if self.onebit_variance_kappa < 0:
+            raise ConfigError(
+                f"--onebit_variance_kappa must be >= 0, got {self.onebit_variance_kappa}"
             )
         try:
             re.compile(self.onebit_live)
@@ -411,10 +430,19 @@ def warmup_updates(comm: CommConfig, total_steps: int) -> int:
     return 0
 
 
+def float32_updates(comm: CommConfig, total_steps: int) -> int:
+    """The updates of a run whose gradients go as a float32 allreduce: the compression warmup's
+    (comm.warmup_updates), with --onebit_variance_kappa only its variance updates."""
+    warmup = min(warmup_updates(comm, total_steps), total_steps) if comm.compressed else 0
+    if comm.method == "onebit":
+        return variance_updates(warmup, comm.onebit_variance_kappa)
+    return warmup
+
+
 def run_wire_bytes(comm: CommConfig, shapes, size: int, total_steps: int) -> float:
     """Bytes each rank sends per update averaged over a run of total_steps updates, the float32
-    warmup included: (warmup x float32 + (total - warmup) x the method's) / total."""
-    warmup = min(warmup_updates(comm, total_steps), total_steps) if comm.compressed else 0
+    updates included: (float32 x float32's + the others x the method's) / total."""
+    warmup = float32_updates(comm, total_steps)
     compressed = wire_bytes(
         comm.method, shapes, size, comm.powersgd_rank, comm.powersgd_min_compression_rate
     )

@@ -62,13 +62,22 @@ def CompressedExchange(
     min_rate=2.0,
     onebit_signs=True,
     onebit_live="",
+    onebit_variance_kappa=0,
 ):
     """The compressed exchange --exchange names: PowerSGDExchange (powersgd) or
-    onebit.OnebitExchange (onebit; rank, seed and min_rate unused; onebit_signs, onebit_live: its
-    own)."""
+    onebit.OnebitExchange (onebit; rank, seed and min_rate unused; onebit_signs, onebit_live,
+    onebit_variance_kappa: its own)."""
     if method == "onebit":
         return OnebitExchange(
-            variables, warmup_steps, size, name, alone, clock, onebit_signs, onebit_live
+            variables,
+            warmup_steps,
+            size,
+            name,
+            alone,
+            clock,
+            onebit_signs,
+            onebit_live,
+            onebit_variance_kappa,
         )
     return PowerSGDExchange(
         method, variables, rank, warmup_steps, seed, size, name, alone, clock, min_rate

@@ -275,6 +275,7 @@ def make_gradient_exchange(comm: CommConfig, variables, seed=0, name="grad", tot
         min_rate=comm.powersgd_min_compression_rate,
         onebit_signs=comm.onebit_signs,
         onebit_live=comm.onebit_live,
+        onebit_variance_kappa=comm.onebit_variance_kappa,
     )
 
 

@@ -35,6 +35,15 @@ grouped allreduce beside the signs) and their variance live (the optimizer's `li
 in the fused sign buffers. For a tensor whose frozen variance misleads: a tied word embedding whose
 rare tokens' rows froze with the softmax's small gradients (docs/results.md).
 
+0/1 Adam's variance (--onebit_variance_kappa, Lu et al. 2022; DeepSpeed's ZeroOneAdam in
+deepspeed/runtime/fp16/onebit/zoadam.py): in the warmup only the updates of variance_schedule's
+schedule average the gradient in float32 (the optimizer's v takes them); the others send the
+gradient itself through the compressed allreduce, with the error buffers, and v stays. At the
+freeze the buffers restart at zero (DeepSpeed zeroes them there); then as 1-bit Adam. Its local
+steps are not built (DeepSpeed's default local_step_scaler keeps their interval at 1 for 32,678
+updates). Departures besides those below: its schedule counts real updates from 1 (DeepSpeed's
+counts its initialisation call), v's bias correction is 1 - b2^n over v's own n updates.
+
 Departures from DeepSpeed:
 - bias correction: kept (bert_tf's Adam/LAMB): m / (1 - b1^t), v / (1 - b2^K) frozen with v;
   DeepSpeed has none. eps 1e-6 (bert_tf's), not 1e-8.
@@ -66,7 +75,13 @@ import tensorflow as tf
 
 from bert_tf import ConfigError
 from bert_tf.parallel import exchange
-from bert_tf.parallel.comm import RECORD_KEY, live_indices, onebit_chunk, wire_bytes
+from bert_tf.parallel.comm import (
+    RECORD_KEY,
+    live_indices,
+    onebit_chunk,
+    wire_bytes,
+)
+from bert_tf.parallel.variance_schedule import variance_blocks
 
 _BITS = tf.constant([1, 2, 4, 8, 16, 32, 64, 128], tf.int32)
 # what an exchange-state file says of the buffers (exchange_state.py compares it): the old
@@ -81,6 +96,20 @@ def average(tensors, name, alone=False):
     if alone or hvd.size() == 1:
         return list(tensors)
     return hvd.grouped_allreduce(list(tensors), op=hvd.Average, name=name)
+
+
+def variance_count(t, kappa):
+    """variance_schedule.variance_updates(t, kappa) for an int64 tensor t: how many of updates
+    1..t update the variance under 0/1 Adam's schedule (kappa 0: all t)."""
+    if not kappa:
+        return t
+    after, interval, last = (tf.constant(c, tf.int64) for c in zip(*variance_blocks(kappa)))
+    return tf.reduce_sum(tf.maximum(tf.minimum(t, last) // interval - after // interval, 0))
+
+
+def variance_update(t, kappa):
+    """Whether update t (from 1; an int64 tensor) updates the variance (0/1 Adam's schedule)."""
+    return variance_count(t, kappa) > variance_count(t - 1, kappa)
 
 
 def pack_signs(x):
@@ -189,10 +218,13 @@ class OnebitExchange(tf.Module):
         clock=None,
         signs=True,
         live="",
+        kappa=0,
     ):
         super().__init__(name=f"{name}_exchange")
         self.warmup_steps, self.tag, self.alone = warmup_steps, name, alone
         self.signs = signs  # False: --noonebit_signs, the momentum averaged exactly (the control)
+        # --onebit_variance_kappa: 0/1 Adam's warmup, float32 only at the variance's updates
+        self.kappa = kappa
         self.shapes = [tuple(int(d) for d in v.shape) for v in variables]
         # --onebit_live: these tensors' gradients are averaged in float32 after the warmup too
         self.live_pattern = live
@@ -243,6 +275,8 @@ class OnebitExchange(tf.Module):
         described = {RECORD_KEY: self.method, "powersgd_rank": 0, "onebit": VARIANT}
         if self.live_pattern:  # absent when unset: files written before the flag still match
             described["onebit_live"] = self.live_pattern
+        if self.kappa:
+            described["onebit_variance_kappa"] = self.kappa
         return described
 
     def reset(self, size) -> str:
@@ -283,7 +317,7 @@ class OnebitExchange(tf.Module):
         if self.warmup_steps:
             out = tf.cond(
                 self.clock < self.warmup_steps,
-                lambda: average(grads, f"{self.tag}_warmup", self.alone),
+                lambda: self._warmup(grads, scale),
                 lambda: self._compressed(grads, scale),
             )
         else:
@@ -296,7 +330,21 @@ class OnebitExchange(tf.Module):
             self.clock.assign_add(1)
         return out
 
-    def _compressed(self, grads, scale):
+    def _warmup(self, grads, scale):
+        """An update of the warmup: the gradients averaged in float32; with kappa (0/1 Adam) only
+        at the variance's updates, the others' gradients sent as signs."""
+        plain = average(grads, f"{self.tag}_warmup", self.alone)
+        if not self.kappa:
+            return plain
+        return tf.cond(
+            variance_update(self.clock + 1, self.kappa),
+            lambda: plain,
+            lambda: self._compressed(grads, scale, momentum=False),
+        )
+
+    def _compressed(self, grads, scale, momentum=True):
+        """After the warmup, the momentum as signs (returned as the gradient it implies); with
+        momentum=False (0/1 Adam's warmup) the gradient itself."""
         import horovod.tensorflow as hvd
 
         layout = Layout(self.frozen_shapes, 1 if self.alone else hvd.size())
@@ -305,10 +353,17 @@ class OnebitExchange(tf.Module):
             grads, _ = tf.clip_by_global_norm(grads, self.clip_norm)
         b1, previous = self.beta_1, self.momentum()
         frozen = [i for i in range(len(grads)) if i not in self.live]
-        local = [b1 * previous[i] + (1.0 - b1) * grads[i] for i in frozen]
+        if momentum:
+            local = [b1 * previous[i] + (1.0 - b1) * grads[i] for i in frozen]
+        else:
+            local = [grads[i] for i in frozen]
+        # the errors of 0/1 Adam's gradient signs do not carry into the momentum's (DeepSpeed
+        # zeroes them at the freeze); without kappa they are still zero there
+        fresh = tf.logical_and(momentum, self.clock <= self.warmup_steps)
+        worker, server = (tf.where(fresh, 0.0, e) for e in (self.error, self.server_error))
         if self.signs:
             averaged, error, server_error = compressed_allreduce(
-                local, self.error, self.server_error, layout, self.tag, self.alone
+                local, worker, server, layout, self.tag, self.alone
             )
         else:  # the control: the same momentum, averaged exactly; the errors stay zero
             averaged = average(local, f"{self.tag}_momentum", self.alone)
@@ -318,7 +373,7 @@ class OnebitExchange(tf.Module):
             averaged = [tf.where(v > 0, a, 0.0) for v, a in zip(v, averaged)]
         out = [None] * len(grads)
         for i, a in zip(frozen, averaged):
-            out[i] = (a - b1 * previous[i]) / (1.0 - b1) * scale
+            out[i] = ((a - b1 * previous[i]) / (1.0 - b1) if momentum else a) * scale
         live = []  # --onebit_live: the gradient itself, averaged in float32
         if self.live:
             live = average([grads[i] for i in self.live], f"{self.tag}_live", self.alone)

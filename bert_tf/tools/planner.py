@@ -43,7 +43,12 @@ import math
 from bert_tf import ConfigError
 from bert_tf.parallel.exchange_ranking import exchange_choices, rank_exchanges, update_factor
 from bert_tf.parallel import local_plan
-from bert_tf.parallel.comm import CommConfig, live_indices, payload_bytes, warmup_updates
+from bert_tf.parallel.comm import (
+    CommConfig,
+    float32_updates,
+    live_indices,
+    payload_bytes,
+)
 from bert_tf.model.config import BertConfig
 
 
@@ -234,7 +239,7 @@ def plan_phase(
             )
         comm_time, gradient_bytes, messages = compressed_exchange_seconds(shapes, cluster, comm)
         comm_time += overhead_seconds
-        if warmup_updates(comm, round(updates)):
+        if float32_updates(comm, round(updates)):
             comm_time, gradient_bytes = _with_float32_warmup(
                 (comm_time, gradient_bytes), tensor_sizes, phase, cluster, comm, accumulation
             )
@@ -265,10 +270,11 @@ def plan_phase(
 
 def _with_float32_warmup(compressed, tensor_sizes, phase, cluster, comm, accumulation):
     """(seconds, bytes) per update of a compressed exchange averaged over the phase's updates: its
-    first comm.warmup_updates go as a float32 allreduce (computation aside), the rest compressed."""
+    comm.float32_updates go as a float32 allreduce (computation aside), the rest compressed."""
     updates = phase.total_sequences / phase.global_batch
-    share = min(warmup_updates(comm, round(updates)) / updates, 1.0)
-    plain = dataclasses.replace(comm, exchange="none")
+    share = min(float32_updates(comm, round(updates)) / updates, 1.0)
+    # the compression's own settings go with it (a float32 allreduce refuses them)
+    plain = dataclasses.replace(comm, exchange="none", onebit_live="", onebit_variance_kappa=0)
     seconds, size, _ = allreduce_exchange_seconds(tensor_sizes, cluster, plain, accumulation)
     return tuple(share * f + (1 - share) * c for f, c in zip((seconds, size), compressed))
 

@@ -54,6 +54,7 @@ import re
 import tensorflow as tf
 
 from bert_tf import ConfigError
+from bert_tf.parallel import onebit
 from bert_tf.parallel.comm import warmup_updates
 from bert_tf.train.train_config import DECAY_SHAPES, OPTIMIZERS
 
@@ -164,6 +165,9 @@ class Optimizer(tf.Module):
         self.weight_decay = weight_decay
         self.beta_1, self.beta_2, self.epsilon = beta_1, beta_2, epsilon
         self.freeze_variance_after = freeze_variance_after  # 0: never
+        # --onebit_variance_kappa: 0/1 Adam's variance, updated before the freeze only at the
+        # updates onebit.variance_update names (0: at every one, 1-bit Adam's)
+        self.variance_kappa = 0
         self.iterations = tf.Variable(0, dtype=tf.int64, trainable=False, name="iterations")
         self.m = [tf.Variable(tf.zeros_like(v), trainable=False, name="m") for v in variables]
         self.v = [tf.Variable(tf.zeros_like(v), trainable=False, name="v") for v in variables]
@@ -204,29 +208,41 @@ class Optimizer(tf.Module):
             raise ValueError(
                 f"--exchange=onebit: no 1-bit {self.kind} (or LAMB without FrozenTrust)"
             )
-        t = tf.cast(self.iterations + 1, tf.float32)
-        frozen = self.frozen()
+        step, kappa = self.iterations + 1, self.variance_kappa
+        t = tf.cast(step, tf.float32)
+        # the variance's own count of updates (0/1 Adam's fewer), for its bias correction
+        counted = tf.cast(
+            onebit.variance_count(tf.minimum(step, self.freeze_variance_after), kappa), tf.float32
+        )
         corrections = (
             1.0 - tf.pow(self.beta_1, t),
-            1.0 - tf.pow(self.beta_2, tf.minimum(t, float(self.freeze_variance_after))),
-            1.0 - tf.pow(self.beta_2, t),  # v_fresh's
+            1.0 - tf.pow(self.beta_2, counted),
+            1.0 - tf.pow(self.beta_2, t),  # v_fresh's, and a live tensor's
         )
+        moves = onebit.variance_update(step, kappa) if kappa else tf.constant(True)
         tf.cond(
-            frozen,
+            self.frozen(),
             lambda: self._onebit_step(grads, variables, lr, trust, corrections, True),
-            lambda: self._onebit_step(grads, variables, lr, trust, corrections, False),
+            lambda: self._onebit_step(grads, variables, lr, trust, corrections, False, moves),
         )
         self.iterations.assign_add(1)
 
-    def _onebit_step(self, grads, variables, lr, trust, corrections, frozen):
-        """One update of 1-bit Adam/LAMB, in the warmup or (frozen) after it."""
+    def _onebit_step(self, grads, variables, lr, trust, corrections, frozen, moves=None):
+        """One update of 1-bit Adam/LAMB, in the warmup or (frozen) after it. moves: whether the
+        variance takes this warmup update's gradient (0/1 Adam: only at its schedule's)."""
         correction_1, frozen_correction_2, live_correction_2 = corrections
         for i, (g, w, m, v, decay) in enumerate(zip(grads, variables, self.m, self.v, self.decay)):
             live = not frozen or i in self.live  # --onebit_live: Adam's own variance throughout
             m.assign(self.beta_1 * m + (1.0 - self.beta_1) * g)
-            if live:
-                v.assign(self.beta_2 * v + (1.0 - self.beta_2) * tf.square(g))
-            v_hat = v / (live_correction_2 if live else frozen_correction_2)
+            fresh = self.beta_2 * v + (1.0 - self.beta_2) * tf.square(g)
+            if i in self.live:
+                v.assign(fresh)
+                v_hat = v / live_correction_2
+            elif live:  # the warmup: every update (1-bit Adam) or the schedule's (0/1 Adam)
+                v.assign(tf.where(moves, fresh, v))
+                v_hat = v / frozen_correction_2
+            else:
+                v_hat = v / frozen_correction_2
             plain = (m / correction_1) / (tf.sqrt(v_hat) + self.epsilon)
             update = plain + self.weight_decay * w if decay and self.weight_decay else plain
             if self.kind == "lamb" and decay:

@@ -129,6 +129,12 @@ def describe_exchange(comm, total_steps=0) -> str:
             else ""
         )
         + (
+            f"; 0/1 Adam's warmup: float32 only at the variance's updates (kappa "
+            f"{comm.onebit_variance_kappa}), the gradient sent as signs between them"
+            if comm.method == "onebit" and comm.onebit_variance_kappa
+            else ""
+        )
+        + (
             f"; the variables matching {comm.onebit_live!r} averaged in float32 with a live "
             "variance throughout"
             if comm.method == "onebit" and comm.onebit_live

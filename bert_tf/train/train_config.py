@@ -178,6 +178,12 @@ class TrainConfig:
                 "variance the optimizer's update divides by; use adamw or lamb, or another "
                 "--exchange"
             )
+        if self.comm.onebit_variance_kappa and self.optimizer != "adamw":
+            raise ConfigError(
+                f"--onebit_variance_kappa={self.comm.onebit_variance_kappa} with --optimizer="
+                f"{self.optimizer}: 0/1 Adam's variance schedule is Adam's (--optimizer=adamw); "
+                "1-bit LAMB's frozen trust ratios need a variance updated at every warmup update"
+            )
         warmup = warmup_updates(self.comm, self.total_steps)
         if warmup < 1:
             raise ConfigError(

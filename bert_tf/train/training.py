@@ -171,6 +171,7 @@ class Trainer:
         if opt.freeze_variance_after:  # --onebit_live: the same variables as the exchange's
             names = [v.name for v in self.variables]
             opt.live = frozenset(live_indices(names, c.comm.onebit_live))
+            opt.variance_kappa = c.comm.onebit_variance_kappa
         if opt.freeze_variance_after and opt.kind == "lamb" and self.frozen_trust is None:
             self.frozen_trust = optimization.FrozenTrust(self.variables)
         if hasattr(self.exchange, "attach_optimizer"):
