@@ -118,7 +118,9 @@ def describe_exchange(comm, total_steps=0) -> str:
             "onebit": "1-bit" if comm.onebit_signs else "1-bit's control (no signs)",
         }[comm.method]
         + (
-            f" after {warmup_updates(comm, total_steps)} uncompressed updates"
+            f" after {warmup_updates(comm, total_steps)} "
+            + ("warmup" if comm.onebit_variance_kappa else "uncompressed")
+            + " updates"
             if comm.compressed and warmup_updates(comm, total_steps)
             else ""
         )
