@@ -156,3 +156,13 @@ def test_the_trainer_gives_the_schedule_to_both_halves_and_the_log_and_state_fil
     assert "onebit_variance_kappa" not in onebit.OnebitExchange(model.trainable_variables, size=1).describe()
     said = startup.describe_exchange(comm, 50)
     assert said.startswith("1-bit after 40 warmup updates") and "float32 only at the variance's updates (kappa 16)" in said
+
+
+def test_the_sign_updates_skip_the_float32_allreduce(monkeypatch):
+    """Only the variance's updates (1, 2, 4 and 6 of a 7-update warmup with kappa 2) average in float32: the
+    allreduce sits inside its branch, so the updates that send signs do not pay for it too."""
+    calls = []
+    real = onebit.average
+    monkeypatch.setattr(onebit, "average", lambda *a, **k: calls.append(1) or real(*a, **k))
+    run(kappa=2, warmup=7, steps=7)
+    assert len(calls) == 4

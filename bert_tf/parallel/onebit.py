@@ -333,12 +333,12 @@ class OnebitExchange(tf.Module):
     def _warmup(self, grads, scale):
         """An update of the warmup: the gradients averaged in float32; with kappa (0/1 Adam) only
         at the variance's updates, the others' gradients sent as signs."""
-        plain = average(grads, f"{self.tag}_warmup", self.alone)
+        plain = lambda: average(grads, f"{self.tag}_warmup", self.alone)  # noqa: E731
         if not self.kappa:
-            return plain
-        return tf.cond(
+            return plain()
+        return tf.cond(  # the float32 allreduce inside its branch: the sign updates skip it
             variance_update(self.clock + 1, self.kappa),
-            lambda: plain,
+            plain,
             lambda: self._compressed(grads, scale, momentum=False),
         )
 
