@@ -75,12 +75,7 @@ import tensorflow as tf
 
 from bert_tf import ConfigError
 from bert_tf.parallel import exchange
-from bert_tf.parallel.comm import (
-    RECORD_KEY,
-    live_indices,
-    onebit_chunk,
-    wire_bytes,
-)
+from bert_tf.parallel.comm import RECORD_KEY, live_indices, onebit_chunk, wire_bytes
 from bert_tf.parallel.variance_schedule import variance_blocks
 
 _BITS = tf.constant([1, 2, 4, 8, 16, 32, 64, 128], tf.int32)
