@@ -43,12 +43,7 @@ import math
 from bert_tf import ConfigError
 from bert_tf.parallel.exchange_ranking import exchange_choices, rank_exchanges, update_factor
 from bert_tf.parallel import local_plan
-from bert_tf.parallel.comm import (
-    CommConfig,
-    float32_updates,
-    live_indices,
-    payload_bytes,
-)
+from bert_tf.parallel.comm import CommConfig, float32_updates, live_indices, payload_bytes
 from bert_tf.model.config import BertConfig
 
 
