@@ -328,7 +328,10 @@ class OnebitExchange(tf.Module):
     def _warmup(self, grads, scale):
         """An update of the warmup: the gradients averaged in float32; with kappa (0/1 Adam) only
         at the variance's updates, the others' gradients sent as signs."""
-        plain = lambda: average(grads, f"{self.tag}_warmup", self.alone)  # noqa: E731
+
+        def plain():
+            return average(grads, f"{self.tag}_warmup", self.alone)
+
         if not self.kappa:
             return plain()
         return tf.cond(  # the float32 allreduce inside its branch: the sign updates skip it
