@@ -120,8 +120,12 @@ def sweep(cfg, recipes):
                 run = race_sweep.scaled(recipe, setting, cfg.sweep_updates)
             else:
                 run = {**setting, "time_budget_hours": cfg.time_budget_hours}
-            if cfg.report_only and cfg.sweep_updates and not os.path.exists(run_dir):
-                missing.append(f"{name}/{key}")  # a sweep part-way: report what has run
+            if (
+                cfg.report_only
+                and cfg.sweep_updates
+                and not race_sweep.finished(run_dir, cfg.sweep_updates, set_aside=False)
+            ):
+                missing.append(f"{name}/{key}")  # a sweep part-way: report what has finished
                 continue
             if not cfg.report_only and not (
                 cfg.sweep_updates and race_sweep.finished(run_dir, cfg.sweep_updates)

@@ -332,7 +332,7 @@ def test_a_sweep_by_updates_keeps_the_schedule_s_shape_ranks_ties_by_loss_and_go
     by updates / --total_steps and no time budget; the best flagfile keeps the unscaled setting. Equal
     accuracy (the unigram plateau) is ranked by held-out loss, a diverged run last. A setting that reached
     its updates is not run again; one cut short is set aside to be run whole; --report_only part-way
-    reports the settings that ran and names the rest."""
+    reports the settings that finished, leaves one cut short where it is, and names the rest."""
     from bert_tf.studies import race_sweep
     recipe = {"total_steps": "1000", "warmup_steps": "100", "batch_warmup_sequences": "20000"}
     assert race_sweep.scaled(recipe, {"learning_rate": 1e-3, "warmup_steps": 200}, 100) == {
@@ -353,18 +353,21 @@ def test_a_sweep_by_updates_keeps_the_schedule_s_shape_ranks_ties_by_loss_and_go
     flags = tmp_path / "a.flags"
     flags.write_text("--eval_files=data/x/eval-*\n--eval_batches=30\n--total_steps=1000\n")
     out = tmp_path / "sweep"
+    cut_short = out / "only" / "sweep" / race_sweep.label({"learning_rate": 3e-3})
+    write_run(cut_short, 0.0, [(60, 0.3)])                                   # stopped at update 10 of 20
     for rate, loss in ((1e-4, 7.9), (3e-4, 7.5), (1e-3, float("nan"))):
         folder = out / "only" / "sweep" / race_sweep.label({"learning_rate": rate})
-        write_run(folder, 0.0, [(60, 0.056)])
+        write_run(folder, 0.0, [(30, 0.05), (60, 0.056)])
         lines = (folder / "metrics.jsonl").read_text().splitlines()
         record = json.loads(lines[-1])
         record["eval_mlm_loss"] = loss
         (folder / "metrics.jsonl").write_text("\n".join(lines[:-1] + [json.dumps(record)]) + "\n")
     proc = subprocess.run([sys.executable, str(REPO / "run" / "recipe_race.py"), f"--output_dir={out}",
-                           "--report_only", "--sweep_updates=10", f"--recipes=only={flags}",
+                           "--report_only", "--sweep_updates=20", f"--recipes=only={flags}",
                            f"--sweep_learning_rates={','.join(map(str, rates))}"], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
     table = json.load(open(out / "sweep.json"))
     assert [r["setting"]["learning_rate"] for r in table["only"]] == [3e-4, 1e-4, 1e-3]
     assert "not yet run (2): only/learning_rate=0.003, only/learning_rate=0.01" in proc.stdout
+    assert cut_short.exists() and not (cut_short.parent / (cut_short.name + ".interrupted")).exists()
     assert recipe_race.read_flagfile(str(out / "only.best.flags"))["learning_rate"] == "0.0003"

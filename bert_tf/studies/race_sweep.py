@@ -100,9 +100,10 @@ def scaled(recipe: dict, setting: dict, updates: int) -> dict:
     return out
 
 
-def finished(run_dir: str, updates: int) -> bool:
+def finished(run_dir: str, updates: int, set_aside: bool = True) -> bool:
     """Whether a setting's run reached `updates` (its last held-out evaluation); an unfinished one
-    (a session that ended mid-run) is moved to <run_dir>.interrupted to be run again whole."""
+    (a session that ended mid-run) is moved to <run_dir>.interrupted to be run again whole, unless
+    not set_aside (a report)."""
     path = os.path.join(run_dir, "metrics.jsonl")
     steps = [0]
     if os.path.exists(path):
@@ -112,7 +113,7 @@ def finished(run_dir: str, updates: int) -> bool:
                 steps.append(record["step"])
     if max(steps) >= updates:
         return True
-    if os.path.exists(run_dir):
+    if set_aside and os.path.exists(run_dir):
         shutil.rmtree(run_dir + ".interrupted", ignore_errors=True)
         os.rename(run_dir, run_dir + ".interrupted")
     return False
