@@ -1,6 +1,10 @@
 """The shape rules of the code base (docs/design.md): modules and functions small enough to read,
-and the training path free of data creation and tooling. Static: no TensorFlow import."""
+and the training path free of data creation and tooling. Static (no TensorFlow import here), but for
+one subprocess that imports the trainer and checks that doing so ran no TensorFlow op."""
 import ast
+import os
+import subprocess
+import sys
 
 from conftest import REPO
 
@@ -103,3 +107,15 @@ def test_the_library_never_imports_the_studies():
                  for path in python_files("bert_tf") if "studies" not in path.parts
                  for module in imported_modules(path) if module.startswith("bert_tf.studies")]
     assert not offenders, "\n".join(offenders)
+
+
+def test_importing_the_trainer_runs_no_tensorflow_op():
+    """distributed.init sets each rank's thread pools, which TensorFlow refuses once any op has run (it then
+    keeps its own and the start-up line says 0 / 0). So importing what run/pretrain.py imports runs none:
+    a module-level tf.constant in a module the optimizer imported did, and every rank lost its settings."""
+    code = ("import bert_tf.train.pretraining, bert_tf.train.training, bert_tf.train.optimization\n"
+            "import tensorflow as tf\n"
+            "tf.config.threading.set_intra_op_parallelism_threads(1)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0, proc.stderr[-2000:]

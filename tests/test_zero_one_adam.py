@@ -35,7 +35,7 @@ def test_the_schedule_is_deepspeeds_in_python_and_in_tensorflow(kappa):
     counts = np.searchsorted(expected, np.arange(3001), side="right")        # updates <= t
     assert [variance_schedule.variance_updates(t, kappa) for t in range(3001)] == counts.tolist()
     steps = tf.constant(np.arange(1, 3001), tf.int64)
-    got = tf.map_fn(lambda t: onebit.variance_update(t, kappa), steps, fn_output_signature=tf.bool).numpy()
+    got = tf.map_fn(lambda t: variance_schedule.variance_update(t, kappa), steps, fn_output_signature=tf.bool).numpy()
     assert np.flatnonzero(got).tolist() == [t - 1 for t in expected]
     assert variance_schedule.variance_updates(400, 0) == 400                 # kappa 0: 1-bit Adam, all of them
     if kappa == 16:   # 16 at each interval 1, 2, 4, 8, 16: 74 of 400 updates

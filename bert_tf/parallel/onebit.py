@@ -76,7 +76,7 @@ import tensorflow as tf
 from bert_tf import ConfigError
 from bert_tf.parallel import exchange
 from bert_tf.parallel.comm import RECORD_KEY, live_indices, onebit_chunk, wire_bytes
-from bert_tf.parallel.variance_schedule import variance_blocks
+from bert_tf.parallel.variance_schedule import variance_update
 
 _BITS = tf.constant([1, 2, 4, 8, 16, 32, 64, 128], tf.int32)
 # what an exchange-state file says of the buffers (exchange_state.py compares it): the old
@@ -91,20 +91,6 @@ def average(tensors, name, alone=False):
     if alone or hvd.size() == 1:
         return list(tensors)
     return hvd.grouped_allreduce(list(tensors), op=hvd.Average, name=name)
-
-
-def variance_count(t, kappa):
-    """variance_schedule.variance_updates(t, kappa) for an int64 tensor t: how many of updates
-    1..t update the variance under 0/1 Adam's schedule (kappa 0: all t)."""
-    if not kappa:
-        return t
-    after, interval, last = (tf.constant(c, tf.int64) for c in zip(*variance_blocks(kappa)))
-    return tf.reduce_sum(tf.maximum(tf.minimum(t, last) // interval - after // interval, 0))
-
-
-def variance_update(t, kappa):
-    """Whether update t (from 1; an int64 tensor) updates the variance (0/1 Adam's schedule)."""
-    return variance_count(t, kappa) > variance_count(t - 1, kappa)
 
 
 def pack_signs(x):

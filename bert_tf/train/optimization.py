@@ -54,7 +54,7 @@ import re
 import tensorflow as tf
 
 from bert_tf import ConfigError
-from bert_tf.parallel import onebit
+from bert_tf.parallel import variance_schedule
 from bert_tf.parallel.comm import warmup_updates
 from bert_tf.train.train_config import DECAY_SHAPES, OPTIMIZERS
 
@@ -212,14 +212,15 @@ class Optimizer(tf.Module):
         t = tf.cast(step, tf.float32)
         # the variance's own count of updates (0/1 Adam's fewer), for its bias correction
         counted = tf.cast(
-            onebit.variance_count(tf.minimum(step, self.freeze_variance_after), kappa), tf.float32
+            variance_schedule.variance_count(tf.minimum(step, self.freeze_variance_after), kappa),
+            tf.float32,
         )
         corrections = (
             1.0 - tf.pow(self.beta_1, t),
             1.0 - tf.pow(self.beta_2, counted),
             1.0 - tf.pow(self.beta_2, t),  # v_fresh's, and a live tensor's
         )
-        moves = onebit.variance_update(step, kappa) if kappa else tf.constant(True)
+        moves = variance_schedule.variance_update(step, kappa) if kappa else tf.constant(True)
         tf.cond(
             self.frozen(),
             lambda: self._onebit_step(grads, variables, lr, trust, corrections, True),
