@@ -345,6 +345,8 @@ def test_a_sweep_by_updates_keeps_the_schedule_s_shape_ranks_ties_by_loss_and_go
     done, cut = tmp_path / "done", tmp_path / "cut"
     write_run(done, 0.0, [(60, 0.1), (120, 0.2)])          # evaluations at updates 10 and 20
     write_run(cut, 0.0, [(60, 0.1)])
+    with open(cut / "metrics.jsonl", "a") as f:
+        f.write('{"kind": "train", "st')                               # killed mid-write
     assert race_sweep.finished(str(done), 20) and not race_sweep.finished(str(tmp_path / "never"), 20)
     assert not race_sweep.finished(str(cut), 20)
     assert not cut.exists() and (tmp_path / "cut.interrupted" / "metrics.jsonl").exists()

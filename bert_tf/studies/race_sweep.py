@@ -16,6 +16,7 @@ import os
 import shutil
 
 from bert_tf import ConfigError
+from bert_tf.artifacts import metrics
 
 # a sweep this narrow cannot tell a good rate from a lucky one (issue 49: at least 5 rates over 30x)
 MIN_RATES, MIN_SPAN = 5, 30.0
@@ -104,13 +105,9 @@ def finished(run_dir: str, updates: int, set_aside: bool = True) -> bool:
     """Whether a setting's run reached `updates` (its last held-out evaluation); an unfinished one
     (a session that ended mid-run) is moved to <run_dir>.interrupted to be run again whole, unless
     not set_aside (a report)."""
-    path = os.path.join(run_dir, "metrics.jsonl")
-    steps = [0]
-    if os.path.exists(path):
-        for line in open(path):
-            record = json.loads(line)
-            if record.get("kind") == "eval":
-                steps.append(record["step"])
+    # a run killed mid-write may end in half a line: read as a growing file
+    records = metrics.read_metrics(os.path.join(run_dir, "metrics.jsonl"), growing=True)
+    steps = [0] + [r["step"] for r in records if r.get("kind") == "eval"]
     if max(steps) >= updates:
         return True
     if set_aside and os.path.exists(run_dir):
