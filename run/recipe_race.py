@@ -94,6 +94,17 @@ def race_on(cfg, recipes):
     return link
 
 
+def this_machine() -> str:
+    """The CPU, its cores and the arithmetic it has, for a plot's title."""
+    from bert_tf.parallel import device
+
+    cpu = device.device_description()
+    return (
+        f"{cpu.get('cpu', 'a GPU node')} ({cpu.get('cpu_count', '?')} cores; "
+        f"{', '.join(cpu.get('cpu_features', []))})"
+    )
+
+
 def sweep(cfg, recipes):
     """Sweep mode: every recipe's settings run (unless --report_only), then sweep.json and each
     recipe's best flagfile."""
@@ -139,14 +150,23 @@ def sweep(cfg, recipes):
             scores[name][key] = (setting, recipe_race.curve(run_dir))
     table = race_sweep.report(scores, recipes, cfg.output_dir)
     print("\n".join(race_sweep.describe(table)))
+    budget = (
+        f"{cfg.sweep_updates} updates each"
+        if cfg.sweep_updates
+        else f"{cfg.time_budget_hours} h each"
+    )
+    race_sweep.plot(
+        table,
+        os.path.join(cfg.output_dir, "sweep.png"),
+        f"recipe race sweep, {budget}, {cfg.ranks} ranks on {this_machine()}",
+    )
     if missing:
         print(f"not yet run ({len(missing)}): {', '.join(missing)}")
-    print(f"wrote {os.path.join(cfg.output_dir, 'sweep.json')} and <name>.best.flags")
+    print(f"wrote {os.path.join(cfg.output_dir, 'sweep.json')}, sweep.png and <name>.best.flags")
 
 
 def main(_):
     cfg = cli.config_from_flags(RaceConfig)
-    from bert_tf.parallel import device
     from bert_tf.studies import race_seeds, recipe_race
 
     recipes = parse_recipes(cfg.recipes)
@@ -169,16 +189,12 @@ def main(_):
             run["planner"] = recipe_race.planned_vs_measured(
                 run_dir, cfg.nodes, cfg.link_gbit, link
             )
-    cpu = device.device_description()
     where = (
         f"{cfg.nodes} emulated nodes at {cfg.link_gbit:g} Gbit/s"
         if cfg.nodes
         else f"{cfg.ranks} ranks"
     )
-    title = cfg.title or (
-        f"{' vs '.join(recipes)}: {where} on {cpu.get('cpu', 'a GPU node')} "
-        f"({cpu.get('cpu_count', '?')} cores; {', '.join(cpu.get('cpu_features', []))})"
-    )
+    title = cfg.title or f"{' vs '.join(recipes)}: {where} on {this_machine()}"
     if cfg.seeds:
         summary = race_seeds.write_report(
             runs, cfg.seeds, cfg.output_dir, title, cfg.target_accuracy

@@ -310,6 +310,7 @@ def test_a_sweep_gives_each_recipe_the_same_effort_and_writes_its_best_setting_a
     assert len(table["classic"]) == 20 and table["budget"][0]["final_accuracy"] == 0.40
     best = recipe_race.read_flagfile(str(tmp_path / "budget.best.flags"))
     assert best["learning_rate"] == "0.003" and best["warmup_steps"] == "10" and best["eval_batches"] == "30"
+    assert (tmp_path / "sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # the sweep's plot
     assert "classic: 20 settings, best first" in proc.stdout
     base = dict(recipes=["a=b"], output_dir="x", time_budget_hours=0.5)
     for overrides, message in [

@@ -168,3 +168,41 @@ def describe(table: dict) -> list:
             for r in rows
         ]
     return lines
+
+
+def plot(table: dict, path: str, title: str):
+    """sweep.png: each setting's final held-out loss and accuracy against its learning rate, a line
+    per recipe, optimizer and warmup (a tuned baseline shows its optimum inside the rates swept)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (by_loss, by_accuracy) = plt.subplots(1, 2, figsize=(12, 4.5), sharex=True)
+    lines: dict = {}
+    for name, rows in table.items():
+        for r in rows:
+            s = r["setting"]
+            rest = [f"{k} {v}" for k, v in s.items() if k != "learning_rate"]
+            key = " ".join([name, *rest])
+            lines.setdefault(key, []).append(
+                (s["learning_rate"], r["final_loss"], r["final_accuracy"])
+            )
+    for key, points in sorted(lines.items()):
+        points.sort()
+        rates = [p[0] for p in points]
+        style = {"marker": "o", "markersize": 4, "label": key}
+        by_loss.plot(rates, [p[1] for p in points], **style)  # a diverged run's NaN leaves a gap
+        by_accuracy.plot(rates, [p[2] for p in points], **style)
+    by_loss.set_ylabel("final held-out MLM loss")
+    by_accuracy.set_ylabel("final held-out MLM accuracy")
+    for ax in (by_loss, by_accuracy):
+        ax.set_xscale("log")
+        ax.set_xlabel("peak learning rate")
+        ax.grid(alpha=0.3)
+    if lines:
+        by_accuracy.legend(fontsize=7)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
