@@ -62,7 +62,9 @@ def main(argv):
 
     if distributed.rank() == 0 and "eval_mlm_accuracy" in last:
         print(
-            f"held-out MLM accuracy {last['eval_mlm_accuracy']:.4f}  vs  always the most frequent "
+            f"held-out MLM accuracy {last['eval_mlm_accuracy']:.4f} (s.e. "
+            f"{last.get('eval_mlm_accuracy_se', float('nan')):.4f} over "
+            f"{last.get('eval_mlm_predictions', 0):,.0f} masked tokens)  vs  always the most frequent "
             f"masked token {last.get('eval_most_frequent_token_accuracy', float('nan')):.4f}  (NSP "
             f"accuracy {last.get('eval_nsp_accuracy', float('nan')):.4f})",
             flush=True,

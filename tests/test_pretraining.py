@@ -57,6 +57,21 @@ def test_interval_metrics_average_losses_and_count_accuracies_over_the_interval(
     assert (record.loss, record.mlm_accuracy) == (1.5, 0.3)
 
 
+def test_an_evaluation_counts_its_masked_tokens_and_states_the_accuracy_s_standard_error():
+    """The held-out record from all ranks' sums: accuracy, the masked tokens scored, and the accuracy's
+    binomial standard error over them (what one evaluation's noise is, for a race's claims)."""
+    from bert_tf.train import evaluation
+    labels = np.zeros([50]); labels[7], labels[3] = 90, 310
+    total = {"mlm_loss": 60.0, "mlm_correct": 100.0, "mlm_weight": 400.0, "sequences": 20.0}
+    record = evaluation._eval_record(5, total, labels)
+    assert (record.eval_mlm_accuracy, record.eval_mlm_predictions, record.eval_mlm_loss) == (0.25, 400.0, 3.0)
+    assert record.eval_mlm_accuracy_se == pytest.approx((0.25 * 0.75 / 400) ** 0.5, rel=1e-12)
+    assert (record.eval_most_frequent_token, record.eval_most_frequent_token_accuracy) == (3, 310 / 400)
+    # nothing masked: no accuracy, no error, nothing to divide by
+    empty = evaluation._eval_record(5, {"sequences": 2.0}, np.zeros([50]))
+    assert empty.eval_mlm_predictions is None and empty.eval_mlm_accuracy_se is None
+
+
 def test_wait_for_record_returns_the_first_match_and_says_why_it_gave_up(tmp_path):
     import subprocess
     import sys

@@ -82,6 +82,10 @@ class EvalRecord:
         None  # the data-only baseline: always predicting this token
     )
     eval_most_frequent_token_accuracy: float | None = None
+    # how many masked tokens were scored, and the accuracy's binomial standard error over them
+    # (sqrt(p (1 - p) / n)): one evaluation's noise, a floor since a row's masks are not independent
+    eval_mlm_predictions: float | None = None
+    eval_mlm_accuracy_se: float | None = None
 
 
 def as_dict(record: TrainRecord | EvalRecord | dict) -> dict:

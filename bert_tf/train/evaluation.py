@@ -3,6 +3,7 @@ of always predicting the most frequent masked token, summed over every rank's sh
 
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import numpy as np
@@ -66,6 +67,7 @@ def _eval_record(step: int, total: dict, label_counts: np.ndarray) -> metrics.Ev
     """The held-out record from the sums and label counts over all ranks."""
     acc = metrics.accuracies(total)
     found = label_counts.any()
+    n, p = total.get("mlm_weight", 0.0), acc.get("mlm_accuracy")
     return metrics.EvalRecord(
         step=step,
         eval_mlm_loss=total.get("mlm_loss", 0.0) / max(total.get("sequences", 0.0), 1.0),
@@ -77,9 +79,11 @@ def _eval_record(step: int, total: dict, label_counts: np.ndarray) -> metrics.Ev
         else None,
         eval_most_frequent_token=int(label_counts.argmax()) if found else None,
         eval_most_frequent_token_accuracy=label_counts.max()
-        / max(total.get("mlm_weight", 0.0), 1.0)
+        / max(n, 1.0)
         if found
         else None,
+        eval_mlm_predictions=n if n else None,
+        eval_mlm_accuracy_se=math.sqrt(p * (1.0 - p) / n) if n and p is not None else None,
     )
 
 
