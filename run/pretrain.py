@@ -61,12 +61,13 @@ def main(argv):
     from bert_tf.parallel import distributed
 
     if distributed.rank() == 0 and "eval_mlm_accuracy" in last:
+        nan = float("nan")
         print(
             f"held-out MLM accuracy {last['eval_mlm_accuracy']:.4f} (s.e. "
-            f"{last.get('eval_mlm_accuracy_se', float('nan')):.4f} over "
-            f"{last.get('eval_mlm_predictions', 0):,.0f} masked tokens)  vs  always the most frequent "
-            f"masked token {last.get('eval_most_frequent_token_accuracy', float('nan')):.4f}  (NSP "
-            f"accuracy {last.get('eval_nsp_accuracy', float('nan')):.4f})",
+            f"{last.get('eval_mlm_accuracy_se', nan):.4f} over "
+            f"{last.get('eval_mlm_predictions', 0):,.0f} masked tokens)  vs  always the most "
+            f"frequent masked token {last.get('eval_most_frequent_token_accuracy', nan):.4f}  "
+            f"(NSP accuracy {last.get('eval_nsp_accuracy', nan):.4f})",
             flush=True,
         )
 

@@ -61,7 +61,8 @@ def test_an_evaluation_counts_its_masked_tokens_and_states_the_accuracy_s_standa
     """The held-out record from all ranks' sums: accuracy, the masked tokens scored, and the accuracy's
     binomial standard error over them (what one evaluation's noise is, for a race's claims)."""
     from bert_tf.train import evaluation
-    labels = np.zeros([50]); labels[7], labels[3] = 90, 310
+    labels = np.zeros([50])
+    labels[7], labels[3] = 90, 310
     total = {"mlm_loss": 60.0, "mlm_correct": 100.0, "mlm_weight": 400.0, "sequences": 20.0}
     record = evaluation._eval_record(5, total, labels)
     assert (record.eval_mlm_accuracy, record.eval_mlm_predictions, record.eval_mlm_loss) == (0.25, 400.0, 3.0)

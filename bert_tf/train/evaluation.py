@@ -78,10 +78,7 @@ def _eval_record(step: int, total: dict, label_counts: np.ndarray) -> metrics.Ev
         if "nsp_loss" in total
         else None,
         eval_most_frequent_token=int(label_counts.argmax()) if found else None,
-        eval_most_frequent_token_accuracy=label_counts.max()
-        / max(n, 1.0)
-        if found
-        else None,
+        eval_most_frequent_token_accuracy=label_counts.max() / max(n, 1.0) if found else None,
         eval_mlm_predictions=n if n else None,
         eval_mlm_accuracy_se=math.sqrt(p * (1.0 - p) / n) if n and p is not None else None,
     )
