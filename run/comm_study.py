@@ -82,9 +82,9 @@ def print_compression_cost(cfg):
     """--compression_cost: what each compressed exchange computes per update of --model_preset,
     here."""
     from bert_tf.model import modeling
-    from bert_tf.tools import planner
+    from bert_tf.tools import model_shapes
 
-    shapes = planner.gradient_tensor_shapes(
+    shapes = model_shapes.gradient_tensor_shapes(
         modeling.BertConfig.preset(cfg.model_preset, vocab_size=30522)
     )
     for method in cfg.compressed or ["powersgd", "onebit"]:
@@ -135,8 +135,8 @@ def main(argv):
             print(comm_study.PROBE_PREFIX + json.dumps(link), flush=True)
         return
     from bert_tf.data import tokenization
+    from bert_tf.tools import model_shapes
     from bert_tf.model import modeling
-    from bert_tf.tools import planner
 
     if cfg.compression_cost:
         return print_compression_cost(cfg)
@@ -147,13 +147,13 @@ def main(argv):
         len(tokenization.load_vocab(cfg.vocab_file)) if os.path.exists(cfg.vocab_file) else 30522
     )
     config = modeling.BertConfig.preset(cfg.model_preset, vocab_size=vocab_size)
-    sizes = planner.gradient_tensor_shapes(config)  # shapes: the compressed exchanges' plans
+    sizes = model_shapes.gradient_tensor_shapes(config)  # shapes: the compressed exchanges' plans
     os.makedirs(cfg.output_dir, exist_ok=True)
     result = {
         "command": " ".join(sys.argv),
         "model_preset": cfg.model_preset,
         "vocab_size": vocab_size,
-        "parameters": sum(planner.gradient_tensor_sizes(config)),
+        "parameters": sum(model_shapes.gradient_tensor_sizes(config)),
         "gradient_tensors": len(sizes),
         "batch_size": cfg.micro_batch_size,
         "accumulation_steps": cfg.accumulation_steps,

@@ -27,6 +27,7 @@ from bert_tf import cli
 from bert_tf.parallel import auto_exchange
 from bert_tf.model.config import BertConfig
 from bert_tf.tools import device_figures, memory, planner, spot
+from bert_tf.tools import model_shapes
 from bert_tf.tools.plan_config import PlanConfig
 
 cli.define_config_flags(PlanConfig)  # every field is a flag: its type, default and help live there
@@ -60,11 +61,11 @@ def main(_):
     if cfg.device_figures:
         cfg = with_device_figures(cfg)
     config = BertConfig.preset(cfg.model_preset, vocab_size=cfg.vocab_size)
-    shapes = planner.gradient_tensor_shapes(config)
+    shapes = model_shapes.gradient_tensor_shapes(config)
     if cfg.exchange_memory:
         print_exchange_memory(cfg, shapes)
         return
-    params = sum(planner.gradient_tensor_sizes(config))
+    params = sum(model_shapes.gradient_tensor_sizes(config))
     cluster, phases, settings = cfg.cluster(), cfg.phases(), cfg.comm
     accumulation = cfg.accumulation()
     overheads = {"powersgd": cfg.powersgd_seconds, "onebit": cfg.onebit_seconds}

@@ -15,7 +15,7 @@ import os
 
 from bert_tf import ConfigError, cli
 from bert_tf.model.config import BertConfig
-from bert_tf.tools import planner
+from bert_tf.tools import model_shapes
 from bert_tf.studies import planner_validation
 
 cli.define_config_flags(planner_validation.PlannerValidation)
@@ -24,7 +24,7 @@ cli.define_config_flags(planner_validation.PlannerValidation)
 def main(_):
     cfg = cli.config_from_flags(planner_validation.PlannerValidation)
     rows = planner_validation.nvidia_rows(
-        planner.gradient_tensor_sizes(BertConfig.preset("large", vocab_size=30522))
+        model_shapes.gradient_tensor_sizes(BertConfig.preset("large", vocab_size=30522))
     )
     print(
         "| DGX-2H nodes | seq | precision | accumulation | published seq/s | planner seq/s | error "

@@ -359,7 +359,8 @@ def test_bytes_per_tensor_and_averaged_over_the_run_with_its_float32_warmup():
 def test_the_planner_counts_the_float32_warmup_of_onebit():
     from bert_tf.model import modeling
     from bert_tf.tools import planner
-    shapes = planner.gradient_tensor_shapes(modeling.BertConfig.preset("mini", vocab_size=30522))
+    from bert_tf.tools import model_shapes
+    shapes = model_shapes.gradient_tensor_shapes(modeling.BertConfig.preset("mini", vocab_size=30522))
     phase = planner.Phase("p", 128, 4096 * 1000, 4096, 1000.0)                  # 1,000 updates
     flat = planner.Cluster(4, 1, 10.0, inter_latency_us=0)
     row = lambda **kw: planner.plan_phase(shapes, phase, flat, CommConfig(exchange="onebit", cycle_time_ms=0, **kw), 1)
@@ -582,7 +583,7 @@ def test_the_trainer_and_the_planner_count_the_live_embedding():
     """The flag reaches the optimizer and the exchange through the trainer; the planner's bytes are the signs'
     for the rest plus float32 for the (vocabulary x hidden) embedding, and its shapes carry the model's names."""
     from bert_tf.model import modeling
-    from bert_tf.tools import planner
+    from bert_tf.tools import model_shapes, planner
     from bert_tf.train import startup, training
     distributed.init()
     config = modeling.BertConfig.preset("tiny", vocab_size=100)
@@ -594,7 +595,7 @@ def test_the_trainer_and_the_planner_count_the_live_embedding():
     word = names.index("word_embeddings:0")
     assert trainer.optimizer.live == {word} and exchange.live == [word]
     assert "matching 'word_embeddings' averaged in float32" in startup.describe_exchange(comm, 50)
-    shapes = planner.gradient_tensor_shapes(modeling.BertConfig.preset("mini", vocab_size=30522))
+    shapes = model_shapes.gradient_tensor_shapes(modeling.BertConfig.preset("mini", vocab_size=30522))
     assert shapes[0].name == "word_embeddings" and shapes[0] == (30522, 256)
     phase = planner.Phase("p", 128, 4096 * 1000, 4096, 1000.0)
     flat = planner.Cluster(4, 1, 10.0, inter_latency_us=0)

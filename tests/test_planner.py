@@ -12,6 +12,7 @@ import pytest
 from bert_tf import ConfigError
 from bert_tf.model import modeling
 from bert_tf.tools import device_figures, memory, planner, spot
+from bert_tf.tools import model_shapes
 from bert_tf.studies import planner_validation
 from bert_tf.parallel.comm import CommConfig
 from conftest import REPO, mpi_env
@@ -22,15 +23,19 @@ def test_gradient_tensors_match_the_model():
         config = modeling.BertConfig.preset(preset, vocab_size=1000 if "tiny" in preset else 30522)
         model = modeling.BertPretrainer(config)
         sizes = [int(v.shape.num_elements()) for v in model.trainable_variables]
-        assert sorted(planner.gradient_tensor_sizes(config)) == sorted(sizes)
-        assert sorted(planner.gradient_tensor_shapes(config)) == sorted(tuple(v.shape) for v in model.trainable_variables)
-        named = sorted((s.name, tuple(s)) for s in planner.gradient_tensor_shapes(config))   # --onebit_live's names
+        assert sorted(model_shapes.gradient_tensor_sizes(config)) == sorted(sizes)
+        assert sorted(model_shapes.gradient_tensor_shapes(config)) == sorted(tuple(v.shape) for v in model.trainable_variables)
+        named = sorted((s.name, tuple(s)) for s in model_shapes.gradient_tensor_shapes(config))   # --onebit_live's names
         assert named == sorted((v.name.split(":")[0], tuple(v.shape)) for v in model.trainable_variables)
-        assert planner.parameter_count(config) == sum(sizes)
+        assert model_shapes.parameter_count(config) == sum(sizes)
+        # the transformer layers alone (the race's size-matched arms): the encoder's layers' variables
+        in_layers = [v for layer in model.encoder.layers for v in layer.trainable_variables]
+        assert in_layers and model_shapes.encoder_parameter_count(config) == sum(
+            int(v.shape.num_elements()) for v in in_layers)
 
 
 def test_diloco_sends_the_float16_weights_change_once_every_h_updates():
-    shapes = planner.gradient_tensor_shapes(modeling.BertConfig.preset("mini", vocab_size=30522))
+    shapes = model_shapes.gradient_tensor_shapes(modeling.BertConfig.preset("mini", vocab_size=30522))
     phase = planner.Phase("p", 128, 512 * 1600, 512, 100.0)                # 1,600 updates: 200 rounds of 8
     cluster = planner.Cluster(4, 1, 1.0, inter_latency_us=0)
     fp16 = planner.plan_phase(shapes, phase, cluster, CommConfig(exchange="fp16", cycle_time_ms=0), 1)
@@ -42,7 +47,7 @@ def test_diloco_sends_the_float16_weights_change_once_every_h_updates():
     two = planner.Cluster(2, 2, 1.0, inter_latency_us=0, intra_gbps=100.0, intra_latency_us=0)
     by_rank = planner.plan_phase(shapes, phase, two, CommConfig(local_updates=8, cycle_time_ms=0), 1)
     by_node = planner.plan_phase(shapes, phase, two, CommConfig(local_updates=8, local_group="node", cycle_time_ms=0), 1)
-    float32 = 4 * sum(planner.gradient_tensor_sizes(modeling.BertConfig.preset("mini", vocab_size=30522)))
+    float32 = 4 * sum(model_shapes.gradient_tensor_sizes(modeling.BertConfig.preset("mini", vocab_size=30522)))
     inside = 2 * (2 - 1) / 2 * float32 / (100e9 / 8)
     assert by_node["allreduce_seconds"] == pytest.approx(by_rank["allreduce_seconds"] + inside, rel=1e-9)
     with pytest.raises(ConfigError, match="--local_group=node: valid are rank and node, and node is for --local_updates"):
@@ -52,7 +57,7 @@ def test_diloco_sends_the_float16_weights_change_once_every_h_updates():
 def test_local_updates_plan_counts_the_synchronous_start_the_bits_and_the_overlap():
     """--local_updates_after=K: K float32 allreduces first; 4 bits: the codes in two phases; F fragments
     with --fragment_delay=τ: each exchange 1/F of the change, τ updates of compute hiding it."""
-    sizes = planner.gradient_tensor_sizes(modeling.BertConfig.preset("mini", vocab_size=30522))
+    sizes = model_shapes.gradient_tensor_sizes(modeling.BertConfig.preset("mini", vocab_size=30522))
     elements, N = sum(sizes), 4
     phase = planner.Phase("p", 128, 64 * 400, 64, 8.0)                    # 400 updates, 2 s of compute each
     cluster = planner.Cluster(N, 1, 0.1, inter_latency_us=0)
@@ -77,7 +82,7 @@ def test_the_exchange_fastest_to_the_same_accuracy_depends_on_the_link():
     """Each exchange's time x the updates it needs for float16's held-out accuracy (measured in the race): on a slow
     link PowerSGD, on a fast one float16; 1-bit, which never reached it, listed last and never chosen."""
     from bert_tf.parallel import auto_exchange
-    shapes = planner.gradient_tensor_shapes(modeling.BertConfig.preset("base", vocab_size=30522))
+    shapes = model_shapes.gradient_tensor_shapes(modeling.BertConfig.preset("base", vocab_size=30522))
     phases = [planner.Phase("p", 128, 4096 * 1000, 4096, 1400.0)]
     comm = CommConfig(exchange="auto", cycle_time_ms=0)
     factor = auto_exchange.update_factor(CommConfig(exchange="powersgd"))[0]
@@ -102,7 +107,7 @@ def test_the_exchange_fastest_to_the_same_accuracy_depends_on_the_link():
         planner.plan(shapes, phases, planner.Cluster(4, 4, 1.0), comm, [4])
     # in a job: the same ranking over seconds per sequence, at the link it measured
     link = {"effective_gbit": 0.05, "message_seconds": 1e-3}
-    mini = planner.gradient_tensor_shapes(modeling.BertConfig.preset("mini", vocab_size=30522))
+    mini = model_shapes.gradient_tensor_shapes(modeling.BertConfig.preset("mini", vocab_size=30522))
     cost = {"powersgd rank 4": 0.01, "powersgd rank 8": 0.02}
     chosen, rows = auto_exchange.choose(comm, mini, 4, link, cost, 50.0, 16, 1, 128)
     assert chosen.exchange == "powersgd" and rows[0]["method"] == f"powersgd rank {chosen.powersgd_rank}"
@@ -114,8 +119,8 @@ def test_the_exchange_fastest_to_the_same_accuracy_depends_on_the_link():
 def test_compressed_exchanges_by_hand():
     """The plan of --exchange=powersgd|onebit: the bytes comm.wire_bytes counts, sent at the link's
     rate; 1-bit's alltoall puts every rank of a node on its link, PowerSGD's allreduces do not."""
-    shapes = planner.gradient_tensor_shapes(modeling.BertConfig.preset("base", vocab_size=30522))
-    elements = sum(planner.gradient_tensor_sizes(modeling.BertConfig.preset("base", vocab_size=30522)))
+    shapes = model_shapes.gradient_tensor_shapes(modeling.BertConfig.preset("base", vocab_size=30522))
+    elements = sum(model_shapes.gradient_tensor_sizes(modeling.BertConfig.preset("base", vocab_size=30522)))
     phase = planner.Phase("p", 128, 1e6, 4096, 1000.0)
     flat = planner.Cluster(4, 1, 10.0, inter_latency_us=0)
     # per compressed update (onebit's float32 warmup, averaged in by default: tests/test_onebit_adam.py)
@@ -245,7 +250,7 @@ def test_batch_not_divisible_names_the_problem():
 def test_reproduces_nvidia_dgx2h_32_nodes_within_25_percent():
     """run/validate_planner.py (docs/planner_validation.md): NVIDIA's published 32 x 16 V100
     throughput from their single-GPU figures and the DGX-2H interconnect, mixed precision."""
-    rows = planner_validation.nvidia_rows(planner.gradient_tensor_sizes(modeling.BertConfig.preset("large", vocab_size=30522)))
+    rows = planner_validation.nvidia_rows(model_shapes.gradient_tensor_sizes(modeling.BertConfig.preset("large", vocab_size=30522)))
     goal = [r for r in rows if r["nodes"] == 32 and r["precision"] == "mixed"]
     assert [r["seq"] for r in goal] == [128, 512]
     for r in goal:
@@ -302,12 +307,12 @@ def test_memory_estimate_follows_korthikanti_and_recomputation_keeps_only_layer_
     plain = memory.memory_bytes(config, 128, 32, "mixed_float16", "none", accumulation=1)
     per_layer = 128 * 32 * 768 * (34 + 5 * 12 * 128 / 768)           # s*b*h*(34 + 5as/h), 16-bit activations
     assert plain["activations"] == 12 * per_layer == 1_660_944_384
-    assert plain["state"] == 16 * planner.parameter_count(config)
+    assert plain["state"] == 16 * model_shapes.parameter_count(config)
     layer = memory.memory_bytes(config, 128, 32, "mixed_float16", "layer", accumulation=1)
     assert layer["activations"] == 12 * 128 * 32 * 768 * 2 + per_layer and layer["state"] == plain["state"]
     fp32 = memory.memory_bytes(config, 512, 4, "float32", "none", accumulation=4)
     assert fp32["activations"] == 12 * 512 * 4 * 768 * (34 + 5 * 12 * 512 / 768) * 2
-    assert fp32["state"] == 20 * planner.parameter_count(config)         # + the accumulators
+    assert fp32["state"] == 20 * model_shapes.parameter_count(config)         # + the accumulators
 
 
 def test_exchange_state_per_rank_by_hand():
@@ -344,20 +349,20 @@ def test_exchange_state_per_rank_by_hand():
     # the issue's estimate of the old gather: about 7 GB per rank for BERT-base on 16 ranks, 85 GB for large on 64
     rows = {}
     for preset, ranks in (("base", 16), ("large", 64)):
-        shapes = planner.gradient_tensor_shapes(modeling.BertConfig.preset(preset, vocab_size=30522))
+        shapes = model_shapes.gradient_tensor_shapes(modeling.BertConfig.preset(preset, vocab_size=30522))
         rows[preset] = {r["method"]: r for r in memory.exchange_state_table(shapes, [ranks])}
     assert [r["old_save_rank0"] / 1e9 for r in rows["base"].values()] == pytest.approx([0, 0, 7.04, 7.04, 7.49, 0],
                                                                                        abs=0.01)
     assert [r["old_resume"] / 1e9 for r in rows["large"].values()] == pytest.approx([0, 0, 85.98, 85.98, 87.60, 0],
                                                                                     abs=0.01)
     assert list(rows["large"]) == ["none", "fp16", "powersgd rank 4", "powersgd rank 8", "onebit", "DiLoCo"]
-    assert rows["large"]["DiLoCo"]["steady"] == 8 * planner.parameter_count(
+    assert rows["large"]["DiLoCo"]["steady"] == 8 * model_shapes.parameter_count(
         modeling.BertConfig.preset("large", vocab_size=30522))
 
 
 def test_memory_per_device_counts_the_exchange_state_and_warns_past_the_device():
     config = modeling.BertConfig.preset("base", vocab_size=30522)
-    shapes = planner.gradient_tensor_shapes(config)
+    shapes = model_shapes.gradient_tensor_shapes(config)
     exchange = memory.exchange_state_bytes(shapes, CommConfig(exchange="onebit"), 16)["steady"]
     plain = memory.memory_bytes(config, 128, 32, "mixed_float16", "none", accumulation=4)
     onebit = memory.memory_bytes(config, 128, 32, "mixed_float16", "none", accumulation=4, exchange=exchange)
@@ -375,7 +380,7 @@ def test_memory_per_device_counts_the_exchange_state_and_warns_past_the_device()
 @pytest.mark.slow
 def test_plan_cli_warns_when_the_exchange_state_overflows_the_device_and_prints_the_table():
     config = modeling.BertConfig.preset("base", vocab_size=30522)
-    shapes = planner.gradient_tensor_shapes(config)
+    shapes = model_shapes.gradient_tensor_shapes(config)
     exchange = memory.exchange_state_bytes(shapes, CommConfig(exchange="powersgd"), 16)["steady"]
     plain = memory.memory_bytes(config, 128, 64, "mixed_float16", "none", accumulation=64)["total"]
     between = round((plain + exchange / 2) / 2 ** 30, 3)            # phase 1 fits without the exchange only
@@ -467,9 +472,7 @@ def test_the_geglu_feed_forward_counts_its_gate_and_modern_mini_matched_is_bert_
         return flops.forward_flops_per_sequence(modeling.BertConfig.preset(name, vocab_size=30522), 128, 20, nsp=False)
 
     def non_embedding(name):
-        config = modeling.BertConfig.preset(name, vocab_size=30522)
-        positions = 0 if config.modern else (config.max_position_embeddings + config.type_vocab_size) * config.hidden_size
-        return planner.parameter_count(config, nsp=False) - config.vocab_size * config.hidden_size - positions
+        return model_shapes.encoder_parameter_count(modeling.BertConfig.preset(name, vocab_size=30522))
 
     config = modeling.BertConfig.preset("modern-mini", vocab_size=30522)
     classic = dataclasses.replace(config, architecture="bert")
@@ -479,3 +482,7 @@ def test_the_geglu_feed_forward_counts_its_gate_and_modern_mini_matched_is_bert_
     assert per_sequence("modern-mini-matched") / per_sequence("mini") == pytest.approx(1.0, abs=0.01)
     assert non_embedding("modern-mini-matched") / non_embedding("mini") == pytest.approx(1.0, abs=0.01)
     assert per_sequence("modern-mini") / per_sequence("mini") == pytest.approx(0.80, abs=0.01)
+    # the issue's figures: 6.82 and 4.98 MFLOP per token in the layers, 3.16 M and 2.23 M parameters
+    assert [round(flops.encoder_flops_per_token(modeling.BertConfig.preset(n), 128) / 1e6, 2)
+            for n in ("mini", "modern-mini", "modern-mini-matched")] == [6.82, 4.98, 6.82]
+    assert [round(non_embedding(n) / 1e6, 2) for n in ("mini", "modern-mini")] == [3.16, 2.23]

@@ -46,6 +46,30 @@ def test_time_to_reach_the_other_recipe_s_final_accuracy(race):
     assert "  reaches budget's final 0.4500 never" in lines
 
 
+def test_a_run_s_model_size_is_read_from_its_folder_for_the_size_matched_arms(tmp_path):
+    """Parameters from the run record; the layers' parameters and forward FLOPs per token from its
+    bert_config.json and sequence length, in the race's lines (and over seeds, once: one model)."""
+    from bert_tf.model.config import BertConfig
+    from bert_tf.studies import race_seeds
+    runs = {}
+    for name, preset in (("classic", "mini"), ("matched", "modern-mini-matched")):
+        write_run(tmp_path / name, 0.0, [(600, 0.10)])
+        (tmp_path / name / "bert_config.json").write_text(json.dumps(BertConfig.preset(preset).to_dict()))
+        records = (tmp_path / name / "metrics.jsonl").read_text().splitlines()
+        records[0] = json.dumps({"kind": "run", "step": 0, "time": 0.0, "parameters": 11267900,
+                                 "config": {"max_seq_length": 128}})
+        (tmp_path / name / "metrics.jsonl").write_text("\n".join(records) + "\n")
+        runs[name] = recipe_race.curve(str(tmp_path / name))
+    lines = recipe_race.describe(recipe_race.summarize(runs))
+    assert "  model: 11.27 M parameters, 3.16 M in its layers, 6.82 MFLOP per token in them" in lines
+    assert "  model: 11.27 M parameters, 3.15 M in its layers, 6.82 MFLOP per token in them" in lines
+    over_seeds = race_seeds.describe_seeds(race_seeds.summarize_seeds({n: [c, c] for n, c in runs.items()}))
+    assert sum("  model: 11.27 M parameters" in line for line in over_seeds) == 2
+    write_run(tmp_path / "bare", 0.0, [(600, 0.10)])                  # a run without them: no line
+    assert not any("model:" in line for line in recipe_race.describe(
+        recipe_race.summarize({"bare": recipe_race.curve(str(tmp_path / "bare"))})))
+
+
 def test_the_report_script_draws_and_checks_the_recipes(race):
     flags = race / "a.flags"
     flags.write_text("--eval_files=data/x/eval-*\n--eval_batches=30\n")
@@ -113,7 +137,7 @@ def test_the_emulated_race_measures_between_evaluations_and_asks_the_planner(tmp
     after a compressed exchange's float32 warmup; the planner gets the run's own compute speed and link."""
     from bert_tf.parallel.comm import CommConfig
     from bert_tf.model import modeling
-    from bert_tf.tools import planner
+    from bert_tf.tools import model_shapes
     comm = dataclasses.asdict(CommConfig(exchange="fp16", cycle_time_ms=0))
     sent = {"tx_bytes_per_update": 4e5}
     records = [train(10, 1.0), train(20, 20.0, **sent), {"kind": "eval", "step": 20, "time": 21.0,
@@ -124,7 +148,7 @@ def test_the_emulated_race_measures_between_evaluations_and_asks_the_planner(tmp
     assert got["measured"] == pytest.approx(2 / (1 / 20 + 1 / 30))          # not the first, not after the eval
     assert got["device_seq_s"] == pytest.approx(16 / 0.5)
     assert got["scaling_efficiency"] == pytest.approx(got["measured"] / (2 * 32))   # 2 ranks' own speed
-    shapes = planner.gradient_tensor_shapes(modeling.BertConfig.preset("modern-tiny", vocab_size=1000), nsp=False)
+    shapes = model_shapes.gradient_tensor_shapes(modeling.BertConfig.preset("modern-tiny", vocab_size=1000), nsp=False)
     fp16_bytes = 2 * sum(map(math.prod, shapes))
     exchange = fp16_bytes / (0.1e9 / 8)                      # 2 nodes: a ring sends the whole buffer once
     assert got["predicted_exchange_seconds"] == pytest.approx(exchange, rel=1e-6)

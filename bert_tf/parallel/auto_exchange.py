@@ -103,14 +103,14 @@ def resolve(comm, model_config, nsp, micro_batch, accumulation, seq_length, devi
     answer): measures the link and, on rank 0, each candidate's computation on the model's gradient
     shapes; says the ranking; returns the comm with the chosen exchange."""
     from bert_tf.parallel import distributed
-    from bert_tf.tools import planner
 
     if distributed.size() == 1:
         say("gradients: --exchange=auto on one rank: nothing crosses a link, none")
         return dataclasses.replace(comm, exchange="none")
+    from bert_tf.tools import model_shapes
     import horovod.tensorflow as hvd
 
-    shapes = planner.gradient_tensor_shapes(model_config, nsp=nsp)
+    shapes = model_shapes.gradient_tensor_shapes(model_config, nsp=nsp)
     link = measure_link()
     overheads = {}
     if distributed.rank() == 0:

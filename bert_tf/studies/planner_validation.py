@@ -65,7 +65,7 @@ def nvidia_rows(tensor_sizes):
     """The planner's BERT-large throughput for each DGX2H row, from SINGLE_GPU and the DGX-2H
     interconnect (NVSwitch 150 GB/s per GPU each way, 8 x 100 Gb/s InfiniBand per node), with
     NVIDIA's batch and accumulation, allreduce after accumulation, fp16 allreduce for mixed
-    precision. tensor_sizes: planner.gradient_tensor_sizes of BERT-large (vocab 30522)."""
+    precision. tensor_sizes: model_shapes.gradient_tensor_sizes of BERT-large (vocab 30522)."""
     rows = []
     for nodes, seq, precision, per_gpu, accumulation, published in DGX2H:
         cluster = planner.Cluster(

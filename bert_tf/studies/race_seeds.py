@@ -9,6 +9,7 @@ import json
 import os
 
 from bert_tf import ConfigError
+from bert_tf.studies.arm_size import SIZE_KEYS, size_line
 from bert_tf.studies.recipe_race import plot, summarize
 
 
@@ -82,6 +83,8 @@ def summarize_seeds(runs: dict, target: float = 0.0) -> dict:
             }
             for other in rows[0]["reaches"]
         }
+        # the same model on every seed
+        row.update({key: rows[0][key] for key in SIZE_KEYS if key in rows[0]})
         out[name] = {"seeds": len(rows), **row}
     return out
 
@@ -100,6 +103,7 @@ def describe_seeds(summary: dict) -> list:
             f"{name}: final held-out MLM accuracy {pm(row['final_accuracy'])} over "
             f"{row['seeds']} seeds, after {pm(row['seconds'], 60, '.1f')} min"
         )
+        lines += size_line(row)
         if "bytes_per_update" in row:
             planned = row.get("planned_bytes_per_update")
             lines.append(

@@ -21,6 +21,7 @@ import time
 from bert_tf import ConfigError, knob, knobs
 from bert_tf.artifacts import metrics
 from bert_tf.studies import emulated_cluster, race_sweep
+from bert_tf.studies.arm_size import SIZE_KEYS, model_size, size_line
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,6 +165,7 @@ def curve(run_dir: str) -> dict:
     out["sequences_per_second"] = (
         sum(rates[1:]) / max(len(rates) - 1, 1) if len(rates) > 1 else (rates or [0])[0]
     )
+    out.update(model_size(run_dir, runs[0]))
     sent = [r["tx_bytes_per_update"] for r in train[1:] if "tx_bytes_per_update" in r]
     if sent:  # --network_interface: what rank 0's node sent, evaluations included
         out["bytes_per_update"] = sum(sent) / len(sent)
@@ -210,7 +212,7 @@ def planned_vs_measured(
     without communication (compute, wait and optimizer update of its timing split), against the
     speed it measured between evaluations, and that over the ranks' own (scaling efficiency)."""
     from bert_tf.model.config import BertConfig
-    from bert_tf.tools import planner
+    from bert_tf.tools import model_shapes
     from bert_tf.studies import comm_study
     from bert_tf.parallel.comm import CommConfig, warmup_updates
 
@@ -223,7 +225,7 @@ def planned_vs_measured(
     train = [r for r in training_intervals(records) if r["step"] - cfg["log_interval"] >= warmup]
     if not train:
         raise ConfigError(f"{run_dir}: no training interval without an evaluation to measure")
-    shapes = planner.gradient_tensor_shapes(
+    shapes = model_shapes.gradient_tensor_shapes(
         BertConfig.from_json_file(os.path.join(run_dir, "bert_config.json")),
         nsp=not cfg["mlm_only"],
     )
@@ -297,6 +299,7 @@ def summarize(runs: dict, target: float = 0.0) -> dict:
             "reaches": {},
         }
         row.update({key: run[key] for key in ("bytes_per_update", "planner") if key in run})
+        row.update({key: run[key] for key in SIZE_KEYS if key in run})
         if target:
             row["target"] = {"accuracy": target, "seconds": time_to_reach(run, target)}
         for other, theirs in runs.items():
@@ -404,6 +407,7 @@ def describe(summary: dict) -> list:
             f"sequences (rows) = {row['instances']:,.0f} instances and {row['tokens']:,} tokens, "
             f"{row['sequences_per_second']:.1f} seq/s)"
         )
+        lines += size_line(row)
         if "bytes_per_update" in row:
             planned = row.get("planner", {}).get("predicted_wire_bytes")
             lines.append(

@@ -23,6 +23,12 @@ from __future__ import annotations
 from bert_tf.model.config import BertConfig
 
 
+def _layer_flops(S: int, H: int, I: int, modern: bool) -> float:
+    """One transformer layer over a sequence of S (the docstring's per-layer terms)."""
+    feed_forward = (3 if modern else 2) * 2 * S * H * I
+    return float(4 * 2 * S * H * H + 2 * 2 * S * S * H + feed_forward)
+
+
 def forward_flops_per_sequence(
     config: BertConfig, seq_length: int, predictions: int, nsp: bool = True
 ) -> float:
@@ -33,11 +39,18 @@ def forward_flops_per_sequence(
         predictions,
         config.vocab_size,
     )
-    feed_forward = (3 if config.modern else 2) * 2 * S * H * I
-    layer = 4 * 2 * S * H * H + 2 * 2 * S * S * H + feed_forward
+    layer = _layer_flops(S, H, I, config.modern)
     heads = 2 * H * H + 2 * P * H * H + 2 * P * H * V + (2 * H * 2 if nsp else 0)
     return float(config.num_hidden_layers * layer + heads)
 
 
 def training_flops_per_sequence(config, seq_length, predictions, nsp=True) -> float:
     return 3.0 * forward_flops_per_sequence(config, seq_length, predictions, nsp)
+
+
+def encoder_flops_per_token(config: BertConfig, seq_length: int) -> float:
+    """Forward FLOPs of the transformer layers alone per token at `seq_length` (the layer terms
+    of forward_flops_per_sequence; windowed layers counted dense: at sequence 128 the window spans
+    the row)."""
+    S, H, I = seq_length, config.hidden_size, config.intermediate_size
+    return config.num_hidden_layers * _layer_flops(S, H, I, config.modern) / S

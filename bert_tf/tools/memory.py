@@ -10,7 +10,7 @@ from bert_tf import ConfigError
 from bert_tf.parallel.exchange_ranking import exchange_choices
 from bert_tf.parallel import local_plan
 from bert_tf.parallel.comm import CommConfig, onebit_chunk, powersgd_plan
-from bert_tf.tools.planner import parameter_count
+from bert_tf.tools.model_shapes import parameter_count
 
 
 def memory_bytes(

@@ -44,64 +44,6 @@ from bert_tf import ConfigError
 from bert_tf.parallel.exchange_ranking import exchange_choices, rank_exchanges, update_factor
 from bert_tf.parallel import local_plan
 from bert_tf.parallel.comm import CommConfig, float32_updates, live_indices, payload_bytes
-from bert_tf.model.config import BertConfig
-
-
-class Shape(tuple):
-    """A gradient tensor's shape that also carries its variable's name (the model's, without ":0";
-    names repeat: every Dense has a kernel and a bias), which --onebit_live matches."""
-
-    name: str
-
-    def __new__(cls, dims, name=""):
-        shape = super().__new__(cls, dims)
-        shape.name = name
-        return shape
-
-
-def gradient_tensor_shapes(config: BertConfig, nsp: bool = True) -> list:
-    """The shape of every trainable variable of modeling.BertPretrainer (one gradient tensor each,
-    so one Horovod allreduce each), listed in google's layout order (embeddings, layers, pooler,
-    heads), each a Shape named as the model's variable. The same shapes and names as the model's
-    (tested), not in its order (tf.Module sorts attributes by name); the order only moves where
-    fusion_messages cuts the buffers, and Horovod itself fuses the tensors in the order they are
-    ready."""
-    H, I, V = config.hidden_size, config.intermediate_size, config.vocab_size
-
-    def dense(n: int, m: int) -> list:
-        return [((n, m), "kernel"), ((m,), "bias")]
-
-    norm: list = [((H,), "gamma"), ((H,), "beta")]
-    shapes: list
-    if config.architecture == "modern":  # bert_tf/model/modern.py: no biases, no positions, GeGLU
-        shapes = [((V, H), "word_embeddings"), ((H,), "gamma")]
-        for i in range(config.num_hidden_layers):
-            shapes += [((H,), "gamma")] * (i > 0)
-            shapes += [((H, 3 * H), "kernel"), ((H, H), "kernel"), ((H,), "gamma")]
-            shapes += [((H, 2 * I), "kernel"), ((I, H), "kernel")]
-        shapes += [((H,), "gamma"), ((H, H), "kernel"), ((H,), "gamma")]  # final norm, pooler
-        shapes += [((H, H), "kernel"), ((H,), "gamma"), ((V,), "mlm_output_bias")]  # MLM head
-        shapes += dense(H, 2) if nsp else []
-        return [Shape(*s) for s in shapes]
-    shapes = [((V, H), "word_embeddings")]
-    shapes += [((config.max_position_embeddings, H), "position_embeddings")]
-    shapes += [((config.type_vocab_size, H), "token_type_embeddings")] + norm
-    layer = dense(H, H) * 4 + norm + dense(H, I) + dense(I, H) + norm
-    shapes += layer * config.num_hidden_layers
-    shapes += dense(H, H)  # pooler
-    shapes += dense(H, H) + norm + [((V,), "mlm_output_bias")]  # MLM transform, LayerNorm, bias
-    shapes += dense(H, 2) if nsp else []
-    return [Shape(*s) for s in shapes]
-
-
-def gradient_tensor_sizes(config: BertConfig, nsp: bool = True) -> list:
-    """Element count of each of gradient_tensor_shapes."""
-    return [math.prod(s) for s in gradient_tensor_shapes(config, nsp)]
-
-
-def parameter_count(config: BertConfig, nsp: bool = True) -> int:
-    """Trainable parameters of modeling.BertPretrainer (tested against the model)."""
-    return sum(gradient_tensor_sizes(config, nsp))
 
 
 def fusion_messages(tensor_bytes, fusion_threshold_mb) -> int:
@@ -230,7 +172,7 @@ def plan_phase(
         if len(shapes) != len(tensor_sizes):
             raise ConfigError(
                 f"--exchange={comm.exchange}: the plan needs the gradient tensors' shapes "
-                "(planner.gradient_tensor_shapes)"
+                "(model_shapes.gradient_tensor_shapes)"
             )
         comm_time, gradient_bytes, messages = compressed_exchange_seconds(shapes, cluster, comm)
         comm_time += overhead_seconds
@@ -373,7 +315,7 @@ def onebit_live(shapes, comm: CommConfig) -> list:
     if not any(names):
         raise ConfigError(
             f"--onebit_live={comm.onebit_live}: the plan needs the tensors' names "
-            "(planner.gradient_tensor_shapes)"
+            "(model_shapes.gradient_tensor_shapes)"
         )
     return live_indices(names, comm.onebit_live)
 

@@ -101,11 +101,10 @@ def planned_hours(cfg, size, local_size, global_batch, model_config):
     one), with `size // local_size` nodes on 10 Gbit/s (the network is not measured at start-up)."""
     if not cfg.ladder_sequences_per_second:
         return None
-    from bert_tf.tools import (
-        planner,
-    )  # the cost model; only a budgeted run with a ladder figure needs it
+    # the cost model; only a budgeted run with a ladder figure needs it
+    from bert_tf.tools import model_shapes, planner
 
-    parameters_sizes = planner.gradient_tensor_shapes(model_config, nsp=not cfg.mlm_only)
+    parameters_sizes = model_shapes.gradient_tensor_shapes(model_config, nsp=not cfg.mlm_only)
     nodes = max(size // max(local_size, 1), 1)
     cluster = planner.Cluster(nodes=nodes, devices_per_node=max(size // nodes, 1), inter_gbps=10.0)
     phase = planner.Phase(
