@@ -58,7 +58,7 @@ def race_on(cfg, recipes):
     """Runs the recipes (unless --report_only); with --nodes on an emulated cluster, then probes its
     link once (the planner's measured bandwidth and per-message cost, as the communication study
     does) into link.json, which it returns."""
-    from bert_tf.studies import comm_study, emulated_cluster, recipe_race
+    from bert_tf.studies import comm_study, emulated_cluster, race_launch
 
     extra = [f"--time_budget_hours={cfg.time_budget_hours}"] if cfg.time_budget_hours else []
     extra += cfg.pretrain_flag + (["--network_interface=eth0"] if cfg.nodes else [])
@@ -73,7 +73,10 @@ def race_on(cfg, recipes):
         mpirun = cluster.mpirun_prefix(cfg.nodes) if cfg.nodes else None
         for name, path in recipes.items() if not cfg.report_only else ():
             for k, run_dir in zip(cfg.seeds or [None], cfg.run_dirs(name)):
-                recipe_race.launch(
+                if not race_launch.to_run(run_dir):
+                    print(f"{run_dir}: finished earlier, not run again", flush=True)
+                    continue
+                race_launch.launch(
                     os.path.abspath(path),
                     os.path.abspath(run_dir),
                     cfg.nodes or cfg.ranks,
@@ -108,7 +111,7 @@ def this_machine() -> str:
 def sweep(cfg, recipes):
     """Sweep mode: every recipe's settings run (unless --report_only), then sweep.json and each
     recipe's best flagfile."""
-    from bert_tf.studies import race_sweep, recipe_race
+    from bert_tf.studies import race_launch, race_sweep, recipe_race
 
     race_sweep.check(
         cfg.sweep_learning_rates,
@@ -141,7 +144,7 @@ def sweep(cfg, recipes):
             if not cfg.report_only and not (
                 cfg.sweep_updates and race_sweep.finished(run_dir, cfg.sweep_updates)
             ):
-                recipe_race.launch(
+                race_launch.launch(
                     os.path.abspath(path),
                     os.path.abspath(run_dir),
                     cfg.ranks,
@@ -189,6 +192,13 @@ def main(_):
             run["planner"] = recipe_race.planned_vs_measured(
                 run_dir, cfg.nodes, cfg.link_gbit, link
             )
+    machines = race_seeds.machines(runs)
+    if len(machines) > 1:  # a race spanning sessions: each session may have had another machine
+        print(
+            f"WARNING: these runs ran on {len(machines)} machines, so their minutes do not "
+            f"compare: {'; '.join(machines)}",
+            flush=True,
+        )
     where = (
         f"{cfg.nodes} emulated nodes at {cfg.link_gbit:g} Gbit/s"
         if cfg.nodes

@@ -2,6 +2,7 @@
 state list, and a short run end to end."""
 import inspect
 import json
+import os
 import re
 import signal
 
@@ -175,6 +176,7 @@ def test_a_short_run_logs_saves_and_restores_the_signal_handlers(tiny_data, tmp_
     assert (asked["micro_batch_size"], asked["accumulation_steps"], asked["fit_micro_batch"]) == (4, 2, 2)
     assert (resolved["micro_batch_size"], resolved["accumulation_steps"], resolved["fit_micro_batch"]) == (2, 4, 0)
     assert records[2]["samples_seen"] == 3 * 8 and records[2]["sequences"] == 8 and "eval_mlm_accuracy" in last
+    assert records[0]["device"]["cpu_count"] == os.cpu_count()          # the machine, for races across sessions
     assert tf.train.latest_checkpoint(str(tmp_path)).endswith("ckpt-3")
     # --wandb_mode=offline: the W&B run folder holds what metrics.jsonl (and TensorBoard) got, and the run record
     runs = list((tmp_path / "wandb").glob("offline-run-*"))

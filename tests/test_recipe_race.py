@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from bert_tf import ConfigError
-from bert_tf.studies import emulated_cluster as ec, recipe_race
+from bert_tf.studies import emulated_cluster as ec, race_launch, recipe_race
 from conftest import REPO
 
 
@@ -212,13 +212,32 @@ def test_a_launch_that_dies_before_the_run_begins_is_tried_once_more(tmp_path):
     fake = tmp_path / "fake_mpirun.py"         # stands in for mpirun: fails the first time, then succeeds
     fake.write_text(f"import os, sys\np = {str(marker)!r}\n"
                     "if not os.path.exists(p): open(p, 'w').close(); sys.exit(213)\n")
-    recipe_race.launch("x.flags", str(run_dir), 2, log=lambda *a: None, mpirun=[sys.executable, str(fake)])
+    race_launch.launch("x.flags", str(run_dir), 2, log=lambda *a: None, mpirun=[sys.executable, str(fake)])
     assert marker.exists()
     failing = tmp_path / "fail_after_start.py"
     failing.write_text(f"import sys\nopen({str(run_dir / 'metrics.jsonl')!r}, 'a').write('x')\nsys.exit(1)\n")
     with pytest.raises(RuntimeError, match="exited 1"):
-        recipe_race.launch("x.flags", str(run_dir), 2, log=lambda *a: None, mpirun=[sys.executable, str(failing)])
+        race_launch.launch("x.flags", str(run_dir), 2, log=lambda *a: None, mpirun=[sys.executable, str(failing)])
     assert open(run_dir / "metrics.jsonl").read() == "x"          # launched once only
+
+
+def test_a_race_spanning_sessions_runs_only_what_is_left_and_names_mixed_machines(tmp_path):
+    """A run that ended well leaves race.done and is not run again; one cut short is moved aside to run again
+    whole; curves from different machines are named (their minutes do not compare)."""
+    from bert_tf.studies import race_seeds
+    done, cut, fresh = tmp_path / "seed1", tmp_path / "seed2", tmp_path / "seed3"
+    race_launch.launch("x.flags", str(done), 2, log=lambda *a: None, mpirun=[sys.executable, "-c", "pass"])
+    assert float((done / race_launch.DONE).read_text()) >= 0
+    cut.mkdir()
+    (cut / "metrics.jsonl").write_text('{"kind": "run"}\n')
+    assert not race_launch.to_run(str(done)) and done.exists()
+    assert race_launch.to_run(str(cut)) and not cut.exists()
+    assert (tmp_path / "seed2.interrupted" / "metrics.jsonl").exists()
+    assert race_launch.to_run(str(fresh))
+    one, other = {"cpu": "AMD EPYC", "cpu_count": 2}, {"cpu": "Intel Xeon", "cpu_count": 2}
+    assert race_seeds.machines({"a": [{"device": one}, {"device": one}], "b": [{"device": one}, {}]}) == [
+        json.dumps(one, sort_keys=True)]
+    assert len(race_seeds.machines({"a": [{"device": one}], "b": [{"device": other}]})) == 2
 
 
 def test_the_time_to_reach_is_interpolated_between_the_evaluations_around_it(race):

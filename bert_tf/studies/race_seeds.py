@@ -89,6 +89,18 @@ def summarize_seeds(runs: dict, target: float = 0.0) -> dict:
     return out
 
 
+def machines(runs: dict) -> list:
+    """The machines {name: [curve, ...]} ran on (curve's "device", the run record's), each once;
+    runs from before the run record held it are left out."""
+    seen = {
+        json.dumps(c["device"], sort_keys=True)
+        for cs in runs.values()
+        for c in cs
+        if c.get("device")
+    }
+    return sorted(seen)
+
+
 def describe_seeds(summary: dict) -> list:
     """summarize_seeds' lines: mean ± standard deviation (standard error) over the seeds."""
 

@@ -110,10 +110,16 @@ def finished(run_dir: str, updates: int, set_aside: bool = True) -> bool:
     steps = [0] + [r["step"] for r in records if r.get("kind") == "eval"]
     if max(steps) >= updates:
         return True
-    if set_aside and os.path.exists(run_dir):
+    if set_aside:
+        move_aside(run_dir)
+    return False
+
+
+def move_aside(run_dir: str) -> None:
+    """A run cut short, moved to <run_dir>.interrupted (replacing an older one) to run again."""
+    if os.path.exists(run_dir):
         shutil.rmtree(run_dir + ".interrupted", ignore_errors=True)
         os.rename(run_dir, run_dir + ".interrupted")
-    return False
 
 
 def report(scores: dict, recipes: dict, out_dir: str) -> dict:

@@ -13,14 +13,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import subprocess
-import sys
 import textwrap
-import time
 
 from bert_tf import ConfigError, knob, knobs
 from bert_tf.artifacts import metrics
-from bert_tf.studies import emulated_cluster, race_sweep
+from bert_tf.studies import race_sweep
 from bert_tf.studies.arm_size import SIZE_KEYS, model_size, size_line
 
 
@@ -166,6 +163,7 @@ def curve(run_dir: str) -> dict:
         sum(rates[1:]) / max(len(rates) - 1, 1) if len(rates) > 1 else (rates or [0])[0]
     )
     out.update(model_size(run_dir, runs[0]))
+    out["device"] = runs[0].get("device")  # since 2026-12-07
     sent = [r["tx_bytes_per_update"] for r in train[1:] if "tx_bytes_per_update" in r]
     if sent:  # --network_interface: what rank 0's node sent, evaluations included
         out["bytes_per_update"] = sum(sent) / len(sent)
@@ -340,52 +338,6 @@ def plot(runs: dict, path: str, title: str):
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
-
-
-def launch(flagfile: str, run_dir: str, ranks: int, extra=(), log=print, mpirun=None) -> float:
-    """One recipe: `ranks` processes on this machine (mpirun), run/pretrain.py --flagfile; returns
-    seconds. `mpirun`: another launch prefix for the ranks (an emulated cluster's)."""
-    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    mpirun = mpirun or [
-        "mpirun",
-        "-np",
-        str(ranks),
-        "--oversubscribe",
-        "--bind-to",
-        "none",
-        "-x",
-        "PATH",
-        "-x",
-        "TF_CPP_MIN_LOG_LEVEL",
-    ]
-    command = [
-        *mpirun,
-        sys.executable,
-        os.path.join(repo, "run", "pretrain.py"),
-        f"--flagfile={flagfile}",
-        f"--checkpoint_dir={run_dir}",
-        *extra,
-    ]
-    env = emulated_cluster.mpirun_env()
-    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
-    os.makedirs(run_dir, exist_ok=True)
-    log(f"racing {os.path.basename(run_dir)}: {' '.join(command)}")
-    start = time.time()
-    for attempt in (1, 2):
-        with open(os.path.join(run_dir, "race.log"), "a") as out:
-            proc = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=repo)
-        # a launch that failed before the run started (seen here: OpenMPI's daemons on 4 emulated
-        # nodes, once in two launches: "ORTE does not know how to route a message") is tried once
-        # more
-        if not proc.returncode or os.path.exists(os.path.join(run_dir, "metrics.jsonl")):
-            break
-        log(
-            f"{os.path.basename(run_dir)}: the launch failed (exit {proc.returncode}) before the "
-            "run began" + ("; trying once more" if attempt == 1 else "")
-        )
-    if proc.returncode:
-        raise RuntimeError(f"{flagfile} exited {proc.returncode}: see {run_dir}/race.log")
-    return time.time() - start
 
 
 def write_report(runs: dict, out_dir: str, title: str, target: float = 0.0) -> dict:

@@ -1,7 +1,6 @@
 """What happens before the first update, on every rank: the inputs checked (preflight.check_inputs),
 the model built and restored (or initialised) and equal on all ranks, the input at the restored
-position; all of it handed to the loop as a `Job` (`build`).
-"""
+position; all of it handed to the loop as a `Job` (`build`)."""
 
 from __future__ import annotations
 
@@ -18,6 +17,7 @@ from bert_tf.artifacts import checkpoint_formats, checkpointing, metrics
 from bert_tf.data import input_pipeline
 from bert_tf.parallel import auto_exchange, distributed, exchange_state, local_plan, local_sgd
 from bert_tf.parallel.comm import warmup_updates
+from bert_tf.parallel.device import device_description
 from bert_tf.model import modeling
 from bert_tf.train import batch_warmup, budget, divergence, elastic, masking, preflight, training
 from bert_tf.train.evaluation import make_evaluator
@@ -292,11 +292,9 @@ def start_state(
     return samples_seen
 
 
-def run_record(
-    cfg: PretrainConfig, asked: PretrainConfig, global_batch: int, parameters: int
-) -> dict:
+def run_record(cfg: PretrainConfig, asked: PretrainConfig, global_batch: int, parameters) -> dict:
     """metrics.jsonl's first record (the export's model card reads it): what was asked, what it
-    resolved to, and the command line."""
+    resolved to, the command line and the machine (a race spanning sessions checks it)."""
     return {
         "kind": "run",
         "global_batch": global_batch,
@@ -304,6 +302,7 @@ def run_record(
         "config": as_record(asked),
         "resolved": as_record(cfg),
         "command": "python " + shlex.join(sys.argv),
+        "device": device_description(),
     }
 
 
