@@ -354,6 +354,13 @@ def test_a_sweep_gives_each_recipe_the_same_effort_and_writes_its_best_setting_a
     best = recipe_race.read_flagfile(str(tmp_path / "budget.best.flags"))
     assert best["learning_rate"] == "0.003" and best["warmup_steps"] == "10" and best["eval_batches"] == "30"
     assert (tmp_path / "sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # the sweep's plot
+    # the second stage: classic's best LAMB and best AdamW setting, budget's best two
+    classic2 = recipe_race.read_flagfile(str(tmp_path / "classic.finalist2.flags"))
+    assert recipe_race.read_flagfile(str(tmp_path / "classic.finalist1.flags"))["optimizer"] == "adamw"
+    assert classic2["optimizer"] == "lamb" and classic2["learning_rate"] == "0.01"   # lamb's best: its last
+    assert [r["setting"] for r in race_sweep.finalists(table["budget"])] == [
+        {"learning_rate": 3e-3, "warmup_steps": 10}, table["budget"][1]["setting"]]
+    assert not (tmp_path / "budget.finalist3.flags").exists() and "finalists (classic" in proc.stdout
     assert "classic: 20 settings, best first" in proc.stdout
     base = dict(recipes=["a=b"], output_dir="x", time_budget_hours=0.5)
     for overrides, message in [

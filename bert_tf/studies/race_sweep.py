@@ -122,9 +122,24 @@ def move_aside(run_dir: str) -> None:
         os.rename(run_dir, run_dir + ".interrupted")
 
 
+FINALISTS = 2  # per recipe: the same second-stage effort for each
+
+
+def finalists(rows: list) -> list:
+    """A recipe's settings for the second stage, best first: the best of each optimizer where it
+    swept several (classic: LAMB and AdamW), else its best FINALISTS. A short sweep ranks settings
+    by where they stand after its budget; the finalists are raced again at the race's own length
+    (docs/pretraining.md), so a rate that only starts slowly is not dropped on the first figure."""
+    optimizers = list(dict.fromkeys(r["setting"].get("optimizer") for r in rows))
+    if len(optimizers) > 1:
+        return [next(r for r in rows if r["setting"].get("optimizer") == o) for o in optimizers]
+    return rows[:FINALISTS]
+
+
 def report(scores: dict, recipes: dict, out_dir: str) -> dict:
     """scores: {name: {label: (setting, curve)}} -> sweep.json (every setting's final accuracy, best
-    first) and <name>.best.flags for each recipe; returns {name: rows best first}."""
+    first), <name>.best.flags and <name>.finalist<k>.flags for each recipe; returns {name: rows
+    best first}."""
     table = {}
     for name, runs in scores.items():
         if not runs:  # --report_only part-way through a sweep: nothing of this recipe has run
@@ -149,14 +164,19 @@ def report(scores: dict, recipes: dict, out_dir: str) -> dict:
                 r["final_loss"] if math.isfinite(r["final_loss"]) else math.inf,
             ),
         )
-        best = table[name][0]["setting"]
-        with open(os.path.join(out_dir, f"{name}.best.flags"), "w") as f:
-            f.write(
-                f"# the best of {len(rows)} settings (run/recipe_race.py's sweep, sweep.json)\n"
-            )
-            f.write(
-                "\n".join([f"--flagfile={os.path.abspath(recipes[name])}", *flags(best)]) + "\n"
-            )
+        picks = [("best", table[name][0])]
+        picks += [(f"finalist{k}", row) for k, row in enumerate(finalists(table[name]), 1)]
+        for kind, row in picks:
+            with open(os.path.join(out_dir, f"{name}.{kind}.flags"), "w") as f:
+                f.write(
+                    f"# {kind} of {len(rows)} settings (run/recipe_race.py's sweep, sweep.json)\n"
+                )
+                f.write(
+                    "\n".join(
+                        [f"--flagfile={os.path.abspath(recipes[name])}", *flags(row["setting"])]
+                    )
+                    + "\n"
+                )
     with open(os.path.join(out_dir, "sweep.json"), "w") as f:
         json.dump(table, f, indent=1)
     return table
@@ -173,6 +193,10 @@ def describe(table: dict) -> list:
             f"({r['steps']} updates, {r['seconds'] / 60:.1f} min)"
             for r in rows
         ]
+        lines.append(
+            f"  finalists ({name}.finalist<k>.flags): "
+            + "; ".join(r["label"] for r in finalists(rows))
+        )
     return lines
 
 
