@@ -97,15 +97,10 @@ def race_on(cfg, recipes):
     return link
 
 
-def this_machine() -> str:
-    """The CPU, its cores and the arithmetic it has, for a plot's title."""
+def this_machine() -> dict:
     from bert_tf.parallel import device
 
-    cpu = device.device_description()
-    return (
-        f"{cpu.get('cpu', 'a GPU node')} ({cpu.get('cpu_count', '?')} cores; "
-        f"{', '.join(cpu.get('cpu_features', []))})"
-    )
+    return device.device_description()
 
 
 def sweep(cfg, recipes):
@@ -151,6 +146,13 @@ def sweep(cfg, recipes):
                     cfg.pretrain_flag + race_sweep.flags(run),
                 )
             scores[name][key] = (setting, recipe_race.curve(run_dir))
+    report_sweep(cfg, scores, recipes, missing)
+
+
+def report_sweep(cfg, scores, recipes, missing):
+    """sweep.json, the flagfiles and sweep.png from the settings run so far; the rest named."""
+    from bert_tf.studies import race_seeds, race_sweep
+
     table = race_sweep.report(scores, recipes, cfg.output_dir)
     print("\n".join(race_sweep.describe(table)))
     budget = (
@@ -158,14 +160,19 @@ def sweep(cfg, recipes):
         if cfg.sweep_updates
         else f"{cfg.time_budget_hours} h each"
     )
+    curves = {name: [curve for _, curve in runs.values()] for name, runs in scores.items()}
+    where = race_seeds.ran_on(curves, this_machine)
     race_sweep.plot(
         table,
         os.path.join(cfg.output_dir, "sweep.png"),
-        f"recipe race sweep, {budget}, {cfg.ranks} ranks on {this_machine()}",
+        f"recipe race sweep, {budget}, {cfg.ranks} ranks on {where}",
     )
     if missing:
         print(f"not yet run ({len(missing)}): {', '.join(missing)}")
-    print(f"wrote {os.path.join(cfg.output_dir, 'sweep.json')}, sweep.png and <name>.best.flags")
+    print(
+        f"wrote {os.path.join(cfg.output_dir, 'sweep.json')}, sweep.png, <name>.best.flags and "
+        "<name>.finalist<k>.flags"
+    )
 
 
 def main(_):
@@ -204,7 +211,9 @@ def main(_):
         if cfg.nodes
         else f"{cfg.ranks} ranks"
     )
-    title = cfg.title or f"{' vs '.join(recipes)}: {where} on {this_machine()}"
+    title = (
+        cfg.title or f"{' vs '.join(recipes)}: {where} on {race_seeds.ran_on(runs, this_machine)}"
+    )
     if cfg.seeds:
         summary = race_seeds.write_report(
             runs, cfg.seeds, cfg.output_dir, title, cfg.target_accuracy

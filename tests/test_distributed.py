@@ -313,6 +313,7 @@ def test_sigterm_then_resume_matches_an_uninterrupted_run_and_horovodrun_end_to_
     assert f"stopping at step {stop_step}" in output, output[-2000:]
     [first] = _runs(resumed / "metrics.jsonl")
     assert [r["step"] for r in first if r["kind"] == "train"] == list(range(1, stop_step + 1))
+    assert first[-1] == {**first[-1], "kind": "end", "step": stop_step, "stopped_early": True}  # a race reruns it
     # resumed: from the stop checkpoint, making exactly the missing updates (a run that ignored the
     # checkpoint and began again at step 0 would make 20)
     again = mpirun(2, [PRETRAIN, *flags, f"--checkpoint_dir={resumed}"])

@@ -31,8 +31,9 @@ def test_configs_planner_and_flop_counts_import_no_tensorflow():
     proc = run_blocked("""
 from bert_tf.train.pretrain_config import PretrainConfig
 from bert_tf.model.config import BertConfig
-from bert_tf.tools import flops, memory, planner
+from bert_tf.tools import flops, memory, model_shapes, planner
 from bert_tf.parallel import auto_exchange, comm
+from bert_tf.studies import arm_size, race_launch, race_seeds, race_sweep, recipe_race
 cfg = PretrainConfig(model_preset="mini", checkpoint_dir="ckpt", vocab_file="vocab.txt")
 print(cfg.micro_batch_size, round(flops.training_flops_per_sequence(BertConfig.preset("base"), 128, 20) / 1e9, 1))
 print(sorted(m for m in sys.modules if m.split(".")[0] in ("tensorflow", "horovod")))

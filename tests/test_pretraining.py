@@ -160,7 +160,8 @@ def test_a_short_run_logs_saves_and_restores_the_signal_handlers(tiny_data, tmp_
         signal.signal(signal.SIGTERM, previous)
     assert int(trainer.step.numpy()) == 3 and not last["stopped_early"]
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert [(r["kind"], r["step"]) for r in records] == [("run", 0), ("train", 2), ("train", 3), ("eval", 3)]
+    assert [(r["kind"], r["step"]) for r in records] == [("run", 0), ("train", 2), ("train", 3), ("eval", 3), ("end", 3)]
+    assert records[-1]["stopped_early"] is False                         # how it ended: a race skips it
     assert records[0]["config"]["comm"] == {"fp16_allreduce": False, "allreduce_every_micro_batch": False,
                                             "fusion_threshold_mb": None, "cycle_time_ms": None,
                                             "gradient_compression": "none", "powersgd_rank": 4,
@@ -355,7 +356,8 @@ def test_a_time_budget_stretches_the_schedule_over_the_clock_and_a_restart_spend
     assert any("the planner gives 22.22 h for --total_steps=10000" in line and "WARNING: they will not fit" in line
                for line in logs), logs[:6]
     assert any("stopping at step" in line and "on the time budget" in line for line in logs)
-    assert not last["stopped_early"] and "eval_mlm_accuracy" in last and records[-1]["kind"] == "eval"
+    assert not last["stopped_early"] and "eval_mlm_accuracy" in last and records[-2]["kind"] == "eval"
+    assert records[-1]["kind"] == "end" and not records[-1]["stopped_early"]   # a budget's end is a finish
     predicted = train[-1]["budget_predicted_steps"]
     assert train[-1]["step"] <= predicted < 10000 and abs(predicted - train[-1]["step"]) < 0.2 * predicted
     # the schedule follows the clock: warmup over 1% of the predicted updates, then decay to ~0 at its end

@@ -2,6 +2,7 @@
 written here: the curves, the time each recipe takes to reach the other's final accuracy, the plot."""
 import dataclasses
 import json
+import os
 import math
 import subprocess
 import sys
@@ -20,7 +21,8 @@ def write_run(folder, t0, evals, rate=50.0, batch=100):
     for i, (seconds, accuracy) in enumerate(evals, 1):
         records.append({"kind": "train", "step": 10 * i, "time": t0 + seconds - 1, "samples_seen": 10 * i * batch,
                         "sequences_per_second": rate})
-        records.append({"kind": "eval", "step": 10 * i, "time": t0 + seconds, "eval_mlm_accuracy": accuracy})
+        records.append({"kind": "eval", "step": 10 * i, "time": t0 + seconds, "eval_mlm_accuracy": accuracy,
+                        "eval_mlm_loss": 10.0 - accuracy})
     (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
 
 
@@ -222,22 +224,41 @@ def test_a_launch_that_dies_before_the_run_begins_is_tried_once_more(tmp_path):
 
 
 def test_a_race_spanning_sessions_runs_only_what_is_left_and_names_mixed_machines(tmp_path):
-    """A run that ended well leaves race.done and is not run again; one cut short is moved aside to run again
-    whole; curves from different machines are named (their minutes do not compare)."""
+    """A run whose metrics.jsonl ends with an "end" record that did not stop early is not run again; one cut
+    short or stopped by a signal is moved aside to run again whole; a folder holding a sweep, or a run from
+    before runs recorded their end, is an error, never moved. Curves from different machines are named."""
     from bert_tf.studies import race_seeds
-    done, cut, fresh = tmp_path / "seed1", tmp_path / "seed2", tmp_path / "seed3"
-    race_launch.launch("x.flags", str(done), 2, log=lambda *a: None, mpirun=[sys.executable, "-c", "pass"])
-    assert float((done / race_launch.DONE).read_text()) >= 0
-    cut.mkdir()
-    (cut / "metrics.jsonl").write_text('{"kind": "run"}\n')
-    assert not race_launch.to_run(str(done)) and done.exists()
-    assert race_launch.to_run(str(cut)) and not cut.exists()
-    assert (tmp_path / "seed2.interrupted" / "metrics.jsonl").exists()
-    assert race_launch.to_run(str(fresh))
+
+    def run(name, *records):
+        (tmp_path / name).mkdir()
+        lines = [{"kind": "run", "step": 0, "device": {"cpu": "x"}}, *records]
+        (tmp_path / name / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+        return str(tmp_path / name)
+    done = run("done", {"kind": "eval", "step": 9}, {"kind": "end", "step": 9, "stopped_early": False})
+    signalled = run("signalled", {"kind": "end", "step": 4, "stopped_early": True})
+    cut = run("cut", {"kind": "train", "step": 4})
+    assert not race_launch.to_run(done) and os.path.exists(done)
+    for folder in (signalled, cut):
+        assert race_launch.to_run(folder) and not os.path.exists(folder)
+        assert os.path.exists(folder + ".interrupted/metrics.jsonl")
+    assert race_launch.to_run(str(tmp_path / "never"))
+    (tmp_path / "old").mkdir()                                  # no "device", no "end": from before
+    (tmp_path / "old" / "metrics.jsonl").write_text(json.dumps({"kind": "run", "step": 0}) + "\n")
+    (tmp_path / "sweeps" / "sweep").mkdir(parents=True)
+    for folder, why in (("old", "before runs recorded their end"), ("sweeps", "holds a sweep")):
+        with pytest.raises(ConfigError, match=why):
+            race_launch.to_run(str(tmp_path / folder))
+        assert (tmp_path / folder).exists()
     one, other = {"cpu": "AMD EPYC", "cpu_count": 2}, {"cpu": "Intel Xeon", "cpu_count": 2}
     assert race_seeds.machines({"a": [{"device": one}, {"device": one}], "b": [{"device": one}, {}]}) == [
         json.dumps(one, sort_keys=True)]
     assert len(race_seeds.machines({"a": [{"device": one}], "b": [{"device": other}]})) == 2
+    # a plot's title names the runs' machine, not the one drawing it, and says when there were several
+    here = {"cpu": "here", "cpu_count": 8, "cpu_features": ["avx2"]}
+    assert race_seeds.ran_on({"a": [{"device": one}, {}]}, lambda: here) == "AMD EPYC (2 cores; )"
+    assert race_seeds.ran_on({"a": [{}]}, lambda: here) == "here (8 cores; avx2)"
+    assert race_seeds.ran_on({"a": [{"device": one}], "b": [{"device": other}]}, lambda: here).startswith(
+        "2 different machines")
 
 
 def test_the_time_to_reach_is_interpolated_between_the_evaluations_around_it(race):
@@ -361,6 +382,15 @@ def test_a_sweep_gives_each_recipe_the_same_effort_and_writes_its_best_setting_a
     assert [r["setting"] for r in race_sweep.finalists(table["budget"])] == [
         {"learning_rate": 3e-3, "warmup_steps": 10}, table["budget"][1]["setting"]]
     assert not (tmp_path / "budget.finalist3.flags").exists() and "finalists (classic" in proc.stdout
+    # diverged settings only if nothing else is left; never more than FINALISTS, whatever the optimizers
+
+    def row(opt, loss, accuracy=0.1):
+        return {"setting": {"optimizer": opt}, "final_loss": loss, "final_accuracy": accuracy}
+    nan = float("nan")
+    rows = [row("lamb", nan, nan), row("adamw", 7.0, 0.2), row("adamw", 7.1, 0.19), row("sgd", 8.0, 0.1)]
+    assert race_sweep.finalists(rows) == [rows[1], rows[3]]
+    assert race_sweep.finalists([rows[1], row("lamb", nan)]) == [rows[1], row("lamb", nan)]
+    assert race_sweep.finalists([rows[1]]) == [rows[1]]
     assert "classic: 20 settings, best first" in proc.stdout
     base = dict(recipes=["a=b"], output_dir="x", time_budget_hours=0.5)
     for overrides, message in [

@@ -127,17 +127,16 @@ def test_bytes_count_only_the_variances_updates_as_float32():
     """A run of 400 updates with a warmup of 320 and kappa 16: 69 float32 updates (16 at each interval 1, 2,
     4 and 8, then 5 at 16 by update 320), 331 as signs; the planner's bytes per update say the same."""
     from bert_tf.model import modeling
-    from bert_tf.tools import planner
-    from bert_tf.tools import model_shapes
+    from bert_tf.tools import model_shapes, planner
     shapes = [(30522, 128), (128,), (512, 128)]
     comm = CommConfig(exchange="onebit", onebit_variance_kappa=16, compression_warmup_steps=320)
     assert comm_module.float32_updates(comm, 400) == 69
     plain, wire = comm_module.wire_bytes("none", shapes, 4), comm_module.wire_bytes("onebit", shapes, 4)
     assert comm_module.run_wire_bytes(comm, shapes, 4, 400) == pytest.approx((69 * plain + 331 * wire) / 400)
-    model_shapes = model_shapes.gradient_tensor_shapes(modeling.BertConfig.preset("mini", vocab_size=30522))
+    shapes = model_shapes.gradient_tensor_shapes(modeling.BertConfig.preset("mini", vocab_size=30522))
     phase = planner.Phase("p", 128, 128 * 400, 128, 1000.0)                  # 400 updates
     cluster = planner.Cluster(4, 1, 10.0, inter_latency_us=0)
-    row = lambda **kw: planner.plan_phase(model_shapes, phase, cluster, CommConfig(cycle_time_ms=0, **kw), 1)
+    row = lambda **kw: planner.plan_phase(shapes, phase, cluster, CommConfig(cycle_time_ms=0, **kw), 1)
     plain, signs = row()["gradient_bytes"], row(exchange="onebit", compression_warmup_steps=0)["gradient_bytes"]
     for kappa, float32 in ((0, 320), (16, 69)):
         got = row(exchange="onebit", compression_warmup_steps=320, onebit_variance_kappa=kappa)["gradient_bytes"]

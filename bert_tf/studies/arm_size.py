@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 
+from bert_tf import ConfigError
 from bert_tf.model.config import BertConfig
 from bert_tf.tools import flops, model_shapes
 
@@ -18,9 +19,13 @@ def model_size(run_dir: str, run_record: dict) -> dict:
     FLOPs per token (from its bert_config.json and sequence length): the size-matching of arms."""
     out = {"parameters": run_record["parameters"]} if "parameters" in run_record else {}
     path = os.path.join(run_dir, "bert_config.json")
-    seq = run_record.get("config", {}).get("max_seq_length")
+    ran = run_record.get("resolved") or run_record.get("config") or {}
+    seq = ran.get("max_seq_length")
     if os.path.exists(path) and seq:
-        config = BertConfig.from_json_file(path)
+        try:
+            config = BertConfig.from_json_file(path)
+        except ConfigError:  # a config this version cannot read: the report goes on without sizes
+            return out
         out["encoder_parameters"] = model_shapes.encoder_parameter_count(config)
         out["encoder_flops_per_token"] = flops.encoder_flops_per_token(config, seq)
     return out

@@ -1,6 +1,6 @@
 """Launching one run of the recipe race: run/pretrain.py on `ranks` processes of this machine, or
-on an emulated cluster's nodes, its console in race.log. A run that ends well leaves DONE, so a
-race spanning sessions runs only what is left (to_run)."""
+on an emulated cluster's nodes, its console in race.log. A run records how it ended (metrics.jsonl's
+"end" record), so a race spanning sessions runs only what is left (to_run)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,9 @@ import subprocess
 import sys
 import time
 
+from bert_tf import ConfigError
+from bert_tf.artifacts import metrics
 from bert_tf.studies import emulated_cluster, race_sweep
-
-
-DONE = "race.done"  # written by launch when a run ends well: its seconds
 
 
 def launch(flagfile: str, run_dir: str, ranks: int, extra=(), log=print, mpirun=None) -> float:
@@ -58,16 +57,31 @@ def launch(flagfile: str, run_dir: str, ranks: int, extra=(), log=print, mpirun=
         )
     if proc.returncode:
         raise RuntimeError(f"{flagfile} exited {proc.returncode}: see {run_dir}/race.log")
-    seconds = time.time() - start
-    with open(os.path.join(run_dir, DONE), "w") as f:  # a later session's race skips it
-        f.write(f"{seconds:.1f}\n")
-    return seconds
+    return time.time() - start
 
 
 def to_run(run_dir: str) -> bool:
-    """Whether a race run is still to run: not if it finished (DONE); one cut short (a session
-    that ended mid-run) is moved aside to <run_dir>.interrupted, to run again whole."""
-    if os.path.exists(os.path.join(run_dir, DONE)):
-        return False
+    """Whether a race run is still to run: not if its metrics.jsonl ends with an "end" record that
+    did not stop early; one cut short (a session that ended mid-run, a signal) is moved aside to
+    <run_dir>.interrupted, to run again whole. A folder holding a sweep, or a run from before runs
+    recorded their end, is an error: neither is moved or run again unasked."""
+    if not os.path.exists(run_dir):
+        return True
+    if os.path.exists(os.path.join(run_dir, "sweep")):
+        raise ConfigError(
+            f"{run_dir} holds a sweep ({run_dir}/sweep): race into another --output_dir"
+        )
+    path = os.path.join(run_dir, "metrics.jsonl")
+    records = metrics.read_metrics(path, growing=True) if os.path.exists(path) else []
+    ends = [r for r in records if r.get("kind") == "end"]
+    if ends:
+        if not ends[-1]["stopped_early"]:
+            return False
+    elif any(r.get("kind") == "run" and "device" not in r for r in records):
+        raise ConfigError(
+            f"{run_dir}: a run from before runs recorded their end (2026-12-07), so whether it "
+            "finished is not known: move or delete it to run it again, or report it with "
+            "--report_only"
+        )
     race_sweep.move_aside(run_dir)
     return True

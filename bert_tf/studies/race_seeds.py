@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+from typing import Callable
 
 from bert_tf import ConfigError
 from bert_tf.studies.arm_size import SIZE_KEYS, size_line
@@ -99,6 +100,25 @@ def machines(runs: dict) -> list:
         if c.get("device")
     }
     return sorted(seen)
+
+
+def describe_machine(device: dict) -> str:
+    """A device_description() as a title's words: the CPU, its cores and the arithmetic it has."""
+    if "gpus" in device:
+        return ", ".join(device["gpus"])
+    return (
+        f"{device.get('cpu', '?')} ({device.get('cpu_count', '?')} cores; "
+        f"{', '.join(device.get('cpu_features', []))})"
+    )
+
+
+def ran_on(runs: dict, here: Callable[[], dict]) -> str:
+    """Where {name: [curve, ...]} ran, for a plot's title: their machine, or how many there were;
+    runs from before run records named it are taken as run here (`here()`: this machine's)."""
+    found = machines(runs)
+    if len(found) > 1:
+        return f"{len(found)} different machines (their minutes do not compare)"
+    return describe_machine(json.loads(found[0]) if found else here())
 
 
 def describe_seeds(summary: dict) -> list:

@@ -126,14 +126,20 @@ FINALISTS = 2  # per recipe: the same second-stage effort for each
 
 
 def finalists(rows: list) -> list:
-    """A recipe's settings for the second stage, best first: the best of each optimizer where it
-    swept several (classic: LAMB and AdamW), else its best FINALISTS. A short sweep ranks settings
-    by where they stand after its budget; the finalists are raced again at the race's own length
+    """A recipe's FINALISTS settings for the second stage, from `rows` best first: the best of each
+    optimizer it swept (classic: LAMB and AdamW), then its next best; a diverged setting (loss or
+    accuracy not a number) only if nothing else is left. A short sweep ranks settings by where
+    they stand after its budget; the finalists are raced again at the race's own length
     (docs/pretraining.md), so a rate that only starts slowly is not dropped on the first figure."""
-    optimizers = list(dict.fromkeys(r["setting"].get("optimizer") for r in rows))
-    if len(optimizers) > 1:
-        return [next(r for r in rows if r["setting"].get("optimizer") == o) for o in optimizers]
-    return rows[:FINALISTS]
+    sound = [
+        r for r in rows if math.isfinite(r["final_loss"]) and math.isfinite(r["final_accuracy"])
+    ]
+    ordered = sound + [r for r in rows if r not in sound]
+    picked: list = []
+    for optimizer in dict.fromkeys(r["setting"].get("optimizer") for r in sound):
+        picked.append(next(r for r in sound if r["setting"].get("optimizer") == optimizer))
+    picked += [r for r in ordered if r not in picked]
+    return picked[:FINALISTS]
 
 
 def report(scores: dict, recipes: dict, out_dir: str) -> dict:
@@ -160,7 +166,7 @@ def report(scores: dict, recipes: dict, out_dir: str) -> dict:
         table[name] = sorted(
             rows,
             key=lambda r: (
-                -r["final_accuracy"],
+                -r["final_accuracy"] if math.isfinite(r["final_accuracy"]) else math.inf,
                 r["final_loss"] if math.isfinite(r["final_loss"]) else math.inf,
             ),
         )

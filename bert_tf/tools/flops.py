@@ -50,7 +50,8 @@ def training_flops_per_sequence(config, seq_length, predictions, nsp=True) -> fl
 
 def encoder_flops_per_token(config: BertConfig, seq_length: int) -> float:
     """Forward FLOPs of the transformer layers alone per token at `seq_length` (the layer terms
-    of forward_flops_per_sequence; windowed layers counted dense: at sequence 128 the window spans
-    the row)."""
+    of forward_flops_per_sequence). Windowed layers count as dense, which is what bert_tf computes
+    (a mask) up to 3 x local_attention // 2 tokens; past that it computes them in blocks
+    (model/modern.py), and this count is then too high for them."""
     S, H, I = seq_length, config.hidden_size, config.intermediate_size
     return config.num_hidden_layers * _layer_flops(S, H, I, config.modern) / S

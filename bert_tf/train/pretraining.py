@@ -279,6 +279,8 @@ def _finish(
             {k: v for k, v in metrics.as_dict(final_eval).items() if k.startswith("eval_")}
         )
     summary["stopped_early"] = stopped_early
+    # how the run ended (a race spanning sessions runs again only one cut short)
+    job.writer.write({"kind": "end", "step": step, "stopped_early": bool(stopped_early)})
     if cfg.ladder_sequences_per_second and "sequences_per_second" in summary:
         say(
             f"measured {summary['sequences_per_second'] / mode.size:.2f} seq/s per rank (last "
