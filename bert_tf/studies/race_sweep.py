@@ -232,8 +232,11 @@ def plot(table: dict, path: str, title: str):
         by_accuracy.plot(rates, [p[2] for p in points], **style)
     by_loss.set_ylabel("final held-out MLM loss")
     by_accuracy.set_ylabel("final held-out MLM accuracy")
+    rates = sorted({p[0] for points in lines.values() for p in points})
     for ax in (by_loss, by_accuracy):
         ax.set_xscale("log")
+        ax.minorticks_off()  # the rates swept as the ticks: log-scale minor labels overlap
+        ax.set_xticks(rates, [f"{r:g}" for r in rates])
         ax.set_xlabel("peak learning rate")
         ax.grid(alpha=0.3)
     if lines:
