@@ -390,6 +390,7 @@ def test_a_sweep_gives_each_recipe_the_same_effort_and_writes_its_best_setting_a
     rows = [row("lamb", nan, nan), row("adamw", 7.0, 0.2), row("adamw", 7.1, 0.19), row("sgd", 8.0, 0.1)]
     assert race_sweep.finalists(rows) == [rows[1], rows[3]]
     assert race_sweep.finalists([rows[1], row("lamb", nan)]) == [rows[1], row("lamb", nan)]
+    assert race_sweep.finalists(rows[:3]) == [rows[1], rows[2]]   # a sound runner-up before a diverged optimizer
     assert race_sweep.finalists([rows[1]]) == [rows[1]]
     assert "classic: 20 settings, best first" in proc.stdout
     base = dict(recipes=["a=b"], output_dir="x", time_budget_hours=0.5)
