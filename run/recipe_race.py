@@ -71,18 +71,17 @@ def race_on(cfg, recipes):
         cluster = emulated_cluster.EmulatedCluster(cfg.nodes, cfg.link_gbit)
     with cluster:
         mpirun = cluster.mpirun_prefix(cfg.nodes) if cfg.nodes else None
-        for name, path in recipes.items() if not cfg.report_only else ():
-            for k, run_dir in zip(cfg.seeds or [None], cfg.run_dirs(name)):
-                if not race_launch.to_run(run_dir):
-                    print(f"{run_dir}: finished earlier, not run again", flush=True)
-                    continue
-                race_launch.launch(
-                    os.path.abspath(path),
-                    os.path.abspath(run_dir),
-                    cfg.nodes or cfg.ranks,
-                    extra + ([] if k is None else [f"--seed={k}"]),
-                    mpirun=mpirun,
-                )
+        for name, path, k, run_dir in cfg.runs(recipes) if not cfg.report_only else ():
+            if not race_launch.to_run(run_dir):
+                print(f"{run_dir}: finished earlier, not run again", flush=True)
+                continue
+            race_launch.launch(
+                os.path.abspath(path),
+                os.path.abspath(run_dir),
+                cfg.nodes or cfg.ranks,
+                extra + ([] if k is None else [f"--seed={k}"]),
+                mpirun=mpirun,
+            )
         if not cfg.nodes:
             return None
         probe = [sys.executable, os.path.join(REPO, "run", "comm_study.py"), "--probe"]

@@ -5,6 +5,7 @@ import pathlib
 import shutil
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -12,6 +13,26 @@ import pytest
 REPO = pathlib.Path(__file__).resolve().parents[1]
 WORKERS = REPO / "tests" / "workers"
 CORPUS = REPO / "data" / "corpus"
+CACHE = pathlib.Path(os.environ.get("BERT_TF_CACHE", pathlib.Path.home() / ".cache" / "bert_tf"))
+_durations = {}
+
+
+def pytest_runtest_logreport(report):
+    _durations[report.nodeid] = _durations.get(report.nodeid, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Every test's seconds (setup + call + teardown) of the last whole run, slowest first, in
+    $BERT_TF_CACHE/test_durations.json: where CI's minutes go, kept when its console is not."""
+    whole = session.config.args_source == pytest.Config.ArgsSource.TESTPATHS
+    if not _durations or not whole or session.config.option.keyword:
+        return
+    ranked = sorted(_durations.items(), key=lambda kv: -kv[1])
+    record = {"finished": time.strftime("%Y-%m-%d %H:%M:%S"), "exit": int(exitstatus),
+              "markers": session.config.option.markexpr, "seconds": round(sum(_durations.values()), 1),
+              "tests": {k: round(v, 2) for k, v in ranked}}
+    CACHE.mkdir(parents=True, exist_ok=True)
+    (CACHE / "test_durations.json").write_text(json.dumps(record, indent=1) + "\n")
 
 
 def mpi_env(extra=None):

@@ -242,6 +242,10 @@ def test_a_race_spanning_sessions_runs_only_what_is_left_and_names_mixed_machine
         assert race_launch.to_run(folder) and not os.path.exists(folder)
         assert os.path.exists(folder + ".interrupted/metrics.jsonl")
     assert race_launch.to_run(str(tmp_path / "never"))
+    # seed by seed: a session's end leaves whole seeds, each seed's recipes on one machine
+    cfg = recipe_race.RaceConfig(recipes=["a=x", "b=y"], output_dir="o", seeds=[1, 2])
+    assert [(n, k, d) for n, _, k, d in cfg.runs({"a": "x", "b": "y"})] == [
+        ("a", 1, "o/a/seed1"), ("b", 1, "o/b/seed1"), ("a", 2, "o/a/seed2"), ("b", 2, "o/b/seed2")]
     (tmp_path / "old").mkdir()                                  # no "device", no "end": from before
     (tmp_path / "old" / "metrics.jsonl").write_text(json.dumps({"kind": "run", "step": 0}) + "\n")
     (tmp_path / "sweeps" / "sweep").mkdir(parents=True)

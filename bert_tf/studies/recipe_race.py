@@ -108,6 +108,16 @@ class RaceConfig:
         base = os.path.join(self.output_dir or "", name)
         return [base] if not self.seeds else [os.path.join(base, f"seed{k}") for k in self.seeds]
 
+    def runs(self, recipes: dict[str, str]) -> list[tuple[str, str, int | None, str]]:
+        """(name, flagfile, seed, run folder) in the order the race runs them: seed by seed, every
+        recipe in each, so a session that ends mid-race leaves whole seeds, and the recipes a seed
+        compares ran on one machine."""
+        return [
+            (name, path, k, self.run_dirs(name)[i])
+            for i, k in enumerate(self.seeds or [None])
+            for name, path in recipes.items()
+        ]
+
 
 def read_flagfile(path: str, root: str = ".") -> dict:
     """A flagfile's --name=value lines as {name: value}, following nested --flagfile= lines
