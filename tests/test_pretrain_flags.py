@@ -153,13 +153,29 @@ def test_each_one_change_race_differs_from_the_classic_recipe_in_that_change_onl
     classic = recipe_race.read_flagfile(str(REPO / "configs" / "race_classic.flags"), str(REPO))
     changes = {"masking": {"train_files", "max_predictions_per_seq", "eval_max_predictions_per_seq"},
                "no_nsp": {"mlm_only"}, "modern": {"model_preset"}, "wsd": {"schedule", "decay_fraction"},
-               "batch_warmup": {"batch_warmup_sequences"}}
+               "batch_warmup": {"batch_warmup_sequences"},
+               "contiguous": {"train_files", "mlm_only", "dynamic_masking", "eval_max_predictions_per_seq"}}
     assert {p.name for p in (REPO / "configs").glob("race_only_*.flags")} == {f"race_only_{c}.flags" for c in changes}
     for change, keys in changes.items():
         flags = recipe_race.read_flagfile(str(REPO / "configs" / f"race_only_{change}.flags"), str(REPO))
         assert {k for k in flags.keys() | classic.keys() if flags.get(k) != classic.get(k)} == keys, change
     assert recipe_race.read_flagfile(str(REPO / "configs" / "race_only_masking.flags"), str(REPO))["train_files"] \
         == "data/race/mask30/train-*"
+
+
+def test_each_budget_variant_differs_from_the_budget_recipe_in_its_one_choice_only():
+    """Issue 49's single-change table for the choices the budget recipe added: race_budget_with_<x>.flags
+    is race_budget.flags with that one choice swapped; race_budget_matched.flags changes the size alone."""
+    budget = recipe_race.read_flagfile(str(REPO / "configs" / "race_budget.flags"), str(REPO))
+    changes = {"pairs": {"train_files": "data/race/budget/train-*"}, "linear_decay": {"decay_shape": "linear"},
+               "theta_160k": {"global_rope_theta": "160000"}, "adamw": {"optimizer": "adamw"},
+               "wd_1e-5": {"weight_decay": "1e-5"}, "mask_schedule": {"masked_lm_prob_end": "0.15"}}
+    names = {p.name for p in (REPO / "configs").glob("race_budget_with_*.flags")}
+    assert names == {f"race_budget_with_{c}.flags" for c in changes}
+    changes = {f"with_{c}": v for c, v in changes.items()} | {"matched": {"model_preset": "modern-mini-matched"}}
+    for change, swapped in changes.items():
+        flags = recipe_race.read_flagfile(str(REPO / "configs" / f"race_budget_{change}.flags"), str(REPO))
+        assert {k: flags[k] for k in flags.keys() | budget.keys() if flags.get(k) != budget.get(k)} == swapped
 
 
 def test_fit_micro_batch_re_splits_the_per_rank_batch_or_names_why_it_cannot(tiny_data, tmp_path):
