@@ -80,7 +80,7 @@ def test_the_new_choices_are_flags_and_the_budget_flagfiles_are_valid_runs():
             ("stable_adamw", "wsd", "1-sqrt", 0.98, 0.0)
         # ModernBERT's weight decay, 1e-5 per update at the peak rate (fully decoupled), in bert_tf's
         # convention (lr x --weight_decay per update)
-        assert cfg.learning_rate * cfg.weight_decay == pytest.approx(1e-5)
+        assert cfg.learning_rate * cfg.weight_decay == pytest.approx(1e-5, rel=1e-3)
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in (REPO / "configs").glob("comm*.flags")))
