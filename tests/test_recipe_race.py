@@ -304,6 +304,12 @@ def test_over_seeds_each_figure_has_its_mean_and_spread_and_the_times_pair_seed_
     assert "budget: final held-out MLM accuracy 0.3400 ± 0.0141 (s.e. 0.0100) over 2 seeds" in proc.stdout
     assert "  reaches classic's final in 7.5 ± 0.0 (s.e. 0.0) min on 1/2 seeds" in proc.stdout
     assert race_seeds.spread([None, None]) == {"n": 0, "mean": None}
+    one = {"a": {"seeds": 1, "final_accuracy": race_seeds.spread([0.07]), "seconds": race_seeds.spread([1800.0]),
+                 "reaches": {"b": {"reached": 0, "seconds": race_seeds.spread([None]),
+                                   "fraction_of_their_time": race_seeds.spread([None])}}}}
+    assert race_seeds.describe_seeds(one) == [
+        "a: final held-out MLM accuracy 0.0700 ± 0.0000 (s.e. 0.0000) over 1 seed, after 30.0 ± 0.0 (s.e. 0.0) min",
+        "  never reaches b's final (0/1 seeds)"]
     with pytest.raises(ConfigError, match="--seeds=1,1: a seed given twice"):
         recipe_race.RaceConfig(recipes=["a=b"], output_dir="x", seeds=[1, 1])
 

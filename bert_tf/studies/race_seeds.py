@@ -133,7 +133,7 @@ def describe_seeds(summary: dict) -> list:
     for name, row in summary.items():
         lines.append(
             f"{name}: final held-out MLM accuracy {pm(row['final_accuracy'])} over "
-            f"{row['seeds']} seeds, after {pm(row['seconds'], 60, '.1f')} min"
+            f"{row['seeds']} seed{'s' * (row['seeds'] != 1)}, after {pm(row['seconds'], 60, '.1f')} min"
         )
         lines += size_line(row)
         if "bytes_per_update" in row:
@@ -148,6 +148,9 @@ def describe_seeds(summary: dict) -> list:
                 f"scaling efficiency {pm(row['scaling_efficiency'], 0.01, '.0f')} %"
             )
         for other, r in row["reaches"].items():
+            if not r["reached"]:
+                lines.append(f"  never reaches {other}'s final (0/{row['seeds']} seeds)")
+                continue
             lines.append(
                 f"  reaches {other}'s final in {pm(r['seconds'], 60, '.1f')} min on "
                 f"{r['reached']}/{row['seeds']} seeds ({pm(r['fraction_of_their_time'], 1, '.2f')}"
