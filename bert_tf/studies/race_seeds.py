@@ -131,9 +131,10 @@ def describe_seeds(summary: dict) -> list:
 
     lines = []
     for name, row in summary.items():
+        seeds = f"{row['seeds']} seed{'s' * (row['seeds'] != 1)}"
         lines.append(
             f"{name}: final held-out MLM accuracy {pm(row['final_accuracy'])} over "
-            f"{row['seeds']} seed{'s' * (row['seeds'] != 1)}, after {pm(row['seconds'], 60, '.1f')} min"
+            f"{seeds}, after {pm(row['seconds'], 60, '.1f')} min"
         )
         lines += size_line(row)
         if "bytes_per_update" in row:
