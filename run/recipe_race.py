@@ -26,6 +26,18 @@ speed (fed the run's own compute speed) against the speed measured between evalu
 <name>.best.flags for the race (bert_tf/studies/race_sweep.py). With --sweep_updates a sweep stopped
 part-way goes on where it stopped when run again.
 
+--link_for_efficiency=0.25 --nodes=4 reports, for each recipe's finished run in --output_dir (a
+run on this machine's ranks is enough), the --link_gbit at which its exchange leaves 25% scaling
+efficiency on 4 emulated nodes (bert_tf/studies/race_planner.py), with --link_probe=<a race's
+link.json> made at --link_gbit to carry that link's measured bandwidth ratio and per-message cost
+over:
+
+    python run/recipe_race.py --ranks=4 --pretrain_flag=--total_steps=40 --output_dir=runs/alone \
+        --recipes=fp16=configs/comm47_fp16.flags
+    python run/recipe_race.py --link_for_efficiency=0.25 --nodes=4 --link_gbit=0.1 \
+        --link_probe=docs/runs/comm47/link.json --output_dir=runs/alone \
+        --recipes=fp16=configs/comm47_fp16.flags
+
 --seeds=1,2,3 runs every recipe once per seed (<output_dir>/<name>/seed<k>) and reports each
 figure's mean, standard deviation and standard error over the seeds (bert_tf/studies/race_seeds.py).
 """
@@ -94,6 +106,34 @@ def race_on(cfg, recipes):
         f"link probe, {cfg.nodes} nodes at {cfg.link_gbit:g} Gbit/s: {json.dumps(link)}", flush=True
     )
     return link
+
+
+def report_links(cfg, recipes):
+    """--link_for_efficiency: the link each finished run's exchange needs for that efficiency."""
+    from bert_tf.studies import race_planner
+
+    link = None
+    if cfg.link_probe:
+        try:
+            link = json.load(open(cfg.link_probe))
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"--link_probe={cfg.link_probe}: {e}") from None
+    for name in recipes:
+        for run_dir in cfg.run_dirs(name):
+            if not os.path.exists(os.path.join(run_dir, "metrics.jsonl")):
+                raise ConfigError(f"{run_dir}: no finished run (metrics.jsonl) to measure")
+            got = race_planner.link_for_efficiency(
+                run_dir, cfg.nodes, cfg.link_for_efficiency, link, cfg.link_gbit if link else 0.0
+            )
+            print(
+                f"{run_dir}: {got['scaling_efficiency']:.0%} scaling efficiency on {cfg.nodes} "
+                f"nodes at --link_gbit={got['link_gbit']:.3g} (effective "
+                f"{got['effective_gbit']:.3g} Gbit/s); per rank {got['device_seq_s']:.2f} seq/s "
+                "without communication: an "
+                f"update computes in {got['compute_seconds_per_update']:.1f} s and exchanges in "
+                f"{got['exchange_seconds_per_update']:.1f} s",
+                flush=True,
+            )
 
 
 def this_machine() -> dict:
@@ -176,7 +216,7 @@ def report_sweep(cfg, scores, recipes, missing):
 
 def main(_):
     cfg = cli.config_from_flags(RaceConfig)
-    from bert_tf.studies import race_seeds, recipe_race
+    from bert_tf.studies import race_planner, race_seeds, recipe_race
 
     recipes = parse_recipes(cfg.recipes)
     settings = {name: recipe_race.read_flagfile(path, REPO) for name, path in recipes.items()}
@@ -190,12 +230,15 @@ def main(_):
     if cfg.sweep_learning_rates:
         sweep(cfg, recipes)
         return
+    if cfg.link_for_efficiency:
+        report_links(cfg, recipes)
+        return
     link = race_on(cfg, recipes)
     runs = {}
     for name in recipes:
         runs[name] = [recipe_race.curve(run_dir) for run_dir in cfg.run_dirs(name)]
         for run_dir, run in zip(cfg.run_dirs(name), runs[name]) if cfg.nodes else ():
-            run["planner"] = recipe_race.planned_vs_measured(
+            run["planner"] = race_planner.planned_vs_measured(
                 run_dir, cfg.nodes, cfg.link_gbit, link
             )
     machines = race_seeds.machines(runs)

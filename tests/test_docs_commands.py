@@ -155,11 +155,11 @@ COMMANDS = {
              "the work directory (symlinks, its own runs/)"),
     "python run/finetune.py --train_file=data/corpus/pang_lee_polarity.cor --vocab_file=data/demo/vocab.txt "
     "--init_checkpoint=runs/demo --kfold=5 --output_json=runs/finetune_pre.json":
-        here("test_finetune_commands", "--epochs=1"),
+        here("test_finetune_commands", "--epochs=0.25"),
     "python run/finetune.py --train_file=data/corpus/pang_lee_polarity.cor --vocab_file=data/demo/vocab.txt "
-    "--random_init --bert_config_file=runs/demo/bert_config.json --kfold=5": here("test_finetune_commands", "--epochs=1"),
+    "--random_init --bert_config_file=runs/demo/bert_config.json --kfold=5": here("test_finetune_commands", "--epochs=0.25"),
     "python run/finetune.py --train_file=data/corpus/pang_lee_polarity.cor --vocab_file=data/demo/vocab.txt "
-    "--probe_checkpoint_dir=runs/demo": here("test_finetune_commands", "--epochs=1"),
+    "--probe_checkpoint_dir=runs/demo": here("test_finetune_commands", "--epochs=0.25"),
     "python run/glue.py --tasks=all --data_dir=glue_data --init_checkpoint=runs/base_phase2 "
     "--vocab_file=data/wiki/vocab.txt --output_dir=runs/glue":
         by("test_glue.py::test_every_task_trains_predicts_scores_and_writes_its_submission_under_mpirun",
@@ -591,11 +591,12 @@ def test_finetune_commands(demo_runs, workdir):
     if demo_runs[1] is None or demo_runs[1].returncode != 0:
         pytest.fail("needs the demo runs (test_demo_pretraining_*)")
     pre, baseline, probe = commands_of("test_finetune_commands")
-    out = ok(run_doc_command(pre, workdir, ["--epochs=1"]))
+    # a quarter epoch: the commands' paths (5 folds, both starts, every checkpoint probed), not accuracy
+    out = ok(run_doc_command(pre, workdir, ["--epochs=0.25"]))
     assert (workdir / "runs" / "finetune_pre.json").is_file(), out[-3000:]
-    out = ok(run_doc_command(baseline, workdir, ["--epochs=1"]))
+    out = ok(run_doc_command(baseline, workdir, ["--epochs=0.25"]))
     assert "accuracy" in out, out[-3000:]
-    ok(run_doc_command(probe, workdir, ["--epochs=1"]))
+    ok(run_doc_command(probe, workdir, ["--epochs=0.25"]))
     records = [json.loads(line) for line in (workdir / "runs" / "demo" / "metrics.jsonl").read_text().splitlines()]
     probed = sorted(r["step"] for r in records if r.get("kind") == "probe")
     assert probed == [10, 20], records[-3:]          # every checkpoint of the two demo runs

@@ -275,11 +275,14 @@ def _mid_interval(after_step, commit):
 
 
 @pytest.mark.cluster
+@pytest.mark.long
 @needs_namespaces
 def test_elastic_job_loses_a_node_takes_it_back_and_loses_a_link(tmp_path, tiny_data):
     """3 emulated nodes, one rank each. Node 2 killed (a preemption: Horovod blacklists it, and with
     --blacklist-cooldown-range takes the same node back when the cooldown ends); then node 1's link
-    taken down and node 1 dropped from the list; the job ends on 2 ranks."""
+    taken down and node 1 dropped from the list; the job ends on 2 ranks. With -m long (3 minutes):
+    every run has the kill and the take-back in test_the_spot_cluster_run_whole; this replays them
+    and adds a cut link and the replayed losses' equality."""
     ckpt = tmp_path / "run"
     metrics = ckpt / "metrics.jsonl"
     commit = 10

@@ -1,12 +1,13 @@
 """Lint and types in the unit tier: ruff (ruff.toml's rules) over bert_tf/, run/, tests/ and scripts/, its file
 list covering every module, ruff's formatter at 100 columns over bert_tf/ and run/, mypy (mypy.ini) over bert_tf/ and run/, and no `# noqa` without a reason on its
 line."""
+import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
-from conftest import REPO
+from conftest import CACHE, REPO
 
 RUFF = [sys.executable, "-m", "ruff"]
 FOLDERS = ("bert_tf", "run", "tests", "scripts")
@@ -42,9 +43,12 @@ def test_the_linter_reads_every_module():
 
 
 def test_mypy_passes():
-    """mypy.ini's settings over the library and the entry points (native packages' names are Any)."""
+    """mypy.ini's settings over the library and the entry points (native packages' names are Any). Its
+    cache is kept in $BERT_TF_CACHE, so a fresh clone re-checks only what changed (mypy compares the files'
+    hashes)."""
+    env = {**os.environ, "MYPY_CACHE_DIR": str(CACHE / "mypy")}
     proc = subprocess.run([sys.executable, "-m", "mypy", "bert_tf", "run"], cwd=REPO, capture_output=True, text=True,
-                          timeout=600)
+                          timeout=600, env=env)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
 
 

@@ -4,13 +4,14 @@ import dataclasses
 import json
 import os
 import math
+import re
 import subprocess
 import sys
 
 import pytest
 
 from bert_tf import ConfigError
-from bert_tf.studies import emulated_cluster as ec, race_launch, recipe_race
+from bert_tf.studies import emulated_cluster as ec, race_launch, race_planner, recipe_race
 from conftest import REPO
 
 
@@ -145,8 +146,8 @@ def test_the_emulated_race_measures_between_evaluations_and_asks_the_planner(tmp
     records = [train(10, 1.0), train(20, 20.0, **sent), {"kind": "eval", "step": 20, "time": 21.0,
                "eval_mlm_accuracy": 0.1}, train(30, 2.0, **sent), train(40, 30.0, **sent)]
     write_timed_run(tmp_path / "fp16", comm, records)
-    assert [r["step"] for r in recipe_race.training_intervals(records)] == [20, 40]
-    got = recipe_race.planned_vs_measured(str(tmp_path / "fp16"), nodes=2, rate_gbit=0.1)
+    assert [r["step"] for r in race_planner.training_intervals(records)] == [20, 40]
+    got = race_planner.planned_vs_measured(str(tmp_path / "fp16"), nodes=2, rate_gbit=0.1)
     assert got["measured"] == pytest.approx(2 / (1 / 20 + 1 / 30))          # not the first, not after the eval
     assert got["device_seq_s"] == pytest.approx(16 / 0.5)
     assert got["scaling_efficiency"] == pytest.approx(got["measured"] / (2 * 32))   # 2 ranks' own speed
@@ -155,7 +156,7 @@ def test_the_emulated_race_measures_between_evaluations_and_asks_the_planner(tmp
     exchange = fp16_bytes / (0.1e9 / 8)                      # 2 nodes: a ring sends the whole buffer once
     assert got["predicted_exchange_seconds"] == pytest.approx(exchange, rel=1e-6)
     assert got["predicted_sequences_per_second"] == pytest.approx(32 / (0.5 + exchange), rel=1e-6)
-    probed = recipe_race.planned_vs_measured(str(tmp_path / "fp16"), 2, 0.1, {"effective_gbit": 0.05,
+    probed = race_planner.planned_vs_measured(str(tmp_path / "fp16"), 2, 0.1, {"effective_gbit": 0.05,
                                                                               "message_seconds": 0.001})
     assert probed["predicted_exchange_seconds"] == pytest.approx(fp16_bytes / (0.05e9 / 8) + 0.001, rel=1e-6)
     curve = recipe_race.curve(str(tmp_path / "fp16"))
@@ -167,18 +168,67 @@ def test_the_emulated_race_measures_between_evaluations_and_asks_the_planner(tmp
     # a compressed run: the intervals of its float32 warmup are not its speed
     comm = dataclasses.asdict(CommConfig(exchange="powersgd", compression_warmup_steps=15))
     write_timed_run(tmp_path / "powersgd", comm, [train(10, 1.0), train(20, 5.0), train(30, 40.0)])
-    got = recipe_race.planned_vs_measured(str(tmp_path / "powersgd"), nodes=2, rate_gbit=0.1)
+    got = race_planner.planned_vs_measured(str(tmp_path / "powersgd"), nodes=2, rate_gbit=0.1)
     assert got["measured"] == 40.0 and got["compression_seconds"] > 0
     # --exchange=auto: the planner takes the exchange the run chose
     write_timed_run(tmp_path / "auto", dataclasses.asdict(CommConfig(exchange="auto")),
                     [train(10, 1.0), train(20, 5.0), train(30, 40.0)], resolved=comm)
-    assert recipe_race.planned_vs_measured(str(tmp_path / "auto"), nodes=2, rate_gbit=0.1)["compression_seconds"] > 0
+    assert race_planner.planned_vs_measured(str(tmp_path / "auto"), nodes=2, rate_gbit=0.1)["compression_seconds"] > 0
     # --local_updates: the bytes averaged over the run's rounds (40 updates, one float16 exchange every 4),
     # not over one update's share of a round (which rounds to none)
     write_timed_run(tmp_path / "local", dataclasses.asdict(CommConfig(local_updates=4, outer_delta_bits=16)),
                     [train(10, 1.0), train(20, 5.0), train(30, 40.0)])
-    local = recipe_race.planned_vs_measured(str(tmp_path / "local"), nodes=2, rate_gbit=0.1)
+    local = race_planner.planned_vs_measured(str(tmp_path / "local"), nodes=2, rate_gbit=0.1)
     assert local["predicted_bytes"] == pytest.approx(fp16_bytes / 4, rel=1e-3)
+
+
+def test_the_link_for_an_efficiency_inverts_the_planner_on_the_runs_own_speed(tmp_path):
+    """A float16 run computing an update of 16 sequences per rank in 0.5 s: on 2 nodes the ring sends the whole
+    buffer once, so 25% efficiency (0.5 / (0.5 + exchange)) needs a 1.5 s exchange; a probe's measured/set ratio
+    (0.05 of 0.1) and per-message cost carry over to the new rate."""
+    from bert_tf.parallel.comm import CommConfig
+    from bert_tf.model import modeling
+    from bert_tf.tools import model_shapes
+    comm = dataclasses.asdict(CommConfig(exchange="fp16", cycle_time_ms=0))
+    write_timed_run(tmp_path / "fp16", comm, [train(10, 1.0), train(20, 20.0), train(30, 2.0)])
+    shapes = model_shapes.gradient_tensor_shapes(modeling.BertConfig.preset("modern-tiny", vocab_size=1000), nsp=False)
+    bits = 8 * 2 * sum(map(math.prod, shapes))
+    got = race_planner.link_for_efficiency(str(tmp_path / "fp16"), 2, 0.25)
+    assert got["link_gbit"] == pytest.approx(bits / 1.5 / 1e9, rel=1e-6) == got["effective_gbit"]
+    assert got["scaling_efficiency"] == pytest.approx(0.25, rel=1e-6)
+    assert got["exchange_seconds_per_update"] == pytest.approx(1.5, rel=1e-6) and got["device_seq_s"] == 32
+    probe = {"effective_gbit": 0.05, "message_seconds": 0.001}
+    probed = race_planner.link_for_efficiency(str(tmp_path / "fp16"), 2, 0.25, probe, probed_gbit=0.1)
+    assert probed["effective_gbit"] == pytest.approx(bits / 1.499 / 1e9, rel=1e-6)
+    assert probed["link_gbit"] == pytest.approx(2 * probed["effective_gbit"], rel=1e-9)
+    assert race_planner.link_for_efficiency(str(tmp_path / "fp16"), 2, 0.8)["link_gbit"] > got["link_gbit"]
+    with pytest.raises(ConfigError, match="in \\(0, 1\\)"):
+        race_planner.link_for_efficiency(str(tmp_path / "fp16"), 2, 1.0)
+    with pytest.raises(ConfigError, match="needs the rate it was made at"):
+        race_planner.link_for_efficiency(str(tmp_path / "fp16"), 2, 0.25, probe)
+    with pytest.raises(ConfigError, match="out of reach"):     # 0.5 s per message: 25% is never reached
+        race_planner.link_for_efficiency(str(tmp_path / "fp16"), 2, 0.25, dict(probe, message_seconds=5.0), 0.1)
+    with pytest.raises(ConfigError, match="--link_for_efficiency=0.25 needs a value in \\(0, 1\\) and --nodes"):
+        recipe_race.RaceConfig(recipes=["a=b"], output_dir="x", link_for_efficiency=0.25, nodes=1)
+
+
+def test_the_link_for_an_efficiency_from_the_command_line(tmp_path):
+    """run/recipe_race.py --link_for_efficiency prints each finished run's link, and names a missing run."""
+    from bert_tf.parallel.comm import CommConfig
+    comm = dataclasses.asdict(CommConfig(exchange="fp16", cycle_time_ms=0))
+    write_timed_run(tmp_path / "fp16", comm, [train(10, 1.0), train(20, 20.0), train(30, 2.0)])
+    (tmp_path / "probe.json").write_text(json.dumps({"effective_gbit": 0.05, "message_seconds": 0.001}))
+    flags = tmp_path / "fp16.flags"
+    flags.write_text("--eval_files=held\n--eval_batches=2\n")
+    command = [sys.executable, str(REPO / "run" / "recipe_race.py"), f"--output_dir={tmp_path}", "--nodes=2",
+               "--link_gbit=0.1", f"--link_probe={tmp_path / 'probe.json'}", "--link_for_efficiency=0.25"]
+    proc = subprocess.run(command + [f"--recipes=fp16={flags}"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert re.search(r"fp16: 25% scaling efficiency on 2 nodes at --link_gbit=[\d.e-]+ \(effective [\d.e-]+ Gbit/s\); "
+                     r"per rank 32\.00 seq/s without communication: an update computes in 0\.5 s and exchanges in "
+                     r"1\.5 s", proc.stdout), proc.stdout
+    proc = subprocess.run(command + [f"--recipes=gone={flags}"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and "gone: no finished run (metrics.jsonl) to measure" in proc.stderr, proc.stderr
 
 
 @pytest.mark.cluster

@@ -72,6 +72,15 @@ class RaceConfig:
     sweep_optimizers: list[str] | None = knob(
         None, "Sweep mode: name=optimizer+optimizer pairs, e.g. classic=lamb+adamw."
     )
+    link_for_efficiency: float = knob(
+        0.0,
+        "Instead of a race: the --link_gbit at which each recipe's finished run in --output_dir "
+        "(one on this machine's ranks, no links, is enough) would have this scaling efficiency on "
+        "--nodes emulated nodes, by the planner fed its own speed (studies/race_planner.py).",
+    )
+    link_probe: str = knob(
+        "", "--link_for_efficiency: a race's link.json (its probe), made at --link_gbit."
+    )
     seeds: list[int] | None = knob(
         None,
         "Run every recipe once per seed (--seed=k, into <output_dir>/<name>/seed<k>); the report "
@@ -99,6 +108,11 @@ class RaceConfig:
         if self.sweep_learning_rates and (self.nodes or self.seeds):
             raise ConfigError(
                 "--sweep_learning_rates runs on this machine with one seed: no --nodes, no --seeds"
+            )
+        if self.link_for_efficiency and not (0 < self.link_for_efficiency < 1 and self.nodes > 1):
+            raise ConfigError(
+                f"--link_for_efficiency={self.link_for_efficiency:g} needs a value in (0, 1) and "
+                f"--nodes of at least 2, got --nodes={self.nodes}"
             )
         if self.seeds is not None and len(set(self.seeds)) != len(self.seeds):
             raise ConfigError(f"--seeds={','.join(map(str, self.seeds))}: a seed given twice")
@@ -195,78 +209,6 @@ def trained_counts(train: list) -> dict:
         tokens += new * (tokens_per_row / rate if rate else 0.0)
         counts[r["step"]] = (rows, round(instances, 1), round(tokens))
     return counts
-
-
-def training_intervals(records: list) -> list:
-    """The "train" records of intervals with no evaluation inside (an evaluation follows the record
-    of its step, so it lands in the next interval) and after the first (compilation): training speed
-    alone."""
-    out, after_eval = [], True
-    for r in records:
-        if r.get("kind") == "eval":
-            after_eval = True
-        elif r.get("kind") == "train":
-            if not after_eval:
-                out.append(r)
-            after_eval = False
-    return out
-
-
-def planned_vs_measured(
-    run_dir: str, nodes: int, rate_gbit: float, link: dict | None = None
-) -> dict:
-    """The planner's sequences/s for a finished run on `nodes` emulated nodes (one rank each) linked
-    at `rate_gbit` (`link`: as comm_study.probe_link measured it), fed the run's own per-rank speed
-    without communication (compute, wait and optimizer update of its timing split), against the
-    speed it measured between evaluations, and that over the ranks' own (scaling efficiency)."""
-    from bert_tf.model.config import BertConfig
-    from bert_tf.tools import model_shapes
-    from bert_tf.studies import comm_study
-    from bert_tf.parallel.comm import CommConfig, warmup_updates
-
-    records = metrics.read_metrics(os.path.join(run_dir, "metrics.jsonl"))
-    run = next(r for r in records if r.get("kind") == "run")
-    cfg = run.get("resolved", run["config"])  # as run: --exchange=auto's choice
-    comm = CommConfig.from_record(cfg["comm"])  # "gradient_compression" (run records) or "exchange"
-    # its float32 updates are not its speed
-    warmup = warmup_updates(comm, cfg.get("total_steps", 0)) if comm.compressed else 0
-    train = [r for r in training_intervals(records) if r["step"] - cfg["log_interval"] >= warmup]
-    if not train:
-        raise ConfigError(f"{run_dir}: no training interval without an evaluation to measure")
-    shapes = model_shapes.gradient_tensor_shapes(
-        BertConfig.from_json_file(os.path.join(run_dir, "bert_config.json")),
-        nsp=not cfg["mlm_only"],
-    )
-    micro, accumulation = cfg["micro_batch_size"], cfg["accumulation_steps"]
-    seconds = sum(
-        r["compute_seconds"] + r.get("wait_seconds", 0.0) + r["update_seconds"] for r in train
-    ) / len(train)
-    speed = micro * accumulation / seconds
-    # the compressed exchange's own computation, measured here in one process
-    method, rank = comm.method, comm.powersgd_rank
-    overhead = comm_study.compression_seconds(shapes, method, rank) if comm.compressed else 0.0
-
-    def plan(updates):  # the planner's figures over a run of `updates`
-        return comm_study.predict(
-            shapes, nodes, rate_gbit, comm, speed, micro, accumulation, cfg["max_seq_length"],
-            link, overhead, updates,
-        )  # fmt: skip
-
-    whole = plan(cfg["total_steps"])  # bytes averaged over the run, warmup and rounds included
-    steady = plan(1) if comm.compressed else whole  # measured: the float32 warmup left out
-    measured = len(train) / sum(1.0 / r["sequences_per_second"] for r in train)
-    return {
-        "predicted_sequences_per_second": steady["sequences_per_second"],
-        "measured": measured,
-        "error": steady["sequences_per_second"] / measured - 1,
-        "device_seq_s": speed,
-        "predicted_exchange_seconds": steady["allreduce_seconds"],
-        "predicted_bytes": whole["gradient_bytes"],
-        # what each rank sends: a ring collective's 2(N-1)/N of the allreduce-equivalent bytes
-        "predicted_wire_bytes": whole["gradient_bytes"] * 2 * (nodes - 1) / nodes,
-        "compression_seconds": overhead,
-        "scaling_efficiency": measured / (nodes * speed),
-    }
 
 
 def first_reach(run: dict, accuracy: float):
