@@ -210,6 +210,8 @@ def test_the_link_for_an_efficiency_inverts_the_planner_on_the_runs_own_speed(tm
         race_planner.link_for_efficiency(str(tmp_path / "fp16"), 2, 0.25, dict(probe, message_seconds=5.0), 0.1)
     with pytest.raises(ConfigError, match="--link_for_efficiency=0.25 needs a value in \\(0, 1\\) and --nodes"):
         recipe_race.RaceConfig(recipes=["a=b"], output_dir="x", link_for_efficiency=0.25, nodes=1)
+    with pytest.raises(ConfigError, match="--link_probe is read by --link_for_efficiency only"):
+        recipe_race.RaceConfig(recipes=["a=b"], output_dir="x", link_probe="link.json", nodes=4)
 
 
 def test_the_link_for_an_efficiency_from_the_command_line(tmp_path):

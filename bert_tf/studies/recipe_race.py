@@ -114,6 +114,8 @@ class RaceConfig:
                 f"--link_for_efficiency={self.link_for_efficiency:g} needs a value in (0, 1) and "
                 f"--nodes of at least 2, got --nodes={self.nodes}"
             )
+        if self.link_probe and not self.link_for_efficiency:
+            raise ConfigError("--link_probe is read by --link_for_efficiency only: give both")
         if self.seeds is not None and len(set(self.seeds)) != len(self.seeds):
             raise ConfigError(f"--seeds={','.join(map(str, self.seeds))}: a seed given twice")
 
